@@ -1,0 +1,26 @@
+// Command cdc-relay relays committed outbox INSERTs from Postgres logical
+// replication to Kafka. See README.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/cdc-relay/cdc-relay/internal/cli"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := cli.Run(ctx, os.Args[1:], cli.Env{Version: version})
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cdc-relay: %v\n", err)
+		os.Exit(1)
+	}
+}

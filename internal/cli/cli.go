@@ -1,0 +1,375 @@
+// Package cli is the cdc-relay command line: it parses flags and environment
+// variables into typed configuration, validates it, and runs the subcommands.
+// main only builds a signal context and calls Run.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/term"
+
+	"github.com/cdc-relay/cdc-relay/internal/admin"
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// EnvPrefix prefixes the environment variable of every flag: --pg-url is
+// CDC_RELAY_PG_URL.
+const EnvPrefix = "CDC_RELAY"
+
+// PGFlags are the Postgres connection and outbox flags shared by subcommands.
+type PGFlags struct {
+	PGURL       string `name:"pg-url" help:"Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	Slot        string `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
+	Publication string `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
+	Table       string `default:"public.outbox_events" help:"Outbox table, schema-qualified."`
+}
+
+// KafkaFlags are the Kafka flags shared by subcommands.
+type KafkaFlags struct {
+	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT,..."`
+	Topic        string   `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}."`
+}
+
+// RunCmd is "cdc-relay run".
+type RunCmd struct {
+	PGFlags    `embed:""`
+	KafkaFlags `embed:""`
+
+	MetricsAddr string `default:":9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables)."`
+
+	CreateSlot        bool `default:"true" negatable:"" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
+	CreatePublication bool `default:"true" negatable:"" help:"Create the publication when it is missing."`
+
+	ColumnID            string   `default:"id" help:"Outbox column holding the event id (header 'id')."`
+	ColumnAggregateType string   `default:"aggregate_type" help:"Outbox column holding the aggregate type."`
+	ColumnAggregateID   string   `default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
+	ColumnEventType     string   `default:"event_type" help:"Outbox column holding the event type."`
+	ColumnPayload       string   `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
+	HeaderColumns       []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER],..."`
+
+	CheckpointStore string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
+	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
+	CheckpointFile  string `default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
+
+	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"64" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound."`
+	BatchMaxEvents    int           `default:"10000" help:"Most events in one produce request."`
+	BatchMaxBytes     int           `default:"921600" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
+	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
+	StatusInterval    time.Duration `default:"1s" help:"How often the checkpoint is persisted and confirmed to the slot."`
+	ShutdownTimeout   time.Duration `default:"10s" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
+	KafkaStartTimeout time.Duration `default:"30s" help:"How long to wait for Kafka at start before giving up."`
+	RetryBase         time.Duration `default:"100ms" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
+	RetryCap          time.Duration `default:"30s" help:"Backoff cap."`
+	RelayName         string        `help:"Name of this relay in checkpoints and logs (default: host name)."`
+
+	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogFormat string `default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
+}
+
+// VersionCmd is "cdc-relay version".
+type VersionCmd struct{}
+
+// CLI is the command tree.
+type CLI struct {
+	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka."`
+	Version VersionCmd `cmd:"" help:"Print the version."`
+}
+
+// Env holds what the process gives a command.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Version        string
+	// Ready, when set, is called with the relay's readiness function once the
+	// relay is built (tests use it).
+	OnRelay func(*relay.Relay)
+}
+
+// Run parses args (without the program name) and runs the chosen subcommand.
+func Run(ctx context.Context, args []string, env Env) error {
+	if env.Stdout == nil {
+		env.Stdout = os.Stdout
+	}
+	if env.Stderr == nil {
+		env.Stderr = os.Stderr
+	}
+	var c CLI
+	exitCode := -1
+	parser, err := kong.New(&c,
+		kong.Name("cdc-relay"),
+		kong.Description("Relays committed outbox INSERTs from Postgres logical replication to Kafka, at least once, in per-aggregate order."),
+		kong.DefaultEnvars(EnvPrefix),
+		kong.Writers(env.Stdout, env.Stderr),
+		kong.Exit(func(code int) { exitCode = code }),
+		kong.UsageOnError(),
+	)
+	if err != nil {
+		return fmt.Errorf("build command line: %w", err)
+	}
+	kctx, err := parser.Parse(args)
+	if exitCode >= 0 { // --help
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w (every flag can also be set as a %s_* environment variable; see --help)", err, EnvPrefix)
+	}
+	switch kctx.Command() {
+	case "version":
+		fmt.Fprintf(env.Stdout, "cdc-relay %s (%s)\n", env.Version, runtime.Version())
+		return nil
+	case "run":
+		return c.Run.run(ctx, env)
+	}
+	return fmt.Errorf("unknown command %q", kctx.Command())
+}
+
+// flagError names a flag and its environment variable.
+func flagError(flag, problem string) error {
+	env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+	return fmt.Errorf("--%s (%s) %s", flag, env, problem)
+}
+
+// Validate checks the run flags and returns an error naming the flag and its
+// environment variable.
+func (r *RunCmd) Validate() error {
+	if strings.TrimSpace(r.PGURL) == "" {
+		return flagError("pg-url", "is required: the Postgres URL of the database with the outbox table, e.g. postgres://user:pass@host:5432/db")
+	}
+	brokers := r.KafkaFlags.KafkaBrokers[:0:0]
+	for _, b := range r.KafkaBrokers {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	if len(brokers) == 0 {
+		return flagError("kafka-brokers", "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092")
+	}
+	for _, b := range brokers {
+		if !strings.Contains(b, ":") {
+			return flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port", b))
+		}
+	}
+	r.KafkaBrokers = brokers
+	if _, err := sink.NewRouter(r.Topic); err != nil {
+		return flagError("topic", err.Error())
+	}
+	if _, _, err := splitTable(r.Table); err != nil {
+		return flagError("table", err.Error())
+	}
+	if _, err := r.headerColumns(); err != nil {
+		return flagError("header-columns", err.Error())
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"status-interval", r.StatusInterval}, {"shutdown-timeout", r.ShutdownTimeout}, {"kafka-start-timeout", r.KafkaStartTimeout}, {"retry-base", r.RetryBase}, {"retry-cap", r.RetryCap}} {
+		if d.v <= 0 {
+			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
+		}
+	}
+	if r.MaxInFlightMiB <= 0 {
+		return flagError("max-in-flight-mib", "must be at least 1")
+	}
+	if r.BatchMaxEvents <= 0 {
+		return flagError("batch-max-events", "must be at least 1")
+	}
+	if r.BatchMaxBytes < 1024 {
+		return flagError("batch-max-bytes", "must be at least 1024")
+	}
+	if r.CheckpointStore == "file" && strings.TrimSpace(r.CheckpointFile) == "" {
+		return flagError("checkpoint-file", "is required with --checkpoint-store=file")
+	}
+	return nil
+}
+
+func splitTable(t string) (schema, table string, err error) {
+	parts := strings.Split(t, ".")
+	switch {
+	case len(parts) == 1 && parts[0] != "":
+		return "public", parts[0], nil
+	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
+		return parts[0], parts[1], nil
+	}
+	return "", "", fmt.Errorf("%q is not a table name: use schema.table, e.g. public.outbox_events", t)
+}
+
+func (r *RunCmd) headerColumns() (map[string]string, error) {
+	if len(r.HeaderColumns) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(r.HeaderColumns))
+	for _, hc := range r.HeaderColumns {
+		col, hdr, ok := strings.Cut(strings.TrimSpace(hc), "=")
+		if !ok {
+			hdr = col
+		}
+		if col == "" || hdr == "" {
+			return nil, fmt.Errorf("%q: use column or column=header", hc)
+		}
+		switch hdr {
+		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime:
+			return nil, fmt.Errorf("%q: header %q is set by the relay itself; map the column to another header name", hc, hdr)
+		}
+		m[col] = hdr
+	}
+	return m, nil
+}
+
+func compression(name string) kafka.Compression {
+	switch name {
+	case "gzip":
+		return kafka.Gzip
+	case "snappy":
+		return kafka.Snappy
+	case "lz4":
+		return kafka.Lz4
+	case "zstd":
+		return kafka.Zstd
+	}
+	return 0
+}
+
+// NewLogger builds the process logger: JSON, or console output on a terminal.
+func NewLogger(w io.Writer, level, format string) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil {
+		lvl = zerolog.InfoLevel
+	}
+	if format == "console" || (format == "auto" && isTerminal(w)) {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// relayName defaults to the host name.
+func relayName(name string) string {
+	if name != "" {
+		return name
+	}
+	if h, err := os.Hostname(); err == nil {
+		return h
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return "cdc-relay"
+}
+
+func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, error) {
+	schema, table, err := splitTable(r.Table)
+	if err != nil {
+		return relay.Config{}, err
+	}
+	headers, err := r.headerColumns()
+	if err != nil {
+		return relay.Config{}, err
+	}
+	cfg := relay.Config{
+		PGURL:       r.PGURL,
+		Slot:        r.Slot,
+		Publication: r.Publication,
+		Decoder: decoder.Config{
+			Schema: schema, Table: table,
+			Columns: decoder.Columns{
+				ID: r.ColumnID, AggregateType: r.ColumnAggregateType, AggregateID: r.ColumnAggregateID,
+				EventType: r.ColumnEventType, Payload: r.ColumnPayload,
+			},
+			HeaderColumns: headers,
+		},
+		CreateSlot:        r.CreateSlot,
+		CreatePublication: r.CreatePublication,
+		Sink: sink.Config{
+			Brokers:        r.KafkaBrokers,
+			Topic:          r.Topic,
+			BatchMaxEvents: r.BatchMaxEvents,
+			BatchMaxBytes:  r.BatchMaxBytes,
+			Compression:    compression(r.Compression),
+			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+		},
+		RelayName:        relayName(r.RelayName),
+		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,
+		StatusInterval:   r.StatusInterval,
+		ShutdownTimeout:  r.ShutdownTimeout,
+		KafkaStartWait:   r.KafkaStartTimeout,
+		Retry:            backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+		Logger:           log,
+		Metrics:          m,
+	}
+	switch r.CheckpointStore {
+	case "file":
+		path := r.CheckpointFile
+		cfg.OpenStore = func(context.Context, *pgxpool.Pool) (relay.Store, error) {
+			return checkpoint.NewFileStore(path), nil
+		}
+	default:
+		tbl := r.CheckpointTable
+		cfg.OpenStore = func(ctx context.Context, pool *pgxpool.Pool) (relay.Store, error) {
+			s := checkpoint.NewTableStore(pool, tbl)
+			if err := s.Ensure(ctx); err != nil {
+				return nil, err
+			}
+			return s, nil
+		}
+	}
+	return cfg, nil
+}
+
+func (r *RunCmd) run(ctx context.Context, env Env) error {
+	log := NewLogger(env.Stderr, r.LogLevel, r.LogFormat).With().Str("slot", r.Slot).Logger()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	m.BuildInfo.WithLabelValues(env.Version, runtime.Version()).Set(1)
+	cfg, err := r.config(log, m)
+	if err != nil {
+		return err
+	}
+	rl := relay.New(cfg)
+	if env.OnRelay != nil {
+		env.OnRelay(rl)
+	}
+	var srv *admin.Server
+	if r.MetricsAddr != "" {
+		srv, err = admin.Start(r.MetricsAddr, reg, rl.Ready, log)
+		if err != nil {
+			return flagError("metrics-addr", err.Error())
+		}
+	}
+	log.Info().Str("version", env.Version).Str("table", r.Table).Str("topic", r.Topic).
+		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
+	runErr := rl.Run(ctx)
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := srv.Shutdown(sctx); err != nil && runErr == nil {
+			runErr = fmt.Errorf("stop metrics server: %w", err)
+		}
+		cancel()
+	}
+	if runErr != nil && errors.Is(runErr, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return runErr
+}

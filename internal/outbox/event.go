@@ -1,0 +1,46 @@
+// Package outbox holds the domain type that flows through the relay: one committed
+// row of the outbox table, decoded from the replication stream and published to Kafka.
+package outbox
+
+import (
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Header is one extra Kafka header taken from an outbox column.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Event is one committed INSERT into the outbox table.
+//
+// The byte slices hold the text form of each column as Postgres sent it; nil means
+// SQL NULL. They usually share one backing allocation owned by the Event, so a
+// consumer must not append to them.
+type Event struct {
+	ID            []byte // event id: the downstream idempotency key
+	AggregateType []byte
+	AggregateID   []byte // Kafka message key
+	EventType     []byte
+	Payload       []byte // Kafka message value, as stored (JSON text for jsonb)
+	Headers       []Header
+
+	XID        uint32
+	CommitLSN  pglogrepl.LSN // LSN of the commit record of the event's transaction
+	CommitTime time.Time
+
+	// Seq identifies the transaction for acknowledgement accounting. The relay sets
+	// it; sinks hand it back untouched.
+	Seq uint64
+}
+
+// Size is the number of bytes the event holds, used for in-flight accounting.
+func (e *Event) Size() int {
+	n := len(e.ID) + len(e.AggregateType) + len(e.AggregateID) + len(e.EventType) + len(e.Payload)
+	for _, h := range e.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n + 64
+}

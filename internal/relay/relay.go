@@ -1,0 +1,627 @@
+// Package relay wires the replication stream, the pgoutput decoder, the Kafka sink
+// and the checkpoint tracker and store into the running relay.
+//
+// The delivery promise lives here: an LSN is persisted to the checkpoint store,
+// and only then confirmed to the slot, once every event of every transaction up
+// to it has been acknowledged by Kafka (checkpoint.Tracker).
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// Store persists checkpoints (checkpoint.TableStore, checkpoint.FileStore).
+type Store interface {
+	Load(ctx context.Context, slot string) (checkpoint.Checkpoint, bool, error)
+	Save(ctx context.Context, c checkpoint.Checkpoint) error
+}
+
+// Config configures a relay.
+type Config struct {
+	PGURL       string
+	Slot        string
+	Publication string
+	Decoder     decoder.Config
+	CreateSlot  bool
+	// CreatePublication lets the relay create a missing publication.
+	CreatePublication bool
+	Sink              sink.Config // callbacks are set by the relay
+	// OpenStore builds the checkpoint store, given a connection pool to the
+	// source database (which a table store uses; it reconnects after restarts).
+	OpenStore func(ctx context.Context, pool *pgxpool.Pool) (Store, error)
+
+	RelayName        string
+	MaxInFlightBytes int64         // backpressure threshold, default 64 MiB
+	StatusInterval   time.Duration // standby status / checkpoint period, default 1s
+	IdleCheckpoint   time.Duration // how often an idle advance is persisted, default 10s
+	ShutdownTimeout  time.Duration // bound on a clean stop, default 10s
+	KafkaStartWait   time.Duration // how long to wait for Kafka at start, default 30s
+	Retry            backoff.Policy
+
+	Logger  zerolog.Logger
+	Metrics *metrics.Metrics
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxInFlightBytes <= 0 {
+		c.MaxInFlightBytes = 64 << 20
+	}
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = time.Second
+	}
+	if c.IdleCheckpoint <= 0 {
+		c.IdleCheckpoint = 10 * time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.KafkaStartWait <= 0 {
+		c.KafkaStartWait = 30 * time.Second
+	}
+	if c.Retry.Base <= 0 {
+		c.Retry = backoff.Default
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.Discard()
+	}
+}
+
+// Relay is one running relay. Create it with New and call Run once.
+type Relay struct {
+	cfg   Config
+	log   zerolog.Logger
+	m     *metrics.Metrics
+	ready atomic.Bool
+}
+
+// New returns a relay for cfg.
+func New(cfg Config) *Relay {
+	cfg.setDefaults()
+	return &Relay{
+		cfg: cfg,
+		log: cfg.Logger.With().Str("slot", cfg.Slot).Logger(),
+		m:   cfg.Metrics,
+	}
+}
+
+// Ready reports whether the relay is streaming and Kafka is accepting events.
+func (r *Relay) Ready() bool { return r.ready.Load() }
+
+// Run checks the configuration, then relays until ctx is done, and stops cleanly:
+// it finishes the transaction it is reading, waits for Kafka to acknowledge what
+// is in flight (up to ShutdownTimeout), persists and confirms the checkpoint.
+// It returns nil after a clean stop, a *replication.ConfigError or
+// *checkpoint.GapError for problems an operator must fix, or the error that
+// halted the relay.
+func (r *Relay) Run(ctx context.Context) error {
+	r.m.SetState(metrics.StateStarting)
+	cfg := r.cfg
+	if !replication.ValidName(cfg.Slot) {
+		return &replication.ConfigError{Msg: fmt.Sprintf("slot name %q is invalid: use lowercase letters, digits and underscores, at most 63 (--slot / CDC_RELAY_SLOT)", cfg.Slot)}
+	}
+	if !replication.ValidName(cfg.Publication) {
+		return &replication.ConfigError{Msg: fmt.Sprintf("publication name %q is invalid: use lowercase letters, digits and underscores (--publication / CDC_RELAY_PUBLICATION)", cfg.Publication)}
+	}
+	dec, err := decoder.New(cfg.Decoder)
+	if err != nil {
+		return &replication.ConfigError{Msg: err.Error()}
+	}
+
+	// Postgres: server, table, publication, slot, stored checkpoint.
+	poolCfg, err := pgxpool.ParseConfig(cfg.PGURL)
+	if err != nil {
+		return &replication.ConfigError{Msg: fmt.Sprintf("parse Postgres URL %s: %v (check --pg-url / CDC_RELAY_PG_URL)", replication.Redact(cfg.PGURL), err)}
+	}
+	poolCfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(cfg.PGURL), err)
+	}
+	defer pool.Close()
+	system, start, store, err := r.prepare(ctx, pool)
+	if err != nil {
+		return err
+	}
+
+	// Kafka.
+	tracker := checkpoint.NewTracker(start)
+	h := &handler{
+		dec:     dec,
+		tracker: tracker,
+		max:     cfg.MaxInFlightBytes,
+		room:    make(chan struct{}, 1),
+		m:       r.m,
+	}
+	sinkCfg := cfg.Sink
+	sinkCfg.Logger = cfg.Logger
+	sinkCfg.Metrics = r.m
+	sinkCfg.OnAck = h.ack
+	sinkCfg.OnPermanent = func(ctx context.Context, ev *outbox.Event, err error) error {
+		r.log.Error().Err(err).Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
+			Str("lsn", ev.CommitLSN.String()).Str("code", sink.Code(err)).
+			Msg("event failed permanently; halting without confirming past it")
+		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit, then restart; the slot was not confirmed past it",
+			ev.ID, ev.AggregateID, ev.CommitLSN, err)
+	}
+	kctx, cancel := context.WithTimeout(ctx, cfg.KafkaStartWait)
+	k, err := sink.Open(kctx, sinkCfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	h.sink = k
+
+	// Checkpointer: persists the watermark, then lets the stream confirm it.
+	ck := &checkpointer{
+		store: store, tracker: tracker, h: h, log: r.log, m: r.m,
+		base:  checkpoint.Checkpoint{Slot: cfg.Slot, SystemID: system.SystemID, RelayName: cfg.RelayName},
+		every: cfg.StatusInterval, idle: cfg.IdleCheckpoint,
+	}
+	ck.persisted.Store(uint64(start))
+	h.flushed = &ck.persisted
+	ckCtx, stopCk := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ck.run(ckCtx)
+	}()
+	defer func() {
+		stopCk()
+		wg.Wait()
+	}()
+
+	return r.stream(ctx, h, k, ck)
+}
+
+// prepare runs the start-up checks on one pooled connection, opens the store and
+// reconciles it with the slot.
+func (r *Relay) prepare(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.IdentifySystemResult, pglogrepl.LSN, Store, error) {
+	var system pglogrepl.IdentifySystemResult
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return system, 0, nil, fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(r.cfg.PGURL), err)
+	}
+	defer pc.Release()
+	conn := pc.Conn()
+	if err := replication.CheckServer(ctx, conn, r.setupConfig()); err != nil {
+		return system, 0, nil, err
+	}
+	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
+		return system, 0, nil, err
+	}
+	store, err := r.cfg.OpenStore(ctx, pool)
+	if err != nil {
+		return system, 0, nil, err
+	}
+	start, err := r.reconcile(ctx, conn, store, system.SystemID)
+	return system, start, store, err
+}
+
+func (r *Relay) setupConfig() replication.SetupConfig {
+	d := r.cfg.Decoder
+	cols := []replication.Column{
+		{Name: d.Columns.ID, Flag: "--column-id"},
+		{Name: d.Columns.AggregateType, Flag: "--column-aggregate-type"},
+		{Name: d.Columns.AggregateID, Flag: "--column-aggregate-id"},
+		{Name: d.Columns.EventType, Flag: "--column-event-type"},
+		{Name: d.Columns.Payload, Flag: "--column-payload"},
+	}
+	for col := range d.HeaderColumns {
+		cols = append(cols, replication.Column{Name: col, Flag: "--header-columns"})
+	}
+	return replication.SetupConfig{
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
+		Schema: d.Schema, Table: d.Table, Columns: cols,
+		CreatePublication: r.cfg.CreatePublication,
+	}
+}
+
+// reconcile compares the stored checkpoint with the slot (DESIGN invariant 6),
+// creates the slot when that is safe and allowed, and returns where to start.
+func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, store Store, systemID string) (pglogrepl.LSN, error) {
+	slot := r.cfg.Slot
+	stored, haveStored, err := store.Load(ctx, slot)
+	if err != nil {
+		return 0, fmt.Errorf("load checkpoint of slot %q: %w", slot, err)
+	}
+	state, err := replication.ReadSlot(ctx, conn, slot)
+	if err != nil {
+		return 0, err
+	}
+	var dbName string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&dbName); err != nil {
+		return 0, fmt.Errorf("read current database: %w", err)
+	}
+	if state.Exists && state.Database != dbName {
+		return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: choose another --slot / CDC_RELAY_SLOT or connect to %q", slot, state.Database, dbName, state.Database)}
+	}
+	dec, err := checkpoint.Reconcile(slot, systemID, stored, haveStored, state)
+	if err != nil {
+		var gap *checkpoint.GapError
+		if errors.As(err, &gap) {
+			r.m.SlotProblems.WithLabelValues(gap.Kind.String()).Inc()
+		}
+		return 0, err
+	}
+	for _, w := range dec.Warnings {
+		r.log.Warn().Msg(w)
+	}
+	if !state.Exists {
+		if !r.cfg.CreateSlot {
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, slot)}
+		}
+		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
+			return 0, err
+		}
+		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
+			return 0, err
+		}
+		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
+	}
+	start := state.ConfirmedFlush
+	// The store is written before the slot is confirmed, so a stored LSN ahead of
+	// the slot marks events Kafka already acknowledged: start after them.
+	if haveStored && stored.LSN > start {
+		start = stored.LSN
+	}
+	return start, nil
+}
+
+// stream runs replication connections until ctx is done, reconnecting with
+// backoff after failures, then stops cleanly.
+func (r *Relay) stream(ctx context.Context, h *handler, k *sink.Kafka, ck *checkpointer) error {
+	// The stream keeps its own context so it can finish the current transaction
+	// and confirm after ctx is done; it is cut after half the shutdown budget.
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			close(stop)
+			r.m.SetState(metrics.StateStopping)
+			select {
+			case <-time.After(r.cfg.ShutdownTimeout / 2):
+				cancelRun()
+			case <-runCtx.Done():
+			}
+		case <-runCtx.Done():
+		}
+	}()
+
+	streamCfg := replication.StreamConfig{
+		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication,
+		StatusInterval: r.cfg.StatusInterval, Logger: r.cfg.Logger, Metrics: r.m,
+	}
+	failing := false
+	for attempt := 0; ; attempt++ {
+		if err := k.Err(); err != nil {
+			return r.finish(h, nil, ck, err)
+		}
+		s, err := replication.Open(runCtx, streamCfg, h.tracker.Watermark())
+		if err == nil {
+			if failing {
+				r.log.Info().Msg("replication connection re-established")
+				r.m.Reconnects.Inc()
+				failing = false
+			}
+			attempt = 0
+			err = r.runStream(runCtx, stop, s, h, k)
+			if errors.Is(err, replication.ErrStopped) || ctx.Err() != nil {
+				return r.finish(h, s, ck, nil)
+			}
+			if kerr := k.Err(); kerr != nil {
+				return r.finish(h, s, ck, kerr)
+			}
+			s.Close(context.Background())
+		}
+		if ctx.Err() != nil {
+			return r.finish(h, nil, ck, nil)
+		}
+		r.ready.Store(false)
+		busy := errors.Is(err, replication.ErrSlotBusy)
+		if !failing {
+			failing = true
+			if busy {
+				r.m.SetState(metrics.StateWaitingSlot)
+				r.log.Warn().Err(err).Msg("slot is held by another process; waiting as a standby")
+			} else {
+				r.m.SetState(metrics.StateRetrying)
+				r.log.Warn().Err(err).Msg("replication failed; reconnecting with backoff")
+			}
+		}
+		// Events of a partly received transaction will be streamed again: wait
+		// until Kafka acknowledged what was sent, then forget the open state.
+		if err := h.tracker.WaitDrained(runCtx); err != nil {
+			return r.finish(h, nil, ck, nil)
+		}
+		h.reset()
+		retry := r.cfg.Retry
+		if busy {
+			// Poll a held slot quickly, so a standby takes over within seconds.
+			retry = backoff.Policy{Base: 500 * time.Millisecond, Cap: 2 * time.Second}
+		}
+		if err := retry.Sleep(ctx, attempt); err != nil {
+			return r.finish(h, nil, ck, nil)
+		}
+	}
+}
+
+// runStream runs one connection, marking the relay ready while it streams and
+// the sink is not retrying.
+func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replication.Stream, h *handler, k *sink.Kafka) error {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			r.ready.Store(!k.Retrying() && k.Err() == nil)
+			if k.Retrying() {
+				r.m.SetState(metrics.StateRetrying)
+			}
+			select {
+			case <-done:
+				r.ready.Store(false)
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+	}()
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(ctx, stop, h) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-k.Failed():
+		// Halted on a permanent failure: stop reading at once.
+		s.Close(context.Background())
+		<-errc
+		return k.Err()
+	}
+}
+
+// finish drains in-flight events (bounded), persists the final checkpoint and
+// confirms it on s when there is a stream.
+func (r *Relay) finish(h *handler, s *replication.Stream, ck *checkpointer, cause error) error {
+	r.ready.Store(false)
+	r.m.SetState(metrics.StateStopping)
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout/2)
+	defer cancel()
+	if cause == nil {
+		if err := h.tracker.WaitDrained(ctx); err != nil {
+			_, events := h.tracker.InFlight()
+			r.log.Warn().Int("events", events).Msg("stopping before Kafka acknowledged every event; they will be delivered again after restart")
+		}
+	}
+	lsn, err := ck.save(ctx)
+	if err != nil {
+		r.log.Error().Err(err).Msg("persist final checkpoint")
+	}
+	if s != nil {
+		if err == nil && cause == nil {
+			if serr := s.SendStatus(ctx, lsn); serr != nil {
+				r.log.Warn().Err(serr).Msg("confirm final position")
+			}
+		}
+		s.Close(ctx)
+	}
+	r.log.Info().Str("lsn", lsn.String()).Msg("stopped")
+	return cause
+}
+
+// handler feeds decoded events to the sink and accounts them; it implements
+// replication.Handler. Its fields other than the atomics are used only by the
+// stream's goroutine.
+type handler struct {
+	dec     *decoder.Decoder
+	tracker *checkpoint.Tracker
+	sink    *sink.Kafka
+	flushed *atomic.Uint64
+	m       *metrics.Metrics
+
+	seq   uint64
+	inTxn bool
+
+	max      int64
+	inFlight atomic.Int64
+	room     chan struct{}
+	commits  atomic.Uint64 // transactions with events committed, for the checkpointer
+	events   int           // events in the current transaction
+}
+
+var _ replication.Handler = (*handler)(nil)
+
+func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) error {
+	msg, err := h.dec.Decode(data)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message: %w", err)
+	}
+	switch msg.Kind {
+	case decoder.KindBegin:
+		h.seq = h.tracker.Begin()
+		h.inTxn = true
+		h.events = 0
+	case decoder.KindEvent:
+		if !h.inTxn {
+			return errors.New("decode pgoutput message: insert outside a transaction")
+		}
+		ev := msg.Event
+		ev.Seq = h.seq
+		h.tracker.Add(h.seq, 1)
+		h.events++
+		n := h.inFlight.Add(int64(ev.Size()))
+		h.m.InFlightBytes.Set(float64(n))
+		if err := h.sink.Send(ctx, ev); err != nil {
+			return err
+		}
+	case decoder.KindCommit:
+		h.tracker.Commit(h.seq, msg.EndLSN)
+		h.inTxn = false
+		if h.events > 0 {
+			h.commits.Add(1)
+		}
+	}
+	return nil
+}
+
+// ack is the sink's OnAck: it acknowledges runs of events of one transaction.
+func (h *handler) ack(batch []*outbox.Event) {
+	var size int64
+	for i := 0; i < len(batch); {
+		j := i + 1
+		for j < len(batch) && batch[j].Seq == batch[i].Seq {
+			j++
+		}
+		h.tracker.Ack(batch[i].Seq, j-i)
+		for _, ev := range batch[i:j] {
+			size += int64(ev.Size())
+		}
+		i = j
+	}
+	before := h.inFlight.Add(-size) + size
+	h.m.InFlightBytes.Set(float64(before - size))
+	if before >= h.max && before-size < h.max {
+		select {
+		case h.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (h *handler) Keepalive(serverWALEnd pglogrepl.LSN) {
+	if !h.inTxn {
+		h.tracker.Idle(serverWALEnd)
+	}
+}
+
+func (h *handler) Flushed() pglogrepl.LSN { return pglogrepl.LSN(h.flushed.Load()) }
+
+func (h *handler) Backpressure() <-chan struct{} {
+	if h.inFlight.Load() < h.max {
+		return nil
+	}
+	return h.room
+}
+
+func (h *handler) AtBoundary() bool { return !h.inTxn }
+
+// reset forgets the decoder's relations and the tracker's open transactions
+// after a reconnect; the caller has drained the sink.
+func (h *handler) reset() {
+	h.dec.Reset()
+	h.inTxn = false
+	h.tracker.Reset(h.tracker.Watermark())
+}
+
+// checkpointer persists the watermark to the store and publishes the persisted
+// LSN, which is all the stream ever confirms.
+type checkpointer struct {
+	store     Store
+	tracker   *checkpoint.Tracker
+	h         *handler
+	base      checkpoint.Checkpoint
+	log       zerolog.Logger
+	m         *metrics.Metrics
+	every     time.Duration
+	idle      time.Duration
+	persisted atomic.Uint64
+
+	mu          sync.Mutex
+	lastSave    time.Time
+	lastCommits uint64
+	failing     bool
+}
+
+func (c *checkpointer) run(ctx context.Context) {
+	t := time.NewTicker(c.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, events := c.tracker.InFlight()
+		c.m.InFlightEvents.Set(float64(events))
+		w := c.tracker.Watermark()
+		if uint64(w) <= c.persisted.Load() {
+			continue
+		}
+		// Advances with no new events (keepalives on an idle outbox) are saved
+		// less often: each save writes WAL of its own.
+		if c.h.commits.Load() == c.lastCommitsLoad() && time.Since(c.lastSaveLoad()) < c.idle {
+			continue
+		}
+		c.save(ctx)
+	}
+}
+
+func (c *checkpointer) lastCommitsLoad() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastCommits
+}
+
+func (c *checkpointer) lastSaveLoad() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastSave
+}
+
+// save persists the current watermark and returns the persisted LSN.
+func (c *checkpointer) save(ctx context.Context) (pglogrepl.LSN, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	commits := c.h.commits.Load()
+	w := c.tracker.Watermark()
+	if uint64(w) <= c.persisted.Load() {
+		return pglogrepl.LSN(c.persisted.Load()), nil
+	}
+	cp := c.base
+	cp.LSN = w
+	cp.UpdatedAt = time.Now()
+	if err := c.store.Save(ctx, cp); err != nil {
+		c.m.CheckpointErrors.Inc()
+		if !c.failing {
+			c.failing = true
+			c.log.Error().Err(err).Str("lsn", w.String()).Msg("persist checkpoint failed; the slot is not confirmed until it succeeds")
+		}
+		return pglogrepl.LSN(c.persisted.Load()), fmt.Errorf("save checkpoint %s: %w", w, err)
+	}
+	if c.failing {
+		c.failing = false
+		c.log.Info().Str("lsn", w.String()).Msg("checkpoint persisted again")
+	}
+	c.m.CheckpointSaves.Inc()
+	c.persisted.Store(uint64(w))
+	c.lastSave = cp.UpdatedAt
+	c.lastCommits = commits
+	return w, nil
+}

@@ -1,0 +1,232 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+)
+
+// ConfigError is a problem an operator must fix before the relay can run. Its
+// message says what is wrong and how to fix it, with the SQL to run where there
+// is one.
+type ConfigError struct{ Msg string }
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+func configErr(format string, args ...any) error {
+	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// Column is a column the relay needs, with the flag that names it.
+type Column struct {
+	Name string
+	Flag string
+}
+
+// SetupConfig says what Prepare checks and may create.
+type SetupConfig struct {
+	Slot              string
+	Publication       string
+	Schema, Table     string
+	Columns           []Column
+	CreatePublication bool
+}
+
+// QualifiedTable returns schema.table quoted for SQL.
+func (c SetupConfig) QualifiedTable() string {
+	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
+}
+
+// CheckServer verifies wal_level, the outbox table and its columns, and the
+// publication (creating it when allowed and missing). Every failure is a
+// *ConfigError naming the fix.
+func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return configErr("wal_level is %q but logical replication needs \"logical\": run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL", walLevel)
+	}
+
+	table := cfg.QualifiedTable()
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return fmt.Errorf("look up table %s: %w", table, err)
+	}
+	if !exists {
+		return configErr("outbox table %s does not exist: create it (migrations/001_outbox.sql) or point --table / CDC_RELAY_TABLE at your outbox table", table)
+	}
+	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, table)
+	if err != nil {
+		return fmt.Errorf("list columns of %s: %w", table, err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list columns of %s: %w", table, err)
+	}
+	set := make(map[string]bool, len(have))
+	for _, c := range have {
+		set[c] = true
+	}
+	for _, c := range cfg.Columns {
+		if !set[c.Name] {
+			return configErr("outbox table %s has no column %q (it has: %s): set %s to the column to use", table, c.Name, strings.Join(have, ", "), c.Flag)
+		}
+	}
+	return checkPublication(ctx, conn, cfg)
+}
+
+func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
+	table := cfg.QualifiedTable()
+	pub := pgx.Identifier{cfg.Publication}.Sanitize()
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');", pub, table)
+	var pubInsert, allTables bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &allTables)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if !cfg.CreatePublication {
+			return configErr("publication %q does not exist and --create-publication=false: run %s (as the table owner) or allow the relay to create it", cfg.Publication, create)
+		}
+		if _, err := conn.Exec(ctx, create); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
+				return checkPublication(ctx, conn, cfg)
+			}
+			return configErr("create publication %q: %v: run %s as the table owner, then start the relay with --create-publication=false", cfg.Publication, err, create)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
+	}
+	if !pubInsert {
+		return configErr("publication %q does not publish inserts: run ALTER PUBLICATION %s SET (publish = 'insert');", cfg.Publication, pub)
+	}
+	if allTables {
+		return nil
+	}
+	var covered bool
+	err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+		cfg.Publication, cfg.Schema, cfg.Table).Scan(&covered)
+	if err != nil {
+		return fmt.Errorf("check publication %q covers %s: %w", cfg.Publication, table, err)
+	}
+	if !covered {
+		return configErr("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;", cfg.Publication, table, pub, table)
+	}
+	return nil
+}
+
+// ReadSlot reads the slot's state from pg_replication_slots.
+func ReadSlot(ctx context.Context, conn *pgx.Conn, slot string) (checkpoint.SlotState, error) {
+	var s checkpoint.SlotState
+	var plugin, database, walStatus *string
+	var pid *int32
+	var confirmed *string
+	err := conn.QueryRow(ctx, `SELECT plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &database, &s.Active, &pid, &confirmed, &walStatus)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
+	}
+	s.Exists = true
+	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(database), deref(walStatus)
+	if pid != nil {
+		s.ActivePID = int(*pid)
+	}
+	if confirmed != nil {
+		if s.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return s, fmt.Errorf("parse confirmed_flush_lsn of slot %q: %w", slot, err)
+		}
+	}
+	return s, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// CreateSlot creates a pgoutput logical slot through a replication connection and
+// returns its consistent point. A slot created concurrently by another relay is
+// not an error.
+func CreateSlot(ctx context.Context, url, slot string) error {
+	conn, err := ConnectReplication(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		SnapshotAction: "NOEXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+			return nil
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return configErr("create replication slot %q: %s: grant the relay's role REPLICATION (ALTER ROLE <role> REPLICATION;) or create the slot as a superuser: SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, pgErr.Message, slot)
+		}
+		return fmt.Errorf("create replication slot %q: %w", slot, err)
+	}
+	return nil
+}
+
+// IdentifySystem returns the server's system identifier through a replication
+// connection.
+func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
+	conn, err := ConnectReplication(ctx, url)
+	if err != nil {
+		return pglogrepl.IdentifySystemResult{}, err
+	}
+	defer conn.Close(context.Background())
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return res, fmt.Errorf("identify system: %w", err)
+	}
+	return res, nil
+}
+
+var passwordKV = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// Redact hides the password in a Postgres URL or keyword/value DSN.
+func Redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "REDACTED")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "REDACTED")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return passwordKV.ReplaceAllString(dsn, "${1}REDACTED")
+}
+
+// redactErr hides passwords that an error message may quote from a DSN.
+func redactErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	red := passwordKV.ReplaceAllString(msg, "${1}REDACTED")
+	if red == msg {
+		return err
+	}
+	return errors.New(red)
+}

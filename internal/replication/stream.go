@@ -1,0 +1,309 @@
+// Package replication owns the Postgres side of the relay: start-up checks of the
+// server, the publication and the slot, and the logical replication stream
+// (pgoutput, proto_version 1) with its standby status updates.
+//
+// The stream reports exactly the position its Handler says is flushed — never the
+// position it received — so the slot only moves past events the sink has delivered.
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+)
+
+// ErrSlotBusy means another process is streaming the slot (SQLSTATE 55006). The
+// caller waits and retries: the other relay may be dying, or this one is a standby.
+var ErrSlotBusy = errors.New("replication slot is in use by another process")
+
+// ErrStopped is returned by Run when it stopped because stop was closed.
+var ErrStopped = errors.New("replication stopped")
+
+var namePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidName checks a slot or publication name: lowercase letters, digits and
+// underscores, at most 63 characters (what Postgres accepts for slots, and
+// unquoted identifiers for publications).
+func ValidName(name string) bool { return namePattern.MatchString(name) }
+
+// Handler consumes the stream. All methods are called from Run's goroutine.
+type Handler interface {
+	// HandleData processes one pgoutput message.
+	HandleData(ctx context.Context, walStart pglogrepl.LSN, data []byte) error
+	// Keepalive reports the server's WAL end from a keepalive message.
+	Keepalive(serverWALEnd pglogrepl.LSN)
+	// Flushed is the position to report as flushed: everything before it has
+	// been delivered and checkpointed.
+	Flushed() pglogrepl.LSN
+	// Backpressure returns nil when the handler takes more data now, or a channel
+	// that becomes readable when it may again.
+	Backpressure() <-chan struct{}
+	// AtBoundary reports whether no transaction is partly received, so stopping
+	// now redelivers nothing.
+	AtBoundary() bool
+}
+
+// StreamConfig configures a replication stream.
+type StreamConfig struct {
+	URL            string // the user's normal connection URL; replication=database is added
+	Slot           string
+	Publication    string
+	StatusInterval time.Duration // standby status update period, default 1s
+	Logger         zerolog.Logger
+	Metrics        *metrics.Metrics
+}
+
+// Stream is one replication connection streaming a slot.
+type Stream struct {
+	cfg        StreamConfig
+	conn       *pgconn.PgConn
+	log        zerolog.Logger
+	received   pglogrepl.LSN
+	serverEnd  pglogrepl.LSN
+	lastStatus pglogrepl.LSN
+	System     pglogrepl.IdentifySystemResult
+}
+
+// ConnectReplication opens a replication=database connection with url. A
+// canceled context interrupts reads through a deadline, so the connection stays
+// usable (pgx's default would send a cancel request to the walsender).
+func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse Postgres URL (check --pg-url / CDC_RELAY_PG_URL): %w", redactErr(err))
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "cdc-relay"
+	}
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open replication connection to %s: %w", Redact(url), redactErr(err))
+	}
+	return conn, nil
+}
+
+// Open connects, identifies the system and starts streaming cfg.Slot from start
+// (0 lets the server use the slot's confirmed position).
+func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, error) {
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.Discard()
+	}
+	conn, err := ConnectReplication(ctx, cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	s := &Stream{cfg: cfg, conn: conn, log: cfg.Logger.With().Str("component", "replication").Str("slot", cfg.Slot).Logger()}
+	s.System, err = pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("identify system: %w", err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, start, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{
+			"proto_version '1'",
+			fmt.Sprintf("publication_names '%s'", cfg.Publication),
+		},
+	})
+	if err != nil {
+		conn.Close(context.Background())
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return nil, fmt.Errorf("start replication of slot %q: %w: %s", cfg.Slot, ErrSlotBusy, pgErr.Message)
+		}
+		return nil, fmt.Errorf("start replication of slot %q from %s: %w", cfg.Slot, start, err)
+	}
+	s.received = start
+	s.log.Info().Str("lsn", start.String()).Msg("streaming started")
+	return s, nil
+}
+
+// Run reads the stream into h until ctx is done, stop is closed (then it goes on
+// reading until h.AtBoundary and returns ErrStopped), or the connection fails.
+// It sends a standby status update every StatusInterval and whenever the server
+// asks, and stops reading — while still sending status updates, so the server
+// does not time the connection out — while h applies backpressure.
+func (s *Stream) Run(ctx context.Context, stop <-chan struct{}, h Handler) error {
+	m := s.cfg.Metrics
+	nextStatus := time.Now()
+	stopping := false
+	for {
+		if !stopping {
+			select {
+			case <-stop:
+				stopping = true
+			default:
+			}
+		}
+		if stopping && h.AtBoundary() {
+			return ErrStopped
+		}
+		if !time.Now().Before(nextStatus) {
+			if err := s.SendStatus(ctx, h.Flushed()); err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(s.cfg.StatusInterval)
+		}
+		if wait := h.Backpressure(); wait != nil {
+			m.SetState(metrics.StateBackpressured)
+			t := time.NewTimer(time.Until(nextStatus))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-stopIf(!stopping, stop):
+			case <-wait:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		m.SetState(metrics.StateStreaming)
+		if err := s.receive(ctx, stopIf(!stopping, stop), nextStatus, h); err != nil {
+			return err
+		}
+	}
+}
+
+// stopIf returns stop when cond holds, else nil (a channel that never fires).
+func stopIf(cond bool, stop <-chan struct{}) <-chan struct{} {
+	if cond {
+		return stop
+	}
+	return nil
+}
+
+// receive reads messages until the deadline, stop, or until h needs a break; a
+// deadline or stop returns nil with the connection still usable.
+func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline time.Time, h Handler) error {
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if stop != nil {
+		unstop := watch(stop, cancel)
+		defer unstop()
+	}
+	for {
+		msg, err := s.conn.ReceiveMessage(rctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if rctx.Err() != nil || pgconn.Timeout(err) {
+				return nil
+			}
+			return fmt.Errorf("receive replication message: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				s.serverEnd = ka.ServerWALEnd
+				s.cfg.Metrics.ServerWALEnd.Set(float64(ka.ServerWALEnd))
+				h.Keepalive(ka.ServerWALEnd)
+				if ka.ReplyRequested {
+					if err := s.SendStatus(ctx, h.Flushed()); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse XLogData: %w", err)
+				}
+				if err := h.HandleData(ctx, xld.WALStart, xld.WALData); err != nil {
+					return err
+				}
+				if xld.WALStart > s.received {
+					s.received = xld.WALStart
+				}
+				if xld.ServerWALEnd > s.serverEnd {
+					s.serverEnd = xld.ServerWALEnd
+				}
+				if h.Backpressure() != nil {
+					return nil
+				}
+			default:
+				return fmt.Errorf("unexpected replication message type %q", msg.Data[0])
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("replication stream: server ended the stream (CopyDone)")
+		default:
+			return fmt.Errorf("replication stream: unexpected message %T", msg)
+		}
+		select {
+		case <-stop:
+			if h.AtBoundary() {
+				return nil
+			}
+		default:
+		}
+	}
+}
+
+// watch calls cancel when stop closes, until the returned func is called.
+func watch(stop <-chan struct{}, cancel context.CancelFunc) func() {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
+}
+
+// SendStatus reports flushed as the write, flush and apply position. Postgres
+// moves the slot's confirmed_flush_lsn to it (never backwards).
+func (s *Stream) SendStatus(ctx context.Context, flushed pglogrepl.LSN) error {
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: flushed,
+		WALFlushPosition: flushed,
+		WALApplyPosition: flushed,
+		ClientTime:       time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("confirm lsn %s: %w", flushed, err)
+	}
+	if flushed != s.lastStatus {
+		s.lastStatus = flushed
+		s.log.Debug().Str("lsn", flushed.String()).Msg("confirmed")
+	}
+	m := s.cfg.Metrics
+	m.ConfirmedLSN.Set(float64(flushed))
+	m.ReceivedLSN.Set(float64(s.received))
+	if s.serverEnd >= flushed {
+		m.LagBytes.Set(float64(s.serverEnd - flushed))
+	}
+	return nil
+}
+
+// Close ends the connection.
+func (s *Stream) Close(ctx context.Context) error {
+	return s.conn.Close(ctx)
+}

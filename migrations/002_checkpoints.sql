@@ -1,0 +1,34 @@
+-- 002_checkpoints.sql: where cdc-relay stores its checkpoint (the default checkpoint store).
+--
+-- One row per replication slot. The relay writes the LSN up to which every event has been
+-- acknowledged by Kafka (acks=all), together with the server's system identifier, so that
+-- on start it can compare the stored position with pg_replication_slots and refuse to
+-- skip silently when the slot was dropped, recreated, or moved (for instance after a
+-- failover or a restore onto another server). These writes also serve as a heartbeat.
+--
+-- The relay only SELECTs, INSERTs and UPDATEs here (see 004_role.sql). Deleting a row makes
+-- the relay treat the slot as new on its next start: do that only on purpose, with the
+-- slot itself dropped too (SELECT pg_drop_replication_slot('<slot>');).
+--
+-- Safe to run more than once (IF NOT EXISTS).
+
+CREATE TABLE IF NOT EXISTS public.cdc_relay_checkpoints (
+    slot_name  text        PRIMARY KEY,
+    system_id  text        NOT NULL,
+    lsn        pg_lsn      NOT NULL,
+    relay_name text        NOT NULL DEFAULT '',
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE public.cdc_relay_checkpoints IS
+    'cdc-relay checkpoints: per replication slot, the LSN up to which all events were acknowledged by Kafka. Written by the relay; do not edit while it runs.';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.slot_name IS
+    'Logical replication slot the relay streams from.';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.system_id IS
+    'Server system identifier (IDENTIFY_SYSTEM) when the checkpoint was written; a different value means another cluster (restore, failover).';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.lsn IS
+    'Confirmed LSN: end of the newest transaction whose events, and all before it, were acknowledged.';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.relay_name IS
+    'Name of the relay instance that wrote the row (for operators).';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.updated_at IS
+    'Time of the last write; doubles as a heartbeat.';
