@@ -261,4 +261,3 @@ func short(id string) string {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
-

@@ -333,6 +333,11 @@ func (r *Relay) stream(ctx context.Context, h *handler, k *sink.Kafka, ck *check
 			if kerr := k.Err(); kerr != nil {
 				return r.finish(h, s, ck, kerr)
 			}
+			if errors.Is(err, decoder.ErrMissingColumn) {
+				// Reconnecting cannot help: the table no longer has a configured column.
+				s.Close(context.Background())
+				return r.finish(h, nil, ck, &replication.ConfigError{Msg: err.Error()})
+			}
 			s.Close(context.Background())
 		}
 		if ctx.Err() != nil {

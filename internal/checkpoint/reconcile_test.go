@@ -1,0 +1,240 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+func TestReconcile(t *testing.T) {
+	const (
+		slot     = "orders_outbox"
+		systemID = "7351234567890123456"
+		storedAt = "2024-05-17T08:30:00Z"
+	)
+	var (
+		storedLSN = pglogrepl.LSN(0x3_016B3748) // 3/16B3748
+		behind    = pglogrepl.LSN(0x3_01600000) // 3/1600000
+		ahead     = pglogrepl.LSN(0x3_02000000) // 3/2000000
+	)
+	when, _ := time.Parse(time.RFC3339, storedAt)
+	stored := Checkpoint{Slot: slot, SystemID: systemID, LSN: storedLSN, UpdatedAt: when, RelayName: "relay-a"}
+	healthy := func(confirmed pglogrepl.LSN) SlotState {
+		return SlotState{Exists: true, Plugin: "pgoutput", Database: "shop", ConfirmedFlush: confirmed, WALStatus: "reserved"}
+	}
+	with := func(s SlotState, f func(*SlotState)) SlotState { f(&s); return s }
+
+	tests := []struct {
+		name       string
+		stored     Checkpoint
+		haveStored bool
+		slot       SlotState
+		wantKind   GapKind // 0: no error
+		wantStart  pglogrepl.LSN
+		want       []string // substrings of the error, or of the joined warnings
+		wantNoWarn bool
+	}{
+		{
+			name:       "first run, no slot",
+			slot:       SlotState{},
+			wantStart:  0,
+			wantNoWarn: true,
+		},
+		{
+			name:      "first run, slot exists",
+			slot:      healthy(behind),
+			wantStart: behind,
+			want:      []string{"no stored checkpoint", slot, behind.String()},
+		},
+		{
+			name:     "first run, slot with another plugin",
+			slot:     with(healthy(behind), func(s *SlotState) { s.Plugin = "test_decoding" }),
+			wantKind: WrongPlugin,
+			want:     []string{`"test_decoding"`, "pg_drop_replication_slot('orders_outbox')", "no stored checkpoint"},
+		},
+		{
+			name:     "first run, slot lost",
+			slot:     with(healthy(behind), func(s *SlotState) { s.WALStatus = "lost" }),
+			wantKind: SlotLost,
+			want:     []string{"max_slot_wal_keep_size", "pg_drop_replication_slot('orders_outbox')"},
+		},
+		{
+			name:       "stored, slot missing",
+			stored:     stored,
+			haveStored: true,
+			slot:       SlotState{},
+			wantKind:   SlotMissing,
+			want: []string{
+				"does not exist", "cannot be streamed",
+				"DELETE FROM public.cdc_relay_checkpoints WHERE slot_name = 'orders_outbox';",
+				"cdc-relay replay --since " + storedAt,
+			},
+		},
+		{
+			name:       "stored, slot lost",
+			stored:     stored,
+			haveStored: true,
+			slot:       with(healthy(behind), func(s *SlotState) { s.WALStatus = "lost" }),
+			wantKind:   SlotLost,
+			want: []string{
+				"wal_status 'lost'", "max_slot_wal_keep_size", "SELECT pg_drop_replication_slot('orders_outbox');",
+				"DELETE FROM public.cdc_relay_checkpoints", "ALTER SYSTEM SET max_slot_wal_keep_size",
+				"cdc-relay replay --since " + storedAt,
+			},
+		},
+		{
+			name:       "stored, system identifier changed",
+			stored:     stored,
+			haveStored: true,
+			slot:       healthy(behind),
+			wantKind:   SystemChanged,
+			want: []string{
+				systemID, "6999999999999999999", "restored from a backup, cloned", "different cluster",
+				"DELETE FROM public.cdc_relay_checkpoints", "cdc-relay replay --since " + storedAt,
+			},
+		},
+		{
+			name:       "stored, system changed and slot missing: system wins",
+			stored:     stored,
+			haveStored: true,
+			slot:       SlotState{},
+			wantKind:   SystemChanged,
+			want:       []string{"the slot here is missing"},
+		},
+		{
+			name:       "stored, wrong plugin",
+			stored:     stored,
+			haveStored: true,
+			slot:       with(healthy(behind), func(s *SlotState) { s.Plugin = "wal2json" }),
+			wantKind:   WrongPlugin,
+			want: []string{
+				`"wal2json"`, `"pgoutput"`, "give the relay its own slot name",
+				"SELECT pg_drop_replication_slot('orders_outbox');", "DELETE FROM public.cdc_relay_checkpoints",
+				"cdc-relay replay --since " + storedAt,
+			},
+		},
+		{
+			name:       "stored, slot ahead",
+			stored:     stored,
+			haveStored: true,
+			slot:       healthy(ahead),
+			wantKind:   SlotAhead,
+			want: []string{
+				"past the stored checkpoint", "another consumer", "may never have reached Kafka",
+				"UPDATE public.cdc_relay_checkpoints SET lsn = '3/2000000'", "cdc-relay replay --since " + storedAt,
+			},
+		},
+		{
+			name:       "stored, slot equal",
+			stored:     stored,
+			haveStored: true,
+			slot:       healthy(storedLSN),
+			wantStart:  storedLSN,
+			wantNoWarn: true,
+		},
+		{
+			name:       "stored, slot behind: redelivery warning",
+			stored:     stored,
+			haveStored: true,
+			slot:       healthy(behind),
+			wantStart:  behind,
+			want:       []string{"behind the stored checkpoint", "delivered again", slot, behind.String(), storedLSN.String()},
+		},
+		{
+			name:       "stored, slot active elsewhere and unreserved: warnings only",
+			stored:     stored,
+			haveStored: true,
+			slot: with(healthy(storedLSN), func(s *SlotState) {
+				s.Active, s.ActivePID, s.WALStatus = true, 4242, "unreserved"
+			}),
+			wantStart: storedLSN,
+			want:      []string{"in use by process 4242", "pg_stat_replication", "'unreserved'"},
+		},
+		{
+			name:       "stored without system identifier: warning, not an error",
+			stored:     Checkpoint{Slot: slot, LSN: storedLSN, UpdatedAt: when},
+			haveStored: true,
+			slot:       healthy(storedLSN),
+			wantStart:  storedLSN,
+			want:       []string{"no system identifier"},
+		},
+		{
+			name:       "stored without time: replay hint still says what to do",
+			stored:     Checkpoint{Slot: slot, SystemID: systemID, LSN: storedLSN},
+			haveStored: true,
+			slot:       SlotState{},
+			wantKind:   SlotMissing,
+			want:       []string{"at an unknown time", "cdc-relay replay --since <time of the last delivered event>"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sys := systemID
+			if tt.wantKind == SystemChanged {
+				sys = "6999999999999999999"
+			}
+			d, err := Reconcile(slot, sys, tt.stored, tt.haveStored, tt.slot)
+			if tt.wantKind == 0 {
+				if err != nil {
+					t.Fatalf("Reconcile: %v", err)
+				}
+				if d.StartFrom != tt.wantStart {
+					t.Errorf("StartFrom = %s, want %s", d.StartFrom, tt.wantStart)
+				}
+				if tt.wantNoWarn && len(d.Warnings) > 0 {
+					t.Errorf("Warnings = %q, want none", d.Warnings)
+				}
+				joined := strings.Join(d.Warnings, "\n")
+				for _, w := range tt.want {
+					if !strings.Contains(joined, w) {
+						t.Errorf("Warnings %q do not contain %q", d.Warnings, w)
+					}
+				}
+				return
+			}
+
+			var gapErr *GapError
+			if !errors.As(fmt.Errorf("start relay: %w", err), &gapErr) {
+				t.Fatalf("Reconcile error = %v (decision %+v), want a *GapError", err, d)
+			}
+			if gapErr.Kind != tt.wantKind {
+				t.Fatalf("Kind = %s, want %s; error: %v", gapErr.Kind, tt.wantKind, err)
+			}
+			if gapErr.Slot != slot || gapErr.StoredLSN != tt.stored.LSN || gapErr.SlotLSN != tt.slot.ConfirmedFlush {
+				t.Errorf("GapError fields = %q %s %s, want %q %s %s", gapErr.Slot, gapErr.StoredLSN, gapErr.SlotLSN,
+					slot, tt.stored.LSN, tt.slot.ConfirmedFlush)
+			}
+			want := append([]string{slot, tt.wantKind.String()}, tt.want...)
+			if tt.haveStored {
+				want = append(want, tt.stored.LSN.String())
+			}
+			if tt.slot.Exists {
+				want = append(want, tt.slot.ConfirmedFlush.String())
+			}
+			msg := err.Error()
+			for _, w := range want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error does not contain %q:\n%s", w, msg)
+				}
+			}
+			if d.StartFrom != 0 || d.Warnings != nil {
+				t.Errorf("decision %+v returned with an error", d)
+			}
+		})
+	}
+}
+
+func TestGapKindString(t *testing.T) {
+	for k, want := range map[GapKind]string{
+		SlotMissing: "slot_missing", SlotLost: "slot_lost", SlotAhead: "slot_ahead",
+		SystemChanged: "system_changed", WrongPlugin: "wrong_plugin", 0: "gap_kind_0",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("GapKind(%d).String() = %q, want %q", int(k), got, want)
+		}
+	}
+}

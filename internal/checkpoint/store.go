@@ -1,0 +1,140 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Checkpoint is the persisted position of one replication slot: every outbox event
+// committed at or before LSN has been acknowledged by Kafka.
+type Checkpoint struct {
+	Slot      string        // replication slot name; the key of the store
+	SystemID  string        // Postgres system identifier (IDENTIFY_SYSTEM), as text
+	LSN       pglogrepl.LSN // acknowledgement watermark written before the slot is confirmed
+	UpdatedAt time.Time     // when the checkpoint was saved
+	RelayName string        // the relay instance that saved it, for operators
+}
+
+// DefaultTable is the checkpoint table TableStore uses when given no name.
+const DefaultTable = "public.cdc_relay_checkpoints"
+
+// MigrationFile is the migration that creates the checkpoint table with TableDDL, for
+// roles that may not create tables themselves.
+const MigrationFile = "migrations/002_checkpoints.sql"
+
+// TableDDL returns the CREATE TABLE IF NOT EXISTS statement of the checkpoint table
+// named table ("table" or "schema.table", unquoted; "" means DefaultTable). Both
+// TableStore.Ensure and the migration file use it, so they cannot disagree.
+func TableDDL(table string) string {
+	return "CREATE TABLE IF NOT EXISTS " + quoteTable(table) + ` (
+    slot_name  text        PRIMARY KEY,
+    system_id  text        NOT NULL,
+    lsn        pg_lsn      NOT NULL,
+    relay_name text        NOT NULL DEFAULT '',
+    updated_at timestamptz NOT NULL DEFAULT now()
+)`
+}
+
+// quoteTable quotes a "table" or "schema.table" name as one SQL identifier.
+func quoteTable(table string) string {
+	if table == "" {
+		table = DefaultTable
+	}
+	return pgx.Identifier(strings.Split(table, ".")).Sanitize()
+}
+
+// TableStore keeps checkpoints in a table of the source database, one row per slot.
+// Every Save writes a row, so while the relay runs the database produces WAL even when
+// the outbox is idle; that WAL doubles as a heartbeat that lets keepalives move the
+// slot forward.
+type TableStore struct {
+	pool  *pgxpool.Pool
+	table string // quoted
+	name  string // as configured, for messages
+}
+
+// NewTableStore returns a store using the checkpoint table named table ("schema.table"
+// or "table", unquoted; "" means DefaultTable) through pool, which the caller keeps
+// owning and closes.
+func NewTableStore(pool *pgxpool.Pool, table string) *TableStore {
+	if table == "" {
+		table = DefaultTable
+	}
+	return &TableStore{pool: pool, table: quoteTable(table), name: table}
+}
+
+// Ensure creates the checkpoint table if it does not exist. If the table exists, it
+// creates nothing and so needs no CREATE privilege. If the relay's role may not create
+// it, the error says to run MigrationFile as a role that may.
+func (s *TableStore) Ensure(ctx context.Context) error {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.table).Scan(&exists); err != nil {
+		return fmt.Errorf("look up checkpoint table %s: %w", s.name, err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, TableDDL(s.name)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			return fmt.Errorf("create checkpoint table %s: the relay's role may not create it; "+
+				"run %s (with the table name %s) as the database owner, or grant the role CREATE on the schema: %w",
+				s.name, MigrationFile, s.name, err)
+		}
+		return fmt.Errorf("create checkpoint table %s: %w", s.name, err)
+	}
+	return nil
+}
+
+// Load returns the checkpoint of slot, and false if there is none.
+func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, error) {
+	c := Checkpoint{Slot: slot}
+	var lsn string
+	err := s.pool.QueryRow(ctx,
+		"SELECT system_id, lsn::text, relay_name, updated_at FROM "+s.table+" WHERE slot_name = $1", slot,
+	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("load checkpoint of slot %q from %s: %w", slot, s.name, err)
+	}
+	if c.LSN, err = pglogrepl.ParseLSN(lsn); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("parse checkpoint LSN %q of slot %q in %s: %w", lsn, slot, s.name, err)
+	}
+	return c, true, nil
+}
+
+// Save inserts or replaces the checkpoint of c.Slot. A zero c.UpdatedAt is stored as
+// the server's current time. Save does not refuse an LSN lower than the stored one:
+// keeping the watermark monotonic is the Tracker's job.
+func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
+	var updated any // NULL lets the server set now()
+	if !c.UpdatedAt.IsZero() {
+		updated = c.UpdatedAt
+	}
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at)
+VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()))
+ON CONFLICT (slot_name) DO UPDATE SET
+    system_id = excluded.system_id,
+    lsn = excluded.lsn,
+    relay_name = excluded.relay_name,
+    updated_at = excluded.updated_at`,
+		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated)
+	if err != nil {
+		return fmt.Errorf("save checkpoint of slot %q at %s to %s: %w", c.Slot, c.LSN, s.name, err)
+	}
+	return nil
+}
+
+// Close releases nothing: the pool belongs to the caller. It exists so both stores
+// satisfy the same interface.
+func (s *TableStore) Close() error { return nil }

@@ -1,0 +1,329 @@
+package checkpoint
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// store is what the relay needs from a checkpoint store; both stores must satisfy it.
+type store interface {
+	Load(ctx context.Context, slot string) (Checkpoint, bool, error)
+	Save(ctx context.Context, c Checkpoint) error
+	Close() error
+}
+
+var (
+	_ store = (*TableStore)(nil)
+	_ store = (*FileStore)(nil)
+)
+
+// testStoreContract runs the behaviour every store must have. newStore returns a
+// fresh, empty store for each case.
+func testStoreContract(t *testing.T, newStore func(t *testing.T) store) {
+	// Microsecond precision and a non-UTC zone: what Postgres keeps is the instant.
+	at := time.Date(2024, 5, 17, 10, 30, 0, 123456000, time.FixedZone("CEST", 2*3600))
+	cp := func(slot string, lsn pglogrepl.LSN) Checkpoint {
+		return Checkpoint{Slot: slot, SystemID: "7351234567890123456", LSN: lsn, UpdatedAt: at, RelayName: "relay-a"}
+	}
+	tests := []struct {
+		name string
+		run  func(t *testing.T, ctx context.Context, s store)
+	}{
+		{"load missing", func(t *testing.T, ctx context.Context, s store) {
+			mustLoad(t, ctx, s, "orders", Checkpoint{}, false)
+		}},
+		{"save and load", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0x16B3748)
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
+		{"overwrite, also backwards", func(t *testing.T, ctx context.Context, s store) {
+			mustSave(t, ctx, s, cp("orders", 0x2000000))
+			c := Checkpoint{Slot: "orders", SystemID: "42", LSN: 0x1000000, UpdatedAt: at.Add(time.Hour), RelayName: "relay-b"}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
+		{"two slots are independent", func(t *testing.T, ctx context.Context, s store) {
+			a, b := cp("orders", 0x100), cp("payments", 0x200)
+			b.SystemID, b.RelayName = "99", "relay-b"
+			mustSave(t, ctx, s, a)
+			mustSave(t, ctx, s, b)
+			a.LSN = 0x300
+			mustSave(t, ctx, s, a)
+			mustLoad(t, ctx, s, "orders", a, true)
+			mustLoad(t, ctx, s, "payments", b, true)
+			mustLoad(t, ctx, s, "shipments", Checkpoint{}, false)
+		}},
+		{"extreme LSNs and odd names", func(t *testing.T, ctx context.Context, s store) {
+			for _, c := range []Checkpoint{
+				{Slot: "zero", SystemID: "1", LSN: 0, UpdatedAt: at},
+				{Slot: "max", SystemID: "1", LSN: pglogrepl.LSN(^uint64(0)), UpdatedAt: at},
+				{Slot: `q'uote"d`, SystemID: "1", LSN: 0xFFFFFFFF00000001, UpdatedAt: at, RelayName: "ré'lay"},
+			} {
+				mustSave(t, ctx, s, c)
+				mustLoad(t, ctx, s, c.Slot, c, true)
+			}
+		}},
+		{"zero UpdatedAt is set to now", func(t *testing.T, ctx context.Context, s store) {
+			before := time.Now().Add(-time.Minute) // the database clock may differ a little
+			mustSave(t, ctx, s, Checkpoint{Slot: "orders", SystemID: "1", LSN: 5})
+			got, ok, err := s.Load(ctx, "orders")
+			if err != nil || !ok {
+				t.Fatalf("Load = %v, %v", ok, err)
+			}
+			if got.UpdatedAt.Before(before) || got.UpdatedAt.After(time.Now().Add(time.Minute)) {
+				t.Errorf("UpdatedAt = %v, want about now", got.UpdatedAt)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t)
+			t.Cleanup(func() {
+				if err := s.Close(); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			})
+			tt.run(t, t.Context(), s)
+		})
+	}
+}
+
+func mustSave(t *testing.T, ctx context.Context, s store, c Checkpoint) {
+	t.Helper()
+	if err := s.Save(ctx, c); err != nil {
+		t.Fatalf("Save(%+v): %v", c, err)
+	}
+}
+
+func mustLoad(t *testing.T, ctx context.Context, s store, slot string, want Checkpoint, wantOK bool) {
+	t.Helper()
+	got, ok, err := s.Load(ctx, slot)
+	if err != nil {
+		t.Fatalf("Load(%q): %v", slot, err)
+	}
+	if ok != wantOK {
+		t.Fatalf("Load(%q) found = %v, want %v", slot, ok, wantOK)
+	}
+	if got.Slot != want.Slot || got.SystemID != want.SystemID || got.LSN != want.LSN ||
+		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) {
+		t.Fatalf("Load(%q) = %+v, want %+v", slot, got, want)
+	}
+}
+
+func TestFileStoreContract(t *testing.T) {
+	testStoreContract(t, func(t *testing.T) store {
+		return NewFileStore(filepath.Join(t.TempDir(), "checkpoints.json"))
+	})
+}
+
+func TestFileStoreLeavesOnlyTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoints.json")
+	s := NewFileStore(path)
+	ctx := t.Context()
+	for i := range 3 {
+		mustSave(t, ctx, s, Checkpoint{Slot: "orders", SystemID: "1", LSN: pglogrepl.LSN(i)})
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != "checkpoints.json" {
+		t.Fatalf("directory holds %v, want only checkpoints.json", entries)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"lsn": "0/2"`) {
+		t.Errorf("file does not show the LSN in text form:\n%s", data)
+	}
+	// A second store on the same file sees the data: nothing is cached.
+	mustLoad(t, ctx, NewFileStore(path), "orders", Checkpoint{Slot: "orders", SystemID: "1", LSN: 2,
+		UpdatedAt: mustLoadTime(t, s)}, true)
+}
+
+func mustLoadTime(t *testing.T, s store) time.Time {
+	t.Helper()
+	c, _, err := s.Load(t.Context(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.UpdatedAt
+}
+
+func TestFileStoreErrors(t *testing.T) {
+	ctx := t.Context()
+	good := Checkpoint{Slot: "orders", SystemID: "1", LSN: 7}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, dir string) string // returns the store path
+		load  bool                                  // Load fails too (else only Save)
+		want  []string                              // substrings of the error, besides the path
+	}{
+		{
+			name:  "directory missing",
+			setup: func(_ *testing.T, dir string) string { return filepath.Join(dir, "missing", "ckpt.json") },
+			want:  []string{"no such file or directory"},
+		},
+		{
+			name: "parent is a file",
+			setup: func(t *testing.T, dir string) string {
+				writeFile(t, filepath.Join(dir, "plain"), "x")
+				return filepath.Join(dir, "plain", "ckpt.json")
+			},
+			load: true,
+			want: []string{"not a directory"},
+		},
+		{
+			name: "directory not writable",
+			setup: func(t *testing.T, dir string) string {
+				if os.Geteuid() == 0 {
+					t.Skip("skip: root writes to read-only directories")
+				}
+				ro := filepath.Join(dir, "ro")
+				if err := os.Mkdir(ro, 0o500); err != nil {
+					t.Fatal(err)
+				}
+				return filepath.Join(ro, "ckpt.json")
+			},
+			want: []string{"permission denied"},
+		},
+		{
+			// Root ignores permission bits, but not sysfs, which refuses new files to all.
+			name: "directory not writable even by root",
+			setup: func(t *testing.T, _ string) string {
+				if fi, err := os.Stat("/sys/kernel"); err != nil || !fi.IsDir() {
+					t.Skip("skip: no sysfs at /sys")
+				}
+				return "/sys/cdc-relay-checkpoints.json"
+			},
+			want: []string{"create temporary file in /sys"},
+		},
+		{
+			name: "corrupted file",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "ckpt.json")
+				writeFile(t, p, `{"version":1,"checkpoints":{"orders":{"lsn":"0/1"`)
+				return p
+			},
+			load: true,
+			want: []string{"decode checkpoint file", "unexpected EOF"},
+		},
+		{
+			name: "not a checkpoint file",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "ckpt.json")
+				writeFile(t, p, `{"slots":[]}`)
+				return p
+			},
+			load: true,
+			want: []string{"unknown field"},
+		},
+		{
+			name: "unknown version",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "ckpt.json")
+				writeFile(t, p, `{"version":2,"checkpoints":{}}`)
+				return p
+			},
+			load: true,
+			want: []string{"format version 2"},
+		},
+		{
+			name: "bad LSN",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "ckpt.json")
+				writeFile(t, p, `{"version":1,"checkpoints":{"orders":{"lsn":"zz","system_id":"1"}}}`)
+				return p
+			},
+			load: true,
+			want: []string{`LSN "zz"`, `slot "orders"`},
+		},
+		{
+			name: "path is a directory",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "ckpt.json")
+				if err := os.Mkdir(p, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			},
+			load: true,
+			want: []string{"read checkpoint file"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := tt.setup(t, t.TempDir())
+			before, _ := os.ReadFile(path)
+			s := NewFileStore(path)
+
+			_, _, err := s.Load(ctx, "orders")
+			if tt.load {
+				checkErr(t, "Load", err, append(tt.want, path))
+			} else if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if tt.name == "bad LSN" {
+				return // the file itself parses, so Save rewrites it; only Load must refuse
+			}
+			checkErr(t, "Save", s.Save(ctx, good), append(tt.want, path))
+			if after, _ := os.ReadFile(path); string(after) != string(before) {
+				t.Errorf("failed Save changed the file:\nbefore %q\nafter  %q", before, after)
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkErr(t *testing.T, op string, err error, want []string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s succeeded, want an error containing %q", op, want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%s error %q does not contain %q", op, err, w)
+		}
+	}
+}
+
+func TestTableDDL(t *testing.T) {
+	tests := []struct{ table, want string }{
+		{"", `CREATE TABLE IF NOT EXISTS "public"."cdc_relay_checkpoints" (`},
+		{"ckpt", `CREATE TABLE IF NOT EXISTS "ckpt" (`},
+		{"My Schema.Ckpt", `CREATE TABLE IF NOT EXISTS "My Schema"."Ckpt" (`},
+		{`we"ird.t`, `CREATE TABLE IF NOT EXISTS "we""ird"."t" (`},
+	}
+	for _, tt := range tests {
+		got := TableDDL(tt.table)
+		if !strings.HasPrefix(got, tt.want) {
+			t.Errorf("TableDDL(%q) = %q, want prefix %q", tt.table, got, tt.want)
+		}
+		for _, col := range []string{
+			"slot_name  text        PRIMARY KEY",
+			"system_id  text        NOT NULL",
+			"lsn        pg_lsn      NOT NULL",
+			"relay_name text        NOT NULL DEFAULT ''",
+			"updated_at timestamptz NOT NULL DEFAULT now()",
+		} {
+			if !strings.Contains(got, col) {
+				t.Errorf("TableDDL(%q) lacks column %q", tt.table, col)
+			}
+		}
+	}
+}

@@ -1,0 +1,178 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+const testDB = "cdc_relay_checkpoint_test"
+
+// newTestDB starts (or attaches to, with CDC_RELAY_TEST_PG_URL) a Postgres 15 server,
+// creates a fresh database and returns the server and the database's URL.
+func newTestDB(t *testing.T) (*testenv.Postgres, string) {
+	t.Helper()
+	p := testenv.NewPostgres(t, testenv.PGOptions{})
+	dbURL, err := p.CreateDatabase(t.Context(), testDB)
+	if err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	return p, dbURL
+}
+
+func newPool(t *testing.T, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), dbURL)
+	if err != nil {
+		t.Fatalf("create pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestTableStore(t *testing.T) {
+	p, dbURL := newTestDB(t)
+	admin := newPool(t, dbURL)
+
+	t.Run("contract", func(t *testing.T) {
+		var n atomic.Int64
+		testStoreContract(t, func(t *testing.T) store {
+			s := NewTableStore(admin, fmt.Sprintf("public.ckpt_contract_%d", n.Add(1)))
+			if err := s.Ensure(t.Context()); err != nil {
+				t.Fatalf("Ensure: %v", err)
+			}
+			return s
+		})
+	})
+
+	t.Run("ensure is idempotent and quotes names", func(t *testing.T) {
+		ctx := t.Context()
+		if err := p.Exec(ctx, testDB, `CREATE SCHEMA "Relay Schema"`); err != nil {
+			t.Fatal(err)
+		}
+		for _, table := range []string{"", "Relay Schema.Check-points", "bare_table"} {
+			s := NewTableStore(admin, table)
+			for range 2 {
+				if err := s.Ensure(ctx); err != nil {
+					t.Fatalf("Ensure(%q): %v", table, err)
+				}
+			}
+			c := Checkpoint{Slot: "orders", SystemID: "1", LSN: 0x16B3748, UpdatedAt: time.Unix(1700000000, 0), RelayName: "r"}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM "Relay Schema"."Check-points"`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("quoted table has %d rows (err %v), want 1", n, err)
+		}
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM public.cdc_relay_checkpoints`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("default table has %d rows (err %v), want 1", n, err)
+		}
+	})
+
+	t.Run("lsn column is pg_lsn", func(t *testing.T) {
+		ctx := t.Context()
+		s := NewTableStore(admin, "public.ckpt_types")
+		if err := s.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustSave(t, ctx, s, Checkpoint{Slot: "orders", SystemID: "1", LSN: 0x1_0000_0010})
+		var lsn string
+		err := admin.QueryRow(ctx, `SELECT lsn::text FROM public.ckpt_types WHERE lsn > '0/FFFFFFFF'::pg_lsn`).Scan(&lsn)
+		if err != nil || lsn != "1/10" {
+			t.Fatalf("stored lsn = %q (err %v), want 1/10 compared as pg_lsn", lsn, err)
+		}
+	})
+
+	t.Run("save writes WAL", func(t *testing.T) {
+		ctx := t.Context()
+		s := NewTableStore(admin, "public.ckpt_heartbeat")
+		if err := s.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		walLSN := func() (lsn string) {
+			t.Helper()
+			if err := admin.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+				t.Fatal(err)
+			}
+			return lsn
+		}
+		before := walLSN()
+		mustSave(t, ctx, s, Checkpoint{Slot: "orders", SystemID: "1", LSN: 1})
+		var moved bool
+		if err := admin.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() > $1::text::pg_lsn", before).Scan(&moved); err != nil || !moved {
+			t.Fatalf("WAL insert position did not move past %s after Save (err %v)", before, err)
+		}
+	})
+
+	t.Run("role without CREATE", func(t *testing.T) {
+		ctx := t.Context()
+		role := fmt.Sprintf("cdc_relay_ckpt_%d", time.Now().UnixNano())
+		if err := p.Exec(ctx, testDB, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'secret';
+%s;
+GRANT SELECT, INSERT, UPDATE ON public.ckpt_premigrated TO %s`, role, TableDDL("public.ckpt_premigrated"), role)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // t.Context is done by now
+			defer cancel()
+			if err := p.Exec(ctx, testDB, "DROP OWNED BY "+role); err != nil {
+				t.Errorf("drop owned by %s: %v", role, err)
+			}
+			if err := p.Exec(ctx, "postgres", "DROP ROLE "+role); err != nil {
+				t.Errorf("drop role %s: %v", role, err)
+			}
+		})
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(role, "secret")
+		limited := newPool(t, u.String())
+
+		// Public has no CREATE for other roles since Postgres 15.
+		err = NewTableStore(limited, "public.ckpt_unmigrated").Ensure(ctx)
+		checkErr(t, "Ensure without privilege", err, []string{"migrations/002_checkpoints.sql", "public.ckpt_unmigrated"})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("Ensure error does not wrap the insufficient_privilege PgError: %v", err)
+		}
+
+		// After the migration ran, the limited role needs no CREATE privilege.
+		s := NewTableStore(limited, "public.ckpt_premigrated")
+		if err := s.Ensure(ctx); err != nil {
+			t.Fatalf("Ensure on a migrated table: %v", err)
+		}
+		c := Checkpoint{Slot: "orders", SystemID: "1", LSN: 9, UpdatedAt: time.Unix(1700000000, 0)}
+		mustSave(t, ctx, s, c)
+		c.LSN = 10
+		mustSave(t, ctx, s, c)
+		mustLoad(t, ctx, s, "orders", c, true)
+	})
+
+	t.Run("errors name the table", func(t *testing.T) {
+		ctx := t.Context()
+		s := NewTableStore(admin, "public.ckpt_never_created")
+		_, _, err := s.Load(ctx, "orders")
+		checkErr(t, "Load", err, []string{"public.ckpt_never_created", `slot "orders"`})
+		err = s.Save(ctx, Checkpoint{Slot: "orders", SystemID: "1", LSN: 0x10})
+		checkErr(t, "Save", err, []string{"public.ckpt_never_created", `slot "orders"`, "0/10"})
+		if errors.Is(err, pgx.ErrNoRows) {
+			t.Errorf("Save error is ErrNoRows: %v", err)
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("error leaks a password: %v", err)
+		}
+	})
+}

@@ -1,0 +1,349 @@
+// Package checkpoint decides how far the relay may confirm the replication slot and
+// remembers it across restarts.
+//
+// A Tracker turns Kafka acknowledgements into a watermark: the end LSN of the newest
+// transaction whose events, and those of every transaction before it, have all been
+// acknowledged (DESIGN invariant 1). A Store persists that watermark per slot, in a table
+// of the source database (TableStore) or in a local file (FileStore). Reconcile compares
+// a stored checkpoint with the slot at start-up and refuses to start silently across a
+// gap (DESIGN invariant 6).
+//
+// The relay writes the store before it confirms the slot: the stored LSN is therefore
+// never behind the slot's confirmed_flush_lsn, and a slot ahead of the store means
+// someone else moved or recreated it.
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// txn is the acknowledgement state of one transaction.
+type txn struct {
+	added     int
+	acked     int
+	committed bool
+	end       pglogrepl.LSN
+}
+
+func (x *txn) done() bool { return x.committed && x.acked == x.added }
+
+// Tracker computes the acknowledgement watermark of DESIGN invariant 1.
+//
+// The replication goroutine calls Begin, Add and Commit in stream order; sink
+// goroutines call Ack in any order. Every event must be counted with Add before it is
+// handed to the sink, so that an Ack can never arrive for an event the Tracker does not
+// know. Transactions are identified by the sequence number Begin returns; sequence
+// numbers keep increasing across Reset, so a late Ack from before a Reset is recognised
+// as stale instead of being credited to a new transaction.
+//
+// Misuse never moves the watermark: an Ack or Add for a sequence number that is not
+// tracked (already confirmed, forgotten by Reset, or never begun), an Ack of more events
+// than were added, a negative count, or a second Commit is ignored, counted, and
+// reported by Anomalies. Ignoring an excess Ack as a whole leaves its transaction
+// unacknowledged, so the watermark stalls there — visible in InFlight and Anomalies —
+// rather than advance past an event that may never have reached Kafka.
+//
+// A Tracker is safe for concurrent use. Add, Ack and Commit are O(1) amortised: open
+// transactions live in a ring indexed by seq minus the oldest tracked seq.
+type Tracker struct {
+	mu sync.Mutex
+
+	ring    []txn  // power-of-two capacity; ring[(head+i)&mask] is txn headSeq+i
+	head    int    // physical index of headSeq in ring
+	n       int    // number of tracked transactions
+	headSeq uint64 // seq of the oldest tracked transaction
+	nextSeq uint64 // seq the next Begin returns
+
+	watermark pglogrepl.LSN
+	maxEnd    pglogrepl.LSN // highest end LSN of the stream since the last Reset, for the order check
+	events    int           // events added and not yet acknowledged
+
+	changed chan struct{}
+	drained chan struct{} // made by WaitDrained while events > 0, closed when events drops to 0
+
+	anomalies   uint64
+	lastAnomaly error
+}
+
+// NewTracker returns a Tracker whose watermark starts at start, typically the LSN
+// streaming starts from.
+func NewTracker(start pglogrepl.LSN) *Tracker {
+	return &Tracker{
+		ring:      make([]txn, 64),
+		watermark: start,
+		maxEnd:    start,
+		changed:   make(chan struct{}, 1),
+	}
+}
+
+// Begin opens a transaction and returns its sequence number. Sequence numbers increase
+// by one with every call, for the Tracker's whole life.
+func (t *Tracker) Begin() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == len(t.ring) {
+		t.grow()
+	}
+	seq := t.nextSeq
+	t.nextSeq++
+	t.ring[(t.head+t.n)&(len(t.ring)-1)] = txn{}
+	t.n++
+	return seq
+}
+
+// grow doubles the ring, keeping the tracked transactions in order. Called with mu held.
+func (t *Tracker) grow() {
+	ring := make([]txn, 2*len(t.ring))
+	for i := 0; i < t.n; i++ {
+		ring[i] = t.ring[(t.head+i)&(len(t.ring)-1)]
+	}
+	t.ring, t.head = ring, 0
+}
+
+// get returns the tracked transaction seq, or nil. Called with mu held.
+func (t *Tracker) get(seq uint64) *txn {
+	if seq < t.headSeq || seq-t.headSeq >= uint64(t.n) {
+		return nil
+	}
+	return &t.ring[(t.head+int(seq-t.headSeq))&(len(t.ring)-1)]
+}
+
+// Add counts n more events in transaction seq. Call it before handing the events to
+// the sink. Adding to a committed transaction that is still tracked is counted as an
+// anomaly but honoured, because that only holds the watermark back.
+func (t *Tracker) Add(seq uint64, n int) {
+	if n == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	x := t.get(seq)
+	switch {
+	case n < 0:
+		t.anomaly("add %d events to txn %d: negative count ignored", n, seq)
+		return
+	case x == nil:
+		t.anomaly("add %d events to txn %d: txn is not tracked (next seq %d, oldest tracked %d); ignored",
+			n, seq, t.nextSeq, t.headSeq)
+		return
+	case x.committed:
+		t.anomaly("add %d events to txn %d: txn already committed; counted anyway", n, seq)
+	}
+	x.added += n
+	t.addEvents(n)
+}
+
+// Commit closes transaction seq, whose commit record ends at end. A transaction with no
+// events counts as acknowledged at once. An end LSN lower than one committed before is
+// an anomaly: the transaction then counts with the highest end LSN seen, so the
+// watermark never moves backwards.
+func (t *Tracker) Commit(seq uint64, end pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	x := t.get(seq)
+	switch {
+	case x == nil:
+		t.anomaly("commit txn %d at %s: txn is not tracked (next seq %d, oldest tracked %d); ignored",
+			seq, end, t.nextSeq, t.headSeq)
+		return
+	case x.committed:
+		t.anomaly("commit txn %d at %s: txn already committed at %s; ignored", seq, end, x.end)
+		return
+	}
+	if end < t.maxEnd {
+		t.anomaly("commit txn %d at %s: end LSN is below an earlier commit's %s; using %s",
+			seq, end, t.maxEnd, t.maxEnd)
+		end = t.maxEnd
+	}
+	t.maxEnd = end
+	x.committed, x.end = true, end
+	t.advance()
+}
+
+// Ack records that n events of transaction seq were acknowledged by Kafka. It may be
+// called from any goroutine, in any order, and before the transaction is committed.
+// See the Tracker documentation for what happens to an Ack that does not fit.
+func (t *Tracker) Ack(seq uint64, n int) {
+	if n == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	x := t.get(seq)
+	switch {
+	case n < 0:
+		t.anomaly("ack %d events of txn %d: negative count ignored", n, seq)
+		return
+	case x == nil:
+		t.anomaly("ack %d events of txn %d: txn is not tracked (next seq %d, oldest tracked %d); ignored",
+			n, seq, t.nextSeq, t.headSeq)
+		return
+	case x.acked+n > x.added:
+		t.anomaly("ack %d events of txn %d: only %d of %d events unacknowledged; ignored",
+			n, seq, x.added-x.acked, x.added)
+		return
+	}
+	x.acked += n
+	t.addEvents(-n)
+	if seq == t.headSeq {
+		t.advance()
+	}
+}
+
+// advance drops finished transactions from the head and moves the watermark to the
+// newest one's end. Called with mu held.
+func (t *Tracker) advance() {
+	moved := false
+	for t.n > 0 {
+		x := &t.ring[t.head]
+		if !x.done() {
+			break
+		}
+		if x.end > t.watermark {
+			t.watermark = x.end
+			moved = true
+		}
+		*x = txn{}
+		t.head = (t.head + 1) & (len(t.ring) - 1)
+		t.n--
+		t.headSeq++
+	}
+	if moved {
+		t.notify()
+	}
+}
+
+// addEvents changes the count of unacknowledged events and wakes WaitDrained callers
+// when it reaches zero. Called with mu held.
+func (t *Tracker) addEvents(n int) {
+	t.events += n
+	if t.events == 0 && t.drained != nil {
+		close(t.drained)
+		t.drained = nil
+	}
+}
+
+// notify signals Changed without blocking. Called with mu held.
+func (t *Tracker) notify() {
+	select {
+	case t.changed <- struct{}{}:
+	default:
+	}
+}
+
+// anomaly counts a misuse. Called with mu held.
+func (t *Tracker) anomaly(format string, args ...any) {
+	t.anomalies++
+	t.lastAnomaly = fmt.Errorf(format, args...)
+}
+
+// Watermark returns the LSN that may be confirmed to the slot and written to the store:
+// the end LSN of the newest transaction that, with every transaction before it, is
+// committed and fully acknowledged. It never decreases.
+func (t *Tracker) Watermark() pglogrepl.LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermark
+}
+
+// Idle moves the watermark to serverWALEnd if nothing is in flight — no transaction open
+// or unacknowledged — and serverWALEnd is ahead of it, so an idle outbox does not make
+// Postgres retain WAL (DESIGN invariant 4). It reports whether the watermark moved.
+//
+// The caller must have received the whole stream up to serverWALEnd, as it has when
+// serverWALEnd is the WAL end of a primary keepalive handled by the goroutine that also
+// calls Begin.
+func (t *Tracker) Idle(serverWALEnd pglogrepl.LSN) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n > 0 || t.events > 0 || serverWALEnd <= t.watermark {
+		return false
+	}
+	t.watermark = serverWALEnd
+	if serverWALEnd > t.maxEnd {
+		t.maxEnd = serverWALEnd
+	}
+	t.notify()
+	return true
+}
+
+// InFlight returns the number of tracked transactions (open, or committed with events
+// not yet acknowledged, or waiting behind such a transaction) and of unacknowledged
+// events.
+func (t *Tracker) InFlight() (txns int, events int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n, t.events
+}
+
+// Anomalies returns how many calls were ignored or corrected as misuse (see Tracker)
+// and the description of the latest one, or nil if there was none. A non-zero count is
+// a relay bug: report it as a metric and in the log.
+func (t *Tracker) Anomalies() (count uint64, last error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.anomalies, t.lastAnomaly
+}
+
+// Reset forgets every tracked transaction and event, as after a reconnect once the sink
+// has drained; acknowledgements that still arrive for them count as anomalies.
+//
+// The watermark becomes the greater of the current one and start, never start alone:
+// after a reconnect the slot may restart from a confirmed_flush_lsn older than what was
+// already acknowledged (the last standby status may not have reached the server), but
+// the watermark has already been written to the store. Moving it back would let the
+// store fall behind, and a later start-up would then find the slot ahead of the store
+// and report a gap that does not exist. Events redelivered between start and the
+// watermark are simply delivered again (at-least-once), and confirming a position at or
+// below the slot's current one is a no-op for Postgres.
+func (t *Tracker) Reset(start pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.ring {
+		t.ring[i] = txn{}
+	}
+	t.head, t.n, t.headSeq = 0, 0, t.nextSeq
+	if t.events > 0 {
+		t.addEvents(-t.events)
+	}
+	if start > t.watermark {
+		t.watermark = start
+		t.notify()
+	}
+	// The stream restarts at start: transactions redelivered below the watermark are
+	// expected, not anomalies, and cannot move the watermark back anyway.
+	t.maxEnd = start
+}
+
+// Changed returns a channel that receives a value when the watermark advances. It is
+// buffered by one and never blocks the Tracker: several advances between two receives
+// arrive as one, so read Watermark after each receive.
+func (t *Tracker) Changed() <-chan struct{} {
+	return t.changed
+}
+
+// WaitDrained blocks until every added event has been acknowledged, or Reset is
+// called, or ctx is done, in which case it returns ctx's error. Used at shutdown and
+// before Reset on reconnect.
+func (t *Tracker) WaitDrained(ctx context.Context) error {
+	t.mu.Lock()
+	if t.events == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	if t.drained == nil {
+		t.drained = make(chan struct{})
+	}
+	ch := t.drained
+	t.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for acknowledgements: %w", ctx.Err())
+	}
+}

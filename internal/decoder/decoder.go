@@ -1,0 +1,541 @@
+// Package decoder turns pgoutput messages (logical replication protocol version 1)
+// into outbox events.
+//
+// The replication loop hands the WALData of every XLogData message to
+// [Decoder.Decode], which returns one [Message] at a time: transaction boundaries
+// (Begin, Commit), Relation announcements, and one Event for each INSERT into the
+// outbox table. Everything else in the stream is reported as [KindSkip].
+//
+// With protocol version 1 and no streaming, Postgres sends only whole committed
+// transactions, already stripped of rolled-back subtransactions, so every event
+// the decoder returns is committed.
+package decoder
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+)
+
+// Flag names used in configuration errors, so that they tell the operator what to set.
+const (
+	flagSchema        = "--schema"
+	flagTable         = "--table"
+	flagHeaderColumns = "--header-columns"
+)
+
+// columnFlags names the flag for each required column, in field order (see fieldID).
+var columnFlags = [numFields]string{
+	"--column-id",
+	"--column-aggregate-type",
+	"--column-aggregate-id",
+	"--column-event-type",
+	"--column-payload",
+}
+
+// Indexes of the required outbox columns in outboxRel.fields and columnFlags.
+const (
+	fieldID = iota
+	fieldAggregateType
+	fieldAggregateID
+	fieldEventType
+	fieldPayload
+	numFields
+)
+
+// ErrMissingColumn reports that the outbox table, as announced by a Relation message,
+// lacks a configured column. It is a configuration error: the relay must stop and the
+// operator must fix the named flag (or the table). Retrying does not help.
+var ErrMissingColumn = errors.New("outbox column missing")
+
+// Columns names the outbox table's columns.
+type Columns struct {
+	ID            string // event id, the downstream idempotency key (--column-id)
+	AggregateType string // --column-aggregate-type
+	AggregateID   string // Kafka message key (--column-aggregate-id)
+	EventType     string // --column-event-type
+	Payload       string // Kafka message value (--column-payload)
+}
+
+// DefaultColumns returns the column names of the outbox table in migrations/:
+// id, aggregate_type, aggregate_id, event_type, payload.
+func DefaultColumns() Columns {
+	return Columns{
+		ID:            "id",
+		AggregateType: "aggregate_type",
+		AggregateID:   "aggregate_id",
+		EventType:     "event_type",
+		Payload:       "payload",
+	}
+}
+
+// names returns the column names in field order.
+func (c Columns) names() [numFields]string {
+	return [numFields]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}
+}
+
+// Config tells the decoder which table is the outbox and how to read it.
+// Names are compared exactly with what Postgres announces: unquoted identifiers
+// are lower case there.
+type Config struct {
+	Schema, Table string // the outbox table, e.g. "public", "outbox_events"
+	Columns       Columns
+	// HeaderColumns maps extra outbox columns to Kafka header keys, e.g.
+	// "correlation_id" -> "correlation_id". NULL values produce no header.
+	HeaderColumns map[string]string
+}
+
+// Kind says what a decoded Message carries.
+type Kind uint8
+
+// The kinds of Message.
+const (
+	// KindSkip is a message the relay ignores: a change other than an INSERT into
+	// the outbox table (UPDATE, DELETE, TRUNCATE, inserts into other tables), or a
+	// Type, Origin or logical decoding Message.
+	KindSkip Kind = iota
+	// KindBegin starts a transaction: XID, CommitLSN and CommitTime are set.
+	KindBegin
+	// KindEvent is one INSERT into the outbox table: Event is set.
+	KindEvent
+	// KindCommit ends the transaction: XID, CommitLSN, EndLSN and CommitTime are set.
+	// EndLSN is the position to confirm once all the transaction's events are delivered.
+	KindCommit
+	// KindRelation is a Relation message: the decoder updated its table metadata.
+	KindRelation
+)
+
+// String returns the kind's name, e.g. "event".
+func (k Kind) String() string {
+	switch k {
+	case KindSkip:
+		return "skip"
+	case KindBegin:
+		return "begin"
+	case KindEvent:
+		return "event"
+	case KindCommit:
+		return "commit"
+	case KindRelation:
+		return "relation"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Message is the decoded form of one pgoutput message.
+type Message struct {
+	Kind Kind
+	// XID is the transaction id (Begin, Event, Commit).
+	XID uint32
+	// CommitLSN is, for Begin and Event, the final (commit) LSN that Begin announced;
+	// for Commit, the commit LSN. The two are equal.
+	CommitLSN pglogrepl.LSN
+	// EndLSN is set for Commit only: TransactionEndLSN, the position to confirm.
+	EndLSN pglogrepl.LSN
+	// CommitTime is the commit time of the transaction (Begin, Event, Commit), in UTC.
+	CommitTime time.Time
+	// Event is set for KindEvent only, with XID, CommitLSN and CommitTime of the
+	// current transaction. It does not share memory with the decoded buffer.
+	Event *outbox.Event
+}
+
+// headerCol is one configured header column.
+type headerCol struct {
+	column string // outbox column name
+	key    string // Kafka header key
+}
+
+// outboxRel is the column mapping of the outbox table, computed from its Relation
+// message so that decoding an Insert needs no lookups.
+type outboxRel struct {
+	ok      bool
+	id      uint32
+	ncols   int
+	fields  [numFields]int // column index of each required column
+	headers []int          // column index of each Decoder.headers entry
+	keep    []int          // distinct column indexes copied into an event, ascending
+}
+
+// span locates one column value of the tuple being decoded.
+type span struct {
+	off, n int  // value bytes in the message
+	dst    int  // offset in the event's buffer
+	null   bool // SQL NULL
+}
+
+// Decoder decodes one pgoutput stream. It keeps relation metadata and the current
+// transaction between calls, so messages must be passed in stream order. A Decoder
+// is not safe for concurrent use.
+type Decoder struct {
+	schema, table string
+	columns       [numFields]string // required column names, in field order
+	headers       []headerCol       // sorted by column name, so header order is stable
+
+	known map[uint32]struct{} // every relation id announced since the last Reset
+	out   outboxRel
+	spans []span // scratch, one per column of the outbox table
+
+	inTxn      bool
+	xid        uint32
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+}
+
+// New returns a Decoder for cfg, or an error naming the flag to fix if a name is empty.
+func New(cfg Config) (*Decoder, error) {
+	if cfg.Schema == "" {
+		return nil, fmt.Errorf("new decoder: outbox schema is empty: set %s", flagSchema)
+	}
+	if cfg.Table == "" {
+		return nil, fmt.Errorf("new decoder: outbox table is empty: set %s", flagTable)
+	}
+	for i, name := range cfg.Columns.names() {
+		if name == "" {
+			return nil, fmt.Errorf("new decoder: column name is empty: set %s", columnFlags[i])
+		}
+	}
+	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{})}
+	for column, key := range cfg.HeaderColumns {
+		if column == "" {
+			return nil, fmt.Errorf("new decoder: empty column name for header %q: fix %s", key, flagHeaderColumns)
+		}
+		if key == "" {
+			return nil, fmt.Errorf("new decoder: empty header key for column %q: fix %s", column, flagHeaderColumns)
+		}
+		d.headers = append(d.headers, headerCol{column: column, key: key})
+	}
+	slices.SortFunc(d.headers, func(a, b headerCol) int { return strings.Compare(a.column, b.column) })
+	return d, nil
+}
+
+// Reset forgets all relation metadata and the current transaction. Call it after
+// reconnecting: Postgres announces every relation again on a new connection.
+func (d *Decoder) Reset() {
+	clear(d.known)
+	d.out = outboxRel{}
+	d.endTxn()
+}
+
+func (d *Decoder) endTxn() {
+	d.inTxn = false
+	d.xid = 0
+	d.commitLSN = 0
+	d.commitTime = time.Time{}
+}
+
+// Decode decodes one pgoutput message (the WALData of an XLogData message).
+//
+// The returned Message does not reference walData, so the caller may reuse the
+// buffer. Malformed or truncated input, messages of protocol versions above 1
+// (streaming), an INSERT outside a transaction or into an unknown relation, and an
+// outbox table lacking a configured column (see ErrMissingColumn) are errors; after
+// an error the stream cannot be trusted and the caller should reconnect and Reset.
+func (d *Decoder) Decode(walData []byte) (Message, error) {
+	if len(walData) == 0 {
+		return Message{}, errors.New("decode pgoutput message: empty message")
+	}
+	typ, body := walData[0], walData[1:]
+	var (
+		m   Message
+		err error
+	)
+	switch typ {
+	case 'I':
+		m, err = d.insert(body)
+	case 'B':
+		m, err = d.begin(body)
+	case 'C':
+		m, err = d.commit(body)
+	case 'R':
+		m, err = d.relation(body)
+	case 'U':
+		err = skipUpdate(body)
+	case 'D':
+		err = skipDelete(body)
+	case 'T':
+		err = skipTruncate(body)
+	case 'Y':
+		err = skipType(body)
+	case 'O':
+		err = skipOrigin(body)
+	case 'M':
+		err = skipLogicalMessage(body)
+	case 'S', 'E', 'c', 'A':
+		return Message{}, fmt.Errorf("decode pgoutput message: unexpected streaming message %q: the relay uses proto_version 1, which never streams", typ)
+	default:
+		return Message{}, fmt.Errorf("decode pgoutput message: unknown message type %q", typ)
+	}
+	if err != nil {
+		return Message{}, fmt.Errorf("decode pgoutput %s message: %w", messageName(typ), err)
+	}
+	return m, nil
+}
+
+func messageName(typ byte) string {
+	switch typ {
+	case 'I':
+		return "insert"
+	case 'B':
+		return "begin"
+	case 'C':
+		return "commit"
+	case 'R':
+		return "relation"
+	case 'U':
+		return "update"
+	case 'D':
+		return "delete"
+	case 'T':
+		return "truncate"
+	case 'Y':
+		return "type"
+	case 'O':
+		return "origin"
+	case 'M':
+		return "logical decoding"
+	}
+	return fmt.Sprintf("%q", typ)
+}
+
+// begin decodes Begin: Int64 final LSN, Int64 commit time, Int32 xid.
+func (d *Decoder) begin(b []byte) (Message, error) {
+	if len(b) != 20 {
+		return Message{}, lengthError(20, len(b))
+	}
+	if d.inTxn {
+		return Message{}, fmt.Errorf("transaction %d has no commit: the stream restarted without Reset", d.xid)
+	}
+	d.inTxn = true
+	d.commitLSN = pglogrepl.LSN(be64(b))
+	d.commitTime = pgTime(int64(be64(b[8:])))
+	d.xid = be32(b[16:])
+	return Message{Kind: KindBegin, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}, nil
+}
+
+// commit decodes Commit: Int8 flags, Int64 commit LSN, Int64 end LSN, Int64 commit time.
+func (d *Decoder) commit(b []byte) (Message, error) {
+	if len(b) != 25 {
+		return Message{}, lengthError(25, len(b))
+	}
+	if !d.inTxn {
+		return Message{}, errors.New("commit outside a transaction")
+	}
+	m := Message{
+		Kind:       KindCommit,
+		XID:        d.xid,
+		CommitLSN:  pglogrepl.LSN(be64(b[1:])),
+		EndLSN:     pglogrepl.LSN(be64(b[9:])),
+		CommitTime: pgTime(int64(be64(b[17:]))),
+	}
+	d.endTxn()
+	return m, nil
+}
+
+// relation decodes Relation: Int32 id, String namespace, String name, Int8 replica
+// identity, Int16 column count, then per column Int8 flags, String name, Int32 type
+// oid, Int32 type modifier.
+func (d *Decoder) relation(b []byte) (Message, error) {
+	r := reader{b: b}
+	id := r.uint32()
+	namespace := r.cstring()
+	name := r.cstring()
+	r.skip(1) // replica identity
+	ncols := int(r.uint16())
+	if r.err != nil {
+		return Message{}, r.err
+	}
+	isOutbox := string(namespace) == d.schema && string(name) == d.table
+	// Any failure below leaves the relation unknown, so its inserts fail loudly
+	// rather than being skipped.
+	delete(d.known, id)
+	if d.out.id == id {
+		d.out = outboxRel{}
+	}
+
+	rel := outboxRel{ok: true, id: id, ncols: ncols}
+	if isOutbox {
+		for i := range rel.fields {
+			rel.fields[i] = -1
+		}
+		rel.headers = make([]int, len(d.headers))
+		for i := range rel.headers {
+			rel.headers[i] = -1
+		}
+	}
+	for col := range ncols {
+		r.skip(1) // flags
+		colName := r.cstring()
+		r.skip(8) // type oid, type modifier
+		if r.err != nil {
+			return Message{}, fmt.Errorf("column %d of %d: %w", col, ncols, r.err)
+		}
+		if !isOutbox {
+			continue
+		}
+		for f, want := range d.columns {
+			if string(colName) == want {
+				rel.fields[f] = col
+			}
+		}
+		for h, hc := range d.headers {
+			if string(colName) == hc.column {
+				rel.headers[h] = col
+			}
+		}
+	}
+	if err := r.end(); err != nil {
+		return Message{}, err
+	}
+	if isOutbox {
+		for f, col := range rel.fields {
+			if col < 0 {
+				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q: set %s to the right column name",
+					ErrMissingColumn, d.schema, d.table, d.columns[f], columnFlags[f])
+			}
+			rel.keep = append(rel.keep, col)
+		}
+		for h, col := range rel.headers {
+			if col < 0 {
+				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q named in %s",
+					ErrMissingColumn, d.schema, d.table, d.headers[h].column, flagHeaderColumns)
+			}
+			rel.keep = append(rel.keep, col)
+		}
+		slices.Sort(rel.keep)
+		rel.keep = slices.Compact(rel.keep)
+		d.out = rel
+		if cap(d.spans) < ncols {
+			d.spans = make([]span, ncols)
+		}
+		d.spans = d.spans[:ncols]
+	}
+	d.known[id] = struct{}{}
+	return Message{Kind: KindRelation}, nil
+}
+
+// inlineHeaders is how many headers an event can carry without a third allocation.
+const inlineHeaders = 4
+
+// eventWithHeaders lets an event and its headers share one allocation.
+type eventWithHeaders struct {
+	ev  outbox.Event
+	hdr [inlineHeaders]outbox.Header
+}
+
+// insert decodes Insert: Int32 relation id, Byte1 'N', TupleData. This is the hot
+// path: apart from the Event (and its headers) it makes one allocation, the buffer
+// that all kept column values share.
+func (d *Decoder) insert(b []byte) (Message, error) {
+	if len(b) < 7 {
+		return Message{}, lengthError(7, len(b))
+	}
+	if !d.inTxn {
+		return Message{}, errors.New("insert outside a transaction")
+	}
+	id := be32(b)
+	if !d.out.ok || id != d.out.id {
+		if _, ok := d.known[id]; !ok {
+			return Message{}, fmt.Errorf("insert into unknown relation %d: no relation message since the start or the last Reset", id)
+		}
+		return Message{Kind: KindSkip}, nil
+	}
+	if b[4] != 'N' {
+		return Message{}, fmt.Errorf("tuple type %q, want 'N'", b[4])
+	}
+	if n := int(be16(b[5:])); n != d.out.ncols {
+		return Message{}, fmt.Errorf("tuple has %d columns, relation %d announced %d", n, id, d.out.ncols)
+	}
+
+	// First pass: validate the tuple and locate every value.
+	spans := d.spans
+	p := 7
+	for i := range spans {
+		if p >= len(b) {
+			return Message{}, fmt.Errorf("tuple truncated at column %d of %d", i, len(spans))
+		}
+		kind := b[p]
+		p++
+		switch kind {
+		case 'n':
+			spans[i] = span{null: true}
+		case 't', 'b':
+			if len(b)-p < 4 {
+				return Message{}, fmt.Errorf("tuple truncated in length of column %d", i)
+			}
+			n := be32(b[p:])
+			p += 4
+			if uint64(n) > uint64(len(b)-p) {
+				return Message{}, fmt.Errorf("tuple truncated in column %d: length %d, %d bytes left", i, n, len(b)-p)
+			}
+			spans[i] = span{off: p, n: int(n)}
+			p += int(n)
+		case 'u':
+			return Message{}, fmt.Errorf("column %d is an unchanged TOAST value, impossible in an insert", i)
+		default:
+			return Message{}, fmt.Errorf("column %d has unknown value kind %q", i, kind)
+		}
+	}
+	if p != len(b) {
+		return Message{}, fmt.Errorf("%d trailing bytes after tuple", len(b)-p)
+	}
+
+	// Second pass: copy the kept values into one buffer. make with length 0 does
+	// not allocate but still returns a non-nil slice, as empty values need.
+	total := 0
+	for _, col := range d.out.keep {
+		total += spans[col].n
+	}
+	buf := make([]byte, total)
+	o := 0
+	for _, col := range d.out.keep {
+		s := &spans[col]
+		s.dst = o
+		o += copy(buf[o:], b[s.off:s.off+s.n])
+	}
+
+	var ev *outbox.Event
+	var hdr []outbox.Header
+	switch nh := len(d.headers); {
+	case nh == 0:
+		ev = new(outbox.Event)
+	case nh <= inlineHeaders:
+		eh := new(eventWithHeaders)
+		ev, hdr = &eh.ev, eh.hdr[:0:nh]
+	default:
+		ev = new(outbox.Event)
+		hdr = make([]outbox.Header, 0, nh)
+	}
+	f := &d.out.fields
+	ev.ID = value(buf, spans[f[fieldID]])
+	ev.AggregateType = value(buf, spans[f[fieldAggregateType]])
+	ev.AggregateID = value(buf, spans[f[fieldAggregateID]])
+	ev.EventType = value(buf, spans[f[fieldEventType]])
+	ev.Payload = value(buf, spans[f[fieldPayload]])
+	for h, col := range d.out.headers {
+		if s := spans[col]; !s.null {
+			hdr = append(hdr, outbox.Header{Key: d.headers[h].key, Value: value(buf, s)})
+		}
+	}
+	if len(hdr) > 0 {
+		ev.Headers = hdr
+	}
+	ev.XID = d.xid
+	ev.CommitLSN = d.commitLSN
+	ev.CommitTime = d.commitTime
+	return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev}, nil
+}
+
+// value returns the column's bytes in buf, nil for NULL. The capacity is clipped so
+// that an append by a consumer cannot overwrite the next value.
+func value(buf []byte, s span) []byte {
+	if s.null {
+		return nil
+	}
+	return buf[s.dst : s.dst+s.n : s.dst+s.n]
+}

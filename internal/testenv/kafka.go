@@ -1,0 +1,265 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// EnvKafkaBrokers names the environment variable that, when set, makes
+// StartKafka and NewKafka use existing brokers instead of starting kfake. Its
+// value is a comma-separated list of host:port seed brokers.
+const EnvKafkaBrokers = "CDC_RELAY_TEST_KAFKA_BROKERS"
+
+// defaultPartitions is KafkaOptions.Partitions when unset.
+const defaultPartitions = 4
+
+// kafkaRelistenTimeout bounds how long Start retries binding the old port.
+const kafkaRelistenTimeout = 10 * time.Second
+
+// KafkaOptions configures the broker started by StartKafka.
+type KafkaOptions struct {
+	// Partitions is the partition count of seeded topics and of topics
+	// created automatically or by a CreateTopics request without a count.
+	// 0 means 4.
+	Partitions int
+
+	// Topics are created at start-up with Partitions partitions.
+	Topics []string
+
+	// DataDir is where the broker persists its log and state. "" means a
+	// fresh temporary directory that Close removes. A given directory is
+	// kept, and a broker started on it again reloads its data.
+	DataDir string
+
+	// Port is the TCP port on 127.0.0.1; 0 picks a free one.
+	Port int
+
+	// BrokerConfigs are kfake's broker-level configs, e.g.
+	// {"message.max.bytes": "2097152"}.
+	BrokerConfigs map[string]string
+
+	// NoAutoCreate turns off automatic topic creation. With it on (the
+	// default), a topic is created when a client's metadata request asks for
+	// that: kgo with kgo.AllowAutoTopicCreation(), kafka-go with
+	// Writer.AllowAutoTopicCreation.
+	NoAutoCreate bool
+}
+
+// Kafka is a single Kafka-protocol broker for tests: an in-process kfake
+// cluster that can be stopped and started again on the same port with its
+// data, or existing brokers named by CDC_RELAY_TEST_KAFKA_BROKERS (External
+// reports which). Its methods are safe for concurrent use.
+type Kafka struct {
+	// Set once by StartKafka.
+	opts        KafkaOptions // with defaults applied and DataDir set
+	brokers     []string
+	ownsDataDir bool // DataDir is our temp dir; Close removes it
+	external    bool
+
+	mu      sync.Mutex // guards cluster and closed
+	cluster *kfake.Cluster
+	closed  bool
+}
+
+// StartKafka starts a one-broker kfake cluster on 127.0.0.1 that persists to
+// opts.DataDir (a temporary directory by default). Call Close to stop it and
+// remove the temporary directory.
+//
+// If CDC_RELAY_TEST_KAFKA_BROKERS is set, StartKafka uses those brokers
+// instead, creating opts.Topics on them when missing.
+func StartKafka(opts KafkaOptions) (*Kafka, error) {
+	if opts.Partitions <= 0 {
+		opts.Partitions = defaultPartitions
+	}
+	if raw := os.Getenv(EnvKafkaBrokers); raw != "" {
+		return attachKafka(raw, opts)
+	}
+	k := &Kafka{opts: opts}
+	if k.opts.DataDir == "" {
+		dir, err := os.MkdirTemp("", "cdc-relay-kafka-")
+		if err != nil {
+			return nil, fmt.Errorf("create kafka temp dir: %w", err)
+		}
+		k.opts.DataDir = dir
+		k.ownsDataDir = true
+	}
+	c, err := kfake.NewCluster(k.clusterOpts(opts.Port)...)
+	if err != nil {
+		k.Close()
+		return nil, fmt.Errorf("start kafka: %w", err)
+	}
+	k.cluster = c
+	k.brokers = c.ListenAddrs()
+	_, port, err := net.SplitHostPort(k.brokers[0])
+	if err != nil {
+		k.Close()
+		return nil, fmt.Errorf("parse kafka listen address: %w", err)
+	}
+	if k.opts.Port, err = strconv.Atoi(port); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("parse kafka listen port: %w", err)
+	}
+	return k, nil
+}
+
+// attachKafka wraps the brokers of CDC_RELAY_TEST_KAFKA_BROKERS and creates
+// the seed topics on them.
+func attachKafka(raw string, opts KafkaOptions) (*Kafka, error) {
+	k := &Kafka{opts: opts, external: true}
+	for _, b := range strings.Split(raw, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			k.brokers = append(k.brokers, b)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, topic := range opts.Topics {
+		err := CreateTopic(ctx, k.brokers, topic, opts.Partitions)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return nil, fmt.Errorf("seed topics on %s: %w", EnvKafkaBrokers, err)
+		}
+	}
+	return k, nil
+}
+
+// clusterOpts returns the kfake options for a start on port (0: any).
+func (k *Kafka) clusterOpts(port int) []kfake.Opt {
+	opts := []kfake.Opt{
+		kfake.DataDir(k.opts.DataDir),
+		kfake.DefaultNumPartitions(k.opts.Partitions),
+		kfake.SeedTopics(int32(k.opts.Partitions), k.opts.Topics...),
+	}
+	if port != 0 {
+		opts = append(opts, kfake.Ports(port))
+	} else {
+		opts = append(opts, kfake.NumBrokers(1)) // kfake's default is 3
+	}
+	if !k.opts.NoAutoCreate {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
+	if len(k.opts.BrokerConfigs) > 0 {
+		opts = append(opts, kfake.BrokerConfigs(k.opts.BrokerConfigs))
+	}
+	return opts
+}
+
+// NewKafka is StartKafka for tests: it fails t on error and closes the broker
+// when t ends.
+func NewKafka(t testing.TB, opts KafkaOptions) *Kafka {
+	t.Helper()
+	k, err := StartKafka(opts)
+	if err != nil {
+		t.Fatalf("start kafka: %v", err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
+// RequireLocalKafka skips t unless k is a broker this package started, for
+// tests that stop the broker or inject faults through Cluster.
+func RequireLocalKafka(t testing.TB, k *Kafka) {
+	t.Helper()
+	if k.External() {
+		t.Skipf("skip: test needs a local kfake broker, but %s points at external brokers", EnvKafkaBrokers)
+	}
+}
+
+// External reports whether k wraps brokers named by
+// CDC_RELAY_TEST_KAFKA_BROKERS.
+func (k *Kafka) External() bool { return k.external }
+
+// Brokers returns the seed brokers, ["127.0.0.1:PORT"] for a local broker.
+// They stay the same across Stop and Start.
+func (k *Kafka) Brokers() []string { return append([]string(nil), k.brokers...) }
+
+// DataDir returns the directory the local broker persists to, or "" for
+// external brokers.
+func (k *Kafka) DataDir() string {
+	if k.external {
+		return ""
+	}
+	return k.opts.DataDir
+}
+
+// Cluster returns the running kfake cluster, for fault injection with
+// Control and friends; nil when external or stopped.
+func (k *Kafka) Cluster() *kfake.Cluster {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.cluster
+}
+
+// Stop shuts the broker down: it persists its data, closes its port (new
+// connections are refused) and drops every client connection. Stopping a
+// stopped or external broker does nothing.
+func (k *Kafka) Stop() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.stopLocked()
+}
+
+func (k *Kafka) stopLocked() {
+	if k.cluster != nil {
+		k.cluster.Close()
+		k.cluster = nil
+	}
+}
+
+// Start starts a stopped broker again on the same port and data directory,
+// so everything produced before Stop is still there. It retries binding the
+// port for a few seconds while the old one is still in use. Starting a
+// running broker does nothing; for external brokers Start returns
+// ErrExternal.
+func (k *Kafka) Start() error {
+	if k.external {
+		return fmt.Errorf("start kafka: %w", ErrExternal)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return errors.New("start kafka: closed")
+	}
+	if k.cluster != nil {
+		return nil
+	}
+	deadline := time.Now().Add(kafkaRelistenTimeout)
+	for {
+		c, err := kfake.NewCluster(k.clusterOpts(k.opts.Port)...)
+		if err == nil {
+			k.cluster = c
+			return nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return fmt.Errorf("restart kafka on port %d: %w", k.opts.Port, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Close stops the broker and removes its data directory if StartKafka
+// created it. It is idempotent.
+func (k *Kafka) Close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return
+	}
+	k.closed = true
+	k.stopLocked()
+	if k.ownsDataDir {
+		// Best effort: a leftover temp dir is not worth failing a test.
+		_ = os.RemoveAll(k.opts.DataDir)
+	}
+}

@@ -1,0 +1,360 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// produce writes records with kgo, creating missing topics, and fails t
+// unless every one is acknowledged.
+func produce(ctx context.Context, t *testing.T, brokers []string, records ...*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, records...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// partitionCount returns the partitions of topic, -1 if it does not exist.
+func partitionCount(ctx context.Context, t *testing.T, brokers []string, topic string) int {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return -1
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Topics[0].Partitions)
+}
+
+// sameRecords compares what matters of two record lists.
+func sameRecords(a, b []Record) bool {
+	return slices.EqualFunc(a, b, func(x, y Record) bool {
+		return x.Topic == y.Topic && x.Partition == y.Partition && x.Offset == y.Offset &&
+			bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value) &&
+			fmt.Sprint(x.Headers) == fmt.Sprint(y.Headers) && x.Timestamp.Equal(y.Timestamp)
+	})
+}
+
+func TestKafkaPersistsAcrossRestart(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	k := NewKafka(t, KafkaOptions{Partitions: 3, Topics: []string{"seeded"}})
+	RequireLocalKafka(t, k)
+	brokers := k.Brokers()
+
+	var records []*kgo.Record
+	for i := range 10 {
+		records = append(records, &kgo.Record{
+			Topic:   "events",
+			Key:     fmt.Appendf(nil, "key-%d", i%4),
+			Value:   fmt.Appendf(nil, "value-%d", i),
+			Headers: []kgo.RecordHeader{{Key: "seq", Value: fmt.Appendf(nil, "%d", i)}},
+		})
+	}
+	produce(ctx, t, brokers, records...)
+
+	before, err := ReadAll(ctx, brokers, "events", "seeded", "missing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != len(records) {
+		t.Fatalf("ReadAll got %d records, want %d", len(before), len(records))
+	}
+	values := make(map[string]string)
+	for i, r := range before {
+		values[string(r.Value)] = r.Headers["seq"]
+		if i > 0 && r.Partition == before[i-1].Partition && r.Offset <= before[i-1].Offset {
+			t.Errorf("records out of order at %d: %d/%d after %d/%d", i, r.Partition, r.Offset, before[i-1].Partition, before[i-1].Offset)
+		}
+	}
+	for i := range records {
+		if seq, ok := values[fmt.Sprintf("value-%d", i)]; !ok || seq != fmt.Sprint(i) {
+			t.Errorf("value-%d: found %v, seq header %q", i, ok, seq)
+		}
+	}
+	for topic, want := range map[string]int{"events": 3, "seeded": 3, "missing": -1} {
+		if got := partitionCount(ctx, t, brokers, topic); got != want {
+			t.Errorf("topic %s has %d partitions, want %d (-1: does not exist)", topic, got, want)
+		}
+	}
+
+	k.Stop()
+	k.Stop()
+	if k.Cluster() != nil {
+		t.Errorf("Cluster() is not nil after Stop")
+	}
+	conn, err := net.DialTimeout("tcp", brokers[0], time.Second)
+	if err == nil {
+		conn.Close()
+		t.Fatalf("dial %s after Stop succeeded", brokers[0])
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial after Stop: %v, want connection refused", err)
+	}
+
+	if err := k.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(k.Brokers(), brokers) || k.Cluster() == nil {
+		t.Fatalf("after Start: brokers %v (want %v), cluster %v", k.Brokers(), brokers, k.Cluster())
+	}
+	after, err := ReadAll(ctx, brokers, "events", "seeded", "missing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameRecords(before, after) {
+		t.Errorf("records changed across restart:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// The log continues where it was.
+	produce(ctx, t, brokers, &kgo.Record{Topic: "events", Partition: 0, Value: []byte("later")})
+	all, err := WaitForRecords(ctx, brokers, len(records)+1, "events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != len(records)+1 {
+		t.Errorf("WaitForRecords got %d records, want %d", len(all), len(records)+1)
+	}
+}
+
+func TestKafkaNoAutoCreate(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	k := NewKafka(t, KafkaOptions{NoAutoCreate: true})
+	RequireLocalKafka(t, k)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = true
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr("auto")
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); !errors.Is(err, kerr.UnknownTopicOrPartition) {
+		t.Errorf("metadata with auto-create on a NoAutoCreate broker: %v, want UnknownTopicOrPartition", err)
+	}
+
+	for _, tc := range []struct {
+		partitions, want int
+	}{
+		{partitions: 2, want: 2},
+		{partitions: 0, want: defaultPartitions},
+	} {
+		topic := fmt.Sprintf("created-%d", tc.partitions)
+		if err := CreateTopic(ctx, k.Brokers(), topic, tc.partitions); err != nil {
+			t.Fatal(err)
+		}
+		if got := partitionCount(ctx, t, k.Brokers(), topic); got != tc.want {
+			t.Errorf("CreateTopic(%d partitions): got %d, want %d", tc.partitions, got, tc.want)
+		}
+		if err := CreateTopic(ctx, k.Brokers(), topic, tc.partitions); !errors.Is(err, kerr.TopicAlreadyExists) {
+			t.Errorf("second CreateTopic: %v, want TopicAlreadyExists", err)
+		}
+	}
+}
+
+func TestReadAllReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	k := NewKafka(t, KafkaOptions{Topics: []string{"empty"}})
+	for _, tc := range []struct {
+		name   string
+		topics []string
+	}{
+		{"no topics", nil},
+		{"empty topic", []string{"empty"}},
+		{"missing topic", []string{"missing"}},
+		{"both", []string{"empty", "missing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			got, err := ReadAll(ctx, k.Brokers(), tc.topics...)
+			if err != nil || len(got) != 0 {
+				t.Errorf("ReadAll = %v, %v; want nothing", got, err)
+			}
+		})
+	}
+}
+
+// TestReadAllTransactional checks that ReadAll finishes when a partition ends
+// with a transaction marker, which takes an offset but is no record.
+func TestReadAllTransactional(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	k := NewKafka(t, KafkaOptions{Partitions: 1, Topics: []string{"txn"}})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.TransactionalID("testenv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, commit := range []kgo.TransactionEndTry{kgo.TryCommit, kgo.TryAbort, kgo.TryCommit} {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "txn", Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ReadAll(ctx, k.Brokers(), "txn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three data records (one aborted, read uncommitted) and three markers.
+	if len(got) != 3 {
+		t.Errorf("ReadAll got %d records, want 3: %v", len(got), got)
+	}
+}
+
+func TestWaitForRecords(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	k := NewKafka(t, KafkaOptions{})
+	brokers := k.Brokers()
+
+	t.Run("topic created later", func(t *testing.T) {
+		done := make(chan []Record, 1)
+		go func() {
+			got, err := WaitForRecords(ctx, brokers, 2, "late")
+			if err != nil {
+				t.Errorf("WaitForRecords: %v", err)
+			}
+			done <- got
+		}()
+		time.Sleep(300 * time.Millisecond)
+		produce(ctx, t, brokers, &kgo.Record{Topic: "late", Partition: 0, Value: []byte("a")},
+			&kgo.Record{Topic: "late", Partition: 0, Value: []byte("b")})
+		got := <-done
+		if len(got) != 2 || string(got[0].Value) != "a" || string(got[1].Value) != "b" {
+			t.Errorf("WaitForRecords = %v, want a, b", got)
+		}
+	})
+
+	t.Run("timeout returns what it got", func(t *testing.T) {
+		produce(ctx, t, brokers, &kgo.Record{Topic: "short", Value: []byte("only")})
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		got, err := WaitForRecords(short, brokers, 5, "short")
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want DeadlineExceeded", err)
+		}
+		if len(got) != 1 {
+			t.Errorf("got %d records, want 1", len(got))
+		}
+	})
+}
+
+func TestTail(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	k := NewKafka(t, KafkaOptions{})
+	brokers := k.Brokers()
+	produce(ctx, t, brokers, &kgo.Record{Topic: "tail-a", Value: []byte("1")},
+		&kgo.Record{Topic: "other", Value: []byte("x")})
+
+	tailCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var mu sync.Mutex
+	seen := make(map[string]string)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- Tail(tailCtx, brokers, "^tail-", func(r Record) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[string(r.Value)] = r.Topic
+			if len(seen) == 2 {
+				stop()
+			}
+		})
+	}()
+	// A topic that appears while tailing is picked up.
+	produce(ctx, t, brokers, &kgo.Record{Topic: "tail-b", Value: []byte("2")})
+	if err := <-errc; err != nil {
+		t.Fatalf("Tail: %v", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Tail did not see both records in time: %v", seen)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen["1"] != "tail-a" || seen["2"] != "tail-b" || len(seen) != 2 {
+		t.Errorf("Tail saw %v, want 1 from tail-a and 2 from tail-b", seen)
+	}
+
+	if err := Tail(ctx, brokers, "(", func(Record) {}); err == nil {
+		t.Errorf("Tail accepted an invalid regex")
+	}
+}
+
+func TestKafkaKeepsGivenDataDir(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	dir := t.TempDir()
+	k := NewKafka(t, KafkaOptions{DataDir: dir})
+	RequireLocalKafka(t, k)
+	produce(ctx, t, k.Brokers(), &kgo.Record{Topic: "kept", Value: []byte("v")})
+	k.Close()
+	k.Close()
+
+	// A new broker on the same directory, on a new port, has the data.
+	k2 := NewKafka(t, KafkaOptions{DataDir: dir})
+	got, err := ReadAll(ctx, k2.Brokers(), "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || string(got[0].Value) != "v" {
+		t.Errorf("ReadAll after reopening the data dir = %v, want one record v", got)
+	}
+	if err := k.Start(); err == nil {
+		t.Errorf("Start after Close succeeded")
+	}
+}
+
+func TestFreePort(t *testing.T) {
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatalf("listen on FreePort %d: %v", port, err)
+	}
+	ln.Close()
+}

@@ -1,0 +1,316 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// testTimeout bounds each test's work against the real servers.
+const testTimeout = 30 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// queryString runs a one-value query on a fresh connection to url.
+func queryString(ctx context.Context, t *testing.T, url, sql string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	var s string
+	if err := conn.QueryRow(ctx, sql).Scan(&s); err != nil {
+		t.Fatalf("query %q: %v", sql, err)
+	}
+	return s
+}
+
+// TestPostgres runs the checks that can share one cluster in sequence.
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	p := NewPostgres(t, PGOptions{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
+	t.Run("settings", func(t *testing.T) { testPostgresSettings(t, p) })
+	t.Run("create database replaces", func(t *testing.T) { testPostgresCreateDatabaseReplaces(t, p) })
+	t.Run("stop start", func(t *testing.T) { testPostgresStopStart(t, p) })
+	t.Run("logical replication survives crash", func(t *testing.T) { testPostgresLogicalReplicationSurvivesCrash(t, p) })
+}
+
+func testPostgresSettings(t *testing.T, p *Postgres) {
+	ctx := testContext(t)
+	for _, tc := range []struct{ sql, want string }{
+		{"SHOW wal_level", "logical"},
+		{"SHOW logical_decoding_work_mem", "64kB"},
+		{"SHOW fsync", "off"},
+		{"SHOW max_replication_slots", "20"},
+		{"SHOW max_wal_senders", "20"},
+		{"SHOW listen_addresses", "127.0.0.1"},
+		{"SHOW server_encoding", "UTF8"},
+		{"SELECT current_user", "postgres"},
+	} {
+		if got := queryString(ctx, t, p.URL("postgres"), tc.sql); got != tc.want {
+			t.Errorf("%s = %q, want %q", tc.sql, got, tc.want)
+		}
+	}
+}
+
+func testPostgresLogicalReplicationSurvivesCrash(t *testing.T, p *Postgres) {
+	ctx := testContext(t)
+	url, err := p.CreateDatabase(ctx, "relay_test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if url != p.URL("relay_test") {
+		t.Errorf("CreateDatabase URL = %q, want %q", url, p.URL("relay_test"))
+	}
+	err = p.Exec(ctx, "relay_test", `
+		CREATE TABLE outbox (id bigserial PRIMARY KEY, topic text NOT NULL, payload text);
+		CREATE PUBLICATION relay_pub FOR TABLE outbox;`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A multi-statement Exec is one transaction, and a slot must be created
+	// in a transaction without writes.
+	if err := p.Exec(ctx, "relay_test", "SELECT pg_create_logical_replication_slot('relay_slot', 'pgoutput')"); err != nil {
+		t.Fatal(err)
+	}
+
+	// pg_hba must let the relay open a replication connection over TCP.
+	rconn, err := pgconn.Connect(ctx, url+"&replication=database")
+	if err != nil {
+		t.Fatalf("open replication connection: %v", err)
+	}
+	if _, err := rconn.Exec(ctx, "IDENTIFY_SYSTEM").ReadAll(); err != nil {
+		t.Errorf("IDENTIFY_SYSTEM: %v", err)
+	}
+	if err := rconn.Close(ctx); err != nil {
+		t.Errorf("close replication connection: %v", err)
+	}
+
+	RequireLocal(t, p)
+	port := p.Port()
+	if err := p.Restart("immediate"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Port() != port {
+		t.Errorf("port after restart = %d, want %d", p.Port(), port)
+	}
+	if err := p.Exec(ctx, "relay_test", "INSERT INTO outbox (topic, payload) VALUES ($1, $2)", "orders", "hello"); err != nil {
+		t.Fatalf("insert after crash restart: %v", err)
+	}
+	changes := queryString(ctx, t, url, `
+		SELECT count(*)::text FROM pg_logical_slot_peek_binary_changes('relay_slot', NULL, NULL,
+			'proto_version', '1', 'publication_names', 'relay_pub')`)
+	if changes == "0" {
+		t.Errorf("slot relay_slot decoded no changes after the crash restart")
+	}
+}
+
+func testPostgresStopStart(t *testing.T, p *Postgres) {
+	ctx := testContext(t)
+	RequireLocal(t, p)
+	if err := p.Exec(ctx, "postgres", "CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"smart", "fast", "immediate"} {
+		t.Run(mode, func(t *testing.T) {
+			if err := p.Stop(mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Stop(mode); err != nil {
+				t.Errorf("second Stop: %v", err)
+			}
+			if err := p.Exec(ctx, "postgres", "SELECT 1"); err == nil {
+				t.Errorf("Exec on a stopped server succeeded")
+			}
+			if err := p.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Start(); err != nil {
+				t.Errorf("second Start: %v", err)
+			}
+			if got := queryString(ctx, t, p.URL("postgres"), "SELECT v::text FROM kept"); got != "42" {
+				t.Errorf("kept row = %q, want 42", got)
+			}
+		})
+	}
+	if err := p.Stop("sideways"); err == nil {
+		t.Errorf("Stop with an unknown mode succeeded")
+	}
+}
+
+func testPostgresCreateDatabaseReplaces(t *testing.T, p *Postgres) {
+	ctx := testContext(t)
+	url, err := p.CreateDatabase(ctx, "Mixed-Case db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Exec(ctx, "Mixed-Case db", "CREATE TABLE gone (v int)"); err != nil {
+		t.Fatal(err)
+	}
+	// An open session must not stop the drop.
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := p.CreateDatabase(ctx, "Mixed-Case db"); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(ctx, t, url, "SELECT count(*)::text FROM pg_tables WHERE tablename = 'gone'"); got != "0" {
+		t.Errorf("table survived CreateDatabase: count = %s", got)
+	}
+}
+
+// TestPostgresWalLevelReplica also shows that one process can run several
+// clusters at once.
+func TestPostgresWalLevelReplica(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	p := NewPostgres(t, PGOptions{WalLevel: "replica"})
+	if got := queryString(ctx, t, p.URL("postgres"), "SHOW wal_level"); got != "replica" {
+		t.Fatalf("wal_level = %q, want replica", got)
+	}
+	err := p.Exec(ctx, "postgres", "SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+	if err == nil || !strings.Contains(err.Error(), "wal_level") {
+		t.Errorf("create logical slot with wal_level=replica: err = %v, want one naming wal_level", err)
+	}
+}
+
+func TestPostgresCloseLeavesNothing(t *testing.T) {
+	t.Parallel()
+	if os.Getenv(EnvPGURL) != "" {
+		t.Skipf("skip: %s is set", EnvPGURL)
+	}
+	p, err := StartPostgres(testContext(t), PGOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := p.DataDir()
+	if dir == "" || p.External() {
+		t.Fatalf("local cluster: DataDir = %q, External = %v", dir, p.External())
+	}
+	if !hasProcess(t, dir) {
+		t.Fatalf("no postgres process for %s while running", dir)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if hasProcess(t, dir) {
+		t.Errorf("postgres processes for %s survived Close", dir)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("data dir after Close: stat err = %v, want not exist", err)
+	}
+	if err := p.Start(); err == nil {
+		t.Errorf("Start after Close succeeded")
+	}
+}
+
+// hasProcess reports whether a process has pattern in its command line.
+func hasProcess(t *testing.T, pattern string) bool {
+	t.Helper()
+	err := exec.Command("pgrep", "-f", pattern).Run()
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &exitErr) && exitErr.ExitCode() == 1:
+		return false
+	default:
+		t.Fatalf("pgrep: %v", err)
+		return false
+	}
+}
+
+func TestStartPostgresRejectsBadSetting(t *testing.T) {
+	if os.Getenv(EnvPGURL) != "" {
+		t.Skipf("skip: %s is set", EnvPGURL)
+	}
+	_, err := StartPostgres(testContext(t), PGOptions{Settings: map[string]string{"x = 1\nfsync": "on"}})
+	if err == nil {
+		t.Fatal("StartPostgres accepted a setting name with a newline")
+	}
+}
+
+// TestAttachPostgres uses a local cluster as the "external" server.
+func TestAttachPostgres(t *testing.T) {
+	ctx := testContext(t)
+	local := NewPostgres(t, PGOptions{})
+	t.Setenv(EnvPGURL, local.URL("postgres"))
+
+	p, err := StartPostgres(ctx, PGOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.External() || p.DataDir() != "" || p.Port() != local.Port() {
+		t.Errorf("External = %v, DataDir = %q, Port = %d; want true, \"\", %d", p.External(), p.DataDir(), p.Port(), local.Port())
+	}
+	if got, want := p.URL("other"), strings.Replace(local.URL("postgres"), "/postgres?", "/other?", 1); got != want {
+		t.Errorf("URL(other) = %q, want %q", got, want)
+	}
+	if _, err := p.CreateDatabase(ctx, "attached"); err != nil {
+		t.Errorf("CreateDatabase: %v", err)
+	}
+	for name, err := range map[string]error{
+		"Stop":    p.Stop("fast"),
+		"Start":   p.Start(),
+		"Restart": p.Restart("fast"),
+	} {
+		if !errors.Is(err, ErrExternal) {
+			t.Errorf("%s: err = %v, want ErrExternal", name, err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+
+	for name, opts := range map[string]PGOptions{
+		"wal_level": {WalLevel: "replica"},
+		"settings":  {Settings: map[string]string{"fsync": "on"}},
+	} {
+		if _, err := StartPostgres(ctx, opts); !errors.Is(err, ErrExternal) {
+			t.Errorf("%s: err = %v, want ErrExternal", name, err)
+		}
+	}
+}
+
+func TestAttachPostgresRedactsPassword(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, raw := range []string{
+		"postgres://u:s3cr3t@127.0.0.1:" + strconv.Itoa(port) + "/db",
+		"mysql://u:s3cr3t@127.0.0.1/db",
+		"postgres://u:s3cr3t@[bad",
+	} {
+		_, err := AttachPostgres(ctx, raw, PGOptions{})
+		if err == nil {
+			t.Errorf("AttachPostgres(%q) succeeded", raw)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
