@@ -639,7 +639,18 @@ func TestSlotGapIsLoud(t *testing.T) {
 	if err := e.stop(); err != nil {
 		t.Fatal(err)
 	}
-	e.exec("SELECT pg_drop_replication_slot($1)", e.slot)
+	// The walsender releases the slot a moment after the relay disconnects.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("drop slot: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	e.exec("INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'k', 'LostInGap', '{}')")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -191,20 +191,35 @@ func stopIf(cond bool, stop <-chan struct{}) <-chan struct{} {
 
 // receive reads messages until the deadline, stop, or until h needs a break; a
 // deadline or stop returns nil with the connection still usable.
+//
+// The deadline is set on the socket once per call and ReceiveMessage gets a
+// context that is never done: with a cancelable context pgconn would arm a
+// watcher goroutine for every message, which costs more than decoding it.
 func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline time.Time, h Handler) error {
-	rctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	if stop != nil {
-		unstop := watch(stop, cancel)
-		defer unstop()
+	nc := s.conn.Conn()
+	if err := nc.SetReadDeadline(deadline); err != nil {
+		return fmt.Errorf("set read deadline: %w", err)
 	}
+	defer nc.SetReadDeadline(time.Time{})
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		// Wake the read when the relay stops or its context ends.
+		select {
+		case <-ctx.Done():
+		case <-stop:
+		case <-done:
+			return
+		}
+		nc.SetReadDeadline(time.Now())
+	}()
 	for {
-		msg, err := s.conn.ReceiveMessage(rctx)
+		msg, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if rctx.Err() != nil || pgconn.Timeout(err) {
+			if pgconn.Timeout(err) {
 				return nil
 			}
 			return fmt.Errorf("receive replication message: %w", err)
@@ -263,19 +278,6 @@ func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline tim
 		default:
 		}
 	}
-}
-
-// watch calls cancel when stop closes, until the returned func is called.
-func watch(stop <-chan struct{}, cancel context.CancelFunc) func() {
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-done:
-		}
-	}()
-	return func() { close(done) }
 }
 
 // SendStatus reports flushed as the write, flush and apply position. Postgres
