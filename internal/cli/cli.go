@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"net"
 	"os/user"
+	"regexp"
+	"strconv"
 	"runtime"
 	"strings"
 	"time"
@@ -45,7 +48,7 @@ type PGFlags struct {
 
 // KafkaFlags are the Kafka flags shared by subcommands.
 type KafkaFlags struct {
-	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT,..."`
+	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
 	Topic        string   `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}."`
 }
 
@@ -64,7 +67,7 @@ type RunCmd struct {
 	ColumnAggregateID   string   `default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
 	ColumnEventType     string   `default:"event_type" help:"Outbox column holding the event type."`
 	ColumnPayload       string   `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
-	HeaderColumns       []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER],..."`
+	HeaderColumns       []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
 
 	CheckpointStore string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
@@ -98,8 +101,8 @@ type CLI struct {
 type Env struct {
 	Stdout, Stderr io.Writer
 	Version        string
-	// Ready, when set, is called with the relay's readiness function once the
-	// relay is built (tests use it).
+	// OnRelay, when set, is called with the relay once it is built, before it
+	// runs (the demo and tests watch its readiness).
 	OnRelay func(*relay.Relay)
 }
 
@@ -113,23 +116,12 @@ func Run(ctx context.Context, args []string, env Env) error {
 	}
 	var c CLI
 	exitCode := -1
-	parser, err := kong.New(&c,
-		kong.Name("cdc-relay"),
-		kong.Description("Relays committed outbox INSERTs from Postgres logical replication to Kafka, at least once, in per-aggregate order."),
-		kong.DefaultEnvars(EnvPrefix),
-		kong.Writers(env.Stdout, env.Stderr),
-		kong.Exit(func(code int) { exitCode = code }),
-		kong.UsageOnError(),
-	)
-	if err != nil {
-		return fmt.Errorf("build command line: %w", err)
-	}
-	kctx, err := parser.Parse(args)
+	kctx, err := parse(&c, args, env.Stdout, env.Stderr, func(code int) { exitCode = code })
 	if exitCode >= 0 { // --help
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("%w (every flag can also be set as a %s_* environment variable; see --help)", err, EnvPrefix)
+		return err
 	}
 	switch kctx.Command() {
 	case "version":
@@ -141,10 +133,44 @@ func Run(ctx context.Context, args []string, env Env) error {
 	return fmt.Errorf("unknown command %q", kctx.Command())
 }
 
+// parse fills c from args and the environment, running every Validate hook.
+// exit is called instead of os.Exit after --help.
+func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*kong.Context, error) {
+	parser, err := kong.New(c,
+		kong.Name("cdc-relay"),
+		kong.Description("Relays committed outbox INSERTs from Postgres logical replication to Kafka, at least once, in per-aggregate order."),
+		kong.DefaultEnvars(EnvPrefix),
+		kong.Writers(stdout, stderr),
+		kong.Exit(exit),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("build command line: %w", err)
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		return nil, parseError(err)
+	}
+	return kctx, nil
+}
+
+var leadingFlag = regexp.MustCompile(`^--([a-z0-9-]+)`)
+
+// parseError adds the environment variable to kong's errors about a flag, since
+// the bad value may have come from there.
+func parseError(err error) error {
+	if m := leadingFlag.FindStringSubmatch(err.Error()); m != nil {
+		return fmt.Errorf("%w (set by --%s or %s)", err, m[1], envName(m[1]))
+	}
+	return fmt.Errorf("%w (every flag can also be set as a %s_* environment variable; see --help)", err, EnvPrefix)
+}
+
+func envName(flag string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
 // flagError names a flag and its environment variable.
 func flagError(flag, problem string) error {
-	env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-	return fmt.Errorf("--%s (%s) %s", flag, env, problem)
+	return fmt.Errorf("--%s (%s) %s", flag, envName(flag), problem)
 }
 
 // Validate checks the run flags and returns an error naming the flag and its
@@ -164,7 +190,14 @@ func (r *RunCmd) Validate() error {
 	}
 	for _, b := range brokers {
 		if !strings.Contains(b, ":") {
-			return flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port", b))
+			return flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port, e.g. kafka-1:9092", b))
+		}
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			return flagError("kafka-brokers", fmt.Sprintf("has %q: use host:port, e.g. kafka-1:9092 or [::1]:9092", b))
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return flagError("kafka-brokers", fmt.Sprintf("has %q: the port must be a number from 1 to 65535", b))
 		}
 	}
 	r.KafkaBrokers = brokers
@@ -218,11 +251,15 @@ func (r *RunCmd) headerColumns() (map[string]string, error) {
 	m := make(map[string]string, len(r.HeaderColumns))
 	for _, hc := range r.HeaderColumns {
 		col, hdr, ok := strings.Cut(strings.TrimSpace(hc), "=")
+		col, hdr = strings.TrimSpace(col), strings.TrimSpace(hdr)
 		if !ok {
 			hdr = col
 		}
 		if col == "" || hdr == "" {
 			return nil, fmt.Errorf("%q: use column or column=header", hc)
+		}
+		if prev, dup := m[col]; dup {
+			return nil, fmt.Errorf("column %q is listed twice (as %q and %q)", col, prev, hdr)
 		}
 		switch hdr {
 		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime:

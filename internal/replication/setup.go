@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"strings"
 
@@ -200,23 +199,40 @@ func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemRe
 	return res, nil
 }
 
-var passwordKV = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+var (
+	passwordKV    = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+	passwordQuery = regexp.MustCompile(`(?i)([?&]password=)[^&#\s]*`)
+	urlUserinfo   = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s]*)@`)
+)
 
-// Redact hides the password in a Postgres URL or keyword/value DSN.
+// Redact hides the password in a Postgres URL or keyword/value DSN. It works on
+// the text, not on a parsed URL, so strings that net/url rejects but pgx accepts
+// (several hosts, odd escapes) are redacted too.
 func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "REDACTED")
+	out := urlUserinfo.ReplaceAllStringFunc(dsn, func(m string) string {
+		sub := urlUserinfo.FindStringSubmatch(m)
+		user, _, hasPass := strings.Cut(sub[2], ":")
+		if !hasPass {
+			return m
 		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "REDACTED")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
+		return sub[1] + user + ":REDACTED@"
+	})
+	out = passwordQuery.ReplaceAllString(out, "${1}REDACTED")
+	if !strings.Contains(out, "://") {
+		out = passwordKV.ReplaceAllString(out, "${1}REDACTED")
 	}
-	return passwordKV.ReplaceAllString(dsn, "${1}REDACTED")
+	return out
 }
+
+// redactedError carries an error whose text had a password removed, and keeps
+// the original in the chain for errors.Is/As.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
 
 // redactErr hides passwords that an error message may quote from a DSN.
 func redactErr(err error) error {
@@ -224,9 +240,9 @@ func redactErr(err error) error {
 		return nil
 	}
 	msg := err.Error()
-	red := passwordKV.ReplaceAllString(msg, "${1}REDACTED")
+	red := Redact(msg)
 	if red == msg {
 		return err
 	}
-	return errors.New(red)
+	return &redactedError{msg: red, err: err}
 }

@@ -1,0 +1,173 @@
+package admin_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/admin"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+)
+
+type response struct {
+	code int
+	body string
+}
+
+func do(t *testing.T, method, url string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read body: %v", method, url, err)
+	}
+	return response{resp.StatusCode, string(b)}
+}
+
+func TestServer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	m.EventsPublished.WithLabelValues("outbox.events").Add(3)
+	m.SetState(metrics.StateStreaming)
+	var ready atomic.Bool
+
+	srv, err := admin.Start("127.0.0.1:0", reg, ready.Load, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = srv.Shutdown(context.Background())
+		}
+	})
+	addr := srv.Addr().String()
+	base := "http://" + addr
+
+	tests := []struct {
+		name, method, path string
+		ready              bool
+		code               int
+		exact              string   // the whole body, trimmed, when set
+		body               []string // substrings the body must contain
+	}{
+		{"healthz", http.MethodGet, "/healthz", false, http.StatusOK, "ok", nil},
+		{"readyz not ready", http.MethodGet, "/readyz", false, http.StatusServiceUnavailable, "", []string{"not ready"}},
+		{"readyz ready", http.MethodGet, "/readyz", true, http.StatusOK, "ready", nil},
+		{"readyz not ready again", http.MethodGet, "/readyz", false, http.StatusServiceUnavailable, "", []string{"not ready"}},
+		{"healthz ignores readiness", http.MethodGet, "/healthz", false, http.StatusOK, "ok", nil},
+		{"metrics", http.MethodGet, "/metrics", false, http.StatusOK, "", []string{
+			`cdc_relay_events_published_total{topic="outbox.events"} 3`,
+			`cdc_relay_state{state="streaming"} 1`,
+			`cdc_relay_state{state="starting"} 0`,
+		}},
+		{"HEAD metrics", http.MethodHead, "/metrics", false, http.StatusOK, "", nil}, // GET patterns match HEAD
+		{"POST metrics", http.MethodPost, "/metrics", false, http.StatusMethodNotAllowed, "", nil},
+		{"POST readyz", http.MethodPost, "/readyz", true, http.StatusMethodNotAllowed, "", nil},
+		{"DELETE healthz", http.MethodDelete, "/healthz", false, http.StatusMethodNotAllowed, "", nil},
+		{"unknown path", http.MethodGet, "/debug/pprof/", false, http.StatusNotFound, "", nil},
+		{"root", http.MethodGet, "/", false, http.StatusNotFound, "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ready.Store(tt.ready)
+			got := do(t, tt.method, base+tt.path)
+			if got.code != tt.code {
+				t.Errorf("%s %s: status %d, want %d; body %q", tt.method, tt.path, got.code, tt.code, got.body)
+			}
+			if tt.exact != "" && strings.TrimSpace(got.body) != tt.exact {
+				t.Errorf("%s %s: body %q, want %q", tt.method, tt.path, got.body, tt.exact)
+			}
+			for _, want := range tt.body {
+				if !strings.Contains(got.body, want) {
+					t.Errorf("%s %s: body lacks %q:\n%s", tt.method, tt.path, want, got.body)
+				}
+			}
+		})
+	}
+
+	// What is served passes promlint (the registry itself is linted in
+	// internal/metrics).
+	problems, err := promlint.New(strings.NewReader(do(t, http.MethodGet, base+"/metrics").body)).Lint()
+	if err != nil {
+		t.Fatalf("lint /metrics: %v", err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint /metrics: %s: %s", p.Metric, p.Text)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	stopped = true
+	// The port is released: it can be listened on again, and the old server no
+	// longer answers.
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("port %s not released after Shutdown: %v", addr, err)
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&http.Client{Timeout: time.Second}).Get(base + "/healthz"); err == nil {
+		t.Errorf("GET /healthz succeeded after Shutdown")
+	}
+}
+
+func TestStartBadAddr(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	reg := prometheus.NewRegistry()
+	for _, addr := range []string{ln.Addr().String(), "127.0.0.1:notaport"} {
+		srv, err := admin.Start(addr, reg, func() bool { return true }, zerolog.Nop())
+		if err == nil {
+			_ = srv.Shutdown(context.Background())
+			t.Errorf("Start(%q) succeeded, want an error", addr)
+			continue
+		}
+		if !strings.Contains(err.Error(), addr) {
+			t.Errorf("Start(%q) error %q does not name the address", addr, err)
+		}
+	}
+}
+
+// TestShutdownExpiredContext checks that Shutdown with an already expired context
+// still returns (with the context's error) and waits for the serve goroutine.
+func TestShutdownExpiredContext(t *testing.T) {
+	srv, err := admin.Start("127.0.0.1:0", prometheus.NewRegistry(), func() bool { return false }, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }()
+	select {
+	case <-done: // nil (no open connections) or ctx.Err(): either way it returned
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown with a canceled context did not return")
+	}
+}

@@ -1,0 +1,593 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/rs/zerolog"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+)
+
+// clearEnv unsets every CDC_RELAY_* variable for the test (and restores them
+// after), so a developer's environment cannot change what a test parses. Kong
+// treats a set-but-empty variable as a value, so they are unset, not emptied.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, EnvPrefix+"_") {
+			t.Setenv(k, "") // registers the restore
+			if err := os.Unsetenv(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// parse builds the parser with the options of Run that affect parsing and
+// parses args, running Validate as Run does, without running the command.
+func parseArgs(t *testing.T, args ...string) (*CLI, error) {
+	t.Helper()
+	var c CLI
+	exited := false
+	_, err := parse(&c, args, io.Discard, io.Discard, func(int) { exited = true })
+	if exited {
+		t.Fatalf("parse %q exited (help?)", args)
+	}
+	return &c, err
+}
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// run calls Run with buffers and returns its error and output.
+func run(t *testing.T, ctx context.Context, args ...string) (err error, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	err = Run(ctx, args, Env{Stdout: &o, Stderr: &e, Version: "v1.2.3-test"})
+	return err, o.String(), e.String()
+}
+
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+func TestVersion(t *testing.T) {
+	clearEnv(t)
+	err, out, errOut := run(t, canceled(), "version")
+	if err != nil {
+		t.Fatalf("version: %v", err)
+	}
+	if want := "cdc-relay v1.2.3-test (" + runtime.Version() + ")\n"; out != want {
+		t.Errorf("version printed %q, want %q", out, want)
+	}
+	if errOut != "" {
+		t.Errorf("version wrote to stderr: %q", errOut)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	clearEnv(t)
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--help"}, []string{"Usage: cdc-relay <command>", "run", "version"}},
+		{[]string{"-h"}, []string{"Usage: cdc-relay <command>"}},
+		{[]string{"run", "--help"}, []string{
+			"Usage: cdc-relay run",
+			"--pg-url=URL", "($CDC_RELAY_PG_URL)",
+			"($CDC_RELAY_KAFKA_BROKERS)", "($CDC_RELAY_TOPIC)",
+			"--[no-]create-slot", "($CDC_RELAY_CREATE_SLOT)",
+			"($CDC_RELAY_MAX_IN_FLIGHT_MIB)",
+		}},
+		// --help wins over missing required configuration.
+		{[]string{"run", "--kafka-brokers", "nope", "--help"}, []string{"Usage: cdc-relay run"}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			err, out, _ := run(t, canceled(), tt.args...)
+			if err != nil {
+				t.Fatalf("Run(%q) = %v, want nil", tt.args, err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("Run(%q) output lacks %q:\n%s", tt.args, w, out)
+				}
+			}
+		})
+	}
+}
+
+func TestHelpPlaceholders(t *testing.T) {
+	clearEnv(t)
+	_, out, _ := run(t, canceled(), "run", "--help")
+	if strings.Contains(out, ",...,...") {
+		t.Errorf("run --help repeats \",...\":\n%s", out)
+	}
+}
+
+// TestEveryFlagHasEnv checks that every run flag reads CDC_RELAY_<FLAG>, the
+// name flagError prints.
+func TestEveryFlagHasEnv(t *testing.T) {
+	var c CLI
+	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runNode *kong.Node
+	for _, n := range p.Model.Children {
+		if n.Name == "run" {
+			runNode = n
+		}
+	}
+	if runNode == nil {
+		t.Fatal("no run command")
+	}
+	n := 0
+	for _, f := range runNode.Flags {
+		if f.Name == "help" {
+			continue
+		}
+		n++
+		want := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if !slices.Contains(f.Envs, want) {
+			t.Errorf("--%s reads %v, want %s", f.Name, f.Envs, want)
+		}
+		if got := flagError(f.Name, "x").Error(); !strings.Contains(got, "("+want+")") {
+			t.Errorf("flagError(%q) = %q, does not name %s", f.Name, got, want)
+		}
+	}
+	if n < 30 {
+		t.Errorf("only %d run flags found; did the model change?", n)
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	clearEnv(t)
+	pg := "postgres://u@" + closedAddr(t) + "/db"
+	base := map[string]string{
+		"pg-url":        pg,
+		"kafka-brokers": closedAddr(t),
+		"metrics-addr":  "",
+	}
+	tests := []struct {
+		name  string
+		set   map[string]string // flags added to or replacing base
+		unset []string          // flags removed from base
+		args  []string          // used instead of base when set
+		want  []string          // substrings of the error
+		bug   string            // known bug: skipped with this note until fixed
+	}{
+		{name: "missing pg-url", unset: []string{"pg-url"}, want: []string{"--pg-url", "CDC_RELAY_PG_URL", "is required"}},
+		{name: "blank pg-url", set: map[string]string{"pg-url": "  "}, want: []string{"--pg-url", "CDC_RELAY_PG_URL", "is required"}},
+		{name: "missing brokers", unset: []string{"kafka-brokers"}, want: []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS", "is required"}},
+		{name: "blank brokers", set: map[string]string{"kafka-brokers": " , "}, want: []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS", "is required"}},
+		{name: "broker without port", set: map[string]string{"kafka-brokers": "kafka"}, want: []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS", `"kafka" without a port`}},
+		{name: "broker with empty port", set: map[string]string{"kafka-brokers": "kafka:"}, want: []string{"--kafka-brokers", `"kafka:"`},
+			bug: `Validate only checks strings.Contains(b, ":"), so "kafka:", "kafka:abc", ":9092" and "[::1]" pass; net.SplitHostPort plus a numeric port check would catch them`},
+		{name: "IPv6 broker without port", set: map[string]string{"kafka-brokers": "[::1]"}, want: []string{"--kafka-brokers", `"[::1]"`},
+			bug: "see broker with empty port"},
+		{name: "second broker without port", set: map[string]string{"kafka-brokers": "a:9092,b"}, want: []string{"--kafka-brokers", `"b" without a port`}},
+		{name: "topic unknown placeholder", set: map[string]string{"topic": "orders.{nope}"}, want: []string{"--topic", "CDC_RELAY_TOPIC", "unknown placeholder {nope}"}},
+		{name: "topic unclosed brace", set: map[string]string{"topic": "orders.{event_type"}, want: []string{"--topic", "CDC_RELAY_TOPIC", "unclosed"}},
+		{name: "topic illegal characters", set: map[string]string{"topic": "orders events"}, want: []string{"--topic", "CDC_RELAY_TOPIC"}},
+		{name: "topic empty", set: map[string]string{"topic": ""}, want: []string{"--topic", "CDC_RELAY_TOPIC", "empty"}},
+		{name: "table a.b.c", set: map[string]string{"table": "a.b.c"}, want: []string{"--table", "CDC_RELAY_TABLE", `"a.b.c" is not a table name`}},
+		{name: "table without name", set: map[string]string{"table": "public."}, want: []string{"--table", "CDC_RELAY_TABLE"}},
+		{name: "table without schema", set: map[string]string{"table": ".outbox"}, want: []string{"--table", "CDC_RELAY_TABLE"}},
+		{name: "table empty", set: map[string]string{"table": ""}, want: []string{"--table", "CDC_RELAY_TABLE"}},
+		{name: "header column without column", set: map[string]string{"header-columns": "=x"}, want: []string{"--header-columns", "CDC_RELAY_HEADER_COLUMNS", `"=x": use column or column=header`}},
+		{name: "header column without header", set: map[string]string{"header-columns": "tenant="}, want: []string{"--header-columns", "CDC_RELAY_HEADER_COLUMNS", `"tenant="`}},
+		{name: "header column id is reserved", set: map[string]string{"header-columns": "id"}, want: []string{"--header-columns", "CDC_RELAY_HEADER_COLUMNS", `header "id" is set by the relay itself`}},
+		{name: "header mapped to event_type", set: map[string]string{"header-columns": "tenant,kind=event_type"}, want: []string{"--header-columns", `header "event_type" is set by the relay itself`}},
+		{name: "header mapped to commit_lsn", set: map[string]string{"header-columns": "x=commit_lsn"}, want: []string{"--header-columns", `header "commit_lsn"`}},
+		{name: "status-interval 0s", set: map[string]string{"status-interval": "0s"}, want: []string{"--status-interval", "CDC_RELAY_STATUS_INTERVAL", "positive duration"}},
+		{name: "shutdown-timeout negative", set: map[string]string{"shutdown-timeout": "-1s"}, want: []string{"--shutdown-timeout", "CDC_RELAY_SHUTDOWN_TIMEOUT"}},
+		{name: "kafka-start-timeout 0", set: map[string]string{"kafka-start-timeout": "0s"}, want: []string{"--kafka-start-timeout", "CDC_RELAY_KAFKA_START_TIMEOUT"}},
+		{name: "retry-base 0", set: map[string]string{"retry-base": "0s"}, want: []string{"--retry-base", "CDC_RELAY_RETRY_BASE"}},
+		{name: "retry-cap 0", set: map[string]string{"retry-cap": "0s"}, want: []string{"--retry-cap", "CDC_RELAY_RETRY_CAP"}},
+		{name: "status-interval not a duration", set: map[string]string{"status-interval": "fast"}, want: []string{"--status-interval", "fast"}},
+		{name: "max-in-flight-mib 0", set: map[string]string{"max-in-flight-mib": "0"}, want: []string{"--max-in-flight-mib", "CDC_RELAY_MAX_IN_FLIGHT_MIB", "at least 1"}},
+		{name: "max-in-flight-mib not a number", set: map[string]string{"max-in-flight-mib": "lots"}, want: []string{"--max-in-flight-mib", "lots"}},
+		{name: "batch-max-events 0", set: map[string]string{"batch-max-events": "0"}, want: []string{"--batch-max-events", "CDC_RELAY_BATCH_MAX_EVENTS"}},
+		{name: "batch-max-bytes 1023", set: map[string]string{"batch-max-bytes": "1023"}, want: []string{"--batch-max-bytes", "CDC_RELAY_BATCH_MAX_BYTES", "at least 1024"}},
+		{name: "checkpoint file empty", set: map[string]string{"checkpoint-store": "file", "checkpoint-file": " "}, want: []string{"--checkpoint-file", "CDC_RELAY_CHECKPOINT_FILE"}},
+		{name: "compression brotli", set: map[string]string{"compression": "brotli"}, want: []string{"--compression must be one of", `"zstd"`, `but got "brotli"`}},
+		{name: "checkpoint-store s3", set: map[string]string{"checkpoint-store": "s3"}, want: []string{"--checkpoint-store must be one of", `"s3"`}},
+		{name: "log-level trace", set: map[string]string{"log-level": "trace"}, want: []string{"--log-level must be one of", `"trace"`}},
+		{name: "unknown flag", set: map[string]string{"bogus": "x"}, want: []string{"unknown flag --bogus"}},
+		{name: "no command", args: []string{}, want: []string{`expected one of "run", "version"`}},
+		{name: "unknown command", args: []string{"stop"}, want: []string{"stop"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.bug != "" {
+			}
+			args := tt.args
+			if args == nil {
+				flags := maps.Clone(base)
+				maps.Copy(flags, tt.set)
+				for _, k := range tt.unset {
+					delete(flags, k)
+				}
+				args = []string{"run"}
+				for _, k := range slices.Sorted(maps.Keys(flags)) {
+					args = append(args, "--"+k+"="+flags[k])
+				}
+			}
+			// A canceled context: were validation to pass, the run would stop at
+			// once instead of connecting.
+			err, out, errOut := run(t, canceled(), args...)
+			if err == nil {
+				t.Fatalf("Run(%q) = nil, want an error", args)
+			}
+			msg := err.Error()
+			for _, w := range append(tt.want, "CDC_RELAY_") {
+				if !strings.Contains(msg, w) {
+					t.Errorf("Run(%q) error lacks %q:\n%s", args, w, msg)
+				}
+			}
+			// Validation fails before anything starts or logs.
+			if out != "" || errOut != "" {
+				t.Errorf("Run(%q) wrote stdout %q, stderr %q", args, out, errOut)
+			}
+		})
+	}
+}
+
+// TestEnvValidated checks that a bad value from the environment is rejected
+// with an error naming the variable.
+func TestEnvValidated(t *testing.T) {
+	tests := []struct {
+		env, value string
+		want       []string
+		bug        string
+	}{
+		{env: "CDC_RELAY_STATUS_INTERVAL", value: "0s", want: []string{"--status-interval (CDC_RELAY_STATUS_INTERVAL)"}},
+		{env: "CDC_RELAY_TABLE", value: "a.b.c", want: []string{"--table (CDC_RELAY_TABLE)"}},
+		{env: "CDC_RELAY_STATUS_INTERVAL", value: "fast", want: []string{"--status-interval", `CDC_RELAY_STATUS_INTERVAL="fast"`}},
+		{env: "CDC_RELAY_CREATE_SLOT", value: "nope", want: []string{"--create-slot", `CDC_RELAY_CREATE_SLOT="nope"`}},
+		{
+			env: "CDC_RELAY_COMPRESSION", value: "brotli", want: []string{"CDC_RELAY_COMPRESSION", "brotli"},
+			bug: `kong's enum check says only "--compression must be one of ... but got \"brotli\"", not that the value came from CDC_RELAY_COMPRESSION (same for --log-level, --log-format, --checkpoint-store)`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env+"="+tt.value, func(t *testing.T) {
+			if tt.bug != "" {
+			}
+			clearEnv(t)
+			t.Setenv("CDC_RELAY_PG_URL", "postgres://u@127.0.0.1:1/db")
+			t.Setenv("CDC_RELAY_KAFKA_BROKERS", "127.0.0.1:1")
+			t.Setenv(tt.env, tt.value)
+			_, err := parseArgs(t, "run")
+			if err == nil {
+				t.Fatalf("%s=%s accepted", tt.env, tt.value)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s=%s: error lacks %q: %v", tt.env, tt.value, w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestEnv(t *testing.T) {
+	clearEnv(t)
+	env := map[string]string{
+		"CDC_RELAY_PG_URL":            "postgres://u@db/app",
+		"CDC_RELAY_KAFKA_BROKERS":     "k1:9092, k2:9092",
+		"CDC_RELAY_TOPIC":             "outbox.{aggregate_type}",
+		"CDC_RELAY_TABLE":             "app.events",
+		"CDC_RELAY_CREATE_SLOT":       "false",
+		"CDC_RELAY_HEADER_COLUMNS":    "correlation_id,tenant=x-tenant",
+		"CDC_RELAY_STATUS_INTERVAL":   "250ms",
+		"CDC_RELAY_MAX_IN_FLIGHT_MIB": "8",
+		"CDC_RELAY_COMPRESSION":       "zstd",
+		"CDC_RELAY_CHECKPOINT_STORE":  "file",
+		"CDC_RELAY_CHECKPOINT_FILE":   "/tmp/ck.json",
+		"CDC_RELAY_METRICS_ADDR":      "", // set but empty: disables the server
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	c, err := parseArgs(t, "run")
+	if err != nil {
+		t.Fatalf("parse with env %v: %v", env, err)
+	}
+	r := c.Run
+	if r.PGURL != env["CDC_RELAY_PG_URL"] {
+		t.Errorf("PGURL = %q", r.PGURL)
+	}
+	if want := []string{"k1:9092", "k2:9092"}; !slices.Equal(r.KafkaBrokers, want) {
+		t.Errorf("KafkaBrokers = %q, want %q (trimmed by Validate)", r.KafkaBrokers, want)
+	}
+	if r.Topic != "outbox.{aggregate_type}" || r.Table != "app.events" {
+		t.Errorf("Topic, Table = %q, %q", r.Topic, r.Table)
+	}
+	if r.CreateSlot {
+		t.Error("CreateSlot = true, want false from CDC_RELAY_CREATE_SLOT=false")
+	}
+	if !r.CreatePublication {
+		t.Error("CreatePublication = false, want the default true")
+	}
+	if r.StatusInterval != 250*time.Millisecond || r.MaxInFlightMiB != 8 || r.Compression != "zstd" {
+		t.Errorf("StatusInterval, MaxInFlightMiB, Compression = %v, %d, %q", r.StatusInterval, r.MaxInFlightMiB, r.Compression)
+	}
+	if r.CheckpointStore != "file" || r.CheckpointFile != "/tmp/ck.json" {
+		t.Errorf("CheckpointStore, CheckpointFile = %q, %q", r.CheckpointStore, r.CheckpointFile)
+	}
+	if r.MetricsAddr != "" {
+		t.Errorf("MetricsAddr = %q, want empty from CDC_RELAY_METRICS_ADDR=", r.MetricsAddr)
+	}
+	if got, _ := r.headerColumns(); !maps.Equal(got, map[string]string{"correlation_id": "correlation_id", "tenant": "x-tenant"}) {
+		t.Errorf("headerColumns = %v", got)
+	}
+
+	// A flag wins over the environment.
+	c, err = parseArgs(t, "run", "--topic", "other", "--create-slot", "--kafka-brokers", "k3:9092")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Run.Topic != "other" || !c.Run.CreateSlot || !slices.Equal(c.Run.KafkaBrokers, []string{"k3:9092"}) {
+		t.Errorf("flags over env: Topic %q, CreateSlot %v, KafkaBrokers %q", c.Run.Topic, c.Run.CreateSlot, c.Run.KafkaBrokers)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	clearEnv(t)
+	c, err := parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Run
+	if r.MetricsAddr != ":9187" || r.Slot != "cdc_relay" || r.Publication != "cdc_relay_outbox" ||
+		r.Table != "public.outbox_events" || r.Topic != "outbox.events" || !r.CreateSlot || !r.CreatePublication ||
+		r.CheckpointStore != "table" || r.MaxInFlightMiB != 64 || r.StatusInterval != time.Second || r.Compression != "none" {
+		t.Errorf("defaults: %+v", r)
+	}
+	if h, err := r.headerColumns(); h != nil || err != nil {
+		t.Errorf("headerColumns() without flag = %v, %v; want nil, nil", h, err)
+	}
+}
+
+func TestCreateSlotFlag(t *testing.T) {
+	clearEnv(t)
+	tests := []struct {
+		env  string // CDC_RELAY_CREATE_SLOT, unset when empty
+		args []string
+		want bool
+	}{
+		{"", nil, true},
+		{"", []string{"--create-slot=false"}, false},
+		{"", []string{"--no-create-slot"}, false},
+		{"", []string{"--create-slot"}, true},
+		{"", []string{"--create-slot=true"}, true},
+		{"", []string{"--no-create-slot", "--create-slot"}, true},
+		{"false", nil, false},
+		{"false", []string{"--create-slot"}, true},
+		{"true", []string{"--no-create-slot"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env+" "+strings.Join(tt.args, " "), func(t *testing.T) {
+			if tt.env != "" {
+				t.Setenv("CDC_RELAY_CREATE_SLOT", tt.env)
+			}
+			args := append([]string{"run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092"}, tt.args...)
+			c, err := parseArgs(t, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Run.CreateSlot != tt.want {
+				t.Errorf("CreateSlot = %v, want %v", c.Run.CreateSlot, tt.want)
+			}
+			if !c.Run.CreatePublication {
+				t.Errorf("CreatePublication changed with --create-slot flags")
+			}
+		})
+	}
+}
+
+func TestHeaderColumns(t *testing.T) {
+	tests := []struct {
+		in      []string
+		want    map[string]string
+		wantErr string
+		bug     string // known bug: skipped with this note until fixed
+	}{
+		{in: nil, want: nil},
+		{in: []string{"correlation_id", "tenant=x-tenant"}, want: map[string]string{"correlation_id": "correlation_id", "tenant": "x-tenant"}},
+		{in: []string{" tenant=x-tenant "}, want: map[string]string{"tenant": "x-tenant"}},
+		{in: []string{"trace=traceparent"}, want: map[string]string{"trace": "traceparent"}},
+		{in: []string{"id=event-id"}, want: map[string]string{"id": "event-id"}}, // the column may be "id" under another header
+		{in: []string{"=x"}, wantErr: "use column or column=header"},
+		{in: []string{"x="}, wantErr: "use column or column=header"},
+		{in: []string{""}, wantErr: "use column or column=header"},
+		{in: []string{"id"}, wantErr: `header "id" is set by the relay itself`},
+		{in: []string{"x=aggregate_type"}, wantErr: `header "aggregate_type"`},
+		{in: []string{"x=commit_time"}, wantErr: `header "commit_time"`},
+		{in: []string{"tenant = x-tenant"}, want: map[string]string{"tenant": "x-tenant"},
+			bug: `only the whole entry is trimmed, not around "=": the result is {"tenant ": " x-tenant"}, a column that does not exist`},
+		{in: []string{"a=x", "a=y"}, wantErr: `"a"`,
+			bug: "a column listed twice is accepted and the later mapping silently wins"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.in, ","), func(t *testing.T) {
+			if tt.bug != "" {
+			}
+			r := RunCmd{HeaderColumns: tt.in}
+			got, err := r.headerColumns()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("headerColumns(%q) error = %v, want %q", tt.in, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("headerColumns(%q): %v", tt.in, err)
+			}
+			if !maps.Equal(got, tt.want) || (got == nil) != (tt.want == nil) {
+				t.Errorf("headerColumns(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+
+	// Through the command line: one comma-separated flag.
+	clearEnv(t)
+	c, err := parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092", "--header-columns", "correlation_id,tenant=x-tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.Run.headerColumns(); !maps.Equal(got, map[string]string{"correlation_id": "correlation_id", "tenant": "x-tenant"}) {
+		t.Errorf("--header-columns correlation_id,tenant=x-tenant: headerColumns = %v", got)
+	}
+}
+
+func TestSplitTable(t *testing.T) {
+	tests := []struct{ in, schema, table string }{
+		{"outbox", "public", "outbox"},
+		{"app.outbox", "app", "outbox"},
+		{"a.b.c", "", ""},
+		{".outbox", "", ""},
+		{"app.", "", ""},
+		{"", "", ""},
+	}
+	for _, tt := range tests {
+		s, tb, err := splitTable(tt.in)
+		if (err != nil) != (tt.table == "") || s != tt.schema || tb != tt.table {
+			t.Errorf("splitTable(%q) = %q, %q, %v; want %q, %q", tt.in, s, tb, err, tt.schema, tt.table)
+		}
+	}
+}
+
+func TestConfig(t *testing.T) {
+	clearEnv(t)
+	c, err := parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k1:9092,k2:9092",
+		"--table", "app.events", "--max-in-flight-mib", "3", "--compression", "lz4", "--no-create-slot",
+		"--create-publication=false", "--header-columns", "tenant=x-tenant", "--relay-name", "r1",
+		"--checkpoint-store", "file", "--checkpoint-file", t.TempDir()+"/ck.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.Run.config(zerolog.Nop(), metrics.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PGURL != "postgres://db/app" || cfg.Decoder.Schema != "app" || cfg.Decoder.Table != "events" {
+		t.Errorf("PGURL, Schema, Table = %q, %q, %q", cfg.PGURL, cfg.Decoder.Schema, cfg.Decoder.Table)
+	}
+	if cfg.MaxInFlightBytes != 3<<20 {
+		t.Errorf("MaxInFlightBytes = %d, want %d", cfg.MaxInFlightBytes, 3<<20)
+	}
+	if cfg.Sink.Compression != kafka.Lz4 || !slices.Equal(cfg.Sink.Brokers, []string{"k1:9092", "k2:9092"}) {
+		t.Errorf("Sink.Compression, Brokers = %v, %q", cfg.Sink.Compression, cfg.Sink.Brokers)
+	}
+	if cfg.CreateSlot || cfg.CreatePublication || cfg.RelayName != "r1" {
+		t.Errorf("CreateSlot, CreatePublication, RelayName = %v, %v, %q", cfg.CreateSlot, cfg.CreatePublication, cfg.RelayName)
+	}
+	if cfg.Decoder.HeaderColumns["tenant"] != "x-tenant" {
+		t.Errorf("HeaderColumns = %v", cfg.Decoder.HeaderColumns)
+	}
+	st, err := cfg.OpenStore(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.(*checkpoint.FileStore); !ok {
+		t.Errorf("OpenStore with --checkpoint-store=file = %T, want *checkpoint.FileStore", st)
+	}
+	for name, want := range map[string]kafka.Compression{"none": 0, "gzip": kafka.Gzip, "snappy": kafka.Snappy, "lz4": kafka.Lz4, "zstd": kafka.Zstd} {
+		if got := compression(name); got != want {
+			t.Errorf("compression(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestMetricsAddrInUse(t *testing.T) {
+	clearEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	err, _, _ = run(t, canceled(), "run", "--pg-url", "postgres://u@"+closedAddr(t)+"/db",
+		"--kafka-brokers", closedAddr(t), "--metrics-addr", ln.Addr().String(), "--log-format", "json")
+	if err == nil || !strings.Contains(err.Error(), "--metrics-addr (CDC_RELAY_METRICS_ADDR)") {
+		t.Errorf("metrics address in use: err = %v, want it to name --metrics-addr (CDC_RELAY_METRICS_ADDR)", err)
+	}
+}
+
+// TestRunNeverPrintsPassword runs against closed ports: the run fails to
+// connect, and neither the logs nor the error may show the password.
+func TestRunNeverPrintsPassword(t *testing.T) {
+	clearEnv(t)
+	const secret = "s3cretpw"
+	pgAddr := closedAddr(t)
+	host, port, _ := net.SplitHostPort(pgAddr)
+	tests := []struct {
+		name, url string
+		bug       string
+	}{
+		{name: "URL", url: "postgres://u:" + secret + "@" + pgAddr + "/db"},
+		{name: "URL with sslmode", url: "postgres://u:" + secret + "@" + pgAddr + "/db?sslmode=disable&connect_timeout=1"},
+		{name: "URL with password parameter", url: "postgres://u@" + pgAddr + "/db?password=" + secret},
+		{name: "keyword/value DSN", url: "host=" + host + " port=" + port + " user=u password=" + secret + " dbname=db"},
+		{name: "URL that pgx cannot parse", url: "postgres://u:" + secret + "@" + pgAddr + "/db?sslmode=bogus"},
+		{
+			name: "URL with a bad percent-escape in the password", url: "postgres://u:" + secret + "%zz@" + pgAddr + "/db",
+			bug: "relay.Run reports `parse Postgres URL postgres://u:s3cretpw%zz@127.0.0.1:<port>/db: ...`: replication.Redact returns an unparsable URL unchanged",
+		},
+		{
+			// pgx accepts this URL (the last host gets port 5432), Go's url.Parse does not.
+			name: "multi-host URL, last host without port", url: "postgres://u:" + secret + "@" + pgAddr + ",127.0.0.1/db",
+			bug: "relay.Run reports `connect to Postgres postgres://u:s3cretpw@127.0.0.1:<port>,127.0.0.1/db (check --pg-url ...)`: replication.Redact returns a URL that url.Parse rejects unchanged",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.bug != "" {
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for _, format := range []string{"json", "console"} {
+				err, out, errOut := run(t, ctx, "run", "--pg-url", tt.url, "--kafka-brokers", closedAddr(t),
+					"--metrics-addr", "", "--log-level", "debug", "--log-format", format)
+				if err == nil {
+					t.Fatalf("run against closed ports returned nil")
+				}
+				for what, s := range map[string]string{"error": err.Error(), "stdout": out, "stderr": errOut} {
+					if strings.Contains(s, secret) {
+						t.Errorf("%s (%s logs) shows the password:\n%s", what, format, s)
+					}
+				}
+			}
+		})
+	}
+}
