@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"sync"
 	"syscall"
@@ -29,6 +30,12 @@ func produce(ctx context.Context, t *testing.T, brokers []string, records ...*kg
 	if err := cl.ProduceSync(ctx, records...).FirstErr(); err != nil {
 		t.Fatalf("produce: %v", err)
 	}
+}
+
+// uniqueTopic returns a topic name no earlier run used, so tests also pass
+// against external brokers that keep their data.
+func uniqueTopic(name string) string {
+	return fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 }
 
 // partitionCount returns the partitions of topic, -1 if it does not exist.
@@ -190,15 +197,18 @@ func TestKafkaNoAutoCreate(t *testing.T) {
 
 func TestReadAllReturnsAtOnce(t *testing.T) {
 	t.Parallel()
-	k := NewKafka(t, KafkaOptions{Topics: []string{"empty"}})
+	empty, missing := uniqueTopic("empty"), uniqueTopic("missing")
+	k := NewKafka(t, KafkaOptions{Topics: []string{empty}})
+	// Something to not read: ReadAll of no topics must not mean all topics.
+	produce(testContext(t), t, k.Brokers(), &kgo.Record{Topic: uniqueTopic("full"), Value: []byte("v")})
 	for _, tc := range []struct {
 		name   string
 		topics []string
 	}{
 		{"no topics", nil},
-		{"empty topic", []string{"empty"}},
-		{"missing topic", []string{"missing"}},
-		{"both", []string{"empty", "missing"}},
+		{"empty topic", []string{empty}},
+		{"missing topic", []string{missing}},
+		{"both", []string{empty, missing}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
@@ -216,8 +226,9 @@ func TestReadAllReturnsAtOnce(t *testing.T) {
 func TestReadAllTransactional(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	k := NewKafka(t, KafkaOptions{Partitions: 1, Topics: []string{"txn"}})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.TransactionalID("testenv"))
+	topic := uniqueTopic("txn")
+	k := NewKafka(t, KafkaOptions{Partitions: 1, Topics: []string{topic}})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.TransactionalID(topic))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,14 +237,14 @@ func TestReadAllTransactional(t *testing.T) {
 		if err := cl.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
-		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "txn", Value: []byte("v")}).FirstErr(); err != nil {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("v")}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 		if err := cl.EndTransaction(ctx, commit); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got, err := ReadAll(ctx, k.Brokers(), "txn")
+	got, err := ReadAll(ctx, k.Brokers(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,17 +261,18 @@ func TestWaitForRecords(t *testing.T) {
 	brokers := k.Brokers()
 
 	t.Run("topic created later", func(t *testing.T) {
+		late := uniqueTopic("late")
 		done := make(chan []Record, 1)
 		go func() {
-			got, err := WaitForRecords(ctx, brokers, 2, "late")
+			got, err := WaitForRecords(ctx, brokers, 2, late)
 			if err != nil {
 				t.Errorf("WaitForRecords: %v", err)
 			}
 			done <- got
 		}()
 		time.Sleep(300 * time.Millisecond)
-		produce(ctx, t, brokers, &kgo.Record{Topic: "late", Partition: 0, Value: []byte("a")},
-			&kgo.Record{Topic: "late", Partition: 0, Value: []byte("b")})
+		produce(ctx, t, brokers, &kgo.Record{Topic: late, Partition: 0, Value: []byte("a")},
+			&kgo.Record{Topic: late, Partition: 0, Value: []byte("b")})
 		got := <-done
 		if len(got) != 2 || string(got[0].Value) != "a" || string(got[1].Value) != "b" {
 			t.Errorf("WaitForRecords = %v, want a, b", got)
@@ -268,10 +280,11 @@ func TestWaitForRecords(t *testing.T) {
 	})
 
 	t.Run("timeout returns what it got", func(t *testing.T) {
-		produce(ctx, t, brokers, &kgo.Record{Topic: "short", Value: []byte("only")})
-		short, cancel := context.WithTimeout(ctx, time.Second)
+		short := uniqueTopic("short")
+		produce(ctx, t, brokers, &kgo.Record{Topic: short, Value: []byte("only")})
+		shortCtx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		got, err := WaitForRecords(short, brokers, 5, "short")
+		got, err := WaitForRecords(shortCtx, brokers, 5, short)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("err = %v, want DeadlineExceeded", err)
 		}
@@ -286,8 +299,10 @@ func TestTail(t *testing.T) {
 	ctx := testContext(t)
 	k := NewKafka(t, KafkaOptions{})
 	brokers := k.Brokers()
-	produce(ctx, t, brokers, &kgo.Record{Topic: "tail-a", Value: []byte("1")},
-		&kgo.Record{Topic: "other", Value: []byte("x")})
+	prefix := uniqueTopic("tail")
+	topicA, topicB := prefix+"-a", prefix+"-b"
+	produce(ctx, t, brokers, &kgo.Record{Topic: topicA, Value: []byte("1")},
+		&kgo.Record{Topic: uniqueTopic("other"), Value: []byte("x")})
 
 	tailCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -295,7 +310,7 @@ func TestTail(t *testing.T) {
 	seen := make(map[string]string)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Tail(tailCtx, brokers, "^tail-", func(r Record) {
+		errc <- Tail(tailCtx, brokers, "^"+regexp.QuoteMeta(prefix)+"-", func(r Record) {
 			mu.Lock()
 			defer mu.Unlock()
 			seen[string(r.Value)] = r.Topic
@@ -305,7 +320,7 @@ func TestTail(t *testing.T) {
 		})
 	}()
 	// A topic that appears while tailing is picked up.
-	produce(ctx, t, brokers, &kgo.Record{Topic: "tail-b", Value: []byte("2")})
+	produce(ctx, t, brokers, &kgo.Record{Topic: topicB, Value: []byte("2")})
 	if err := <-errc; err != nil {
 		t.Fatalf("Tail: %v", err)
 	}
@@ -314,8 +329,8 @@ func TestTail(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if seen["1"] != "tail-a" || seen["2"] != "tail-b" || len(seen) != 2 {
-		t.Errorf("Tail saw %v, want 1 from tail-a and 2 from tail-b", seen)
+	if seen["1"] != topicA || seen["2"] != topicB || len(seen) != 2 {
+		t.Errorf("Tail saw %v, want 1 from %s and 2 from %s", seen, topicA, topicB)
 	}
 
 	if err := Tail(ctx, brokers, "(", func(Record) {}); err == nil {

@@ -90,6 +90,11 @@ func StartPostgres(ctx context.Context, opts PGOptions) (*Postgres, error) {
 	if raw := os.Getenv(EnvPGURL); raw != "" {
 		return AttachPostgres(ctx, raw, opts)
 	}
+	return startLocal(ctx, PGBinDir, opts)
+}
+
+// startLocal is StartPostgres with the binaries in binDir.
+func startLocal(ctx context.Context, binDir string, opts PGOptions) (*Postgres, error) {
 	walLevel := opts.WalLevel
 	if walLevel == "" {
 		walLevel = "logical"
@@ -99,8 +104,8 @@ func StartPostgres(ctx context.Context, opts PGOptions) (*Postgres, error) {
 		return nil, err
 	}
 	for _, bin := range []string{"initdb", "pg_ctl", "postgres"} {
-		if _, err := os.Stat(filepath.Join(PGBinDir, bin)); err != nil {
-			return nil, fmt.Errorf("PostgreSQL 15 binaries not found in %s: apt-get install postgresql-15 (or set %s): %w", PGBinDir, EnvPGURL, err)
+		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
+			return nil, fmt.Errorf("PostgreSQL 15 binaries not found in %s: apt-get install postgresql-15 (or set %s): %w", binDir, EnvPGURL, err)
 		}
 	}
 	user, err := lookupServerUser()
@@ -115,7 +120,7 @@ func StartPostgres(ctx context.Context, opts PGOptions) (*Postgres, error) {
 	}
 	p := &Postgres{
 		user:    user,
-		binDir:  PGBinDir,
+		binDir:  binDir,
 		rootDir: root,
 		dataDir: filepath.Join(root, "data"),
 		logFile: filepath.Join(root, "postgres.log"),
@@ -314,14 +319,23 @@ func (p *Postgres) adminURL() string {
 	return p.URL("postgres")
 }
 
-// CreateDatabase creates the database name, dropping it first (and
-// disconnecting its sessions) if it exists, and returns its URL.
+// CreateDatabase creates the database name and returns its URL. If the
+// database exists, it is dropped first with its replication slots, after
+// disconnecting its sessions, replication connections included.
 func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, error) {
 	conn, err := pgx.Connect(ctx, p.adminURL())
 	if err != nil {
 		return "", fmt.Errorf("connect to postgres on port %d: %w", p.Port(), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// WITH (FORCE) disconnects sessions but not a walsender streaming from a
+	// slot in the database (say, a relay a failed test left running), whose
+	// active slot blocks the drop. Wait up to 5s for each to exit.
+	_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid, 5000)
+		FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
+	if err != nil {
+		return "", fmt.Errorf("terminate replication connections to database %q: %w", name, err)
+	}
 	ident := pgx.Identifier{name}.Sanitize()
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
 		return "", fmt.Errorf("drop database %s: %w", ident, err)

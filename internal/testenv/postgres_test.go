@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -42,7 +43,7 @@ func queryString(ctx context.Context, t *testing.T, url, sql string) string {
 // TestPostgres runs the checks that can share one cluster in sequence.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	p := NewPostgres(t, PGOptions{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
+	p := NewPostgres(t, PGOptions{})
 	t.Run("settings", func(t *testing.T) { testPostgresSettings(t, p) })
 	t.Run("create database replaces", func(t *testing.T) { testPostgresCreateDatabaseReplaces(t, p) })
 	t.Run("stop start", func(t *testing.T) { testPostgresStopStart(t, p) })
@@ -51,14 +52,18 @@ func TestPostgres(t *testing.T) {
 
 func testPostgresSettings(t *testing.T, p *Postgres) {
 	ctx := testContext(t)
+	if got := queryString(ctx, t, p.URL("postgres"), "SHOW wal_level"); got != "logical" {
+		t.Errorf("wal_level = %q, want logical", got)
+	}
+	RequireLocal(t, p)
 	for _, tc := range []struct{ sql, want string }{
-		{"SHOW wal_level", "logical"},
-		{"SHOW logical_decoding_work_mem", "64kB"},
 		{"SHOW fsync", "off"},
+		{"SHOW full_page_writes", "off"},
 		{"SHOW max_replication_slots", "20"},
 		{"SHOW max_wal_senders", "20"},
 		{"SHOW listen_addresses", "127.0.0.1"},
 		{"SHOW server_encoding", "UTF8"},
+		{"SHOW unix_socket_directories", p.DataDir()},
 		{"SELECT current_user", "postgres"},
 	} {
 		if got := queryString(ctx, t, p.URL("postgres"), tc.sql); got != tc.want {
@@ -154,24 +159,44 @@ func testPostgresStopStart(t *testing.T, p *Postgres) {
 
 func testPostgresCreateDatabaseReplaces(t *testing.T, p *Postgres) {
 	ctx := testContext(t)
-	url, err := p.CreateDatabase(ctx, "Mixed-Case db")
+	const db = "Mixed-Case db"
+	url, err := p.CreateDatabase(ctx, db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Exec(ctx, "Mixed-Case db", "CREATE TABLE gone (v int)"); err != nil {
+	if err := p.Exec(ctx, db, "CREATE TABLE gone (v int); CREATE PUBLICATION pub FOR ALL TABLES"); err != nil {
 		t.Fatal(err)
 	}
-	// An open session must not stop the drop.
+	// Neither an open session nor a walsender streaming from a slot, as a
+	// relay a failed test left running, may stop the drop.
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := p.CreateDatabase(ctx, "Mixed-Case db"); err != nil {
+	rconn, err := pgconn.Connect(ctx, url+"&replication=database")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rconn.Close(ctx)
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, rconn, "busy", "pgoutput", pglogrepl.CreateReplicationSlotOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = pglogrepl.StartReplication(ctx, rconn, "busy", 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'pub'"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := p.CreateDatabase(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	if got := queryString(ctx, t, url, "SELECT count(*)::text FROM pg_tables WHERE tablename = 'gone'"); got != "0" {
 		t.Errorf("table survived CreateDatabase: count = %s", got)
+	}
+	if got := queryString(ctx, t, p.URL("postgres"), "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = 'busy'"); got != "0" {
+		t.Errorf("slot survived CreateDatabase: count = %s", got)
 	}
 }
 
@@ -180,9 +205,18 @@ func testPostgresCreateDatabaseReplaces(t *testing.T, p *Postgres) {
 func TestPostgresWalLevelReplica(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	p := NewPostgres(t, PGOptions{WalLevel: "replica"})
-	if got := queryString(ctx, t, p.URL("postgres"), "SHOW wal_level"); got != "replica" {
-		t.Fatalf("wal_level = %q, want replica", got)
+	p := NewPostgres(t, PGOptions{
+		WalLevel: "replica",
+		Settings: map[string]string{"logical_decoding_work_mem": "64kB", "max_wal_senders": "7"},
+	})
+	for _, tc := range []struct{ sql, want string }{
+		{"SHOW wal_level", "replica"},
+		{"SHOW logical_decoding_work_mem", "64kB"},
+		{"SHOW max_wal_senders", "7"}, // overrides our default
+	} {
+		if got := queryString(ctx, t, p.URL("postgres"), tc.sql); got != tc.want {
+			t.Errorf("%s = %q, want %q", tc.sql, got, tc.want)
+		}
 	}
 	err := p.Exec(ctx, "postgres", "SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
 	if err == nil || !strings.Contains(err.Error(), "wal_level") {
@@ -239,13 +273,38 @@ func hasProcess(t *testing.T, pattern string) bool {
 	}
 }
 
-func TestStartPostgresRejectsBadSetting(t *testing.T) {
-	if os.Getenv(EnvPGURL) != "" {
-		t.Skipf("skip: %s is set", EnvPGURL)
+func TestStartPostgresBadSettings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		opts    PGOptions
+		wantErr string
+	}{
+		{
+			name:    "injected line",
+			opts:    PGOptions{Settings: map[string]string{"x = 1\nfsync": "on"}},
+			wantErr: "not a parameter name",
+		},
+		{
+			// The server refuses to start; the error carries its log.
+			name:    "bad wal_level",
+			opts:    PGOptions{WalLevel: "verbose"},
+			wantErr: `invalid value for parameter "wal_level"`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := startLocal(testContext(t), PGBinDir, tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("err = %v, want one containing %q", err, tc.wantErr)
+			}
+		})
 	}
-	_, err := StartPostgres(testContext(t), PGOptions{Settings: map[string]string{"x = 1\nfsync": "on"}})
-	if err == nil {
-		t.Fatal("StartPostgres accepted a setting name with a newline")
+}
+
+func TestStartPostgresWithoutBinaries(t *testing.T) {
+	_, err := startLocal(testContext(t), t.TempDir(), PGOptions{})
+	if err == nil || !strings.Contains(err.Error(), "apt-get install postgresql-15 (or set CDC_RELAY_TEST_PG_URL)") {
+		t.Errorf("err = %v, want the install hint", err)
 	}
 }
 
