@@ -63,11 +63,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic"}),
 		ProduceBatches: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "produce_batches_total",
-			Help: "Produce requests acknowledged by Kafka.",
+			Help: "Partition batches acknowledged by Kafka.",
 		}),
 		ProduceBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "produce_batch_events",
-			Help:    "Events per acknowledged produce request.",
+			Help:    "Events per acknowledged partition batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
 		}),
 		ProduceLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -82,11 +82,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		ProduceRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "produce_retries_total",
-			Help: "Produce attempts that failed transiently and were retried.",
+			Help: "Partition batches whose produce attempt failed transiently and were retried.",
 		}),
 		ProduceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "produce_errors_total",
-			Help: "Failed produce attempts by error class (transient, permanent).",
+			Help: "Failed partition batches (transient) and events (permanent), by error class.",
 		}, []string{"class"}),
 		PermanentFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "permanent_failures_total",

@@ -4,21 +4,27 @@
 // Kafka with acks=all (reported through Config.OnAck), or reported once as a
 // permanent failure (Config.OnPermanent); until then it is retried forever with
 // exponential backoff and full jitter. Events with the same key go to the same
-// partition (Java-compatible murmur2), and each partition has at most one produce
-// request in flight, re-sent unchanged on failure, so events of one key reach Kafka
-// in the order Send saw them and a retry never lets a later event overtake an
-// earlier one.
+// partition (Java-compatible murmur2), and each partition has at most one batch in
+// flight, re-sent unchanged and ahead of anything newer when it fails, so events of
+// one key reach Kafka in the order Send saw them and a retry never lets a later
+// event overtake an earlier one.
 //
-// Retries are owned here and only here: the sink talks to kafka-go's low-level
-// Client.Produce, which does not retry, instead of kafka-go's Writer, whose own
-// MaxAttempts would multiply ours and whose next batch for a partition goes out
-// after an earlier batch has given up, reordering the key.
+// One dispatcher goroutine owns the partitions' state. For every broker with no
+// request in flight it builds one produce request carrying a batch of each ready
+// partition that broker leads, so under load requests grow instead of multiplying,
+// and with nothing queued an event goes out at once (no linger).
+//
+// Retries are owned here and only here: requests go through kafka-go's Transport,
+// which does not retry, instead of kafka-go's Writer, whose own MaxAttempts would
+// multiply ours and whose next batch for a partition goes out after an earlier
+// batch has given up, reordering the key.
 package sink
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -28,7 +34,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/rs/zerolog"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
+	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
@@ -49,26 +57,29 @@ type Config struct {
 	Brokers []string
 	// Topic is a topic template, e.g. "outbox.events" or "outbox.{aggregate_type}".
 	Topic string
-	// BatchMaxEvents and BatchMaxBytes bound one produce request. A batch goes out as
-	// soon as the partition has no request in flight (no linger): under load, events
-	// queue while the previous request is in flight and the next batch grows by itself.
-	BatchMaxEvents int
-	BatchMaxBytes  int
-	Compression    kafka.Compression
+	// BatchMaxEvents and BatchMaxBytes bound one partition's batch; keep the bytes
+	// below the broker's message.max.bytes. MaxRequestBytes bounds one request.
+	BatchMaxEvents  int
+	BatchMaxBytes   int
+	MaxRequestBytes int
+	Compression     kafka.Compression
 	// RequestTimeout bounds one produce attempt.
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
-	// Transport carries TLS/SASL settings; nil means plain TCP.
+	// Transport carries TLS/SASL settings; nil means plain TCP. Its Dial is
+	// wrapped so Close can end connections with requests in flight.
 	Transport *kafka.Transport
 	Logger    zerolog.Logger
 	Metrics   *metrics.Metrics
 
-	// OnAck is called, from the partition's goroutine, with each batch Kafka
-	// acknowledged. The slice is reused after OnAck returns.
+	// OnAck is called with each batch Kafka acknowledged, from the sink's
+	// dispatcher goroutine. The slice is reused after OnAck returns.
 	OnAck func(batch []*outbox.Event)
-	// OnPermanent is called once for an event that failed permanently. Returning
-	// nil means the caller took care of it (dead-lettered it) and the sink goes on
-	// with the partition's next events; an error halts the sink (see Err).
+	// OnPermanent is called once for an event that failed permanently, from the
+	// goroutine that calls Send (empty key, invalid topic) or from the dispatcher
+	// (rejected by Kafka), so it must be safe for concurrent use. Returning nil
+	// means the caller took care of the event (dead-lettered it) and the sink goes
+	// on; an error halts the sink (see Err): no partition produces anything more.
 	OnPermanent func(ctx context.Context, ev *outbox.Event, err error) error
 }
 
@@ -78,6 +89,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchMaxBytes <= 0 {
 		c.BatchMaxBytes = 900 << 10 // under Kafka's default message.max.bytes (1 MB)
+	}
+	if c.MaxRequestBytes <= 0 {
+		c.MaxRequestBytes = 8 << 20
+	}
+	if c.MaxRequestBytes < c.BatchMaxBytes {
+		c.MaxRequestBytes = c.BatchMaxBytes
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 30 * time.Second
@@ -98,13 +115,12 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Kafka is the Kafka sink. Send is called from one goroutine; acknowledgements
-// arrive on per-partition goroutines that Close stops.
+// Kafka is the Kafka sink. Send is called from one goroutine.
 type Kafka struct {
 	cfg       Config
 	log       zerolog.Logger
-	client    *kafka.Client
 	transport *kafka.Transport
+	conns     *connTracker
 	addr      net.Addr
 	router    *Router
 	balancer  kafka.Murmur2Balancer
@@ -115,14 +131,19 @@ type Kafka struct {
 
 	topics map[string]*topicState // owned by the Send goroutine
 
+	// Dispatcher inbox: a wake-up signal and topics whose partitions are known.
+	wake      chan struct{}
+	mu        sync.Mutex
+	newTopics []*topicState
+
 	failing atomic.Int32 // partitions currently retrying
 	errOnce sync.Once
 	err     error
 	failed  chan struct{}
 }
 
-// Open validates cfg, checks that the brokers answer and, for a fixed topic, that
-// the topic exists (asking the broker to auto-create it), within ctx. The sink's
+// Open validates cfg, waits (within ctx) until the brokers answer and, for a fixed
+// topic, until the topic exists (asking the broker to auto-create it). The sink's
 // goroutines live until Close.
 func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
@@ -143,67 +164,78 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	if transport.ClientID == "" {
 		transport.ClientID = "cdc-relay"
 	}
-	addr := kafka.TCP(cfg.Brokers...)
+	conns := &connTracker{dial: transport.Dial, conns: make(map[net.Conn]struct{})}
+	transport.Dial = conns.Dial
 	runCtx, cancel := context.WithCancel(context.Background())
 	k := &Kafka{
 		cfg:       cfg,
 		log:       cfg.Logger.With().Str("component", "sink").Logger(),
-		client:    &kafka.Client{Addr: addr, Transport: transport, Timeout: cfg.RequestTimeout},
 		transport: transport,
-		addr:      addr,
+		conns:     conns,
+		addr:      kafka.TCP(cfg.Brokers...),
 		router:    router,
 		balancer:  kafka.Murmur2Balancer{Consistent: true},
 		ctx:       runCtx,
 		cancel:    cancel,
 		topics:    make(map[string]*topicState),
+		wake:      make(chan struct{}, 1),
 		failed:    make(chan struct{}),
 	}
 	if err := k.check(ctx); err != nil {
 		cancel()
 		transport.CloseIdleConnections()
+		conns.closeAll()
 		return nil, err
 	}
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		k.dispatch()
+	}()
 	return k, nil
 }
 
-// check asks the brokers for metadata: for a fixed topic, its partitions.
+// check waits until the brokers answer metadata requests and, for a fixed topic,
+// until its partitions are known.
 func (k *Kafka) check(ctx context.Context) error {
 	brokers := strings.Join(k.cfg.Brokers, ",")
 	topic, fixed := k.router.Fixed()
-	if !fixed {
-		if _, err := k.metadata(ctx, []string{}); err != nil {
-			return fmt.Errorf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS): %w", brokers, err)
-		}
-		return nil
-	}
-	var lastErr error
+	var brokerAnswer error // the last answer from a broker, preferred over timeouts
 	for attempt := 0; ; attempt++ {
-		n, err := k.partitions(ctx, topic)
-		if err == nil {
-			ts := &topicState{name: topic}
-			k.topics[topic] = ts
-			k.setPartitions(ts, n)
+		var err error
+		if fixed {
+			var leaders []int32
+			if leaders, err = k.leaders(ctx, topic); err == nil {
+				ts := &topicState{name: topic}
+				k.topics[topic] = ts
+				k.addPartitions(ts, leaders)
+				return nil
+			}
+		} else if _, err = k.metadata(ctx, []string{}); err == nil {
 			return nil
 		}
-		lastErr = err
 		var ke kafka.Error
-		if errors.As(err, &ke) && (ke == kafka.InvalidTopic || ke == kafka.TopicAuthorizationFailed) {
-			return fmt.Errorf("topic %q on %s (check --topic / CDC_RELAY_TOPIC and the broker's ACLs): %w", topic, brokers, err)
-		}
-		if err := k.cfg.Retry.Sleep(ctx, attempt); err != nil {
-			var hint string
-			if errors.As(lastErr, &ke) && ke == kafka.UnknownTopicOrPartition {
-				hint = fmt.Sprintf("topic %q does not exist and the broker does not create it automatically: create it, or fix --topic / CDC_RELAY_TOPIC", topic)
-			} else {
-				hint = fmt.Sprintf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS)", brokers)
+		if errors.As(err, &ke) {
+			brokerAnswer = err
+			if ke == kafka.InvalidTopic || ke == kafka.TopicAuthorizationFailed {
+				return fmt.Errorf("topic %q on %s (check --topic / CDC_RELAY_TOPIC and the broker's ACLs): %w", topic, brokers, err)
 			}
-			return fmt.Errorf("%s: %w", hint, lastErr)
+		}
+		if serr := k.cfg.Retry.Sleep(ctx, attempt); serr != nil {
+			if errors.As(brokerAnswer, &ke) && ke == kafka.UnknownTopicOrPartition {
+				return fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix --topic / CDC_RELAY_TOPIC: %w", topic, brokerAnswer)
+			}
+			if brokerAnswer != nil {
+				err = brokerAnswer
+			}
+			return fmt.Errorf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS): %w", brokers, err)
 		}
 	}
 }
 
-// metadata sends a metadata request straight to the brokers (kafka-go's Client
-// would answer from its cache) and allows auto-creation of the topics.
+// metadata asks for metadata of topics, allowing their auto-creation. kafka-go's
+// Transport answers from its cache (refreshed every MetadataTTL) unless a topic
+// is unknown there.
 func (k *Kafka) metadata(ctx context.Context, topics []string) (*metadataAPI.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.RequestTimeout)
 	defer cancel()
@@ -221,25 +253,31 @@ func (k *Kafka) metadata(ctx context.Context, topics []string) (*metadataAPI.Res
 	return res, nil
 }
 
-// partitions returns the partition count of topic.
-func (k *Kafka) partitions(ctx context.Context, topic string) (int, error) {
+// leaders returns the leader broker of each partition of topic (-1 if none).
+func (k *Kafka) leaders(ctx context.Context, topic string) ([]int32, error) {
 	res, err := k.metadata(ctx, []string{topic})
 	if err != nil {
-		return 0, fmt.Errorf("fetch metadata of topic %q: %w", topic, err)
+		return nil, fmt.Errorf("fetch metadata of topic %q: %w", topic, err)
 	}
 	for _, t := range res.Topics {
 		if t.Name != topic {
 			continue
 		}
 		if t.ErrorCode != 0 {
-			return 0, fmt.Errorf("fetch metadata of topic %q: %w", topic, kafka.Error(t.ErrorCode))
+			return nil, fmt.Errorf("fetch metadata of topic %q: %w", topic, kafka.Error(t.ErrorCode))
 		}
 		if len(t.Partitions) == 0 {
-			return 0, fmt.Errorf("fetch metadata of topic %q: %w", topic, kafka.LeaderNotAvailable)
+			return nil, fmt.Errorf("fetch metadata of topic %q: %w", topic, kafka.LeaderNotAvailable)
 		}
-		return len(t.Partitions), nil
+		leaders := make([]int32, len(t.Partitions))
+		for _, p := range t.Partitions {
+			if int(p.PartitionIndex) < len(leaders) {
+				leaders[p.PartitionIndex] = p.LeaderID
+			}
+		}
+		return leaders, nil
 	}
-	return 0, fmt.Errorf("fetch metadata of topic %q: %w", topic, kafka.UnknownTopicOrPartition)
+	return nil, fmt.Errorf("fetch metadata of topic %q: %w", topic, kafka.UnknownTopicOrPartition)
 }
 
 // topicState holds a topic's partitions once known, and the events that arrived
@@ -252,19 +290,15 @@ type topicState struct {
 	pending []*outbox.Event
 }
 
-// setPartitions creates n partition workers for ts and hands them the pending
-// events in order. Called with ts.mu held, or before ts is shared.
-func (k *Kafka) setPartitions(ts *topicState, n int) {
-	parts := make([]*partition, n)
-	ids := make([]int, n)
+// addPartitions creates ts's partitions, hands them the pending events in order
+// and registers them with the dispatcher. Called with ts.mu held, or before ts
+// is shared.
+func (k *Kafka) addPartitions(ts *topicState, leaders []int32) {
+	parts := make([]*partition, len(leaders))
+	ids := make([]int, len(leaders))
 	for i := range parts {
 		ids[i] = i
-		parts[i] = newPartition(k, ts.name, i)
-		k.wg.Add(1)
-		go func(p *partition) {
-			defer k.wg.Done()
-			p.run(k.ctx)
-		}(parts[i])
+		parts[i] = newPartition(k, ts.name, i, leaders[i])
 	}
 	for _, ev := range ts.pending {
 		parts[k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ids...)].push(ev)
@@ -272,7 +306,19 @@ func (k *Kafka) setPartitions(ts *topicState, n int) {
 	ts.pending = nil
 	ts.ids = ids
 	ts.parts = parts
-	k.log.Info().Str("topic", ts.name).Int("partitions", n).Msg("producing to topic")
+	k.mu.Lock()
+	k.newTopics = append(k.newTopics, ts)
+	k.mu.Unlock()
+	k.signal()
+	k.log.Info().Str("topic", ts.name).Int("partitions", len(parts)).Msg("producing to topic")
+}
+
+// signal wakes the dispatcher.
+func (k *Kafka) signal() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Send queues ev for delivery. It does not block on Kafka. Events with an empty
@@ -311,10 +357,10 @@ func (k *Kafka) Send(ctx context.Context, ev *outbox.Event) error {
 // sink closes, then releases the events that waited for it.
 func (k *Kafka) resolve(ts *topicState) {
 	for attempt := 0; ; attempt++ {
-		n, err := k.partitions(k.ctx, ts.name)
+		leaders, err := k.leaders(k.ctx, ts.name)
 		if err == nil {
 			ts.mu.Lock()
-			k.setPartitions(ts, n)
+			k.addPartitions(ts, leaders)
 			ts.mu.Unlock()
 			return
 		}
@@ -323,20 +369,19 @@ func (k *Kafka) resolve(ts *topicState) {
 		}
 		var ke kafka.Error
 		if errors.As(err, &ke) && ke == kafka.InvalidTopic {
+			// The broker refuses the name (e.g. it collides with another topic):
+			// every event for it fails permanently. Later events keep queueing and
+			// are failed after the next lookup.
 			ts.mu.Lock()
 			pending := ts.pending
 			ts.pending = nil
 			ts.mu.Unlock()
-			// Later events for this topic keep queueing in pending; the topic is
-			// looked up again (and fails again) for them.
 			for _, ev := range pending {
 				if k.permanent(k.ctx, ev, &EventError{Code: "invalid_topic", Err: err}) != nil {
 					return
 				}
 			}
-			continue
-		}
-		if attempt == 0 {
+		} else if attempt == 0 {
 			k.log.Warn().Err(err).Str("topic", ts.name).Msg("topic not available yet; retrying with backoff")
 		}
 		if k.cfg.Retry.Sleep(k.ctx, attempt) != nil {
@@ -357,11 +402,12 @@ func (k *Kafka) permanent(ctx context.Context, ev *outbox.Event, err error) erro
 	return nil
 }
 
-// halt records the first fatal error and closes Failed.
+// halt records the first fatal error, closes Failed and stops producing.
 func (k *Kafka) halt(err error) {
 	k.errOnce.Do(func() {
 		k.err = err
 		close(k.failed)
+		k.cancel()
 	})
 }
 
@@ -381,73 +427,82 @@ func (k *Kafka) Err() error {
 // Retrying reports whether any partition is currently retrying a failed request.
 func (k *Kafka) Retrying() bool { return k.failing.Load() > 0 }
 
-// Close stops every goroutine of the sink. Events not yet acknowledged stay
-// unacknowledged: the caller drains first when it wants them delivered.
+// Close stops every goroutine of the sink and closes its connections. Events not
+// yet acknowledged stay unacknowledged: the caller drains first when it wants
+// them delivered.
 func (k *Kafka) Close() error {
 	k.cancel()
+	k.conns.closeAll() // ends requests in flight, which kafka-go would wait out
 	k.wg.Wait()
 	k.transport.CloseIdleConnections()
 	return nil
 }
 
-// partition owns one topic-partition: a FIFO of events and the goroutine that
-// produces them with at most one request in flight.
+// partition is one topic-partition: its queue (filled by Send) and its delivery
+// state (owned by the dispatcher).
 type partition struct {
-	k     *Kafka
-	topic string
-	id    int
+	topic  string
+	id     int
+	k      *Kafka
+	events prometheusCounter
+	bytes  prometheusCounter
 
 	mu    sync.Mutex
 	queue []*outbox.Event
-	spare []*outbox.Event
-	wake  chan struct{}
 
-	records []kafka.Record
-	headers []kafka.Header
-	lsn     pglogrepl.LSN
-	lsnText []byte
-	tsText  []byte
-	ts      time.Time
-
-	events prometheusCounter
-	bytes  prometheusCounter
+	// Dispatcher-owned.
+	leader    int32
+	inFlight  bool
+	retry     []*outbox.Event // the batch to send next, ahead of the queue
+	limit     int             // event limit while splitting a rejected batch
+	attempt   int
+	notBefore time.Time
+	failing   bool
+	spare     []*outbox.Event
 }
 
 // prometheusCounter is the part of a Prometheus counter the partition uses.
 type prometheusCounter interface{ Add(float64) }
 
-func newPartition(k *Kafka, topic string, id int) *partition {
+func newPartition(k *Kafka, topic string, id int, leader int32) *partition {
 	return &partition{
-		k:      k,
-		topic:  topic,
-		id:     id,
-		wake:   make(chan struct{}, 1),
+		topic: topic, id: id, k: k, leader: leader,
 		events: k.cfg.Metrics.EventsPublished.WithLabelValues(topic),
 		bytes:  k.cfg.Metrics.BytesPublished.WithLabelValues(topic),
 	}
 }
 
+// push appends ev to the queue and tells the dispatcher when the queue was empty.
 func (p *partition) push(ev *outbox.Event) {
 	p.mu.Lock()
 	p.queue = append(p.queue, ev)
 	first := len(p.queue) == 1
 	p.mu.Unlock()
 	if first {
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
+		p.k.signal()
 	}
 }
 
-// take removes the next batch from the queue, or returns nil when it is empty.
-func (p *partition) take() []*outbox.Event {
+// next returns the partition's next batch within maxBytes (at least one event),
+// or nil when it has nothing to send.
+func (p *partition) next(maxBytes int) []*outbox.Event {
+	if p.retry != nil {
+		b := p.retry
+		p.retry = nil
+		return b
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.queue) == 0 {
 		return nil
 	}
-	maxEvents, maxBytes := p.k.cfg.BatchMaxEvents, p.k.cfg.BatchMaxBytes
+	maxEvents := p.k.cfg.BatchMaxEvents
+	if p.limit > 0 && p.limit < maxEvents {
+		maxEvents = p.limit
+	}
+	if maxBytes > p.k.cfg.BatchMaxBytes {
+		maxBytes = p.k.cfg.BatchMaxBytes
+	}
 	n, size := 0, 0
 	for n < len(p.queue) && n < maxEvents {
 		s := p.queue[n].Size()
@@ -471,6 +526,16 @@ func (p *partition) take() []*outbox.Event {
 	return batch
 }
 
+// unshift puts events back at the front of the queue (the later half of a split
+// batch), ahead of everything queued since.
+func (p *partition) unshift(events []*outbox.Event) {
+	p.mu.Lock()
+	q := make([]*outbox.Event, 0, len(events)+len(p.queue))
+	q = append(q, events...)
+	p.queue = append(q, p.queue...)
+	p.mu.Unlock()
+}
+
 // recycle keeps a delivered batch's slice for reuse.
 func (p *partition) recycle(batch []*outbox.Event) {
 	clear(batch)
@@ -481,66 +546,237 @@ func (p *partition) recycle(batch []*outbox.Event) {
 	p.mu.Unlock()
 }
 
-func (p *partition) run(ctx context.Context) {
-	for {
-		batch := p.take()
-		if batch == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.wake:
-				continue
-			}
+// hasQueued reports whether the queue has events.
+func (p *partition) hasQueued() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue) > 0
+}
+
+// request is one produce request in flight to one broker.
+type request struct {
+	broker  int32
+	parts   []*partition
+	batches [][]*outbox.Event
+	start   time.Time
+	res     *produceAPI.Response
+	err     error
+}
+
+// dispatch is the sink's state machine: it builds requests for idle brokers,
+// applies their responses, and schedules retries.
+func (k *Kafka) dispatch() {
+	var (
+		parts      []*partition
+		byBroker   = map[int32]bool{} // brokers with a request in flight
+		done       = make(chan *request)
+		inFlight   int
+		timer      = time.NewTimer(time.Hour)
+		refreshing bool
+		refreshed  = make(chan map[string][]int32, 1)
+		enc        encoder
+	)
+	defer timer.Stop()
+	defer func() {
+		// Wait for requests in flight; Close has closed their connections.
+		for ; inFlight > 0; inFlight-- {
+			<-done
 		}
-		if err := p.deliver(ctx, batch); err != nil {
+		k.failing.Store(0) // stopped: nothing is retrying any more
+	}()
+	for {
+		if k.ctx.Err() != nil { // closed, or halted by a permanent failure
 			return
 		}
-		p.recycle(batch)
+		k.mu.Lock()
+		for _, ts := range k.newTopics {
+			parts = append(parts, ts.parts...)
+		}
+		k.newTopics = nil
+		k.mu.Unlock()
+
+		// Build one request per idle broker from its ready partitions.
+		now := time.Now()
+		var wakeAt time.Time
+		reqs := map[int32]*request{}
+		reqBytes := map[int32]int{}
+		for _, p := range parts {
+			if p.inFlight || byBroker[p.leader] && reqs[p.leader] == nil {
+				continue
+			}
+			if now.Before(p.notBefore) {
+				if wakeAt.IsZero() || p.notBefore.Before(wakeAt) {
+					wakeAt = p.notBefore
+				}
+				continue
+			}
+			if p.leader < 0 {
+				// No leader known (yet): look again after a backoff.
+				if p.hasQueued() || p.retry != nil {
+					p.notBefore = now.Add(k.cfg.Retry.Delay(p.attempt))
+					p.attempt++
+					if !refreshing {
+						refreshing = k.refresh(parts, refreshed)
+					}
+				}
+				continue
+			}
+			room := k.cfg.MaxRequestBytes - reqBytes[p.leader]
+			if room <= 0 {
+				continue
+			}
+			batch := p.next(room)
+			if batch == nil {
+				continue
+			}
+			r := reqs[p.leader]
+			if r == nil {
+				r = &request{broker: p.leader}
+				reqs[p.leader] = r
+			}
+			r.parts = append(r.parts, p)
+			r.batches = append(r.batches, batch)
+			for _, ev := range batch {
+				reqBytes[p.leader] += ev.Size()
+			}
+			p.inFlight = true
+		}
+		for b, r := range reqs {
+			byBroker[b] = true
+			inFlight++
+			req := enc.build(k, r)
+			r.start = time.Now()
+			k.wg.Add(1)
+			go func() {
+				defer k.wg.Done()
+				ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
+				m, err := k.transport.RoundTrip(ctx, k.addr, req)
+				cancel()
+				if err == nil {
+					res, ok := m.(*produceAPI.Response)
+					if !ok {
+						err = fmt.Errorf("unexpected produce response %T", m)
+					}
+					r.res = res
+				}
+				r.err = err
+				done <- r
+			}()
+		}
+		if !wakeAt.IsZero() {
+			timer.Reset(time.Until(wakeAt))
+		}
+		select {
+		case <-k.ctx.Done():
+			return
+		case <-k.wake:
+		case <-timer.C:
+		case r := <-done:
+			inFlight--
+			byBroker[r.broker] = false
+			if k.apply(r) && !refreshing {
+				refreshing = k.refresh(parts, refreshed)
+			}
+		case leaders := <-refreshed:
+			refreshing = false
+			for _, p := range parts {
+				if l, ok := leaders[p.topic]; ok && p.id < len(l) {
+					p.leader = l[p.id]
+				}
+			}
+		}
 	}
 }
 
-// deliver produces batch until Kafka acknowledges it, splitting it when Kafka
-// rejects it as too large, and reporting single events that fail permanently.
-// It returns an error only when ctx is done or the sink halted.
-func (p *partition) deliver(ctx context.Context, batch []*outbox.Event) error {
-	failing := false
-	defer func() {
-		if failing {
-			p.k.setFailing(false, nil, p)
+// refresh looks up the leaders of every known topic in the background.
+func (k *Kafka) refresh(parts []*partition, out chan<- map[string][]int32) bool {
+	topics := map[string]bool{}
+	for _, p := range parts {
+		topics[p.topic] = true
+	}
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		leaders := map[string][]int32{}
+		for t := range topics {
+			if l, err := k.leaders(k.ctx, t); err == nil {
+				leaders[t] = l
+			}
+		}
+		select {
+		case out <- leaders:
+		case <-k.ctx.Done():
 		}
 	}()
-	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		err := p.produce(ctx, batch)
+	return true
+}
+
+// apply handles a finished request partition by partition; it reports whether
+// leadership may have moved (metadata should be refreshed).
+func (k *Kafka) apply(r *request) (refresh bool) {
+	type key struct {
+		topic string
+		part  int32
+	}
+	byPart := map[key]produceAPI.ResponsePartition{}
+	if r.err == nil {
+		for _, t := range r.res.Topics {
+			for _, rp := range t.Partitions {
+				byPart[key{t.Topic, rp.Partition}] = rp
+			}
+		}
+	}
+	for i, p := range r.parts {
+		batch := r.batches[i]
+		p.inFlight = false
+		var err error
+		if r.err != nil {
+			err = fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, r.err)
+		} else if rp, ok := byPart[key{p.topic, int32(p.id)}]; !ok {
+			err = fmt.Errorf("produce %d events to %s/%d: no answer for the partition", len(batch), p.topic, p.id)
+		} else if rp.ErrorCode != 0 {
+			err = fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, kafka.Error(rp.ErrorCode))
+			if rp.ErrorMessage != "" {
+				err = fmt.Errorf("%w (%s)", err, rp.ErrorMessage)
+			}
+		}
 		if err == nil {
-			p.acked(batch, start)
-			return nil
+			k.acked(p, batch, r.start)
+			continue
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if k.ctx.Err() != nil {
+			return false
 		}
-		class := Classify(err)
-		if class == Permanent {
+		if Classify(err) == Permanent {
+			p.attempt = 0
 			if len(batch) > 1 {
 				// The batch as a whole may be what is too large: halve it, in order.
 				half := len(batch) / 2
-				if err := p.deliver(ctx, batch[:half]); err != nil {
-					return err
-				}
-				return p.deliver(ctx, batch[half:])
+				p.retry = batch[:half:half]
+				p.unshift(batch[half:])
+				p.limit = half
+				continue
 			}
-			return p.k.permanent(ctx, batch[0], &EventError{Code: Code(err), Err: err})
+			if k.permanent(k.ctx, batch[0], &EventError{Code: Code(err), Err: err}) != nil {
+				return false
+			}
+			continue
 		}
-		p.k.cfg.Metrics.ProduceErrors.WithLabelValues("transient").Inc()
-		p.k.cfg.Metrics.ProduceRetries.Inc()
-		if !failing {
-			failing = true
-			p.k.setFailing(true, err, p)
+		k.cfg.Metrics.ProduceErrors.WithLabelValues("transient").Inc()
+		k.cfg.Metrics.ProduceRetries.Inc()
+		if !p.failing {
+			p.failing = true
+			k.setFailing(true, err, p)
 		}
-		if err := p.k.cfg.Retry.Sleep(ctx, attempt); err != nil {
-			return err
+		p.retry = batch
+		p.notBefore = time.Now().Add(k.cfg.Retry.Delay(p.attempt))
+		p.attempt++
+		var ke kafka.Error
+		if errors.As(err, &ke) || r.err != nil {
+			refresh = true
 		}
 	}
+	return refresh
 }
 
 // setFailing tracks how many partitions are retrying and logs only the first
@@ -562,9 +798,18 @@ func (k *Kafka) setFailing(on bool, err error, p *partition) {
 	}
 }
 
-func (p *partition) acked(batch []*outbox.Event, start time.Time) {
+func (k *Kafka) acked(p *partition, batch []*outbox.Event, start time.Time) {
+	if p.failing {
+		p.failing = false
+		k.setFailing(false, nil, p)
+	}
+	p.attempt = 0
+	p.notBefore = time.Time{}
+	if p.limit > 0 && !p.hasQueued() {
+		p.limit = 0
+	}
 	now := time.Now()
-	m := p.k.cfg.Metrics
+	m := k.cfg.Metrics
 	m.ProduceBatches.Inc()
 	m.ProduceBatchSize.Observe(float64(len(batch)))
 	m.ProduceLatency.Observe(now.Sub(start).Seconds())
@@ -575,80 +820,173 @@ func (p *partition) acked(batch []*outbox.Event, start time.Time) {
 	}
 	p.events.Add(float64(len(batch)))
 	p.bytes.Add(float64(bytes))
-	p.k.cfg.OnAck(batch)
+	k.cfg.OnAck(batch)
+	p.recycle(batch)
 }
 
-// produce sends batch as one produce request with acks=all.
-func (p *partition) produce(ctx context.Context, batch []*outbox.Event) error {
-	records := p.records[:0]
-	nh := 0
-	for _, ev := range batch {
-		nh += 5 + len(ev.Headers)
-	}
-	if cap(p.headers) < nh {
-		p.headers = make([]kafka.Header, nh)
-	}
-	headers := p.headers[:nh]
+// encoder turns batches into a produce request. It keeps the formatted commit
+// LSN and time of the last event, which consecutive events mostly share.
+type encoder struct {
+	lsn     pglogrepl.LSN
+	lsnText []byte
+	ts      time.Time
+	tsText  []byte
+}
+
+func (e *encoder) build(k *Kafka, r *request) *produceAPI.Request {
+	attrs := protocol.Attributes(k.cfg.Compression) & 0x7
+	topics := make([]produceAPI.RequestTopic, 0, 1)
+	index := map[string]int{}
 	now := time.Now()
-	for _, ev := range batch {
-		h := headers[: 0 : 5+len(ev.Headers)]
-		headers = headers[5+len(ev.Headers):]
-		h = append(h,
-			kafka.Header{Key: HeaderID, Value: ev.ID},
-			kafka.Header{Key: HeaderEventType, Value: ev.EventType},
-			kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType},
-			kafka.Header{Key: HeaderCommitLSN, Value: p.lsnBytes(ev.CommitLSN)},
-			kafka.Header{Key: HeaderCommitTime, Value: p.timeBytes(ev.CommitTime)},
-		)
-		for _, x := range ev.Headers {
-			h = append(h, kafka.Header{Key: x.Key, Value: x.Value})
+	for i, p := range r.parts {
+		batch := r.batches[i]
+		nh := 0
+		for _, ev := range batch {
+			nh += 5 + len(ev.Headers)
 		}
-		records = append(records, kafka.Record{
-			Time:    now,
-			Key:     kafka.NewBytes(ev.AggregateID),
-			Value:   kafka.NewBytes(ev.Payload),
-			Headers: h,
+		headers := make([]kafka.Header, nh)
+		records := make([]kafka.Record, len(batch))
+		views := make([]byteView, 2*len(batch))
+		for j, ev := range batch {
+			h := headers[: 0 : 5+len(ev.Headers)]
+			headers = headers[5+len(ev.Headers):]
+			h = append(h,
+				kafka.Header{Key: HeaderID, Value: ev.ID},
+				kafka.Header{Key: HeaderEventType, Value: ev.EventType},
+				kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType},
+				kafka.Header{Key: HeaderCommitLSN, Value: e.lsnBytes(ev.CommitLSN)},
+				kafka.Header{Key: HeaderCommitTime, Value: e.timeBytes(ev.CommitTime)},
+			)
+			for _, x := range ev.Headers {
+				h = append(h, kafka.Header{Key: x.Key, Value: x.Value})
+			}
+			views[2*j].b = ev.AggregateID
+			views[2*j+1].b = ev.Payload
+			records[j] = kafka.Record{Time: now, Key: &views[2*j], Value: &views[2*j+1], Headers: h}
+		}
+		ti, ok := index[p.topic]
+		if !ok {
+			ti = len(topics)
+			index[p.topic] = ti
+			topics = append(topics, produceAPI.RequestTopic{Topic: p.topic})
+		}
+		topics[ti].Partitions = append(topics[ti].Partitions, produceAPI.RequestPartition{
+			Partition: int32(p.id),
+			RecordSet: protocol.RecordSet{Attributes: attrs, Records: &recordReader{records: records}},
 		})
 	}
-	p.records = records
-	defer clear(p.records)
-
-	ctx, cancel := context.WithTimeout(ctx, p.k.cfg.RequestTimeout)
-	defer cancel()
-	res, err := p.k.client.Produce(ctx, &kafka.ProduceRequest{
-		Topic:        p.topic,
-		Partition:    p.id,
-		RequiredAcks: kafka.RequireAll,
-		Records:      kafka.NewRecordReader(records...),
-		Compression:  p.k.cfg.Compression,
-	})
-	if err != nil {
-		return fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, err)
+	return &produceAPI.Request{
+		Acks:    int16(kafka.RequireAll),
+		Timeout: int32(k.cfg.RequestTimeout / time.Millisecond),
+		Topics:  topics,
 	}
-	if res.Error != nil {
-		return fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, res.Error)
-	}
-	for i, rerr := range res.RecordErrors {
-		return fmt.Errorf("produce %d events to %s/%d: record %d: %w", len(batch), p.topic, p.id, i, rerr)
-	}
-	return nil
 }
 
 // lsnBytes formats lsn, reusing the last result for events of one transaction.
-// The returned slice is not modified afterwards (a new one is made per LSN).
-func (p *partition) lsnBytes(lsn pglogrepl.LSN) []byte {
-	if lsn != p.lsn || p.lsnText == nil {
-		p.lsn = lsn
-		p.lsnText = []byte(lsn.String())
+// A new slice is made per LSN, so earlier records keep theirs.
+func (e *encoder) lsnBytes(lsn pglogrepl.LSN) []byte {
+	if lsn != e.lsn || e.lsnText == nil {
+		e.lsn = lsn
+		e.lsnText = []byte(lsn.String())
 	}
-	return p.lsnText
+	return e.lsnText
 }
 
 // timeBytes formats t as RFC 3339 in UTC, reusing the last result.
-func (p *partition) timeBytes(t time.Time) []byte {
-	if !t.Equal(p.ts) || p.tsText == nil {
-		p.ts = t
-		p.tsText = []byte(t.UTC().Format(time.RFC3339Nano))
+func (e *encoder) timeBytes(t time.Time) []byte {
+	if !t.Equal(e.ts) || e.tsText == nil {
+		e.ts = t
+		e.tsText = []byte(t.UTC().Format(time.RFC3339Nano))
 	}
-	return p.tsText
+	return e.tsText
+}
+
+// recordReader reads records from a slice without copying it.
+type recordReader struct {
+	records []kafka.Record
+	i       int
+}
+
+func (r *recordReader) ReadRecord() (*kafka.Record, error) {
+	if r.i >= len(r.records) {
+		return nil, io.EOF
+	}
+	r.i++
+	return &r.records[r.i-1], nil
+}
+
+// byteView is a kafka.Bytes over a slice it does not own.
+type byteView struct {
+	b   []byte
+	off int
+}
+
+func (v *byteView) Len() int { return len(v.b) - v.off }
+
+func (v *byteView) Read(p []byte) (int, error) {
+	if v.off >= len(v.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, v.b[v.off:])
+	v.off += n
+	return n, nil
+}
+
+func (v *byteView) Close() error { return nil }
+
+// connTracker wraps the Transport's Dial and remembers open connections, so
+// Close can end requests kafka-go would otherwise wait on until their timeout.
+type connTracker struct {
+	dial  func(context.Context, string, string) (net.Conn, error)
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	done  bool
+}
+
+// Dial opens a connection and tracks it until it is closed.
+func (t *connTracker) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	dial := t.dial
+	if dial == nil {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		dial = d.DialContext
+	}
+	c, err := dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	tc := &trackedConn{Conn: c, t: t}
+	t.conns[tc] = struct{}{}
+	return tc, nil
+}
+
+func (t *connTracker) closeAll() {
+	t.mu.Lock()
+	t.done = true
+	conns := t.conns
+	t.conns = map[net.Conn]struct{}{}
+	t.mu.Unlock()
+	for c := range conns {
+		c.(*trackedConn).Conn.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	t    *connTracker
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.t.mu.Lock()
+		delete(c.t.conns, c)
+		c.t.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
