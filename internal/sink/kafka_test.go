@@ -937,7 +937,6 @@ func TestOpenErrors(t *testing.T) {
 	})
 }
 
-
 // closeWhileRetrying opens a sink whose produce requests all fail, one of them
 // held in the broker until hold returns, sends events and waits until
 // partitions are retrying with one request in flight. It returns the sink, its
