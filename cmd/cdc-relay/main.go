@@ -20,7 +20,9 @@ func main() {
 	err := cli.Run(ctx, os.Args[1:], cli.Env{Version: version})
 	stop()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "cdc-relay: %v\n", err)
+		if !cli.Reported(err) {
+			fmt.Fprintf(os.Stderr, "cdc-relay: %v\n", err)
+		}
 		os.Exit(1)
 	}
 }

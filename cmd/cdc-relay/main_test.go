@@ -324,8 +324,12 @@ func (r *relayProc) wait(timeout time.Duration) (int, bool) {
 	_, done := r.current()
 	select {
 	case <-done:
-	case <-time.After(timeout):
-		return 0, false
+	default:
+		select {
+		case <-done:
+		case <-time.After(timeout):
+			return 0, false
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -375,7 +375,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 }
 
 func (r *RunCmd) run(ctx context.Context, env Env) error {
-	log := NewLogger(env.Stderr, r.LogLevel, r.LogFormat).With().Str("slot", r.Slot).Logger()
+	log := NewLogger(env.Stderr, r.LogLevel, r.LogFormat) // the relay adds the slot
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
@@ -395,7 +395,7 @@ func (r *RunCmd) run(ctx context.Context, env Env) error {
 			return flagError("metrics-addr", err.Error())
 		}
 	}
-	log.Info().Str("version", env.Version).Str("table", r.Table).Str("topic", r.Topic).
+	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
 	runErr := rl.Run(ctx)
 	if srv != nil {
@@ -408,5 +408,22 @@ func (r *RunCmd) run(ctx context.Context, env Env) error {
 	if runErr != nil && errors.Is(runErr, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
-	return runErr
+	if runErr != nil {
+		// Logged here, in the log's format (JSON for collectors), and only here.
+		log.Error().Err(runErr).Str("slot", r.Slot).Msg("cdc-relay stopped with an error")
+		return &reportedError{runErr}
+	}
+	return nil
+}
+
+// reportedError is an error the command already logged.
+type reportedError struct{ error }
+
+func (e *reportedError) Unwrap() error { return e.error }
+
+// Reported reports whether err was already written to the log, so main need
+// not print it again.
+func Reported(err error) bool {
+	var r *reportedError
+	return errors.As(err, &r)
 }

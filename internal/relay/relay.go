@@ -136,22 +136,20 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(cfg.PGURL), err)
 	}
 	defer pool.Close()
-	system, start, store, err := r.prepare(ctx, pool)
-	if err != nil {
+	if err := r.checkServer(ctx, pool); err != nil {
 		return err
 	}
 
-	// Kafka.
-	tracker := checkpoint.NewTracker(start)
+	// Kafka, before anything is created in Postgres: a relay that cannot reach
+	// Kafka must not leave a new slot behind to retain WAL.
 	h := &handler{
-		dec:     dec,
-		tracker: tracker,
-		max:     cfg.MaxInFlightBytes,
-		room:    make(chan struct{}, 1),
-		m:       r.m,
+		dec:  dec,
+		max:  cfg.MaxInFlightBytes,
+		room: make(chan struct{}, 1),
+		m:    r.m,
 	}
 	sinkCfg := cfg.Sink
-	sinkCfg.Logger = cfg.Logger
+	sinkCfg.Logger = r.log
 	sinkCfg.Metrics = r.m
 	sinkCfg.OnAck = h.ack
 	sinkCfg.OnPermanent = func(ctx context.Context, ev *outbox.Event, err error) error {
@@ -169,6 +167,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer k.Close()
 	h.sink = k
+
+	// Slot and stored checkpoint.
+	system, start, store, err := r.prepareSlot(ctx, pool)
+	if err != nil {
+		return err
+	}
+	tracker := checkpoint.NewTracker(start)
+	h.tracker = tracker
 
 	// Checkpointer: persists the watermark, then lets the stream confirm it.
 	ck := &checkpointer{
@@ -193,9 +199,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	return r.stream(ctx, h, k, ck)
 }
 
-// prepare runs the start-up checks on one pooled connection, opens the store and
-// reconciles it with the slot.
-func (r *Relay) prepare(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.IdentifySystemResult, pglogrepl.LSN, Store, error) {
+// checkServer runs the start-up checks of the server, table and publication.
+func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(r.cfg.PGURL), err)
+	}
+	defer pc.Release()
+	return replication.CheckServer(ctx, pc.Conn(), r.setupConfig())
+}
+
+// prepareSlot opens the checkpoint store and reconciles it with the slot,
+// creating the slot when that is safe and allowed.
+func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.IdentifySystemResult, pglogrepl.LSN, Store, error) {
 	var system pglogrepl.IdentifySystemResult
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
@@ -203,9 +219,6 @@ func (r *Relay) prepare(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.Iden
 	}
 	defer pc.Release()
 	conn := pc.Conn()
-	if err := replication.CheckServer(ctx, conn, r.setupConfig()); err != nil {
-		return system, 0, nil, err
-	}
 	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
 		return system, 0, nil, err
 	}
@@ -311,20 +324,22 @@ func (r *Relay) stream(ctx context.Context, h *handler, k *sink.Kafka, ck *check
 
 	streamCfg := replication.StreamConfig{
 		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication,
-		StatusInterval: r.cfg.StatusInterval, Logger: r.cfg.Logger, Metrics: r.m,
+		StatusInterval: r.cfg.StatusInterval, Logger: r.log, Metrics: r.m,
 	}
-	failing := false
+	failing, connected := false, false
 	for attempt := 0; ; attempt++ {
 		if err := k.Err(); err != nil {
 			return r.finish(h, nil, ck, err)
 		}
 		s, err := replication.Open(runCtx, streamCfg, h.tracker.Watermark())
 		if err == nil {
-			if failing {
+			if failing && connected {
 				r.log.Info().Msg("replication connection re-established")
 				r.m.Reconnects.Inc()
-				failing = false
+			} else if failing {
+				r.log.Info().Msg("slot acquired; streaming")
 			}
+			failing, connected = false, true
 			attempt = 0
 			err = r.runStream(runCtx, stop, s, h, k)
 			if errors.Is(err, replication.ErrStopped) || ctx.Err() != nil {
@@ -383,7 +398,7 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			r.ready.Store(!k.Retrying() && k.Err() == nil)
+			r.ready.Store(k.Healthy())
 			if k.Retrying() {
 				r.m.SetState(metrics.StateRetrying)
 			}

@@ -59,7 +59,7 @@ type StreamConfig struct {
 	Slot           string
 	Publication    string
 	StatusInterval time.Duration // standby status update period, default 1s
-	Logger         zerolog.Logger
+	Logger         zerolog.Logger // should carry the slot name
 	Metrics        *metrics.Metrics
 }
 
@@ -109,7 +109,7 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 	if err != nil {
 		return nil, err
 	}
-	s := &Stream{cfg: cfg, conn: conn, log: cfg.Logger.With().Str("component", "replication").Str("slot", cfg.Slot).Logger()}
+	s := &Stream{cfg: cfg, conn: conn, log: cfg.Logger.With().Str("component", "replication").Logger()}
 	s.System, err = pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
 		conn.Close(context.Background())

@@ -136,8 +136,9 @@ type Kafka struct {
 	mu        sync.Mutex
 	newTopics []*topicState
 
-	failing atomic.Int32 // partitions currently retrying
-	errOnce sync.Once
+	failing   atomic.Int32 // partitions currently retrying
+	reachable atomic.Bool  // the last metadata probe succeeded
+	errOnce   sync.Once
 	err     error
 	failed  chan struct{}
 }
@@ -187,12 +188,50 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 		conns.closeAll()
 		return nil, err
 	}
-	k.wg.Add(1)
+	k.reachable.Store(true)
+	k.wg.Add(2)
 	go func() {
 		defer k.wg.Done()
 		k.dispatch()
 	}()
+	go func() {
+		defer k.wg.Done()
+		k.probe(2 * time.Second)
+	}()
 	return k, nil
+}
+
+// probe asks the brokers for metadata every interval, so an outage shows in
+// Healthy even when there is nothing to produce. kafka-go refreshes its cached
+// metadata every MetadataTTL, so an outage shows within that plus interval.
+func (k *Kafka) probe(interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-k.ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, err := k.metadata(k.ctx, []string{})
+		if k.ctx.Err() != nil {
+			return
+		}
+		ok := err == nil
+		if k.reachable.Swap(ok) != ok {
+			if ok {
+				k.log.Info().Msg("Kafka brokers answer again")
+			} else {
+				k.log.Warn().Err(err).Msg("Kafka brokers do not answer")
+			}
+		}
+	}
+}
+
+// Healthy reports whether Kafka accepts events: the brokers answered the last
+// probe, no partition is retrying, and the sink has not halted.
+func (k *Kafka) Healthy() bool {
+	return k.reachable.Load() && !k.Retrying() && k.Err() == nil
 }
 
 // check waits until the brokers answer metadata requests and, for a fixed topic,

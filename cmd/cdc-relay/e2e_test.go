@@ -1,0 +1,599 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// TestKillNineThreeTimes SIGKILLs the relay three times while a writer
+// commits, restarting it each time: nothing committed may be lost and each
+// key keeps its commit order; duplicates are expected (at-least-once).
+func TestKillNineThreeTimes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	r := newRelay(t, f.relayArgs())
+	r.start()
+	r.waitReady(30 * time.Second)
+
+	const total = 6000
+	w := newWriter(f.url, "agg-", 300, 1)
+	werr := w.goRun(ctx, nil, total, 1200) // ~5s
+	killAt := func(what string) {
+		t.Helper()
+		if r.exited() {
+			code, _ := r.wait(0)
+			t.Fatalf("relay exited by itself (code %d) before kill %s", code, what)
+		}
+		committed := w.count()
+		r.kill()
+		t.Logf("SIGKILL %s: %d of %d events committed so far", what, committed, total)
+		if committed >= total {
+			t.Errorf("kill %s came after the writer finished; the test no longer kills mid-stream", what)
+		}
+		r.start()
+	}
+
+	// 1: in full flow, once a good part of the stream has been delivered.
+	f.waitRecords(ctx, t, 800, 30*time.Second)
+	killAt("#1 (after 800 records in Kafka)")
+	// 2: soon after the restart, while it redelivers and catches up.
+	r.waitReady(30 * time.Second)
+	time.Sleep(300 * time.Millisecond)
+	killAt("#2 (300ms after the restarted relay became ready)")
+	// 3: later in the stream, once 3800 records are in Kafka, or before the
+	// writer ends if the relay lags behind.
+	deadline := time.Now().Add(30 * time.Second)
+	for n := 0; n < 3800 && w.count() < 5000; n = len(f.read(ctx, t)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d records in Kafka 30s after the second restart", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	killAt("#3 (after 3800 records in Kafka or 5000 committed)")
+
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	res, _ := f.waitDelivered(ctx, t, w.committed, 30*time.Second)
+	t.Logf("after 3 x SIGKILL: %s", res)
+	res.requireComplete(t)
+	if r.exited() {
+		t.Fatalf("relay exited")
+	}
+	r.stop(10 * time.Second)
+}
+
+// TestSigtermCleanStop stops the relay with SIGTERM mid-stream, restarts it
+// and requires every event exactly once: a clean stop finishes the current
+// transaction, waits for Kafka and confirms before it exits 0.
+func TestSigtermCleanStop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	r := newRelay(t, f.relayArgs())
+	r.start()
+	r.waitReady(30 * time.Second)
+
+	w := newWriter(f.url, "agg-", 100, 2)
+	stopWriter := make(chan struct{})
+	werr := w.goRun(ctx, stopWriter, 0, 1000)
+	f.waitRecords(ctx, t, 1000, 30*time.Second)
+
+	before := w.count()
+	start := time.Now()
+	r.signal(syscall.SIGTERM)
+	code, ok := r.wait(10 * time.Second)
+	if !ok {
+		t.Fatalf("relay did not exit within 10s of SIGTERM")
+	}
+	if code != 0 {
+		t.Fatalf("relay exited with code %d after SIGTERM, want 0", code)
+	}
+	t.Logf("SIGTERM with %d events committed; exit 0 after %v", before, time.Since(start).Round(time.Millisecond))
+	stopped := false
+	for _, m := range r.logLines() {
+		stopped = stopped || m["message"] == "stopped"
+	}
+	if !stopped {
+		t.Errorf("no \"stopped\" log line after SIGTERM")
+	}
+
+	// The writer keeps going while the relay is down and after its restart.
+	time.Sleep(500 * time.Millisecond)
+	r.start()
+	r.waitReady(30 * time.Second)
+	time.Sleep(1500 * time.Millisecond)
+	close(stopWriter)
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	if w.count() <= before {
+		t.Fatalf("writer committed nothing after the SIGTERM")
+	}
+	res, _ := f.waitDelivered(ctx, t, w.committed, 30*time.Second)
+	t.Logf("after SIGTERM and restart: %s", res)
+	res.requireComplete(t)
+	if res.Duplicates != 0 {
+		t.Errorf("%d duplicates after a clean stop, want 0 (DESIGN invariant 7)", res.Duplicates)
+	}
+	r.stop(10 * time.Second)
+
+	// With --log-format json every line the relay writes is a JSON object.
+	for _, line := range strings.Split(r.logs.String(), "\n") {
+		if line == "" || strings.HasPrefix(line, "----- run") {
+			continue
+		}
+		if !strings.HasPrefix(line, "{") {
+			t.Errorf("non-JSON stderr line with --log-format json: %q", line)
+		}
+	}
+}
+
+// TestBrokerDownTenSeconds stops the broker for 10s while the writer keeps
+// committing: the relay must keep running, report not ready, and deliver
+// everything once the broker is back.
+func TestBrokerDownTenSeconds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	testenv.RequireLocalKafka(t, f.kafka)
+	r := newRelay(t, f.relayArgs())
+	r.start()
+	r.waitReady(30 * time.Second)
+
+	w := newWriter(f.url, "agg-", 100, 3)
+	stopWriter := make(chan struct{})
+	werr := w.goRun(ctx, stopWriter, 0, 500)
+	f.waitRecords(ctx, t, 500, 30*time.Second)
+
+	f.kafka.Stop()
+	down := time.Now()
+	atStop := w.count()
+	saw503 := false
+	for time.Since(down) < 10*time.Second {
+		if r.exited() {
+			code, _ := r.wait(0)
+			t.Fatalf("relay exited (code %d) %v into the broker outage", code, time.Since(down).Round(time.Millisecond))
+		}
+		if r.readyz() == http.StatusServiceUnavailable {
+			saw503 = true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	duringOutage := w.count() - atStop
+	if err := f.kafka.Start(); err != nil {
+		t.Fatalf("restart broker: %v", err)
+	}
+	t.Logf("broker down for %v; %d events committed meanwhile", time.Since(down).Round(time.Millisecond), duringOutage)
+	if !saw503 {
+		t.Errorf("/readyz never answered 503 during the 10s broker outage")
+	}
+	if duringOutage == 0 {
+		t.Errorf("writer committed nothing during the outage")
+	}
+
+	time.Sleep(2 * time.Second)
+	close(stopWriter)
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	res, _ := f.waitDelivered(ctx, t, w.committed, 40*time.Second)
+	t.Logf("after a 10s broker outage: %s", res)
+	res.requireComplete(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for r.readyz() != http.StatusOK {
+		if time.Now().After(deadline) {
+			t.Fatalf("relay not ready again 10s after delivering everything (/readyz %d)", r.readyz())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r.stop(10 * time.Second)
+}
+
+// TestKillNineDuringBrokerOutage SIGKILLs the relay while the broker is down
+// and the relay holds events Kafka never acknowledged: after both come back,
+// every event must still arrive. A relay that confirmed the slot or saved its
+// checkpoint on receipt instead of on acknowledgement loses them here (the
+// plain SIGKILL test rarely catches that: a local broker acknowledges within
+// milliseconds).
+func TestKillNineDuringBrokerOutage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	testenv.RequireLocalKafka(t, f.kafka)
+	r := newRelay(t, f.relayArgs())
+	r.start()
+	r.waitReady(30 * time.Second)
+
+	w := newWriter(f.url, "agg-", 50, 5)
+	stopWriter := make(chan struct{})
+	werr := w.goRun(ctx, stopWriter, 0, 500)
+	f.waitRecords(ctx, t, 300, 30*time.Second)
+
+	f.kafka.Stop()
+	atStop := w.count()
+	// Several status intervals: a relay that confirms on receipt has
+	// confirmed by now.
+	time.Sleep(2 * time.Second)
+	if r.exited() {
+		t.Fatalf("relay exited during the broker outage")
+	}
+	r.kill()
+	t.Logf("SIGKILL with the broker down; %d events committed since it stopped", w.count()-atStop)
+	if err := f.kafka.Start(); err != nil {
+		t.Fatalf("restart broker: %v", err)
+	}
+	r.start()
+	r.waitReady(30 * time.Second)
+	time.Sleep(time.Second)
+	close(stopWriter)
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	res, _ := f.waitDelivered(ctx, t, w.committed, 30*time.Second)
+	t.Logf("after SIGKILL during a broker outage: %s", res)
+	res.requireComplete(t)
+	r.stop(10 * time.Second)
+}
+
+// TestHundredThousandRowTransaction relays one ~150 MB transaction (spilled
+// to disk by Postgres with logical_decoding_work_mem=64kB) with a 4 MiB
+// in-flight bound: everything arrives in order and the relay's peak RSS stays
+// far below the transaction's size. An ALTER TABLE before it changes the
+// relation mid-stream.
+func TestHundredThousandRowTransaction(t *testing.T) {
+	pg := testenv.NewPostgres(t, testenv.PGOptions{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	f := newFixture(t, pg, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var workMem string
+	if err := conn.QueryRow(ctx, "SHOW logical_decoding_work_mem").Scan(&workMem); err != nil || workMem != "64kB" {
+		t.Fatalf("logical_decoding_work_mem = %q (%v), want 64kB", workMem, err)
+	}
+
+	r := newRelay(t, f.relayArgs("--max-in-flight-mib", "4"))
+	r.start()
+	r.waitReady(30 * time.Second)
+
+	// A schema change mid-stream, between events.
+	w := newWriter(f.url, "small-", 3, 4)
+	for _, aggs := range [][]string{{"small-0"}, {"small-1", "small-0"}} {
+		if err := w.commitTxn(ctx, conn, aggs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "ALTER TABLE outbox_events ADD COLUMN note text DEFAULT 'added mid-stream'"); err != nil {
+		t.Fatal(err)
+	}
+	for _, aggs := range [][]string{{"small-0", "small-2"}, {"small-1"}} {
+		if err := w.commitTxn(ctx, conn, aggs); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	const rows = 100_000
+	start := time.Now()
+	_, err = conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'big', 'big-'||(i%50), 'Big', jsonb_build_object('agg', 'big-'||(i%50), 'seq', i, 'pad', repeat('x', 1500))
+		FROM generate_series(1, $1::int) AS i`, rows)
+	if err != nil {
+		t.Fatalf("insert %d rows in one transaction: %v", rows, err)
+	}
+	commitDone := time.Now()
+	var walEnd string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&walEnd); err != nil {
+		t.Fatal(err)
+	}
+	var size int64
+	if err := conn.QueryRow(ctx, "SELECT sum(pg_column_size(payload))::bigint FROM outbox_events WHERE aggregate_type = 'big'").Scan(&size); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("committed %d rows (%d MB of payload) in one transaction in %v", rows, size>>20, commitDone.Sub(start).Round(time.Millisecond))
+
+	committed := w.committed()
+	dbRows, err := conn.Query(ctx, "SELECT id::text, aggregate_id, (payload->>'seq')::int FROM outbox_events WHERE aggregate_type = 'big'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := pgx.CollectRows(dbRows, func(row pgx.CollectableRow) (event, error) {
+		ev := event{AggregateType: "big", EventType: "Big"}
+		return ev, row.Scan(&ev.ID, &ev.Agg, &ev.Seq)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed = append(committed, big...)
+
+	// The relay confirms the slot only past events Kafka acknowledged: wait
+	// for that (cheaper than consuming 150 MB twice), then read Kafka once.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var done bool
+		err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2", walEnd, f.slot).Scan(&done)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			break
+		}
+		if r.exited() {
+			t.Fatalf("relay exited while relaying the transaction")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not confirmed past %s within 90s of the commit", walEnd)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("slot confirmed past the transaction %v after the commit", time.Since(commitDone).Round(time.Millisecond))
+	var spillTxns, spillBytes int64
+	if err := conn.QueryRow(ctx, "SELECT spill_txns, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1", f.slot).Scan(&spillTxns, &spillBytes); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Postgres spilled %d transactions, %d MB while decoding", spillTxns, spillBytes>>20)
+	if spillBytes == 0 {
+		t.Errorf("Postgres did not spill the transaction to disk: logical_decoding_work_mem had no effect")
+	}
+	readStart := time.Now()
+	res, _ := f.waitDelivered(ctx, t, func() []event { return committed }, 20*time.Second)
+	t.Logf("100k-row transaction (read back in %v): %s", time.Since(readStart).Round(time.Millisecond), res)
+	res.requireComplete(t)
+
+	if r.exited() {
+		t.Fatalf("relay exited")
+	}
+	hwm, err := peakRSS(r.pid())
+	if err != nil {
+		t.Fatalf("read peak RSS: %v", err)
+	}
+	t.Logf("relay peak RSS (VmHWM): %.1f MB for a %d MB transaction with --max-in-flight-mib 4", float64(hwm)/(1<<20), size>>20)
+	if hwm >= 100<<20 {
+		t.Errorf("relay peak RSS %.1f MB, want < 100 MB: it buffers the transaction", float64(hwm)/(1<<20))
+	}
+	r.stop(10 * time.Second)
+}
+
+// TestBadConfiguration runs the binary with configurations it must refuse at
+// start, with a non-zero exit and a message naming the fix.
+func TestBadConfiguration(t *testing.T) {
+	f := newFixture(t, sharedPG, t.Name(), true)
+	noTable, err := sharedPG.CreateDatabase(context.Background(), "e2e_bad_config_no_table")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokers := strings.Join(f.brokers, ",")
+	run := func(extra ...string) []string {
+		return append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--log-format", "json", "--topic", f.topic}, extra...)
+	}
+
+	tests := []struct {
+		name     string
+		args     []string
+		setup    func(t *testing.T) []string // extra args, for cases that need their own server
+		env      []string
+		wantCode int // 0 or 1
+		want     []string
+		timeout  time.Duration
+	}{
+		{
+			name: "missing pg-url",
+			args: run("--kafka-brokers", brokers),
+			want: []string{"--pg-url", "CDC_RELAY_PG_URL"}, wantCode: 1,
+		},
+		{
+			name: "missing brokers",
+			args: run("--pg-url", f.url),
+			want: []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS"}, wantCode: 1,
+		},
+		{
+			name: "invalid topic",
+			args: run("--pg-url", f.url, "--kafka-brokers", brokers, "--topic", "bad topic!"),
+			want: []string{"--topic", "CDC_RELAY_TOPIC"}, wantCode: 1,
+		},
+		{
+			name: "invalid topic from environment",
+			args: []string{"run", "--metrics-addr", "127.0.0.1:0"},
+			env:  []string{"CDC_RELAY_PG_URL=" + f.url, "CDC_RELAY_KAFKA_BROKERS=" + brokers, "CDC_RELAY_TOPIC=bad topic!"},
+			want: []string{"--topic", "CDC_RELAY_TOPIC"}, wantCode: 1,
+		},
+		{
+			name: "negative status interval",
+			args: run("--pg-url", f.url, "--kafka-brokers", brokers, "--status-interval=-1s"),
+			want: []string{"--status-interval", "CDC_RELAY_STATUS_INTERVAL"}, wantCode: 1,
+		},
+		{
+			name: "wal_level replica",
+			args: run("--kafka-brokers", brokers, "--slot", "slot_bad_wal_level"),
+			setup: func(t *testing.T) []string {
+				replica := testenv.NewPostgres(t, testenv.PGOptions{WalLevel: "replica"})
+				return []string{"--pg-url", replica.URL("postgres")}
+			},
+			want: []string{"wal_level", "logical"}, wantCode: 1,
+		},
+		{
+			name: "outbox table missing",
+			args: run("--pg-url", noTable, "--kafka-brokers", brokers, "--slot", "slot_bad_no_table"),
+			want: []string{"does not exist", "--table"}, wantCode: 1,
+		},
+		{
+			name: "unreachable broker",
+			args: run("--pg-url", f.url, "--kafka-brokers", "127.0.0.1:"+strconv.Itoa(closedPort), "--kafka-start-timeout", "3s", "--slot", f.slot),
+			want: []string{"--kafka-brokers"}, wantCode: 1, timeout: 20 * time.Second,
+		},
+		{
+			name: "version",
+			args: []string{"version"},
+			want: []string{"cdc-relay " + buildVersion}, wantCode: 0,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.timeout == 0 {
+				tc.timeout = 15 * time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+			defer cancel()
+			args := tc.args
+			if tc.setup != nil {
+				args = append(args, tc.setup(t)...)
+			}
+			cmd := exec.CommandContext(ctx, relayBin, args...)
+			cmd.Env = append(cleanEnv(), tc.env...)
+			var stdout, stderr syncBuffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			start := time.Now()
+			err := cmd.Run()
+			elapsed := time.Since(start).Round(time.Millisecond)
+			defer func() {
+				if t.Failed() {
+					t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+				}
+			}()
+			if ctx.Err() != nil {
+				t.Fatalf("still running after %v (killed)", tc.timeout)
+			}
+			code := cmd.ProcessState.ExitCode()
+			if code != tc.wantCode {
+				t.Fatalf("exit code %d (%v), want %d", code, err, tc.wantCode)
+			}
+			out := stderr.String()
+			if tc.wantCode == 0 {
+				out = stdout.String()
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output does not contain %q", w)
+				}
+			}
+			t.Logf("exit %d after %v: %s", code, elapsed, strings.TrimSpace(out))
+		})
+	}
+}
+
+// TestSlotHeldByAnotherConnection starts the relay while another replication
+// connection streams its slot: the relay waits as a standby (running, not
+// ready) and takes over within seconds once the slot is free.
+func TestSlotHeldByAnotherConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	var slotLSN string
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", f.slot).Scan(&slotLSN); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	startLSN, err := pglogrepl.ParseLSN(slotLSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Hold the slot: stream it, answer keepalives, confirm nothing new.
+	cfg, err := pgconn.ParseConfig(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "e2e-slot-holder"
+	holder, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pglogrepl.StartReplication(ctx, holder, f.slot, startLSN, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'cdc_relay_outbox'"},
+	})
+	if err != nil {
+		holder.Close(context.Background())
+		t.Fatalf("start replication: %v", err)
+	}
+	holdCtx, release := context.WithCancel(ctx)
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		defer holder.Close(context.Background())
+		for holdCtx.Err() == nil {
+			rctx, rcancel := context.WithTimeout(holdCtx, 500*time.Millisecond)
+			_, err := holder.ReceiveMessage(rctx)
+			rcancel()
+			if err != nil && !pgconn.Timeout(err) {
+				return
+			}
+			_ = pglogrepl.SendStandbyStatusUpdate(context.Background(), holder, pglogrepl.StandbyStatusUpdate{WALWritePosition: startLSN})
+		}
+	}()
+	defer func() {
+		release()
+		<-held
+	}()
+
+	r := newRelay(t, f.relayArgs())
+	r.start()
+
+	deadline := time.Now().Add(15 * time.Second)
+	for !r.hasLog("held by another process") {
+		if r.exited() {
+			code, _ := r.wait(0)
+			t.Fatalf("relay exited (code %d) while the slot was held", code)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no \"held by another process\" log line within 15s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code := r.readyz(); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz = %d while the slot is held, want 503", code)
+	}
+
+	w := newWriter(f.url, "agg-", 5, 6)
+	if err := w.commitTxn(ctx, conn, []string{"agg-1", "agg-2"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if r.exited() {
+		code, _ := r.wait(0)
+		t.Fatalf("relay exited (code %d) while the slot was held", code)
+	}
+	if code := r.readyz(); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz = %d while the slot is held, want 503", code)
+	}
+	if recs := f.read(ctx, t); len(recs) != 0 {
+		t.Errorf("%d records in Kafka while the relay could not stream", len(recs))
+	}
+
+	release()
+	<-held
+	freed := time.Now()
+	f.waitRecords(ctx, t, 2, 10*time.Second)
+	t.Logf("relay delivered %v after the slot was released", time.Since(freed).Round(time.Millisecond))
+	res, _ := f.waitDelivered(ctx, t, w.committed, 5*time.Second)
+	res.requireComplete(t)
+	r.waitReady(5 * time.Second)
+	r.stop(10 * time.Second)
+}
