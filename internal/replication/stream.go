@@ -58,7 +58,7 @@ type StreamConfig struct {
 	URL            string // the user's normal connection URL; replication=database is added
 	Slot           string
 	Publication    string
-	StatusInterval time.Duration // standby status update period, default 1s
+	StatusInterval time.Duration  // standby status update period, default 1s
 	Logger         zerolog.Logger // should carry the slot name
 	Metrics        *metrics.Metrics
 }

@@ -139,8 +139,8 @@ type Kafka struct {
 	failing   atomic.Int32 // partitions currently retrying
 	reachable atomic.Bool  // the last metadata probe succeeded
 	errOnce   sync.Once
-	err     error
-	failed  chan struct{}
+	err       error
+	failed    chan struct{}
 }
 
 // Open validates cfg, waits (within ctx) until the brokers answer and, for a fixed
