@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -181,6 +183,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		store: store, tracker: tracker, h: h, log: r.log, m: r.m,
 		base:  checkpoint.Checkpoint{Slot: cfg.Slot, SystemID: system.SystemID, RelayName: cfg.RelayName},
 		every: cfg.StatusInterval, idle: cfg.IdleCheckpoint,
+		serverDown: make(chan error, 1),
 	}
 	ck.persisted.Store(uint64(start))
 	h.flushed = &ck.persisted
@@ -341,7 +344,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k *sink.Kafka, ck *check
 			}
 			failing, connected = false, true
 			attempt = 0
-			err = r.runStream(runCtx, stop, s, h, k)
+			err = r.runStream(runCtx, stop, s, h, k, ck)
 			if errors.Is(err, replication.ErrStopped) || ctx.Err() != nil {
 				return r.finish(h, s, ck, nil)
 			}
@@ -389,7 +392,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k *sink.Kafka, ck *check
 
 // runStream runs one connection, marking the relay ready while it streams and
 // the sink is not retrying.
-func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replication.Stream, h *handler, k *sink.Kafka) error {
+func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replication.Stream, h *handler, k *sink.Kafka, ck *checkpointer) error {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -424,6 +427,13 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		s.Close(context.Background())
 		<-errc
 		return k.Err()
+	case err := <-ck.serverDown:
+		// Postgres is shutting down: its walsender waits for a confirmation of
+		// everything it sent, which cannot be persisted first any more. Leave,
+		// so the shutdown is not held up; nothing is confirmed past the store.
+		s.Close(context.Background())
+		<-errc
+		return fmt.Errorf("postgres is shutting down: %w", err)
 	}
 }
 
@@ -560,6 +570,20 @@ func (h *handler) reset() {
 	h.tracker.Reset(h.tracker.Watermark())
 }
 
+// serverShuttingDown reports whether err says the server is shutting down or
+// refuses connections: admin_shutdown, crash_shutdown, cannot_connect_now, or a
+// refused TCP connection.
+func serverShuttingDown(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03":
+			return true
+		}
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
 // checkpointer persists the watermark to the store and publishes the persisted
 // LSN, which is all the stream ever confirms.
 type checkpointer struct {
@@ -577,6 +601,7 @@ type checkpointer struct {
 	lastSave    time.Time
 	lastCommits uint64
 	failing     bool
+	serverDown  chan error // a save failed because the server is shutting down
 }
 
 func (c *checkpointer) run(ctx context.Context) {
@@ -632,6 +657,12 @@ func (c *checkpointer) save(ctx context.Context) (pglogrepl.LSN, error) {
 		if !c.failing {
 			c.failing = true
 			c.log.Error().Err(err).Str("lsn", w.String()).Msg("persist checkpoint failed; the slot is not confirmed until it succeeds")
+		}
+		if serverShuttingDown(err) {
+			select {
+			case c.serverDown <- err:
+			default:
+			}
 		}
 		return pglogrepl.LSN(c.persisted.Load()), fmt.Errorf("save checkpoint %s: %w", w, err)
 	}

@@ -668,3 +668,41 @@ func TestSlotGapIsLoud(t *testing.T) {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// TestPostgresRestartMidStream restarts Postgres under the relay (fast and
+// immediate shutdown): it reconnects with backoff and delivers every event.
+func TestPostgresRestartMidStream(t *testing.T) {
+	testenv.RequireLocal(t, pg)
+	e := newEnv(t)
+	e.start()
+	insertN := func(from, n int) {
+		e.exec("INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) SELECT 't', 'k' || (g % 7), 'E', jsonb_build_object('seq', g) FROM generate_series($1::int, $2::int) g", from, from+n-1)
+	}
+	insertN(1, 100)
+	e.waitRecords(100)
+	for i, mode := range []string{"fast", "immediate"} {
+		if err := pg.Restart(mode); err != nil {
+			t.Fatalf("restart postgres (%s): %v", mode, err)
+		}
+		e.pool.Reset() // drop the pool's dead connections
+		insertN(101+i*100, 100)
+	}
+	recs := e.waitRecords(300)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		seen[string(r.Value)] = true
+	}
+	if len(seen) != 300 {
+		t.Fatalf("%d distinct events in Kafka, want 300", len(seen))
+	}
+	if got := testutil.ToFloat64(e.m.Reconnects); got < 1 {
+		t.Errorf("replication_reconnects_total = %v, want >= 1", got)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.relay.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("relay not ready again after the restarts")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
