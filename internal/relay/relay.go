@@ -417,22 +417,28 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		close(done)
 		wg.Wait()
 	}()
+	// Run owns the connection: it is stopped through its context and closed
+	// only after it returned (pgconn is not safe for concurrent use).
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- s.Run(ctx, stop, h) }()
+	go func() { errc <- s.Run(sctx, stop, h) }()
 	select {
 	case err := <-errc:
 		return err
 	case <-k.Failed():
 		// Halted on a permanent failure: stop reading at once.
-		s.Close(context.Background())
+		cancel()
 		<-errc
+		s.Close(context.Background())
 		return k.Err()
 	case err := <-ck.serverDown:
 		// Postgres is shutting down: its walsender waits for a confirmation of
 		// everything it sent, which cannot be persisted first any more. Leave,
 		// so the shutdown is not held up; nothing is confirmed past the store.
-		s.Close(context.Background())
+		cancel()
 		<-errc
+		s.Close(context.Background())
 		return fmt.Errorf("postgres is shutting down: %w", err)
 	}
 }
