@@ -46,6 +46,10 @@ type Metrics struct {
 	CheckpointSaves   prometheus.Counter
 	CheckpointErrors  prometheus.Counter
 	SlotProblems      *prometheus.CounterVec // by kind
+	CircuitState      prometheus.Gauge       // 0 closed, 1 open, 2 half-open
+	DeadLetters       *prometheus.CounterVec // by code
+	DeadLetterBacklog prometheus.Gauge
+	Replays           *prometheus.CounterVec // by kind, result
 	State             *prometheus.GaugeVec   // by state, 1 for the current one
 	BuildInfo         *prometheus.GaugeVec   // by version, goversion
 }
@@ -136,6 +140,22 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "slot_problems_total",
 			Help: "Slot/checkpoint mismatches found at start (slot missing, lost, ahead, system changed).",
 		}, []string{"kind"}),
+		CircuitState: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "circuit_state",
+			Help: "Kafka circuit breaker: 0 closed (producing), 1 open (replication reading paused), 2 half-open (probing).",
+		}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "dead_letters_total",
+			Help: "Events stored in the dead-letter table, by error code.",
+		}, []string{"code"}),
+		DeadLetterBacklog: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "dead_letter_backlog",
+			Help: "Dead letters not replayed yet (pending), read from the dead-letter table.",
+		}),
+		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "replayed_events_total",
+			Help: "Events republished by replays, by kind (dlq, outbox) and result.",
+		}, []string{"kind", "result"}),
 		State: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "state",
 			Help: "1 for the relay's current state, 0 for the others.",
@@ -151,6 +171,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
 		m.CheckpointErrors, m.SlotProblems, m.State, m.BuildInfo,
+		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
 	)
 	for _, s := range States {
 		m.State.WithLabelValues(s).Set(0)

@@ -36,6 +36,12 @@ type Store interface {
 	Save(ctx context.Context, c checkpoint.Checkpoint) error
 }
 
+// DeadLetterFunc stores ev, which failed permanently with cause, and returns
+// nil once the dead letter is committed: only then is the event counted as
+// done, so the checkpoint never moves past an event that is neither in Kafka
+// nor in the dead-letter store.
+type DeadLetterFunc func(ctx context.Context, ev *outbox.Event, cause error) error
+
 // Config configures a relay.
 type Config struct {
 	PGURL       string
@@ -49,6 +55,11 @@ type Config struct {
 	// OpenStore builds the checkpoint store, given a connection pool to the
 	// source database (which a table store uses; it reconnects after restarts).
 	OpenStore func(ctx context.Context, pool *pgxpool.Pool) (Store, error)
+
+	// OpenDeadLetters builds the dead-letter store of the dlq failure policy.
+	// When nil the policy is halt: a permanent failure stops the relay, and the
+	// slot is not confirmed past the event.
+	OpenDeadLetters func(ctx context.Context, pool *pgxpool.Pool) (DeadLetterFunc, error)
 
 	RelayName        string
 	MaxInFlightBytes int64         // backpressure threshold, default 64 MiB
@@ -154,12 +165,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	sinkCfg.Logger = r.log
 	sinkCfg.Metrics = r.m
 	sinkCfg.OnAck = h.ack
+	var deadLetter DeadLetterFunc
+	if cfg.OpenDeadLetters != nil {
+		if deadLetter, err = cfg.OpenDeadLetters(ctx, pool); err != nil {
+			return err
+		}
+	}
 	sinkCfg.OnPermanent = func(ctx context.Context, ev *outbox.Event, err error) error {
-		r.log.Error().Err(err).Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
-			Str("lsn", ev.CommitLSN.String()).Str("code", sink.Code(err)).
-			Msg("event failed permanently; halting without confirming past it")
-		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit, then restart; the slot was not confirmed past it",
-			ev.ID, ev.AggregateID, ev.CommitLSN, err)
+		return r.permanent(ctx, h, deadLetter, ev, err)
 	}
 	kctx, cancel := context.WithTimeout(ctx, cfg.KafkaStartWait)
 	k, err := sink.Open(kctx, sinkCfg)
@@ -200,6 +213,39 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	return r.stream(ctx, h, k, ck)
+}
+
+// permanent applies the failure policy to an event that failed permanently:
+// with dead letters, store it (retrying until the store commits it) and count it
+// as done; without, halt.
+func (r *Relay) permanent(ctx context.Context, h *handler, dead DeadLetterFunc, ev *outbox.Event, cause error) error {
+	code := sink.Code(cause)
+	log := r.log.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
+		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
+	if dead == nil {
+		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it (--on-error=halt)")
+		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with --on-error=dlq; the slot was not confirmed past it",
+			ev.ID, ev.AggregateID, ev.CommitLSN, cause)
+	}
+	for attempt := 0; ; attempt++ {
+		err := dead(ctx, ev, cause)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("store dead letter for event %s: %w", ev.ID, err)
+		}
+		if attempt == 0 {
+			log.Error().Err(err).Msg("cannot store the dead letter; retrying, nothing is confirmed past it meanwhile")
+		}
+		if err := r.cfg.Retry.Sleep(ctx, attempt); err != nil {
+			return fmt.Errorf("store dead letter for event %s: %w", ev.ID, err)
+		}
+	}
+	r.m.DeadLetters.WithLabelValues(code).Inc()
+	log.Warn().Err(cause).Msg("event failed permanently; stored in the dead-letter table, relaying goes on")
+	h.ack([]*outbox.Event{ev})
+	return nil
 }
 
 // checkServer runs the start-up checks of the server, table and publication.
@@ -560,6 +606,11 @@ func (h *handler) Keepalive(serverWALEnd pglogrepl.LSN) {
 func (h *handler) Flushed() pglogrepl.LSN { return pglogrepl.LSN(h.flushed.Load()) }
 
 func (h *handler) Backpressure() <-chan struct{} {
+	if closed := h.sink.CircuitClosed(); closed != nil {
+		// Kafka keeps failing: stop pulling from the slot until it recovers
+		// (keepalives and status updates go on).
+		return closed
+	}
 	if h.inFlight.Load() < h.max {
 		return nil
 	}

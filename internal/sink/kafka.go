@@ -71,6 +71,10 @@ type Config struct {
 	Transport *kafka.Transport
 	Logger    zerolog.Logger
 	Metrics   *metrics.Metrics
+	// BreakerThreshold is how many produce requests in a row must fail before
+	// the circuit opens (default 5). While it is open the caller should stop
+	// reading (see CircuitOpen); retries go on as probes and one success closes it.
+	BreakerThreshold int
 
 	// OnAck is called with each batch Kafka acknowledged, from the sink's
 	// dispatcher goroutine. The slice is reused after OnAck returns.
@@ -98,6 +102,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 30 * time.Second
+	}
+	if c.BreakerThreshold <= 0 {
+		c.BreakerThreshold = 5
 	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
@@ -138,6 +145,10 @@ type Kafka struct {
 
 	failing   atomic.Int32 // partitions currently retrying
 	reachable atomic.Bool  // the last metadata probe succeeded
+	circuit   atomic.Int32 // circuitClosed, circuitOpen, circuitHalfOpen
+	failedRun int          // produce requests failed in a row (dispatcher-owned)
+	circuitMu sync.Mutex
+	closing   chan struct{} // closed when an open circuit closes
 	errOnce   sync.Once
 	err       error
 	failed    chan struct{}
@@ -713,9 +724,11 @@ func (k *Kafka) dispatch() {
 		case r := <-done:
 			inFlight--
 			byBroker[r.broker] = false
-			if k.apply(r) && !refreshing {
+			refresh, ok := k.apply(r)
+			if refresh && !refreshing {
 				refreshing = k.refresh(parts, refreshed)
 			}
+			k.breaker(ok, inFlight > 0)
 		case leaders := <-refreshed:
 			refreshing = false
 			for _, p := range parts {
@@ -750,9 +763,75 @@ func (k *Kafka) refresh(parts []*partition, out chan<- map[string][]int32) bool 
 	return true
 }
 
+// Circuit breaker states.
+const (
+	circuitClosed   = 0
+	circuitOpen     = 1
+	circuitHalfOpen = 2
+)
+
+// breaker updates the circuit after a request: ok means some partition of it
+// was acknowledged; probing means a request (a retry, while open) is in flight.
+func (k *Kafka) breaker(ok, probing bool) {
+	prev := k.circuit.Load()
+	next := prev
+	switch {
+	case ok:
+		k.failedRun = 0
+		next = circuitClosed
+	default:
+		k.failedRun++
+		if k.failedRun >= k.cfg.BreakerThreshold {
+			next = circuitOpen
+		}
+	}
+	if next == circuitOpen && probing {
+		next = circuitHalfOpen
+	}
+	if next == prev {
+		return
+	}
+	k.circuitMu.Lock()
+	k.circuit.Store(next)
+	switch {
+	case prev == circuitClosed:
+		k.closing = make(chan struct{})
+	case next == circuitClosed:
+		close(k.closing)
+		k.closing = nil
+	}
+	k.circuitMu.Unlock()
+	k.cfg.Metrics.CircuitState.Set(float64(next))
+	switch {
+	case next == circuitClosed:
+		k.log.Info().Msg("circuit closed: Kafka accepts events again; replication reading resumes")
+	case prev == circuitClosed:
+		k.log.Warn().Int("failed_requests", k.failedRun).Msg("circuit open: Kafka keeps failing; replication reading paused, retrying with backoff")
+	}
+}
+
+// CircuitOpen reports whether the circuit breaker is open or half-open: Kafka
+// failed BreakerThreshold requests in a row and has not accepted one since.
+func (k *Kafka) CircuitOpen() bool { return k.circuit.Load() != circuitClosed }
+
+// CircuitClosed returns nil while the circuit is closed, and otherwise a
+// channel that is closed when it closes again.
+func (k *Kafka) CircuitClosed() <-chan struct{} {
+	if k.circuit.Load() == circuitClosed {
+		return nil
+	}
+	k.circuitMu.Lock()
+	defer k.circuitMu.Unlock()
+	if k.closing == nil {
+		return nil
+	}
+	return k.closing
+}
+
 // apply handles a finished request partition by partition; it reports whether
-// leadership may have moved (metadata should be refreshed).
-func (k *Kafka) apply(r *request) (refresh bool) {
+// leadership may have moved (metadata should be refreshed) and whether any
+// partition was acknowledged.
+func (k *Kafka) apply(r *request) (refresh, ok bool) {
 	type key struct {
 		topic string
 		part  int32
@@ -780,14 +859,16 @@ func (k *Kafka) apply(r *request) (refresh bool) {
 			}
 		}
 		if err == nil {
+			ok = true
 			k.acked(p, batch, r.start)
 			continue
 		}
 		if k.ctx.Err() != nil {
-			return false
+			return false, ok
 		}
 		if Classify(err) == Permanent {
 			p.attempt = 0
+			ok = true // the broker answered: Kafka itself works
 			if len(batch) > 1 {
 				// The batch as a whole may be what is too large: halve it, in order.
 				half := len(batch) / 2
@@ -797,7 +878,7 @@ func (k *Kafka) apply(r *request) (refresh bool) {
 				continue
 			}
 			if k.permanent(k.ctx, batch[0], &EventError{Code: Code(err), Err: err}) != nil {
-				return false
+				return false, ok
 			}
 			continue
 		}
@@ -815,7 +896,7 @@ func (k *Kafka) apply(r *request) (refresh bool) {
 			refresh = true
 		}
 	}
-	return refresh
+	return refresh, ok
 }
 
 // setFailing tracks how many partitions are retrying and logs only the first
