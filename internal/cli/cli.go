@@ -83,6 +83,8 @@ type RunCmd struct {
 	RetryBase         time.Duration `default:"100ms" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
 	RetryCap          time.Duration `default:"30s" help:"Backoff cap."`
 	RelayName         string        `help:"Name of this relay in checkpoints and logs (default: host name)."`
+	HeartbeatInterval time.Duration `default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
+	MonitorInterval   time.Duration `default:"10s" help:"How often the slot's wal_status and retained WAL are read into metrics."`
 
 	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level."`
 	LogFormat string `default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
@@ -95,6 +97,9 @@ type VersionCmd struct{}
 type CLI struct {
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
+	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"List, show, replay and purge dead letters (events that failed permanently)."`
+	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again (e.g. for consumers rebuilding state)."`
+	Prune   PruneCmd   `cmd:"" help:"Delete old rows from the outbox table, in batches."`
 }
 
 // Env holds what the process gives a command.
@@ -129,6 +134,20 @@ func Run(ctx context.Context, args []string, env Env) error {
 		return nil
 	case "run":
 		return c.Run.run(ctx, env)
+	case "dlq list":
+		return c.DLQ.List.run(ctx, env)
+	case "dlq show <id>":
+		return c.DLQ.Show.run(ctx, env)
+	case "dlq replay":
+		return c.DLQ.Replay.run(ctx, env)
+	case "dlq purge":
+		return c.DLQ.Purge.run(ctx, env)
+	case "dlq history":
+		return c.DLQ.History.run(ctx, env)
+	case "replay":
+		return c.Replay.run(ctx, env)
+	case "prune":
+		return c.Prune.run(ctx, env)
 	}
 	return fmt.Errorf("unknown command %q", kctx.Command())
 }
@@ -217,6 +236,12 @@ func (r *RunCmd) Validate() error {
 		if d.v <= 0 {
 			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
 		}
+	}
+	if r.HeartbeatInterval < 0 {
+		return flagError("heartbeat-interval", "must be 0 (off) or a positive duration such as 1m")
+	}
+	if r.MonitorInterval <= 0 {
+		return flagError("monitor-interval", "must be a positive duration such as 10s")
 	}
 	if r.MaxInFlightMiB <= 0 {
 		return flagError("max-in-flight-mib", "must be at least 1")
@@ -351,6 +376,8 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		StatusInterval:   r.StatusInterval,
 		ShutdownTimeout:  r.ShutdownTimeout,
 		KafkaStartWait:   r.KafkaStartTimeout,
+		Heartbeat:        r.HeartbeatInterval,
+		MonitorInterval:  r.MonitorInterval,
 		Retry:            backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
 		Logger:           log,
 		Metrics:          m,

@@ -23,6 +23,21 @@ const (
 // States lists every relay state, in the order they are exported.
 var States = []string{StateStarting, StateStreaming, StateBackpressured, StateRetrying, StateWaitingSlot, StateStopping}
 
+// WALStatuses lists the slot_wal_status values: pg_replication_slots.wal_status,
+// and "missing" when the slot does not exist.
+var WALStatuses = []string{"reserved", "extended", "unreserved", "lost", "missing"}
+
+// SetWALStatus marks status as the slot's current wal_status.
+func (m *Metrics) SetWALStatus(status string) {
+	for _, s := range WALStatuses {
+		v := 0.0
+		if s == status {
+			v = 1
+		}
+		m.SlotWALStatus.WithLabelValues(s).Set(v)
+	}
+}
+
 // Metrics holds the relay's collectors. Components that are not given one use
 // Discard().
 type Metrics struct {
@@ -47,6 +62,9 @@ type Metrics struct {
 	CheckpointErrors  prometheus.Counter
 	SlotProblems      *prometheus.CounterVec // by kind
 	CircuitState      prometheus.Gauge       // 0 closed, 1 open, 2 half-open
+	SlotRetainedWAL   prometheus.Gauge
+	SlotWALStatus     *prometheus.GaugeVec   // by status, 1 for the current one
+	Heartbeats        *prometheus.CounterVec // by result
 	DeadLetters       *prometheus.CounterVec // by code
 	DeadLetterBacklog prometheus.Gauge
 	Replays           *prometheus.CounterVec // by kind, result
@@ -144,6 +162,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "circuit_state",
 			Help: "Kafka circuit breaker: 0 closed (producing), 1 open (replication reading paused), 2 half-open (probing).",
 		}),
+		SlotRetainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_retained_wal_bytes",
+			Help: "WAL the server keeps for the slot: pg_current_wal_lsn() - restart_lsn (from pg_replication_slots).",
+		}),
+		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_wal_status",
+			Help: "1 for the slot's wal_status (reserved, extended, unreserved, lost; missing when the slot is gone).",
+		}, []string{"status"}),
+		Heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "heartbeats_total",
+			Help: "Heartbeat writes (pg_logical_emit_message) to keep an idle database's slot moving, by result.",
+		}, []string{"result"}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "dead_letters_total",
 			Help: "Events stored in the dead-letter table, by error code.",
@@ -172,10 +202,16 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
 		m.CheckpointErrors, m.SlotProblems, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
+		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
 	)
 	for _, s := range States {
 		m.State.WithLabelValues(s).Set(0)
 	}
+	for _, s := range WALStatuses {
+		m.SlotWALStatus.WithLabelValues(s).Set(0)
+	}
+	m.Heartbeats.WithLabelValues("ok")
+	m.Heartbeats.WithLabelValues("error")
 	m.ProduceErrors.WithLabelValues("transient")
 	m.ProduceErrors.WithLabelValues("permanent")
 	return m

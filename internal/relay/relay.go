@@ -67,7 +67,14 @@ type Config struct {
 	IdleCheckpoint   time.Duration // how often an idle advance is persisted, default 10s
 	ShutdownTimeout  time.Duration // bound on a clean stop, default 10s
 	KafkaStartWait   time.Duration // how long to wait for Kafka at start, default 30s
-	Retry            backoff.Policy
+	MonitorInterval  time.Duration // how often slot metrics are read, default 10s
+	// Heartbeat, when positive, writes pg_logical_emit_message at that period so
+	// an idle database's slot keeps moving while others write WAL.
+	Heartbeat time.Duration
+	// DeadLetterBacklog, when set, is read every MonitorInterval into the
+	// dead_letter_backlog metric.
+	DeadLetterBacklog func(context.Context) (int64, error)
+	Retry             backoff.Policy
 
 	Logger  zerolog.Logger
 	Metrics *metrics.Metrics
@@ -88,6 +95,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.KafkaStartWait <= 0 {
 		c.KafkaStartWait = 30 * time.Second
+	}
+	if c.MonitorInterval <= 0 {
+		c.MonitorInterval = 10 * time.Second
 	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
@@ -201,11 +211,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	ck.persisted.Store(uint64(start))
 	h.flushed = &ck.persisted
 	ckCtx, stopCk := context.WithCancel(context.Background())
+	mon := &monitor{
+		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
+		backlog: cfg.DeadLetterBacklog, h: h, log: r.log, m: r.m,
+	}
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		ck.run(ckCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		mon.run(ckCtx)
 	}()
 	defer func() {
 		stopCk()
@@ -535,7 +553,9 @@ type handler struct {
 	inFlight atomic.Int64
 	room     chan struct{}
 	commits  atomic.Uint64 // transactions with events committed, for the checkpointer
-	events   int           // events in the current transaction
+	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged batch.
+	lastAckCommit atomic.Int64
+	events        int // events in the current transaction
 }
 
 var _ replication.Handler = (*handler)(nil)
@@ -575,6 +595,9 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 
 // ack is the sink's OnAck: it acknowledges runs of events of one transaction.
 func (h *handler) ack(batch []*outbox.Event) {
+	if len(batch) > 0 {
+		h.lastAckCommit.Store(batch[len(batch)-1].CommitTime.UnixNano())
+	}
 	var size int64
 	for i := 0; i < len(batch); {
 		j := i + 1

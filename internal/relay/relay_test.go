@@ -706,3 +706,53 @@ func TestPostgresRestartMidStream(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestIdleDatabaseWhileAnotherWrites: another database on the server writes
+// WAL, this one is idle; with the heartbeat on, the slot still moves past the
+// other database's WAL, and the slot metrics are exported.
+func TestIdleDatabaseWhileAnotherWrites(t *testing.T) {
+	e := newEnv(t)
+	e.cfgHook = func(c *relay.Config) {
+		c.Heartbeat = 200 * time.Millisecond
+		c.MonitorInterval = 100 * time.Millisecond
+	}
+	otherURL, err := pg.CreateDatabase(context.Background(), e.db+"_other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pgx.Connect(context.Background(), otherURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	if _, err := other.Exec(context.Background(), "CREATE TABLE busy (v text)"); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	for i := 0; i < 30; i++ {
+		if _, err := other.Exec(context.Background(), "INSERT INTO busy SELECT repeat('x', 1000) FROM generate_series(1, 50)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var s string
+	if err := other.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	target, _ := pglogrepl.ParseLSN(s)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.slotConfirmed() < target {
+		if time.Now().After(deadline) {
+			t.Fatalf("slot confirmed %s, want >= %s (other database's WAL)", e.slotConfirmed(), target)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := testutil.ToFloat64(e.m.Heartbeats.WithLabelValues("ok")); got < 1 {
+		t.Errorf("heartbeats_total{result=ok} = %v, want >= 1", got)
+	}
+	if got := testutil.ToFloat64(e.m.SlotWALStatus.WithLabelValues("reserved")); got != 1 {
+		t.Errorf("slot_wal_status{status=reserved} = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(e.m.SlotRetainedWAL); got <= 0 {
+		t.Errorf("slot_retained_wal_bytes = %v, want > 0", got)
+	}
+}

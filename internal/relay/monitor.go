@@ -1,0 +1,126 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+)
+
+// monitor reads the slot's state from pg_replication_slots into metrics, writes
+// heartbeats, and refreshes gauges derived from the stream, until ctx is done.
+type monitor struct {
+	pool      *pgxpool.Pool
+	slot      string
+	every     time.Duration
+	heartbeat time.Duration // 0: no heartbeat
+	backlog   func(context.Context) (int64, error)
+	h         *handler
+	log       zerolog.Logger
+	m         *metrics.Metrics
+
+	lastStatus string
+	hbFailing  bool
+}
+
+func (mo *monitor) run(ctx context.Context) {
+	t := time.NewTicker(mo.every)
+	defer t.Stop()
+	var hb <-chan time.Time
+	if mo.heartbeat > 0 {
+		ht := time.NewTicker(mo.heartbeat)
+		defer ht.Stop()
+		hb = ht.C
+	}
+	mo.readSlot(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			mo.readSlot(ctx)
+			mo.lag()
+			if mo.backlog != nil {
+				if n, err := mo.backlog(ctx); err == nil {
+					mo.m.DeadLetterBacklog.Set(float64(n))
+				}
+			}
+		case <-hb:
+			mo.beat(ctx)
+		}
+	}
+}
+
+// readSlot exports wal_status and retained WAL, logging wal_status changes.
+func (mo *monitor) readSlot(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var status *string
+	var retained *int64
+	err := mo.pool.QueryRow(qctx, `SELECT wal_status, (pg_current_wal_lsn() - restart_lsn)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1`, mo.slot).Scan(&status, &retained)
+	st := ""
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		st = "missing"
+	case err != nil:
+		return // Postgres unreachable: the stream reports that
+	default:
+		if status != nil {
+			st = *status
+		}
+		if retained != nil {
+			mo.m.SlotRetainedWAL.Set(float64(*retained))
+		}
+	}
+	mo.m.SetWALStatus(st)
+	if st != mo.lastStatus {
+		if mo.lastStatus != "" || st != "reserved" {
+			ev := mo.log.Info()
+			if st == "unreserved" || st == "lost" || st == "missing" {
+				ev = mo.log.Error()
+			}
+			ev.Str("wal_status", st).Str("was", mo.lastStatus).Msg("replication slot wal_status changed")
+		}
+		mo.lastStatus = st
+	}
+}
+
+// lag sets replication_lag_seconds: 0 with nothing in flight, else how old
+// the newest acknowledged commit is (how far behind Kafka is).
+func (mo *monitor) lag() {
+	_, events := mo.h.tracker.InFlight()
+	if events == 0 {
+		mo.m.LagSeconds.Set(0)
+		return
+	}
+	if last := mo.h.lastAckCommit.Load(); last > 0 {
+		mo.m.LagSeconds.Set(time.Since(time.Unix(0, last)).Seconds())
+	}
+}
+
+// beat writes a logical decoding message (WAL in this database, no table
+// touched), so keepalives move an idle database's slot forward.
+func (mo *monitor) beat(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := mo.pool.Exec(qctx, "SELECT pg_logical_emit_message(false, 'cdc_relay_heartbeat', now()::text)")
+	if err != nil {
+		mo.m.Heartbeats.WithLabelValues("error").Inc()
+		if !mo.hbFailing {
+			mo.hbFailing = true
+			mo.log.Warn().Err(err).Msg("heartbeat failed (pg_logical_emit_message); the slot may not advance on an idle database")
+		}
+		return
+	}
+	mo.m.Heartbeats.WithLabelValues("ok").Inc()
+	if mo.hbFailing {
+		mo.hbFailing = false
+		mo.log.Info().Msg("heartbeat works again")
+	}
+}
