@@ -499,6 +499,10 @@ type partition struct {
 
 	mu    sync.Mutex
 	queue []*outbox.Event
+	// sending mirrors inFlight for push: a partition whose batch is in flight is
+	// looked at again when the response comes, so a new event need not wake the
+	// dispatcher (each wake-up is a futex call and a scheduler round).
+	sending atomic.Bool
 
 	// Dispatcher-owned.
 	leader    int32
@@ -528,7 +532,7 @@ func (p *partition) push(ev *outbox.Event) {
 	p.queue = append(p.queue, ev)
 	first := len(p.queue) == 1
 	p.mu.Unlock()
-	if first {
+	if first && !p.sending.Load() {
 		p.k.signal()
 	}
 }
@@ -690,6 +694,7 @@ func (k *Kafka) dispatch() {
 				reqBytes[p.leader] += ev.Size()
 			}
 			p.inFlight = true
+			p.sending.Store(true)
 		}
 		for b, r := range reqs {
 			byBroker[b] = true
@@ -847,6 +852,7 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 	for i, p := range r.parts {
 		batch := r.batches[i]
 		p.inFlight = false
+		p.sending.Store(false)
 		var err error
 		if r.err != nil {
 			err = fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, r.err)
