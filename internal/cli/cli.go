@@ -28,6 +28,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/admin"
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -68,6 +69,9 @@ type RunCmd struct {
 	ColumnEventType     string   `default:"event_type" help:"Outbox column holding the event type."`
 	ColumnPayload       string   `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
 	HeaderColumns       []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
+
+	OnError  string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
+	DLQTable string `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table (on-error=dlq)."`
 
 	CheckpointStore string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
@@ -381,6 +385,18 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		Retry:            backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
 		Logger:           log,
 		Metrics:          m,
+	}
+	if r.OnError == "dlq" {
+		var store *deadletter.Store
+		table, name, topic := r.DLQTable, cfg.RelayName, r.Topic
+		cfg.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
+			store = deadletter.NewStore(pool, table)
+			if err := store.Ensure(ctx); err != nil {
+				return nil, err
+			}
+			return store.Recorder(name, topic)
+		}
+		cfg.DeadLetterBacklog = func(ctx context.Context) (int64, error) { return store.Backlog(ctx) }
 	}
 	switch r.CheckpointStore {
 	case "file":

@@ -1,0 +1,183 @@
+package deadletter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Replay kinds.
+const (
+	KindDLQ    = "dlq"    // dead letters published again
+	KindOutbox = "outbox" // outbox rows published again
+)
+
+// Results of one event in a replay.
+const (
+	ResultPublished = "published" // acknowledged by Kafka
+	ResultSkipped   = "skipped"   // already replayed, and the replay was not forced
+	ResultFailed    = "failed"    // not acknowledged; the error says why
+	ResultDryRun    = "dry_run"   // would have been published
+)
+
+// Counts are the totals of a replay.
+type Counts struct {
+	Selected  int // events the filters selected
+	Published int
+	Skipped   int
+	Failed    int
+}
+
+// Replay is one entry of the replay history.
+type Replay struct {
+	ID         int64
+	Kind       string // KindDLQ or KindOutbox
+	Actor      string // who ran it
+	StartedAt  time.Time
+	FinishedAt *time.Time     // nil while it runs, or when it was killed
+	Filters    map[string]any // what selected the events
+	DryRun     bool
+	Forced     bool
+	RatePerSec float64 // 0 = unlimited
+	Counts
+}
+
+// ReplayEvent is the result of one event in a replay.
+type ReplayEvent struct {
+	EventID      string
+	DeadLetterID int64  // 0 for outbox replays
+	Result       string // ResultPublished, ResultSkipped, ResultFailed or ResultDryRun
+	Error        string // why it failed
+	At           time.Time
+}
+
+// StartReplay records the start of r (its ID, StartedAt, FinishedAt and Counts
+// are ignored) and returns its id.
+func (s *Store) StartReplay(ctx context.Context, r Replay) (int64, error) {
+	filters := r.Filters
+	if filters == nil {
+		filters = map[string]any{}
+	}
+	f, err := json.Marshal(filters)
+	if err != nil {
+		return 0, fmt.Errorf("start replay: encode filters: %w", err)
+	}
+	var id int64
+	err = s.pool.QueryRow(ctx, `INSERT INTO `+s.n.replays+` (kind, actor, filters, dry_run, forced, rate_per_sec)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6) RETURNING id`, r.Kind, r.Actor, string(f), r.DryRun, r.Forced, r.RatePerSec).Scan(&id)
+	if err != nil {
+		return 0, s.wrap(err, "start %s replay", r.Kind)
+	}
+	return id, nil
+}
+
+// RecordReplayEvent records the result of one event of replay replayID.
+func (s *Store) RecordReplayEvent(ctx context.Context, replayID int64, e ReplayEvent) error {
+	return s.record(ctx, replayID, []ReplayEvent{e}, nil)
+}
+
+// RecordReplayEvents records the results of events of replay replayID in one
+// statement.
+func (s *Store) RecordReplayEvents(ctx context.Context, replayID int64, events []ReplayEvent) error {
+	return s.record(ctx, replayID, events, nil)
+}
+
+// record stores results and marks the letters replayed in one transaction, so
+// the history and the letters' status agree.
+func (s *Store) record(ctx context.Context, replayID int64, events []ReplayEvent, replayed []int64) error {
+	if len(events) == 0 && len(replayed) == 0 {
+		return nil
+	}
+	ids := make([]string, len(events))
+	letters := make([]int64, len(events))
+	results := make([]string, len(events))
+	errs := make([]string, len(events))
+	at := make([]time.Time, len(events))
+	now := time.Now()
+	for i, e := range events {
+		ids[i], letters[i], results[i], errs[i], at[i] = e.EventID, e.DeadLetterID, e.Result, e.Error, e.At
+		if e.At.IsZero() {
+			at[i] = now
+		}
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if len(replayed) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE `+s.n.letters+` SET status = 'replayed', replayed_at = now(),
+    replay_count = replay_count + 1 WHERE id = ANY($1)`, replayed); err != nil {
+				return err
+			}
+		}
+		if len(events) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+s.n.events+` (replay_id, event_id, dead_letter_id, result, error, at)
+SELECT $1, e, nullif(d, 0), r, nullif(x, ''), a
+FROM unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[]) AS u(e, d, r, x, a)`,
+				replayID, ids, letters, results, errs, at); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return s.wrap(err, "record %d results of replay %d", len(events), replayID)
+	}
+	return nil
+}
+
+// FinishReplay records the end of replay id with its totals.
+func (s *Store) FinishReplay(ctx context.Context, id int64, c Counts) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE `+s.n.replays+` SET finished_at = now(),
+    selected = $2, published = $3, skipped = $4, failed = $5 WHERE id = $1`,
+		id, c.Selected, c.Published, c.Skipped, c.Failed)
+	if err != nil {
+		return s.wrap(err, "finish replay %d", id)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("finish replay %d in %s: no such replay", id, s.n.name)
+	}
+	return nil
+}
+
+// ListReplays returns the newest limit replays (0 = all), newest first.
+func (s *Store) ListReplays(ctx context.Context, limit int) ([]Replay, error) {
+	q := `SELECT id, kind, actor, started_at, finished_at, filters, dry_run, forced, rate_per_sec,
+    selected, published, skipped, failed FROM ` + s.n.replays + ` ORDER BY id DESC`
+	if limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", limit)
+	}
+	rows, err := s.pool.Query(ctx, q)
+	if err != nil {
+		return nil, s.wrap(err, "list replays")
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Replay, error) {
+		var x Replay
+		err := r.Scan(&x.ID, &x.Kind, &x.Actor, &x.StartedAt, &x.FinishedAt, &x.Filters, &x.DryRun, &x.Forced,
+			&x.RatePerSec, &x.Selected, &x.Published, &x.Skipped, &x.Failed)
+		return x, err
+	})
+	if err != nil {
+		return nil, s.wrap(err, "list replays")
+	}
+	return out, nil
+}
+
+// ListReplayEvents returns the recorded results of replay replayID in the order
+// they were recorded.
+func (s *Store) ListReplayEvents(ctx context.Context, replayID int64) ([]ReplayEvent, error) {
+	rows, err := s.pool.Query(ctx, `SELECT event_id, coalesce(dead_letter_id, 0), result, coalesce(error, ''), at
+FROM `+s.n.events+` WHERE replay_id = $1 ORDER BY id`, replayID)
+	if err != nil {
+		return nil, s.wrap(err, "list results of replay %d", replayID)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ReplayEvent, error) {
+		var e ReplayEvent
+		err := r.Scan(&e.EventID, &e.DeadLetterID, &e.Result, &e.Error, &e.At)
+		return e, err
+	})
+	if err != nil {
+		return nil, s.wrap(err, "list results of replay %d", replayID)
+	}
+	return out, nil
+}

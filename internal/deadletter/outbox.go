@@ -1,0 +1,284 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// OutboxColumns names the outbox table's columns for ReplayOutbox.
+type OutboxColumns struct {
+	decoder.Columns        // as the relay's --column-* flags
+	CreatedAt       string // insert time, for the time filters and order; "" means created_at
+	// Headers maps extra columns to Kafka headers, as the relay's
+	// --header-columns (decoder.Config.HeaderColumns); NULL columns send none.
+	Headers map[string]string
+}
+
+// OutboxReplayOptions configures ReplayOutbox. Zero filters select everything.
+type OutboxReplayOptions struct {
+	Since, Until time.Time // created_at in [Since, Until)
+	AggregateID  string
+	EventType    string
+	IDs          []string // event ids, as text
+	Limit        int      // at most this many rows; 0 = no limit
+	// Topic is the relay's topic template, e.g. "outbox.{aggregate_type}",
+	// rendered per row.
+	Topic     string
+	Rate      float64 // events per second; 0 = unlimited
+	BatchSize int     // 0 means DefaultBatchSize
+	DryRun    bool
+	Actor     string
+}
+
+func (o OutboxReplayOptions) describe(table string) map[string]any {
+	m := map[string]any{"table": table, "topic": o.Topic}
+	if !o.Since.IsZero() {
+		m["since"] = o.Since.UTC().Format(time.RFC3339Nano)
+	}
+	if !o.Until.IsZero() {
+		m["until"] = o.Until.UTC().Format(time.RFC3339Nano)
+	}
+	if o.AggregateID != "" {
+		m["aggregate_id"] = o.AggregateID
+	}
+	if o.EventType != "" {
+		m["event_type"] = o.EventType
+	}
+	if len(o.IDs) > 0 {
+		m["ids"] = o.IDs
+	}
+	if o.Limit > 0 {
+		m["limit"] = o.Limit
+	}
+	return m
+}
+
+// quoteTable quotes "table" or "schema.table" as one SQL name.
+func quoteTable(table string) string {
+	return pgx.Identifier(strings.Split(table, ".")).Sanitize()
+}
+
+func quoteColumn(c string) string { return pgx.Identifier{c}.Sanitize() }
+
+// ReplayOutbox publishes rows still present in the outbox table again, for
+// consumers that rebuild their state, ordered by created_at then id: each as the
+// relay publishes it (key aggregate_id, value payload, the same "id" header and
+// header columns) plus the header HeaderReplay, to the topic o.Topic renders.
+// commit_lsn is 0/0 (unknown) and commit_time carries created_at, since a row
+// read from the table has no commit position. The replay is recorded in the
+// store's history as kind "outbox"; outbox rows are not marked. Rows are read
+// in pages, so the table is not locked or held in memory. p may be nil for a
+// dry run. On ctx's end it behaves as ReplayDeadLetters.
+func (s *Store) ReplayOutbox(ctx context.Context, table string, cols OutboxColumns, p Publisher, o OutboxReplayOptions) (ReplayResult, error) {
+	if cols.CreatedAt == "" {
+		cols.CreatedAt = "created_at"
+	}
+	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload} {
+		if c == "" {
+			return ReplayResult{}, errors.New("replay outbox: a column name is empty")
+		}
+	}
+	router, err := sink.NewRouter(o.Topic)
+	if err != nil {
+		return ReplayResult{}, fmt.Errorf("replay outbox: %w", err)
+	}
+	if !o.Since.IsZero() && !o.Until.IsZero() && !o.Until.After(o.Since) {
+		return ReplayResult{}, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
+			o.Until.Format(time.RFC3339), o.Since.Format(time.RFC3339))
+	}
+	r, err := s.startRun(ctx, p, Replay{Kind: KindOutbox, Actor: o.Actor, Filters: o.describe(table),
+		DryRun: o.DryRun, RatePerSec: o.Rate}, o.BatchSize)
+	if err != nil {
+		return ReplayResult{}, err
+	}
+	q := outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
+	var after *cursor
+	for {
+		limit := r.batch
+		if o.Limit > 0 {
+			if limit = min(limit, o.Limit-r.res.Selected); limit <= 0 {
+				break
+			}
+		}
+		page, last, err := q.page(ctx, s.pool, after, limit)
+		if err != nil {
+			return r.finish(ctx, err)
+		}
+		for _, ev := range page {
+			r.res.Selected++
+			topic, terr := router.Topic(ev)
+			switch {
+			case terr != nil:
+				err = r.note(ctx, ReplayEvent{EventID: string(ev.ID), Result: ResultFailed, Error: terr.Error(), At: time.Now()})
+			case o.DryRun:
+				err = r.note(ctx, ReplayEvent{EventID: string(ev.ID), Result: ResultDryRun})
+			default:
+				ev.Headers = append(ev.Headers, outbox.Header{Key: HeaderReplay, Value: fmt.Appendf(nil, "%d", r.id)})
+				err = r.publish(ctx, item{ev: ev, topic: topic})
+			}
+			if err != nil {
+				return r.finish(ctx, err)
+			}
+		}
+		if len(page) < limit {
+			break
+		}
+		after = &last
+	}
+	return r.finish(ctx, r.flush(ctx))
+}
+
+// cursor is the (created_at, id) of the last row of a page.
+type cursor struct {
+	createdAt time.Time
+	id        string
+}
+
+// outboxQuery reads the outbox rows a replay selects, page by page.
+type outboxQuery struct {
+	table, name string
+	cols        OutboxColumns
+	o           OutboxReplayOptions
+}
+
+func (q outboxQuery) page(ctx context.Context, pool *pgxpool.Pool, after *cursor, limit int) ([]*outbox.Event, cursor, error) {
+	c := q.cols
+	created, id := quoteColumn(c.CreatedAt), quoteColumn(c.ID)
+	headerCols := slices.Sorted(maps.Keys(c.Headers))
+	sel := []string{id + "::text", quoteColumn(c.AggregateType) + "::text", quoteColumn(c.AggregateID) + "::text",
+		quoteColumn(c.EventType) + "::text", quoteColumn(c.Payload) + "::text", created}
+	for _, h := range headerCols {
+		sel = append(sel, quoteColumn(h)+"::text")
+	}
+	var conds []string
+	var args []any
+	add := func(cond string, vals ...any) {
+		for _, v := range vals {
+			args = append(args, v)
+			cond = strings.Replace(cond, "$?", fmt.Sprintf("$%d", len(args)), 1)
+		}
+		conds = append(conds, cond)
+	}
+	if !q.o.Since.IsZero() {
+		add(created+" >= $?", q.o.Since)
+	}
+	if !q.o.Until.IsZero() {
+		add(created+" < $?", q.o.Until)
+	}
+	if q.o.AggregateID != "" {
+		add(quoteColumn(c.AggregateID)+"::text = $?", q.o.AggregateID)
+	}
+	if q.o.EventType != "" {
+		add(quoteColumn(c.EventType)+"::text = $?", q.o.EventType)
+	}
+	if len(q.o.IDs) > 0 {
+		add(id+"::text = ANY($?::text[])", q.o.IDs)
+	}
+	if after != nil {
+		add("("+created+", "+id+"::text) > ($?::timestamptz, $?::text)", after.createdAt, after.id)
+	}
+	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + q.table
+	if len(conds) > 0 {
+		sql += " WHERE " + strings.Join(conds, " AND ")
+	}
+	sql += fmt.Sprintf(" ORDER BY %s, %s::text LIMIT %d", created, id, limit)
+	rows, err := pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, cursor{}, outboxErr(err, q.name)
+	}
+	defer rows.Close()
+	var out []*outbox.Event
+	var last cursor
+	for rows.Next() {
+		vals := make([]*string, 5+len(headerCols))
+		var createdAt time.Time
+		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
+		for i := range headerCols {
+			dest = append(dest, &vals[5+i])
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
+		}
+		b := func(v *string) []byte {
+			if v == nil {
+				return nil
+			}
+			return []byte(*v)
+		}
+		ev := &outbox.Event{ID: b(vals[0]), AggregateType: b(vals[1]), AggregateID: b(vals[2]),
+			EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt}
+		for i, col := range headerCols {
+			if v := vals[5+i]; v != nil {
+				ev.Headers = append(ev.Headers, outbox.Header{Key: c.Headers[col], Value: []byte(*v)})
+			}
+		}
+		out = append(out, ev)
+		last = cursor{createdAt: createdAt, id: string(ev.ID)}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, cursor{}, outboxErr(err, q.name)
+	}
+	return out, last, nil
+}
+
+func outboxErr(err error, table string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01":
+			return fmt.Errorf("read outbox table %s: it does not exist (check --table / CDC_RELAY_TABLE): %w", table, err)
+		case "42703":
+			return fmt.Errorf("read outbox table %s: a column is missing (check the --column-* flags): %w", table, err)
+		}
+	}
+	return fmt.Errorf("read outbox table %s: %w", table, err)
+}
+
+// DefaultPruneBatch is how many rows one DELETE of PruneOutbox removes by default.
+const DefaultPruneBatch = 1000
+
+// PruneOutbox deletes outbox rows whose createdAtColumn ("" means created_at) is
+// before olderThan, batch rows at a time (0 means DefaultPruneBatch), each batch
+// its own transaction, until none is left, and returns how many it deleted.
+// Deleting published rows is safe for the relay (it reads the WAL, not the
+// table), but they can no longer be replayed with ReplayOutbox.
+func PruneOutbox(ctx context.Context, pool *pgxpool.Pool, table, createdAtColumn string, olderThan time.Time, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = DefaultPruneBatch
+	}
+	if createdAtColumn == "" {
+		createdAtColumn = "created_at"
+	}
+	t, c := quoteTable(table), quoteColumn(createdAtColumn)
+	// ctid keeps this independent of the key column; the outer condition makes
+	// sure a row that moved since the subquery read it is not touched.
+	sql := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE ` + c + ` < $1 LIMIT $2)) AND ` + c + ` < $1`
+	var total int64
+	for {
+		tag, err := pool.Exec(ctx, sql, olderThan, batch)
+		if err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+				return total, fmt.Errorf("prune outbox table %s: the role may not delete from it (the relay's role of migrations/004_role.sql only reads it): run prune as the table's owner: %w", table, err)
+			}
+			return total, fmt.Errorf("prune outbox table %s (%d rows deleted so far): %w", table, total, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}

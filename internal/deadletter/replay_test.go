@@ -1,0 +1,536 @@
+package deadletter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// newPublisher returns a publisher to the package's broker, closed with t.
+func newPublisher(t *testing.T) *deadletter.KafkaPublisher {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	p, err := deadletter.NewKafkaPublisher(ctx, sink.Config{Brokers: kafka.Brokers()})
+	if err != nil {
+		t.Fatalf("NewKafkaPublisher: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close publisher: %v", err)
+		}
+	})
+	return p
+}
+
+// readTopic returns every record of topic.
+func readTopic(t *testing.T, topic string) []testenv.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	recs, err := testenv.ReadAll(ctx, kafka.Brokers(), topic)
+	if err != nil {
+		t.Fatalf("read %s: %v", topic, err)
+	}
+	return recs
+}
+
+// recordIDs returns the "id" headers of recs, sorted.
+func recordIDs(recs []testenv.Record) []string {
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = r.Headers[sink.HeaderID]
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// seed adds n letters e-0..e-(n-1) for topic to s, aggregate "A" for even and
+// "B" for odd numbers.
+func seed(t *testing.T, s *deadletter.Store, topic string, n int) {
+	t.Helper()
+	for i := range n {
+		agg := "A"
+		if i%2 == 1 {
+			agg = "B"
+		}
+		l := letter(fmt.Sprintf("e-%02d", i), "message_too_large", agg, "OrderPlaced", base.Add(time.Duration(i)*time.Second))
+		l.Topic = topic
+		l.Headers[sink.HeaderCommitTime] = "2024-05-01T09:00:00Z"
+		l.Headers[sink.HeaderCommitLSN] = "0/10"
+		l.CommitLSN = 0x10
+		mustAdd(t, s, l)
+	}
+}
+
+func checkResult(t *testing.T, what string, got deadletter.ReplayResult, want deadletter.Counts) {
+	t.Helper()
+	if got.Counts != want {
+		t.Errorf("%s: counts %+v, want %+v (failures %+v)", what, got.Counts, want, got.Failures)
+	}
+}
+
+func TestReplayDeadLetters(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	topic := unique("replay.basic")
+	seed(t, s, topic, 6)
+
+	// First replay: every letter published once, with its id and the replay id.
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Actor: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "first replay", res, deadletter.Counts{Selected: 6, Published: 6})
+	recs := readTopic(t, topic)
+	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(recordIDs(recs), want) {
+		t.Fatalf("Kafka has %v, want %v", recordIDs(recs), want)
+	}
+	lastOf := map[string]int{} // per key, the last event number seen: order within a key
+	for _, r := range recs {
+		id := r.Headers[sink.HeaderID]
+		n, _ := strconv.Atoi(strings.TrimPrefix(id, "e-"))
+		wantKey := map[bool]string{true: "A", false: "B"}[n%2 == 0]
+		want := map[string]string{
+			"id": id, "event_type": "OrderPlaced", "aggregate_type": "order", "commit_lsn": "0/10",
+			"commit_time": "2024-05-01T09:00:00Z", "tenant": "acme", deadletter.HeaderReplay: fmt.Sprint(res.ReplayID),
+		}
+		if string(r.Key) != wantKey || string(r.Value) != fmt.Sprintf(`{"n": %q}`, id) || fmt.Sprint(r.Headers) != fmt.Sprint(want) {
+			t.Errorf("record %s: key %q, value %s, headers %v; want key %q, headers %v", id, r.Key, r.Value, r.Headers, wantKey, want)
+		}
+		if prev, ok := lastOf[string(r.Key)]; ok && prev > n {
+			t.Errorf("key %s: event %d after %d", r.Key, n, prev)
+		}
+		lastOf[string(r.Key)] = n
+	}
+	letters, _ := s.List(ctx, deadletter.Filter{})
+	for _, l := range letters {
+		if l.Status != deadletter.StatusReplayed || l.ReplayCount != 1 || l.ReplayedAt == nil {
+			t.Errorf("letter %s after replay: status %q, replay_count %d", l.EventID, l.Status, l.ReplayCount)
+		}
+	}
+
+	// History: the replay and one result per letter.
+	replays, err := s.ListReplays(ctx, 0)
+	if err != nil || len(replays) != 1 {
+		t.Fatalf("ListReplays = %+v, %v", replays, err)
+	}
+	r := replays[0]
+	if r.ID != res.ReplayID || r.Kind != deadletter.KindDLQ || r.Actor != "alice" || r.FinishedAt == nil ||
+		r.Counts != res.Counts || r.DryRun || r.Forced || len(r.Filters) != 0 {
+		t.Errorf("history entry = %+v", r)
+	}
+	events, err := s.ListReplayEvents(ctx, res.ReplayID)
+	if err != nil || len(events) != 6 {
+		t.Fatalf("ListReplayEvents = %d, %v; want 6", len(events), err)
+	}
+	for _, e := range events {
+		if e.Result != deadletter.ResultPublished || e.DeadLetterID == 0 || e.Error != "" {
+			t.Errorf("history event = %+v", e)
+		}
+	}
+
+	// Second replay: nothing to do.
+	res2, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Actor: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "second replay", res2, deadletter.Counts{Selected: 6, Skipped: 6})
+	if n := len(readTopic(t, topic)); n != 6 {
+		t.Errorf("second replay published: %d records, want still 6", n)
+	}
+	if events, _ := s.ListReplayEvents(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != deadletter.ResultSkipped {
+		t.Errorf("second replay history = %+v", events)
+	}
+
+	// Dry run with force: nothing published, everything recorded.
+	res3, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Force: true, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "dry run", res3, deadletter.Counts{Selected: 6})
+	if res3.DryRun != 6 {
+		t.Errorf("dry run would publish %d, want 6", res3.DryRun)
+	}
+	if n := len(readTopic(t, topic)); n != 6 {
+		t.Errorf("dry run published: %d records, want still 6", n)
+	}
+	if events, _ := s.ListReplayEvents(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != deadletter.ResultDryRun {
+		t.Errorf("dry run history = %+v", events)
+	}
+
+	// Forced: published again, filtered to aggregate A.
+	res4, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Force: true, Filter: deadletter.Filter{AggregateID: "A"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "forced replay", res4, deadletter.Counts{Selected: 3, Published: 3})
+	recs = readTopic(t, topic)
+	var again []string
+	for _, r := range recs {
+		if r.Headers[deadletter.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
+			again = append(again, r.Headers[sink.HeaderID])
+		}
+	}
+	if slices.Sort(again); !slices.Equal(again, []string{"e-00", "e-02", "e-04"}) {
+		t.Errorf("forced replay of aggregate A published %v", again)
+	}
+	if l := byEventID(t, s, "e-02"); l.ReplayCount != 2 {
+		t.Errorf("e-02 replay_count = %d, want 2", l.ReplayCount)
+	}
+	if l := byEventID(t, s, "e-01"); l.ReplayCount != 1 {
+		t.Errorf("e-01 replay_count = %d, want 1", l.ReplayCount)
+	}
+
+	replays, _ = s.ListReplays(ctx, 2)
+	if len(replays) != 2 || replays[0].ID != res4.ReplayID || !replays[0].Forced || replays[1].ID != res3.ReplayID ||
+		!replays[1].DryRun || replays[0].Filters["aggregate_id"] != "A" {
+		t.Errorf("ListReplays(2) = %+v", replays)
+	}
+}
+
+func TestReplayFilters(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	topic := unique("replay.filters")
+	seed(t, s, topic, 10)
+	other := letter("x-1", "invalid_topic", "A", "OrderPaid", base.Add(time.Hour))
+	other.Topic = topic
+	mustAdd(t, s, other)
+	ids := func(events ...string) []int64 {
+		var out []int64
+		for _, e := range events {
+			out = append(out, byEventID(t, s, e).ID)
+		}
+		return out
+	}
+	// Dry runs, each on the same letters: which were selected?
+	tests := []struct {
+		name string
+		f    deadletter.Filter
+		want []string
+	}{
+		{"ids", deadletter.Filter{IDs: ids("e-03", "e-07")}, []string{"e-03", "e-07"}},
+		{"error code", deadletter.Filter{ErrorCode: "invalid_topic"}, []string{"x-1"}},
+		{"event type", deadletter.Filter{EventType: "OrderPaid"}, []string{"x-1"}},
+		{"aggregate and time", deadletter.Filter{AggregateID: "B", Since: base.Add(3 * time.Second), Until: base.Add(8 * time.Second)}, []string{"e-03", "e-05", "e-07"}},
+		{"limit", deadletter.Filter{Limit: 4}, []string{"e-00", "e-01", "e-02", "e-03"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := s.ReplayDeadLetters(ctx, nil, deadletter.ReplayOptions{Filter: tt.f, DryRun: true, BatchSize: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			events, err := s.ListReplayEvents(ctx, res.ReplayID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range events {
+				got = append(got, e.EventID)
+			}
+			if !slices.Equal(got, tt.want) || res.Selected != len(tt.want) || res.DryRun != len(tt.want) {
+				t.Errorf("selected %v (counts %+v), want %v", got, res.Counts, tt.want)
+			}
+		})
+	}
+	if _, err := s.ReplayDeadLetters(ctx, nil, deadletter.ReplayOptions{}); err == nil {
+		t.Error("a replay without publisher that is not a dry run started")
+	}
+}
+
+func TestReplayFailures(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	topic := unique("replay.failures")
+	seed(t, s, topic, 2)
+	noKey := letter("no-key", "empty_key", "", "T", base)
+	noKey.Key, noKey.Topic = nil, topic
+	badTopic := letter("bad-topic", "invalid_topic", "A", "T", base)
+	badTopic.Topic = "outbox.{aggregate_type}"
+	mustAdd(t, s, noKey, badTopic)
+
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "replay", res, deadletter.Counts{Selected: 4, Published: 2, Failed: 2})
+	failed := map[string]string{}
+	for _, f := range res.Failures {
+		failed[f.EventID] = f.Error
+	}
+	if !strings.Contains(failed["no-key"], "empty_key") || !strings.Contains(failed["bad-topic"], "invalid_topic") {
+		t.Errorf("failures = %v", failed)
+	}
+	for _, e := range []string{"no-key", "bad-topic"} {
+		if l := byEventID(t, s, e); l.Status != deadletter.StatusPending {
+			t.Errorf("failed letter %s is %s, want still pending", e, l.Status)
+		}
+	}
+	if got := recordIDs(readTopic(t, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
+		t.Errorf("Kafka has %v", got)
+	}
+	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
+	var nFailed int
+	for _, e := range events {
+		if e.Result == deadletter.ResultFailed && e.Error != "" {
+			nFailed++
+		}
+	}
+	if len(events) != 4 || nFailed != 2 {
+		t.Errorf("history = %+v", events)
+	}
+}
+
+func TestReplayRate(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	topic := unique("replay.rate")
+	seed(t, s, topic, 40)
+
+	const rate = 20.0
+	start := time.Now()
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Rate: rate, BatchSize: 10})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "rate-limited replay", res, deadletter.Counts{Selected: 40, Published: 40})
+	got := 40 / elapsed.Seconds()
+	t.Logf("40 events at --rate %g took %v: %.1f events/s", rate, elapsed, got)
+	// The limiter starts empty, so 40 events take about 40/rate = 2s. Allow a
+	// slow machine to be slower, never faster.
+	if got > rate*1.1 || got < rate/2 || elapsed < 1500*time.Millisecond || elapsed > 4*time.Second {
+		t.Errorf("replay ran at %.1f events/s (%v for 40), want about %g", got, elapsed, rate)
+	}
+	if n := len(readTopic(t, topic)); n != 40 {
+		t.Errorf("Kafka has %d records, want 40", n)
+	}
+}
+
+func TestReplayCanceled(t *testing.T) {
+	s := newStore(t)
+	p := newPublisher(t)
+	topic := unique("replay.cancel")
+	seed(t, s, topic, 20)
+	ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
+	defer cancel()
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Rate: 10, BatchSize: 5})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("canceled replay returned %v, want the context's error", err)
+	}
+	if res.Published == 0 || res.Published >= 20 {
+		t.Errorf("canceled replay published %d of 20", res.Published)
+	}
+	replays, _ := s.ListReplays(t.Context(), 1)
+	if len(replays) != 1 || replays[0].FinishedAt == nil || replays[0].Counts != res.Counts {
+		t.Errorf("history of the canceled replay = %+v, result %+v", replays, res.Counts)
+	}
+	replayed, _ := s.List(t.Context(), deadletter.Filter{Status: deadletter.StatusReplayed})
+	if len(replayed) != res.Published {
+		t.Errorf("%d letters marked replayed, %d published", len(replayed), res.Published)
+	}
+	events, _ := s.ListReplayEvents(t.Context(), res.ReplayID)
+	if len(events) != res.Selected {
+		t.Errorf("%d results recorded for %d selected letters", len(events), res.Selected)
+	}
+}
+
+// outboxTable creates an outbox table (as migrations/001_outbox.sql, plus a
+// header column) and returns its name.
+func outboxTable(t *testing.T) string {
+	t.Helper()
+	name := "public." + unique("outbox")
+	_, err := pool.Exec(t.Context(), `CREATE TABLE `+name+` (
+    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    correlation_id text
+)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+type row struct {
+	aggType, aggID, evType string
+	age                    time.Duration
+}
+
+// insertRows inserts rows, each created age ago, and returns their ids.
+func insertRows(t *testing.T, table string, now time.Time, rows ...row) []string {
+	t.Helper()
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		err := pool.QueryRow(t.Context(), `INSERT INTO `+table+` (aggregate_type, aggregate_id, event_type, payload, created_at, correlation_id)
+VALUES ($1, $2, $3, $4, $5, nullif($6, '')) RETURNING id::text`,
+			r.aggType, r.aggID, r.evType, fmt.Sprintf(`{"i": %d}`, i), now.Add(-r.age), map[bool]string{true: "corr"}[i%2 == 0]).Scan(&ids[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+func TestReplayOutbox(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	table := outboxTable(t)
+	prefix := unique("ob")
+	now := time.Now()
+	ids := insertRows(t, table, now,
+		row{"order", "A", "Placed", 3 * time.Hour},   // 0: too old
+		row{"order", "A", "Paid", 100 * time.Minute}, // 1
+		row{"order", "B", "Placed", 90 * time.Minute},
+		row{"user", "A", "Registered", 80 * time.Minute}, // 3: other topic
+		row{"order", "A", "Shipped", 70 * time.Minute},
+		row{"order", "A", "Closed", 10 * time.Minute}, // 5: too new
+	)
+	cols := deadletter.OutboxColumns{Columns: decoder.DefaultColumns(), Headers: map[string]string{"correlation_id": "x-correlation"}}
+	opts := deadletter.OutboxReplayOptions{
+		Since: now.Add(-2 * time.Hour), Until: now.Add(-30 * time.Minute),
+		Topic: prefix + ".{aggregate_type}", Actor: "bob", BatchSize: 2,
+	}
+	res, err := s.ReplayOutbox(ctx, table, cols, p, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "outbox replay", res, deadletter.Counts{Selected: 4, Published: 4})
+	orders, users := readTopic(t, prefix+".order"), readTopic(t, prefix+".user")
+	want := []string{ids[1], ids[2], ids[4]}
+	slices.Sort(want)
+	if !slices.Equal(recordIDs(orders), want) || len(users) != 1 || users[0].Headers["id"] != ids[3] {
+		t.Fatalf("replayed: orders %v, users %v; want orders %v, users [%s]", recordIDs(orders), recordIDs(users), want, ids[3])
+	}
+	var keyA []string
+	for _, r := range orders {
+		if string(r.Key) == "A" {
+			keyA = append(keyA, r.Headers["id"])
+		}
+		if r.Headers[deadletter.HeaderReplay] != fmt.Sprint(res.ReplayID) || r.Headers["event_type"] == "" ||
+			r.Headers["aggregate_type"] != "order" || !strings.HasPrefix(string(r.Value), `{"i": `) {
+			t.Errorf("record %+v", r)
+		}
+	}
+	if !slices.Equal(keyA, []string{ids[1], ids[4]}) {
+		t.Errorf("key A in order %v, want %v (created_at order)", keyA, []string{ids[1], ids[4]})
+	}
+	for _, r := range append(orders, users...) {
+		i := slices.Index(ids, r.Headers["id"])
+		if wantCorr := map[bool]string{true: "corr"}[i%2 == 0]; r.Headers["x-correlation"] != wantCorr {
+			t.Errorf("row %d: x-correlation header %q, want %q", i, r.Headers["x-correlation"], wantCorr)
+		}
+	}
+	replays, _ := s.ListReplays(ctx, 1)
+	if len(replays) != 1 || replays[0].Kind != deadletter.KindOutbox || replays[0].Actor != "bob" || replays[0].Filters["table"] != table {
+		t.Errorf("history = %+v", replays)
+	}
+	if events, _ := s.ListReplayEvents(ctx, res.ReplayID); len(events) != 4 || events[0].DeadLetterID != 0 || events[0].Result != deadletter.ResultPublished {
+		t.Errorf("history events = %+v", events)
+	}
+
+	// Aggregate and event type filters, then ids.
+	opts.AggregateID, opts.Since, opts.Until = "A", time.Time{}, time.Time{}
+	res, err = s.ReplayOutbox(ctx, table, cols, nil, withDryRun(opts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[0], ids[1], ids[3], ids[4], ids[5]}) {
+		t.Errorf("aggregate A selected %v", got)
+	}
+	opts.EventType = "Placed"
+	opts.AggregateID = ""
+	res, _ = s.ReplayOutbox(ctx, table, cols, nil, withDryRun(opts))
+	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[0], ids[2]}) {
+		t.Errorf("event type Placed selected %v", got)
+	}
+	opts.EventType, opts.IDs = "", []string{ids[5], ids[2]}
+	res, _ = s.ReplayOutbox(ctx, table, cols, nil, withDryRun(opts))
+	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[2], ids[5]}) {
+		t.Errorf("ids selected %v", got)
+	}
+
+	// A topic that cannot be rendered fails that row only.
+	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET aggregate_type = 'bad/type' WHERE id = $1`, ids[5]); err != nil {
+		t.Fatal(err)
+	}
+	res, err = s.ReplayOutbox(ctx, table, cols, p, deadletter.OutboxReplayOptions{IDs: []string{ids[2], ids[5]}, Topic: prefix + ".{aggregate_type}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "replay with a bad topic", res, deadletter.Counts{Selected: 2, Published: 1, Failed: 1})
+
+	if _, err := s.ReplayOutbox(ctx, "public.no_such_outbox", cols, nil, withDryRun(opts)); err == nil || !strings.Contains(err.Error(), "public.no_such_outbox") {
+		t.Errorf("replay of a missing table: %v", err)
+	}
+}
+
+func withDryRun(o deadletter.OutboxReplayOptions) deadletter.OutboxReplayOptions {
+	o.DryRun = true
+	return o
+}
+
+// resultIDs returns the event ids recorded for a replay, in order.
+func resultIDs(t *testing.T, s *deadletter.Store, replayID int64) []string {
+	t.Helper()
+	events, err := s.ListReplayEvents(t.Context(), replayID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range events {
+		ids = append(ids, e.EventID)
+	}
+	return ids
+}
+
+func TestPruneOutbox(t *testing.T) {
+	ctx := t.Context()
+	table := outboxTable(t)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (aggregate_type, aggregate_id, event_type, payload, created_at)
+SELECT 'order', i::text, 'Placed', '{}', now() - interval '8 days' - i * interval '1 second' FROM generate_series(1, 2500) i;
+INSERT INTO `+table+` (aggregate_type, aggregate_id, event_type, payload, created_at)
+SELECT 'order', i::text, 'Placed', '{}', now() - interval '6 days' FROM generate_series(1, 30) i`); err != nil {
+		t.Fatal(err)
+	}
+	statements := countStatements(t, table, "DELETE")
+	n, err := deadletter.PruneOutbox(ctx, pool, table, "", time.Now().Add(-7*24*time.Hour), 1000)
+	if err != nil || n != 2500 {
+		t.Fatalf("PruneOutbox = %d, %v; want 2500", n, err)
+	}
+	if got := statements(); got != 3 {
+		t.Errorf("PruneOutbox ran %d DELETE statements, want 3 batches (1000, 1000, 500)", got)
+	}
+	var left, old int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE created_at < now() - interval '7 days') FROM `+table).Scan(&left, &old); err != nil {
+		t.Fatal(err)
+	}
+	if left != 30 || old != 0 {
+		t.Errorf("after prune: %d rows, %d of them old; want 30, 0", left, old)
+	}
+	if n, err := deadletter.PruneOutbox(ctx, pool, table, "", time.Now().Add(-7*24*time.Hour), 0); err != nil || n != 0 {
+		t.Errorf("second prune = %d, %v; want 0", n, err)
+	}
+	if _, err := deadletter.PruneOutbox(ctx, pool, table, "inserted_at", time.Now(), 0); err == nil || !strings.Contains(err.Error(), table) {
+		t.Errorf("prune by a missing column: %v", err)
+	}
+}
