@@ -328,4 +328,3 @@ func summarize(l deadletter.Letter) deadletter.Letter {
 	l.Payload = l.Payload[:min(len(l.Payload), 32)]
 	return l
 }
-

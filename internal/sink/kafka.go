@@ -71,6 +71,15 @@ type Config struct {
 	Transport *kafka.Transport
 	Logger    zerolog.Logger
 	Metrics   *metrics.Metrics
+	// Linger bounds how long events may wait for more to join their request
+	// while the input is still flowing (default 5ms); QuietGap is how long the
+	// input must pause for the stream to count as having nothing more buffered
+	// (default 250µs); FlushEvents sends at once when that many are queued
+	// (default 1000). With a quiet input an event goes out at once; with a busy
+	// one, requests grow instead of multiplying.
+	Linger      time.Duration
+	QuietGap    time.Duration
+	FlushEvents int
 	// BreakerThreshold is how many produce requests in a row must fail before
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
@@ -105,6 +114,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.BreakerThreshold <= 0 {
 		c.BreakerThreshold = 5
+	}
+	if c.Linger <= 0 {
+		c.Linger = 5 * time.Millisecond
+	}
+	if c.QuietGap <= 0 {
+		c.QuietGap = 250 * time.Microsecond
+	}
+	if c.FlushEvents <= 0 {
+		c.FlushEvents = 1000
 	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
@@ -143,6 +161,7 @@ type Kafka struct {
 	mu        sync.Mutex
 	newTopics []*topicState
 
+	lastPush  atomic.Int64 // UnixNano of the newest Send
 	failing   atomic.Int32 // partitions currently retrying
 	reachable atomic.Bool  // the last metadata probe succeeded
 	circuit   atomic.Int32 // circuitClosed, circuitOpen, circuitHalfOpen
@@ -499,6 +518,7 @@ type partition struct {
 
 	mu    sync.Mutex
 	queue []*outbox.Event
+	since int64 // UnixNano when the queue became non-empty
 	// sending mirrors inFlight for push: a partition whose batch is in flight is
 	// looked at again when the response comes, so a new event need not wake the
 	// dispatcher (each wake-up is a futex call and a scheduler round).
@@ -528,9 +548,14 @@ func newPartition(k *Kafka, topic string, id int, leader int32) *partition {
 
 // push appends ev to the queue and tells the dispatcher when the queue was empty.
 func (p *partition) push(ev *outbox.Event) {
+	now := time.Now().UnixNano()
+	p.k.lastPush.Store(now)
 	p.mu.Lock()
 	p.queue = append(p.queue, ev)
 	first := len(p.queue) == 1
+	if first {
+		p.since = now
+	}
 	p.mu.Unlock()
 	if first && !p.sending.Load() {
 		p.k.signal()
@@ -600,6 +625,13 @@ func (p *partition) recycle(batch []*outbox.Event) {
 	p.mu.Unlock()
 }
 
+// queued returns the queue's length and when it became non-empty.
+func (p *partition) queued() (int, int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue), p.since
+}
+
 // hasQueued reports whether the queue has events.
 func (p *partition) hasQueued() bool {
 	p.mu.Lock()
@@ -649,74 +681,35 @@ func (k *Kafka) dispatch() {
 		k.newTopics = nil
 		k.mu.Unlock()
 
-		// Build one request per idle broker from its ready partitions.
+		// Build one request per idle broker from its ready partitions, once the
+		// input paused, enough is queued, or the oldest event waited Linger.
 		now := time.Now()
-		var wakeAt time.Time
-		reqs := map[int32]*request{}
-		reqBytes := map[int32]int{}
-		for _, p := range parts {
-			if p.inFlight || byBroker[p.leader] && reqs[p.leader] == nil {
-				continue
-			}
-			if now.Before(p.notBefore) {
-				if wakeAt.IsZero() || p.notBefore.Before(wakeAt) {
-					wakeAt = p.notBefore
-				}
-				continue
-			}
-			if p.leader < 0 {
-				// No leader known (yet): look again after a backoff.
-				if p.hasQueued() || p.retry != nil {
-					p.notBefore = now.Add(k.cfg.Retry.Delay(p.attempt))
-					p.attempt++
-					if !refreshing {
-						refreshing = k.refresh(parts, refreshed)
+		wakeAt, send := k.gate(now, parts, byBroker)
+		if send {
+			var reqs map[int32]*request
+			reqs, wakeAt = k.collect(now, parts, byBroker, &refreshing, refreshed)
+			for b, r := range reqs {
+				byBroker[b] = true
+				inFlight++
+				req := enc.build(k, r)
+				r.start = time.Now()
+				k.wg.Add(1)
+				go func() {
+					defer k.wg.Done()
+					ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
+					m, err := k.transport.RoundTrip(ctx, k.addr, req)
+					cancel()
+					if err == nil {
+						res, ok := m.(*produceAPI.Response)
+						if !ok {
+							err = fmt.Errorf("unexpected produce response %T", m)
+						}
+						r.res = res
 					}
-				}
-				continue
+					r.err = err
+					done <- r
+				}()
 			}
-			room := k.cfg.MaxRequestBytes - reqBytes[p.leader]
-			if room <= 0 {
-				continue
-			}
-			batch := p.next(room)
-			if batch == nil {
-				continue
-			}
-			r := reqs[p.leader]
-			if r == nil {
-				r = &request{broker: p.leader}
-				reqs[p.leader] = r
-			}
-			r.parts = append(r.parts, p)
-			r.batches = append(r.batches, batch)
-			for _, ev := range batch {
-				reqBytes[p.leader] += ev.Size()
-			}
-			p.inFlight = true
-			p.sending.Store(true)
-		}
-		for b, r := range reqs {
-			byBroker[b] = true
-			inFlight++
-			req := enc.build(k, r)
-			r.start = time.Now()
-			k.wg.Add(1)
-			go func() {
-				defer k.wg.Done()
-				ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
-				m, err := k.transport.RoundTrip(ctx, k.addr, req)
-				cancel()
-				if err == nil {
-					res, ok := m.(*produceAPI.Response)
-					if !ok {
-						err = fmt.Errorf("unexpected produce response %T", m)
-					}
-					r.res = res
-				}
-				r.err = err
-				done <- r
-			}()
 		}
 		if !wakeAt.IsZero() {
 			timer.Reset(time.Until(wakeAt))
@@ -743,6 +736,91 @@ func (k *Kafka) dispatch() {
 			}
 		}
 	}
+}
+
+// collect takes the next batch of every ready partition whose broker is idle,
+// one request per broker, and says when a backing-off partition is due.
+func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bool, refreshing *bool, refreshed chan map[string][]int32) (map[int32]*request, time.Time) {
+	var wakeAt time.Time
+	reqs := map[int32]*request{}
+	reqBytes := map[int32]int{}
+	for _, p := range parts {
+		if p.inFlight || byBroker[p.leader] && reqs[p.leader] == nil {
+			continue
+		}
+		if now.Before(p.notBefore) {
+			if wakeAt.IsZero() || p.notBefore.Before(wakeAt) {
+				wakeAt = p.notBefore
+			}
+			continue
+		}
+		if p.leader < 0 {
+			// No leader known (yet): look again after a backoff.
+			if p.hasQueued() || p.retry != nil {
+				p.notBefore = now.Add(k.cfg.Retry.Delay(p.attempt))
+				p.attempt++
+				if !*refreshing {
+					*refreshing = k.refresh(parts, refreshed)
+				}
+			}
+			continue
+		}
+		room := k.cfg.MaxRequestBytes - reqBytes[p.leader]
+		if room <= 0 {
+			continue
+		}
+		batch := p.next(room)
+		if batch == nil {
+			continue
+		}
+		r := reqs[p.leader]
+		if r == nil {
+			r = &request{broker: p.leader}
+			reqs[p.leader] = r
+		}
+		r.parts = append(r.parts, p)
+		r.batches = append(r.batches, batch)
+		for _, ev := range batch {
+			reqBytes[p.leader] += ev.Size()
+		}
+		p.inFlight = true
+		p.sending.Store(true)
+	}
+	return reqs, wakeAt
+}
+
+// gate decides whether the dispatcher builds requests now: retries that are due
+// and batches of an input that paused (the stream has nothing more buffered)
+// go at once; while events keep arriving it waits, up to Linger after the
+// oldest queued event, for more to join them. When it waits it says until when.
+func (k *Kafka) gate(now time.Time, parts []*partition, busy map[int32]bool) (wakeAt time.Time, send bool) {
+	total, oldest := 0, int64(0)
+	for _, p := range parts {
+		if p.inFlight || busy[p.leader] || now.Before(p.notBefore) {
+			continue
+		}
+		if p.retry != nil {
+			return time.Time{}, true
+		}
+		n, since := p.queued()
+		if n == 0 {
+			continue
+		}
+		total += n
+		if oldest == 0 || since < oldest {
+			oldest = since
+		}
+	}
+	if total == 0 || total >= k.cfg.FlushEvents {
+		return time.Time{}, true
+	}
+	nowNs := now.UnixNano()
+	quietAt := k.lastPush.Load() + int64(k.cfg.QuietGap)
+	lingerAt := oldest + int64(k.cfg.Linger)
+	if nowNs >= quietAt || nowNs >= lingerAt {
+		return time.Time{}, true
+	}
+	return time.Unix(0, min(quietAt, lingerAt)), false
 }
 
 // refresh looks up the leaders of every known topic in the background.
