@@ -22,9 +22,10 @@ test:
 demo:
 	$(GO) run ./cmd/cdc-relay-demo
 
-# Throughput/latency benchmark.
+# Throughput/latency benchmark: bare reader vs relay vs poller, in one run.
+# Results go to bench/results/; e.g. `make bench BENCHFLAGS=-quick` for a smoke check.
 bench:
-	$(GO) run ./bench/cmd/bench
+	$(GO) run ./bench/cmd/bench $(BENCHFLAGS)
 
 # Formatting (fails listing the files gofmt would change) and go vet.
 lint:

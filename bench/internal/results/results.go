@@ -1,0 +1,432 @@
+// Package results holds what one benchmark run measured, its JSON form, the
+// table printed at the end and the check of the targets.
+package results
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
+)
+
+// Results is one run.
+type Results struct {
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"` // wall time of the whole run
+	Host    Host      `json:"host"`
+	Config  Config    `json:"config"`
+
+	BacklogLoadSeconds float64 `json:"backlog_load_seconds"` // committing the relay's backlog
+	PollerLoadSeconds  float64 `json:"poller_load_seconds"`  // committing the poller's copy
+
+	// LimitRuns are the bare reader before and after the relay; Limit is the
+	// faster of them.
+	LimitRuns []Drain `json:"limit_runs"`
+	Limit     Drain   `json:"limit"`
+	Relay     Drain   `json:"relay"`
+	Poller    Drain   `json:"poller"`
+
+	Latency []Latency `json:"latency"`
+	Verify  []Verify  `json:"verify"`
+	Ratios  Ratios    `json:"ratios"`
+	Targets []Target  `json:"targets"`
+	Notes   []string  `json:"notes"`
+}
+
+// Host describes the machine.
+type Host struct {
+	CPUs      int    `json:"cpus"`
+	GoVersion string `json:"go_version"`
+	Postgres  string `json:"postgres"`
+	// 1-minute load average when the run started and ended.
+	LoadAvgStart float64 `json:"loadavg_start"`
+	LoadAvgEnd   float64 `json:"loadavg_end"`
+}
+
+// Config is how the run was configured.
+type Config struct {
+	Events         int     `json:"events"`
+	Aggregates     int     `json:"aggregates"`
+	TxnSize        int     `json:"txn_size"`
+	Payload        int     `json:"payload_bytes"`
+	Rates          []int   `json:"rates"`
+	LatencySeconds float64 `json:"latency_seconds"`
+	WarmupSeconds  float64 `json:"warmup_seconds"`
+	Quick          bool    `json:"quick"`
+	PollerBatch    int     `json:"poller_batch"`
+	PollerIdleMs   float64 `json:"poller_idle_ms"`
+	Partitions     int     `json:"partitions"`
+	// QuietWaitSeconds bounds the wait for a quiet machine before each
+	// measurement.
+	QuietWaitSeconds float64           `json:"quiet_wait_seconds"`
+	PGSettings       map[string]string `json:"pg_settings"`
+}
+
+// Drain is one drain of the backlog by one consumer of it.
+type Drain struct {
+	Name          string  `json:"name"`
+	Events        int     `json:"events"`
+	Seconds       float64 `json:"seconds"` // process start → last event done
+	Rate          float64 `json:"rate"`    // events per second
+	CPUSeconds    float64 `json:"cpu_seconds"`
+	CPUPerEventUS float64 `json:"cpu_us_per_event"`
+	PeakRSSBytes  int64   `json:"peak_rss_bytes"`
+	// Postgres, over the process's whole life.
+	PGCPUSeconds    float64 `json:"pg_cpu_seconds"`
+	PGCPUPerEventUS float64 `json:"pg_cpu_us_per_event"`
+	WALBytes        int64   `json:"wal_bytes"`
+	WALPerEvent     float64 `json:"wal_bytes_per_event"`
+	// PGByProcess is Postgres CPU µs per event by kind of server process
+	// (walsender, backend, autovacuum, background, exited), from the start
+	// until the last event was done.
+	PGByProcess map[string]float64 `json:"pg_cpu_us_per_event_by_process,omitempty"`
+	// CheckpointSaves is the relay's checkpoint row writes (relay only).
+	CheckpointSaves int `json:"checkpoint_saves,omitempty"`
+	// The machine over the same window: CPU time of the benchmark process
+	// (Kafka broker, consumer) and of processes outside the benchmark, and
+	// that outside share of the machine's capacity.
+	WindowSeconds     float64 `json:"window_seconds"`
+	BenchCPUSeconds   float64 `json:"bench_process_cpu_seconds"`
+	ForeignCPUSeconds float64 `json:"foreign_cpu_seconds"`
+	ForeignShare      float64 `json:"foreign_share"`
+	// ProduceRequests and MeanBatch are the relay's produce requests during
+	// the drain and their mean size in events (relay only).
+	ProduceRequests int     `json:"produce_requests,omitempty"`
+	MeanBatch       float64 `json:"mean_batch_events,omitempty"`
+	// ProduceP50Ms and ProduceP99Ms: produce request sent → acknowledged
+	// (cdc_relay_produce_latency_seconds), per request.
+	ProduceP50Ms float64 `json:"produce_p50_ms,omitempty"`
+	ProduceP99Ms float64 `json:"produce_p99_ms,omitempty"`
+}
+
+// Fill computes the per-event and rate fields from the totals.
+func (d *Drain) Fill() {
+	if d.Seconds > 0 {
+		d.Rate = float64(d.Events) / d.Seconds
+	}
+	if d.Events > 0 {
+		n := float64(d.Events)
+		d.CPUPerEventUS = d.CPUSeconds * 1e6 / n
+		d.PGCPUPerEventUS = d.PGCPUSeconds * 1e6 / n
+		d.WALPerEvent = float64(d.WALBytes) / n
+	}
+}
+
+// Latency is one steady-load run.
+type Latency struct {
+	System       string  `json:"system"` // reader, relay or poller
+	Rate         int     `json:"offered_rate"`
+	TxnSize      int     `json:"txn_size"`
+	Committed    int     `json:"committed"`
+	AchievedRate float64 `json:"achieved_rate"`
+	Missing      int     `json:"missing"`
+	latency.Summary
+	// CPU per committed event during the run: the system under test's
+	// process, and Postgres; ForeignShare as in Drain.
+	CPUPerEventUS   float64            `json:"cpu_us_per_event"`
+	PGCPUPerEventUS float64            `json:"pg_cpu_us_per_event"`
+	PGByProcess     map[string]float64 `json:"pg_cpu_us_per_event_by_process,omitempty"`
+	ForeignShare    float64            `json:"foreign_share"`
+	// The relay's own view (relay only), from its metrics over the run:
+	// cdc_relay_end_to_end_latency_seconds (commit → Kafka ack of the oldest
+	// event of each produce request, estimated from histogram buckets), and
+	// produce requests with their mean size.
+	RelayAckP50Ms   float64 `json:"relay_ack_p50_ms,omitempty"`
+	RelayAckP99Ms   float64 `json:"relay_ack_p99_ms,omitempty"`
+	ProduceRequests int     `json:"produce_requests,omitempty"`
+	MeanBatch       float64 `json:"mean_batch_events,omitempty"`
+	// ProduceP50Ms and ProduceP99Ms: produce request sent → acknowledged
+	// (cdc_relay_produce_latency_seconds), per request.
+	ProduceP50Ms float64 `json:"produce_p50_ms,omitempty"`
+	ProduceP99Ms float64 `json:"produce_p99_ms,omitempty"`
+}
+
+// Verify is the check of what a drain left in Kafka.
+type Verify struct {
+	System          string `json:"system"`
+	Topic           string `json:"topic"`
+	Records         int    `json:"records"`
+	Unique          int    `json:"unique"`
+	Duplicates      int    `json:"duplicates"`
+	Missing         int    `json:"missing"`
+	OrderViolations int    `json:"order_violations"`
+	OK              bool   `json:"ok"`
+}
+
+// Ratios compare the systems.
+type Ratios struct {
+	RelayOverLimitRate    float64 `json:"relay_over_limit_rate"`
+	RelayOverReaderCPU    float64 `json:"relay_over_reader_cpu_per_event"`
+	RelayOverPollerRate   float64 `json:"relay_over_poller_rate"`
+	RelayOverPollerPGCPU  float64 `json:"relay_over_poller_pg_cpu_per_event"`
+	RelayOverPollerWAL    float64 `json:"relay_over_poller_wal_per_event"`
+	RelayOverPollerCPU    float64 `json:"relay_over_poller_cpu_per_event"`
+	RelayWALAllowance     int64   `json:"relay_wal_allowance_bytes"`
+	RelayLatencyPeakRSS   int64   `json:"relay_latency_peak_rss_bytes"`
+	RelayLatencyCPUSecond float64 `json:"relay_latency_cpu_seconds"`
+}
+
+// Target is one goal of the issue and whether this run met it.
+type Target struct {
+	Name string `json:"name"`
+	Got  string `json:"got"`
+	Pass bool   `json:"pass"`
+	NA   bool   `json:"na,omitempty"` // not measured in this run
+}
+
+// walAllowanceFixed and walAllowancePerSave bound the WAL the relay may cause
+// during a drain: its checkpoint row upsert (a heap tuple and a commit record)
+// per save, plus the server's own periodic records (running_xacts).
+const (
+	walAllowanceFixed   = 8 << 10
+	walAllowancePerSave = 1 << 10
+)
+
+// Evaluate computes Ratios and Targets.
+func (r *Results) Evaluate() {
+	div := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	q := &r.Ratios
+	q.RelayOverLimitRate = div(r.Relay.Rate, r.Limit.Rate)
+	q.RelayOverReaderCPU = div(r.Relay.CPUPerEventUS, r.Limit.CPUPerEventUS)
+	q.RelayOverPollerRate = div(r.Relay.Rate, r.Poller.Rate)
+	q.RelayOverPollerPGCPU = div(r.Relay.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS)
+	q.RelayOverPollerWAL = div(r.Relay.WALPerEvent, r.Poller.WALPerEvent)
+	q.RelayOverPollerCPU = div(r.Relay.CPUPerEventUS, r.Poller.CPUPerEventUS)
+	q.RelayWALAllowance = walAllowanceFixed + walAllowancePerSave*int64(r.Relay.CheckpointSaves)
+
+	peak := max(r.Relay.PeakRSSBytes, q.RelayLatencyPeakRSS)
+	p99 := "not measured (no 1000/s rate)"
+	p99ok, p99na := false, true
+	for _, l := range r.Latency {
+		if l.System == "relay" && l.Rate == 1000 {
+			p99 = fmt.Sprintf("p99 %.2f ms", l.P99)
+			p99ok, p99na = l.Samples > 0 && l.P99 <= 10, false
+		}
+	}
+	r.Targets = []Target{
+		{Name: "drain ≥ 0.7 × limit", Got: fmt.Sprintf("relay/limit %.2f", q.RelayOverLimitRate), Pass: q.RelayOverLimitRate >= 0.7},
+		{Name: "relay CPU/event ≤ 1.3 × reader's", Got: fmt.Sprintf("ratio %.2f (%.2f vs %.2f µs)", q.RelayOverReaderCPU, r.Relay.CPUPerEventUS, r.Limit.CPUPerEventUS), Pass: q.RelayOverReaderCPU > 0 && q.RelayOverReaderCPU <= 1.3},
+		{Name: "peak RSS ≤ 64 MiB", Got: fmt.Sprintf("%s (drain %s, latency runs %s)", mib(peak), mib(r.Relay.PeakRSSBytes), mib(q.RelayLatencyPeakRSS)), Pass: peak > 0 && peak <= 64<<20},
+		{Name: "p99 ≤ 10 ms at 1,000/s", Got: p99, Pass: p99ok, NA: p99na},
+		{Name: "≥ 2.5 × poller drain rate", Got: fmt.Sprintf("%.2f×", q.RelayOverPollerRate), Pass: q.RelayOverPollerRate >= 2.5},
+		{Name: "≤ 0.5 × poller PG CPU per event", Got: fmt.Sprintf("relay/poller %.2f (%.2f vs %.2f µs)", q.RelayOverPollerPGCPU, r.Relay.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS), Pass: r.Poller.PGCPUPerEventUS > 0 && q.RelayOverPollerPGCPU <= 0.5},
+		{Name: "no extra WAL for the relay", Got: fmt.Sprintf("%s during the drain, allowance %s (%d checkpoint saves)", bytesStr(r.Relay.WALBytes), bytesStr(q.RelayWALAllowance), r.Relay.CheckpointSaves), Pass: r.Relay.WALBytes <= q.RelayWALAllowance},
+	}
+}
+
+// Save writes r as indented JSON to path.
+func (r *Results) Save(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	return nil
+}
+
+// Load reads results written by Save.
+func Load(path string) (*Results, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read results: %w", err)
+	}
+	var r Results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("decode results %s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// LatencyOf returns the run of system at rate.
+func (r *Results) LatencyOf(system string, rate int) (Latency, bool) {
+	for _, l := range r.Latency {
+		if l.System == system && l.Rate == rate {
+			return l, true
+		}
+	}
+	return Latency{}, false
+}
+
+// Print writes the table, the ratios, the verification and the targets.
+func (r *Results) Print(w io.Writer) {
+	header := []string{"", "rate ev/s", "CPU µs/ev", "PG CPU µs/ev", "WAL B/ev"}
+	for _, rate := range r.Config.Rates {
+		label := "@" + rateLabel(rate)
+		if len(header) == 5 {
+			label = "p50/p99/max ms " + label
+		}
+		header = append(header, label)
+	}
+	header = append(header, "peak RSS")
+	row := func(name, system string, d Drain) []string {
+		cells := []string{name, fmt.Sprintf("%.0f", d.Rate), fmt.Sprintf("%.2f", d.CPUPerEventUS),
+			fmt.Sprintf("%.2f", d.PGCPUPerEventUS), fmt.Sprintf("%.1f", d.WALPerEvent)}
+		for _, rate := range r.Config.Rates {
+			l, ok := r.LatencyOf(system, rate)
+			if !ok || l.Samples == 0 {
+				cells = append(cells, "-")
+				continue
+			}
+			cells = append(cells, fmt.Sprintf("%s/%s/%s", ms(l.P50), ms(l.P99), ms(l.Max)))
+		}
+		return append(cells, mib(d.PeakRSSBytes))
+	}
+	writeTable(w, [][]string{
+		header,
+		row("bare reader (limit)", "reader", r.Limit),
+		row("relay", "relay", r.Relay),
+		row("poller", "poller", r.Poller),
+	})
+	q := r.Ratios
+	fmt.Fprintf(w, "relay/limit = %.2f   relay CPU/reader CPU = %.2f   relay vs poller (relay/poller): rate %.2f×, PG CPU/ev %.2f×, WAL/ev %.4f×, own CPU/ev %.2f×\n",
+		q.RelayOverLimitRate, q.RelayOverReaderCPU, q.RelayOverPollerRate, q.RelayOverPollerPGCPU, q.RelayOverPollerWAL, q.RelayOverPollerCPU)
+
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "drains (process start → last event done; CPU = the process's utime+stime; PG = all server processes):")
+	for _, d := range append(append([]Drain{}, r.LimitRuns...), r.Relay, r.Poller) {
+		extra := ""
+		if d.CheckpointSaves > 0 {
+			extra = fmt.Sprintf(", %d checkpoint saves, %d produce requests of %.1f events", d.CheckpointSaves, d.ProduceRequests, d.MeanBatch)
+		}
+		fmt.Fprintf(w, "  %-18s %7d events in %6.2fs = %6.0f ev/s; CPU %5.2fs; PG CPU %5.2fs; WAL %s%s\n",
+			d.Name, d.Events, d.Seconds, d.Rate, d.CPUSeconds, d.PGCPUSeconds, bytesStr(d.WALBytes), extra)
+		fmt.Fprintf(w, "  %-18s Postgres µs/ev by process: %s\n", "", byProcess(d.PGByProcess))
+		fmt.Fprintf(w, "  %-18s benchmark process (kfake) CPU %5.2fs; other processes on the machine %5.2fs = %.0f%% of its capacity\n",
+			"", d.BenchCPUSeconds, d.ForeignCPUSeconds, 100*d.ForeignShare)
+	}
+	fmt.Fprintln(w, "latency (relay, poller: commit_time header → record received by a kgo consumer, i.e. commit → consumer-visible, ≥ commit → ack; reader: commit → decoded, alone):")
+	for _, l := range r.Latency {
+		fmt.Fprintf(w, "  %-6s offered %6d ev/s (%2d ev/txn): achieved %8.0f ev/s, %7d committed, %7d received, %d missing; p50 %s p99 %s max %s ms over %d samples\n",
+			l.System, l.Rate, l.TxnSize, l.AchievedRate, l.Committed, l.Received, l.Missing, ms(l.P50), ms(l.P99), ms(l.Max), l.Samples)
+		fmt.Fprintf(w, "         CPU %.2f µs/ev (%s process), Postgres %.2f µs/ev (%s; backends do the inserts); other processes took %.0f%% of the machine\n",
+			l.CPUPerEventUS, l.System, l.PGCPUPerEventUS, byProcess(l.PGByProcess), 100*l.ForeignShare)
+		if l.ProduceRequests > 0 {
+			fmt.Fprintf(w, "         relay's own metrics (per produce request, histogram estimates): commit → ack p50 %s p99 %s ms, of which send → ack p50 %s p99 %s ms; %d produce requests, %.1f events each\n",
+				ms(l.RelayAckP50Ms), ms(l.RelayAckP99Ms), ms(l.ProduceP50Ms), ms(l.ProduceP99Ms), l.ProduceRequests, l.MeanBatch)
+		}
+	}
+	fmt.Fprintln(w, "Kafka contents after each drain:")
+	for _, v := range r.Verify {
+		status := "OK"
+		if !v.OK {
+			status = "FAILED"
+		}
+		fmt.Fprintf(w, "  %-6s %-14s %s: %d records, %d unique, %d duplicates, %d missing, %d per-key order violations\n",
+			v.System, v.Topic, status, v.Records, v.Unique, v.Duplicates, v.Missing, v.OrderViolations)
+	}
+	fmt.Fprintln(w, "targets:")
+	for _, t := range r.Targets {
+		mark := "MISS"
+		switch {
+		case t.NA:
+			mark = "n/a "
+		case t.Pass:
+			mark = "PASS"
+		}
+		fmt.Fprintf(w, "  %s  %-34s %s\n", mark, t.Name, t.Got)
+	}
+	var foreign, capacity float64
+	for _, d := range append(append([]Drain{}, r.LimitRuns...), r.Relay, r.Poller) {
+		foreign += d.ForeignCPUSeconds
+		capacity += d.WindowSeconds * float64(r.Host.CPUs)
+	}
+	if capacity > 0 && foreign/capacity > 0.1 {
+		fmt.Fprintf(w, "WARNING: processes outside the benchmark took %.0f%% of the machine's CPU during the drains (load average %.1f at the start, %.1f at the end, %d CPUs): figures are noisy, compare runs with care\n",
+			100*foreign/capacity, r.Host.LoadAvgStart, r.Host.LoadAvgEnd, r.Host.CPUs)
+	}
+	if len(r.Notes) > 0 {
+		fmt.Fprintln(w, "notes:")
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "  - %s\n", n)
+		}
+	}
+}
+
+// byProcess formats a Postgres CPU breakdown, largest first.
+func byProcess(m map[string]float64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	kinds := make([]string, 0, len(m))
+	for k := range m {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return m[kinds[i]] > m[kinds[j]] })
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s %.2f", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// writeTable prints rows with the first column left-aligned and the others
+// right-aligned, counting runes (µ is two bytes).
+func writeTable(w io.Writer, rows [][]string) {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c))
+			if i == 0 {
+				b.WriteString(c + pad)
+			} else {
+				b.WriteString("   " + pad + c)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+}
+
+func rateLabel(rate int) string {
+	if rate >= 1000 && rate%1000 == 0 {
+		return fmt.Sprintf("%dk", rate/1000)
+	}
+	return fmt.Sprint(rate)
+}
+
+func ms(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func mib(b int64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+func bytesStr(b int64) string {
+	switch {
+	case b >= 1<<20 || b <= -(1<<20):
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10 || b <= -(1<<10):
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	default:
+		return fmt.Sprintf("%d B", b)
+	}
+}

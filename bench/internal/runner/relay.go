@@ -1,0 +1,230 @@
+package runner
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cdc-relay/cdc-relay/bench/internal/child"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// relayProc is the relay binary running as `cdc-relay run`.
+type relayProc struct {
+	*child.Process
+	base string // http://127.0.0.1:PORT
+}
+
+// startRelay starts the built relay on the relay database, publishing to
+// topics "bench.{aggregate_type}".
+func (b *bench) startRelay() (*relayProc, error) {
+	port, err := testenv.FreePort()
+	if err != nil {
+		return nil, fmt.Errorf("pick metrics port: %w", err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p, err := child.Start(child.Options{
+		Name: "relay",
+		Path: b.relayBin,
+		Dir:  b.tmp, // where a file checkpoint store would go; the table store is used
+		Args: []string{"run",
+			"--pg-url", b.relayURL,
+			"--kafka-brokers", strings.Join(b.brokers, ","),
+			"--slot", relaySlot,
+			"--publication", publication,
+			"--topic", relayTopicPrefix + "{aggregate_type}",
+			"--metrics-addr", addr,
+			"--log-format", "json",
+			"--log-level", "warn",
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &relayProc{Process: p, base: "http://" + addr}, nil
+}
+
+// exited returns the relay's exit as an error if it has stopped.
+func (r *relayProc) exited() error {
+	select {
+	case <-r.Done():
+		if err := r.ExitError(); err != nil {
+			return err
+		}
+		return fmt.Errorf("relay exited unexpectedly%s", stderrSuffix(r.StderrTail()))
+	default:
+		return nil
+	}
+}
+
+// relayMetrics is one scrape of the relay's /metrics.
+type relayMetrics struct {
+	sums    map[string]float64             // per metric name, summed over labels
+	buckets map[string]map[float64]float64 // histogram name → le → cumulative count
+}
+
+// sum returns the sum of every sample of name over its labels.
+func (m relayMetrics) sum(name string) float64 { return m.sums[name] }
+
+// metrics scrapes /metrics.
+func (r *relayProc) metrics(ctx context.Context) (relayMetrics, error) {
+	m := relayMetrics{sums: map[string]float64{}, buckets: map[string]map[float64]float64{}}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.base+"/metrics", nil)
+	if err != nil {
+		return m, fmt.Errorf("build metrics request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return m, fmt.Errorf("scrape relay metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return m, fmt.Errorf("scrape relay metrics: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name := line
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name = line[:i]
+		}
+		rest, labels := line[len(name):], ""
+		if strings.HasPrefix(rest, "{") {
+			end := strings.LastIndexByte(rest, '}')
+			labels, rest = rest[1:end], rest[end+1:]
+		}
+		fields := strings.Fields(rest) // value [timestamp]
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		m.sums[name] += v
+		if hist, ok := strings.CutSuffix(name, "_bucket"); ok {
+			if _, le, ok := strings.Cut(labels, `le="`); ok {
+				le, _, _ = strings.Cut(le, `"`)
+				bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+				if err == nil {
+					if m.buckets[hist] == nil {
+						m.buckets[hist] = map[float64]float64{}
+					}
+					m.buckets[hist][bound] += v
+				}
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return m, fmt.Errorf("read relay metrics: %w", err)
+	}
+	return m, nil
+}
+
+// quantileSince estimates quantile q of histogram name over the observations
+// made between before and m, interpolating linearly inside a bucket like
+// Prometheus' histogram_quantile. It returns NaN without observations.
+func (m relayMetrics) quantileSince(before relayMetrics, name string, q float64) float64 {
+	bounds := make([]float64, 0, len(m.buckets[name]))
+	for b := range m.buckets[name] {
+		bounds = append(bounds, b)
+	}
+	slices.Sort(bounds)
+	counts := make([]float64, len(bounds))
+	for i, b := range bounds {
+		counts[i] = m.buckets[name][b] - before.buckets[name][b]
+	}
+	if len(counts) == 0 || counts[len(counts)-1] <= 0 {
+		return math.NaN()
+	}
+	rank := q * counts[len(counts)-1]
+	lower, below := 0.0, 0.0
+	for i, b := range bounds {
+		if counts[i] >= rank {
+			if math.IsInf(b, 1) {
+				return lower // beyond the last finite bucket
+			}
+			if counts[i] == below {
+				return b
+			}
+			return lower + (b-lower)*(rank-below)/(counts[i]-below)
+		}
+		lower, below = b, counts[i]
+	}
+	return lower
+}
+
+// waitPublished polls cdc_relay_events_published_total every 50 ms until it
+// reaches n, and returns when it saw that.
+func (r *relayProc) waitPublished(ctx context.Context, n int, timeout time.Duration) (time.Time, error) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.After(timeout)
+	last := 0.0
+	for {
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-deadline:
+			return time.Time{}, fmt.Errorf("relay published %.0f of %d events within %s%s", last, n, timeout, stderrSuffix(r.StderrTail()))
+		case <-t.C:
+		}
+		if err := r.exited(); err != nil {
+			return time.Time{}, err
+		}
+		m, err := r.metrics(ctx)
+		if err != nil {
+			continue // not listening yet
+		}
+		if last = m.sum("cdc_relay_events_published_total"); last >= float64(n) {
+			return time.Now(), nil
+		}
+	}
+}
+
+// waitReady waits until /readyz answers 200: the relay streams and Kafka
+// accepts events.
+func (r *relayProc) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if err := r.exited(); err != nil {
+			return err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.base+"/readyz", nil)
+		if err != nil {
+			return fmt.Errorf("build readiness request: %w", err)
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("relay not ready within %s%s", timeout, stderrSuffix(r.StderrTail()))
+}
+
+func stderrSuffix(tail string) string {
+	tail = strings.TrimSpace(tail)
+	if tail == "" {
+		return ""
+	}
+	return "; last stderr lines:\n    " + strings.ReplaceAll(tail, "\n", "\n    ")
+}

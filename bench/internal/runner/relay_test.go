@@ -1,0 +1,67 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// exposition renders an end-to-end histogram with the given cumulative
+// bucket counts for le = 0.001, 0.002, 0.004, +Inf.
+func exposition(published int, counts [4]int) string {
+	return fmt.Sprintf(`# HELP cdc_relay_events_published_total Outbox events acknowledged by Kafka (acks=all).
+# TYPE cdc_relay_events_published_total counter
+cdc_relay_events_published_total{topic="a"} %d
+cdc_relay_events_published_total{topic="b"} 5
+cdc_relay_checkpoint_saves_total 3
+cdc_relay_end_to_end_latency_seconds_bucket{le="0.001"} %d
+cdc_relay_end_to_end_latency_seconds_bucket{le="0.002"} %d
+cdc_relay_end_to_end_latency_seconds_bucket{le="0.004"} %d
+cdc_relay_end_to_end_latency_seconds_bucket{le="+Inf"} %d
+cdc_relay_end_to_end_latency_seconds_sum 1.5
+cdc_relay_end_to_end_latency_seconds_count %d
+`, published, counts[0], counts[1], counts[2], counts[3], counts[3])
+}
+
+func TestRelayMetrics(t *testing.T) {
+	body := exposition(10, [4]int{0, 0, 0, 0})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, body)
+	}))
+	defer srv.Close()
+	r := &relayProc{base: srv.URL}
+
+	before, err := r.metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := before.sum("cdc_relay_events_published_total"); got != 15 {
+		t.Fatalf("published = %v, want 15 (summed over topics)", got)
+	}
+	if got := before.sum("cdc_relay_checkpoint_saves_total"); got != 3 {
+		t.Fatalf("checkpoint saves = %v, want 3", got)
+	}
+	if q := before.quantileSince(before, "cdc_relay_end_to_end_latency_seconds", 0.5); !math.IsNaN(q) {
+		t.Fatalf("quantile without observations = %v, want NaN", q)
+	}
+
+	// 100 observations: 50 in (0, 1ms], 40 in (1ms, 2ms], 10 in (2ms, 4ms].
+	body = exposition(20, [4]int{50, 90, 100, 100})
+	after, err := r.metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ q, want float64 }{
+		{0.5, 0.001},
+		{0.7, 0.0015},
+		{0.95, 0.003},
+	} {
+		got := after.quantileSince(before, "cdc_relay_end_to_end_latency_seconds", tc.q)
+		if math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("quantile %v = %v, want %v", tc.q, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,287 @@
+// Package runner runs the whole benchmark in one process: a throwaway Postgres
+// 15, an in-process Kafka broker (kfake), and, as separate processes so the
+// kernel accounts their CPU and memory, the bare reader (the speed limit), the
+// relay binary and the poller it replaces. It measures backlog drains, latency
+// under steady load and what Postgres spends, and returns the results.
+package runner
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/bench/internal/hoststat"
+	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
+	"github.com/cdc-relay/cdc-relay/bench/internal/results"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// Names shared by the phases.
+const (
+	modulePath       = "github.com/cdc-relay/cdc-relay"
+	publication      = "cdc_relay_outbox"
+	relaySlot        = "cdc_relay"
+	relayTopicPrefix = "bench."
+	pollerTopicPrfx  = "poller."
+	drainAggType     = "drain" // aggregate_type, and so topic suffix, of the backlog
+	stopGrace        = 15 * time.Second
+	exitWait         = 10 * time.Second // for a child that exits by itself
+	// DoneLine starts the line the reader and poller children print when they
+	// reached their count.
+	DoneLine = "done"
+	// LatencyLine starts the reader's last line with -latency: the events it
+	// read and the JSON of a latency.Summary.
+	LatencyLine = "latency"
+)
+
+// Config configures a run.
+type Config struct {
+	Events     int           // backlog size
+	Aggregates int           // distinct aggregate ids
+	TxnSize    int           // backlog rows per transaction
+	Payload    int           // approximate payload bytes
+	Rates      []int         // offered loads for the latency runs, events/s
+	Duration   time.Duration // of each latency run
+	Quick      bool          // recorded only
+
+	PollerBatch int
+	PollerIdle  time.Duration
+	Partitions  int
+	// QuietWait bounds how long each measurement waits for processes outside
+	// the benchmark to use less than a tenth of the machine; 0 measures at once.
+	QuietWait time.Duration
+
+	// RelayBin is a cdc-relay binary to measure; "" builds ./cmd/cdc-relay.
+	RelayBin string
+	// Self is the benchmark executable, re-executed as "reader" and "poller".
+	Self string
+	// Out receives progress lines.
+	Out io.Writer
+}
+
+// PGSettings are the server settings of the run, on top of testenv's
+// (wal_level=logical, fsync=off, full_page_writes=off).
+var PGSettings = map[string]string{
+	"shared_buffers":     "256MB",
+	"max_wal_size":       "4GB",
+	"checkpoint_timeout": "30min",
+	"synchronous_commit": "on",
+	// The poller reads commit times with pg_xact_commit_timestamp, so both
+	// designs' latency starts at the same instant.
+	"track_commit_timestamp": "on",
+}
+
+// bench is one run's state.
+type bench struct {
+	cfg       Config
+	out       io.Writer
+	started   time.Time
+	root      string // module root
+	tmp       string
+	relayBin  string
+	pg        *testenv.Postgres
+	cpu       *pgstat.CPUSampler
+	brokers   []string
+	relayURL  string
+	pollerURL string
+	res       *results.Results
+}
+
+// Run runs every phase in order and returns the evaluated results. It stops
+// every process it started and removes its temporary files before returning,
+// also when ctx is canceled.
+func Run(ctx context.Context, cfg Config) (*results.Results, error) {
+	b := &bench{cfg: cfg, out: cfg.Out, started: time.Now()}
+	if b.out == nil {
+		b.out = io.Discard
+	}
+	b.res = &results.Results{
+		Started: b.started,
+		Host:    results.Host{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()},
+		Config: results.Config{
+			Events: cfg.Events, Aggregates: cfg.Aggregates, TxnSize: cfg.TxnSize, Payload: cfg.Payload,
+			Rates: cfg.Rates, LatencySeconds: cfg.Duration.Seconds(), WarmupSeconds: b.warmup().Seconds(),
+			Quick: cfg.Quick, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
+			Partitions: cfg.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
+		},
+	}
+	var err error
+	if b.res.Host.LoadAvgStart, err = hoststat.LoadAvg(); err != nil {
+		return nil, err
+	}
+	if b.res.Host.LoadAvgStart > float64(runtime.NumCPU())/2 {
+		b.say("note: load average %.1f on %d CPUs before the start: other processes compete for the CPUs, expect noisy figures", b.res.Host.LoadAvgStart, runtime.NumCPU())
+	}
+	if b.root, err = moduleRoot(); err != nil {
+		return nil, err
+	}
+	if b.tmp, err = os.MkdirTemp("", "cdc-relay-bench-"); err != nil {
+		return nil, fmt.Errorf("create temp dir: %w", err)
+	}
+	defer os.RemoveAll(b.tmp)
+
+	if cfg.RelayBin != "" {
+		if b.relayBin, err = filepath.Abs(cfg.RelayBin); err != nil {
+			return nil, fmt.Errorf("locate relay binary: %w", err)
+		}
+		if _, err := os.Stat(b.relayBin); err != nil {
+			return nil, fmt.Errorf("relay binary (-relay-bin): %w", err)
+		}
+		b.say("measuring the relay binary %s", b.relayBin)
+	} else {
+		b.say("building the relay (go build ./cmd/cdc-relay)")
+		if err := b.buildRelay(ctx); err != nil {
+			return nil, err
+		}
+	}
+	b.say("starting PostgreSQL 15 and the in-process Kafka broker (kfake, %d partitions)", cfg.Partitions)
+	if b.pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{Settings: PGSettings}); err != nil {
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
+	defer func() {
+		if err := b.pg.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: stop postgres: %v\n", err)
+		}
+	}()
+	if b.pg.External() {
+		return nil, fmt.Errorf("the benchmark measures Postgres processes through /proc: unset %s", testenv.EnvPGURL)
+	}
+	if b.cpu, err = pgstat.NewCPUSampler(b.pg.DataDir()); err != nil {
+		return nil, err
+	}
+	kafka, err := testenv.StartKafka(testenv.KafkaOptions{Partitions: cfg.Partitions, Topics: b.topics(), NoAutoCreate: true})
+	if err != nil {
+		return nil, fmt.Errorf("start kafka: %w", err)
+	}
+	defer kafka.Close()
+	b.brokers = kafka.Brokers()
+
+	if err := b.drainPhase(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.relayLatencyPhase(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.readerLatencyPhase(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.pollerPhase(ctx); err != nil {
+		return nil, err
+	}
+	b.res.Seconds = time.Since(b.started).Seconds()
+	if b.res.Host.LoadAvgEnd, err = hoststat.LoadAvg(); err != nil {
+		return nil, err
+	}
+	b.res.Notes = b.notes()
+	b.res.Evaluate()
+	return b.res, nil
+}
+
+// say prints a progress line prefixed with the time since the start.
+func (b *bench) say(format string, args ...any) {
+	fmt.Fprintf(b.out, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// warmup is the start of each latency run whose samples are not kept.
+func (b *bench) warmup() time.Duration { return min(time.Second, b.cfg.Duration/5) }
+
+// topics are all topics of the run, created up front with the partition count.
+func (b *bench) topics() []string {
+	ts := []string{relayTopicPrefix + drainAggType, pollerTopicPrfx + drainAggType}
+	for _, r := range b.cfg.Rates {
+		ts = append(ts, relayTopicPrefix+latAggType(r), pollerTopicPrfx+latAggType(r))
+	}
+	return ts
+}
+
+func latAggType(rate int) string { return "lat" + strconv.Itoa(rate) }
+
+// moduleRoot finds the repository root from the working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module "+modulePath+"\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("find module root: run the benchmark inside the %s repository", modulePath)
+		}
+		dir = parent
+	}
+}
+
+// ResultsDir is where results are written: bench/results of the repository.
+func ResultsDir() (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "bench", "results"), nil
+}
+
+func (b *bench) buildRelay(ctx context.Context) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	b.relayBin = filepath.Join(b.tmp, "cdc-relay")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", b.relayBin, "./cmd/cdc-relay")
+	cmd.Dir = b.root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build relay: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func execSQL(ctx context.Context, url, sql string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("run %q: %w", sql, err)
+	}
+	return nil
+}
+
+func serverVersion(ctx context.Context, url string) (string, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "", fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var v string
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&v); err != nil {
+		return "", fmt.Errorf("read server version: %w", err)
+	}
+	return v, nil
+}
+
+// notes explain how to read the figures.
+func (b *bench) notes() []string {
+	return []string{
+		fmt.Sprintf("one %d-CPU machine runs everything: Postgres, the Kafka broker (kfake, inside the benchmark process), the latency consumer, the load generator and the process measured", runtime.NumCPU()),
+		"rate = events / (process start → last event done): the relay until cdc_relay_events_published_total (Kafka acks=all) reached N, polled every 50 ms; reader and poller until they reported N; start-up is included",
+		"CPU µs/ev: getrusage of the child process over its whole life (utime+stime); peak RSS: its VmHWM, sampled every 100 ms and before it is stopped; the limit is the faster of the two bare-reader runs (before and after the relay)",
+		"PG CPU µs/ev: utime+stime of the postmaster and all its children (live ones from /proc/<pid>/stat, exited ones through the postmaster's cutime/cstime) from just before the process started until its sessions ended, background processes included; WAL = pg_current_wal_insert_lsn() difference over the same window",
+		fmt.Sprintf("latency = receive time − commit_time header: commit → consumer-visible, an upper bound of commit → Kafka ack; the bare reader's is commit → decoded, measured alone on its own slot after the relay stopped (the floor Postgres' walsender sets); the first %s of each run is warm-up and not counted; load: 4 connections, max(1, rate/1000) events per autocommitted INSERT", b.warmup()),
+		fmt.Sprintf("poller: BEGIN; SELECT … ORDER BY created_at, id LIMIT %d FOR UPDATE SKIP LOCKED; produce with kafka-go's Writer (acks=all, murmur2, whole batch per call, 1 ms batch timeout); DELETE the published rows (delete, not UPDATE published_at); COMMIT; sleeps %s when a poll finds nothing; commit_time from pg_xact_commit_timestamp(xmin)", b.cfg.PollerBatch, b.cfg.PollerIdle),
+		"Postgres µs/ev by process: walsender = logical decoding for the reader or the relay; backend = client sessions (the poller's SELECT/DELETE, the load generator's INSERTs); exited = sessions that ended before the sample (e.g. the load generator's at the end of a latency run)",
+		"Postgres runs with testenv's fsync=off and full_page_writes=off, so WAL figures hold no full-page images (the poller's DELETEs would add some after every checkpoint) and commits never wait for a disk",
+	}
+}
