@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -22,6 +23,10 @@ func main() {
 	if err != nil {
 		if !cli.Reported(err) {
 			fmt.Fprintf(os.Stderr, "cdc-relay: %v\n", err)
+		}
+		var exit *cli.ExitError
+		if errors.As(err, &exit) {
+			os.Exit(exit.Code)
 		}
 		os.Exit(1)
 	}

@@ -104,6 +104,7 @@ type CLI struct {
 	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"List, show, replay and purge dead letters (events that failed permanently)."`
 	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again (e.g. for consumers rebuilding state)."`
 	Prune   PruneCmd   `cmd:"" help:"Delete old rows from the outbox table, in batches."`
+	Status  StatusCmd  `cmd:"" help:"Show the slot, lag, retained WAL, stored checkpoint and dead letters, read from the database (works while the relay is down; exits 2 on a problem)."`
 }
 
 // Env holds what the process gives a command.
@@ -152,6 +153,8 @@ func Run(ctx context.Context, args []string, env Env) error {
 		return c.Replay.run(ctx, env)
 	case "prune":
 		return c.Prune.run(ctx, env)
+	case "status":
+		return c.Status.run(ctx, env)
 	}
 	return fmt.Errorf("unknown command %q", kctx.Command())
 }
