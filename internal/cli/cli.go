@@ -70,8 +70,9 @@ type RunCmd struct {
 	ColumnPayload       string   `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
 	HeaderColumns       []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
 
-	OnError  string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
-	DLQTable string `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table (on-error=dlq)."`
+	OnError      string        `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
+	DLQTable     string        `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table (on-error=dlq)."`
+	DLQRetention time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
 	CheckpointStore string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
@@ -244,6 +245,9 @@ func (r *RunCmd) Validate() error {
 			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
 		}
 	}
+	if r.DLQRetention < 0 {
+		return flagError("dlq-retention", "must be 0 (keep) or a positive duration such as 168h")
+	}
 	if r.HeartbeatInterval < 0 {
 		return flagError("heartbeat-interval", "must be 0 (off) or a positive duration such as 1m")
 	}
@@ -400,6 +404,11 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			return store.Recorder(name, topic)
 		}
 		cfg.DeadLetterBacklog = func(ctx context.Context) (int64, error) { return store.Backlog(ctx) }
+		if keep := r.DLQRetention; keep > 0 {
+			cfg.DeadLetterRetention = func(ctx context.Context) (int64, error) {
+				return store.Purge(ctx, time.Now().Add(-keep), "")
+			}
+		}
 	}
 	switch r.CheckpointStore {
 	case "file":

@@ -22,7 +22,9 @@ func TestStatus(t *testing.T) {
 	if err := pg.Exec(ctx, "status_db", "SELECT pg_create_logical_replication_slot('st_slot', 'pgoutput')"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = pg.Exec(context.Background(), "status_db", "SELECT pg_drop_replication_slot('st_slot') FROM pg_replication_slots WHERE slot_name = 'st_slot'") })
+	t.Cleanup(func() {
+		_ = pg.Exec(context.Background(), "status_db", "SELECT pg_drop_replication_slot('st_slot') FROM pg_replication_slots WHERE slot_name = 'st_slot'")
+	})
 	if err := pg.Exec(ctx, "status_db", "CREATE TABLE w AS SELECT repeat('x', 1000) AS v FROM generate_series(1, 200)"); err != nil {
 		t.Fatal(err)
 	}

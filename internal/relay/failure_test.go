@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +328,20 @@ func setTopicConfig(t *testing.T, brokers []string, topic, key, value string) {
 func summarize(l deadletter.Letter) deadletter.Letter {
 	l.Payload = l.Payload[:min(len(l.Payload), 32)]
 	return l
+}
+
+// TestDeadLetterRetentionRuns: with a retention set, the relay runs it at start
+// and then every 60 monitor intervals.
+func TestDeadLetterRetentionRuns(t *testing.T) {
+	e := newEnv(t)
+	var calls atomic.Int32
+	e.cfgHook = func(c *relay.Config) {
+		c.MonitorInterval = 10 * time.Millisecond
+		c.DeadLetterRetention = func(context.Context) (int64, error) {
+			calls.Add(1)
+			return 0, nil
+		}
+	}
+	e.start()
+	waitMetric(t, func() float64 { return float64(min(calls.Load(), 2)) }, 2)
 }

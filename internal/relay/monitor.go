@@ -20,6 +20,8 @@ type monitor struct {
 	every     time.Duration
 	heartbeat time.Duration // 0: no heartbeat
 	backlog   func(context.Context) (int64, error)
+	retention func(context.Context) (int64, error)
+	ticks     int
 	h         *handler
 	log       zerolog.Logger
 	m         *metrics.Metrics
@@ -45,6 +47,14 @@ func (mo *monitor) run(ctx context.Context) {
 		case <-t.C:
 			mo.readSlot(ctx)
 			mo.lag()
+			if mo.retention != nil && mo.ticks%60 == 0 {
+				if n, err := mo.retention(ctx); err != nil {
+					mo.log.Warn().Err(err).Msg("dead-letter retention failed")
+				} else if n > 0 {
+					mo.log.Info().Int64("deleted", n).Msg("dead-letter retention: deleted old letters")
+				}
+			}
+			mo.ticks++
 			if mo.backlog != nil {
 				if n, err := mo.backlog(ctx); err == nil {
 					mo.m.DeadLetterBacklog.Set(float64(n))

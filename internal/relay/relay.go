@@ -74,7 +74,10 @@ type Config struct {
 	// DeadLetterBacklog, when set, is read every MonitorInterval into the
 	// dead_letter_backlog metric.
 	DeadLetterBacklog func(context.Context) (int64, error)
-	Retry             backoff.Policy
+	// DeadLetterRetention, when set, deletes dead letters older than the
+	// configured age; it is called every MonitorInterval·60.
+	DeadLetterRetention func(context.Context) (int64, error)
+	Retry               backoff.Policy
 
 	Logger  zerolog.Logger
 	Metrics *metrics.Metrics
@@ -113,15 +116,19 @@ type Relay struct {
 	log   zerolog.Logger
 	m     *metrics.Metrics
 	ready atomic.Bool
+	// eventLog logs per-event failures: at most 10 lines a minute.
+	eventLog zerolog.Logger
 }
 
 // New returns a relay for cfg.
 func New(cfg Config) *Relay {
 	cfg.setDefaults()
+	log := cfg.Logger.With().Str("slot", cfg.Slot).Logger()
 	return &Relay{
-		cfg: cfg,
-		log: cfg.Logger.With().Str("slot", cfg.Slot).Logger(),
-		m:   cfg.Metrics,
+		cfg:      cfg,
+		log:      log,
+		m:        cfg.Metrics,
+		eventLog: log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute}),
 	}
 }
 
@@ -213,7 +220,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	ckCtx, stopCk := context.WithCancel(context.Background())
 	mon := &monitor{
 		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
-		backlog: cfg.DeadLetterBacklog, h: h, log: r.log, m: r.m,
+		backlog: cfg.DeadLetterBacklog, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -238,7 +245,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // as done; without, halt.
 func (r *Relay) permanent(ctx context.Context, h *handler, dead DeadLetterFunc, ev *outbox.Event, cause error) error {
 	code := sink.Code(cause)
-	log := r.log.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
+	// Per-event lines are sampled: a burst of poison events (a topic template
+	// gone wrong) must not flood the log; the metric counts every one.
+	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
 		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
 	if dead == nil {
 		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it (--on-error=halt)")
