@@ -8,12 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/user"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
@@ -203,29 +201,12 @@ func flagError(flag, problem string) error {
 // Validate checks the run flags and returns an error naming the flag and its
 // environment variable.
 func (r *RunCmd) Validate() error {
-	if strings.TrimSpace(r.PGURL) == "" {
-		return flagError("pg-url", "is required: the Postgres URL of the database with the outbox table, e.g. postgres://user:pass@host:5432/db")
+	if err := requirePG(r.PGURL); err != nil {
+		return err
 	}
-	brokers := r.KafkaFlags.KafkaBrokers[:0:0]
-	for _, b := range r.KafkaBrokers {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	if len(brokers) == 0 {
-		return flagError("kafka-brokers", "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092")
-	}
-	for _, b := range brokers {
-		if !strings.Contains(b, ":") {
-			return flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port, e.g. kafka-1:9092", b))
-		}
-		host, port, err := net.SplitHostPort(b)
-		if err != nil || host == "" {
-			return flagError("kafka-brokers", fmt.Sprintf("has %q: use host:port, e.g. kafka-1:9092 or [::1]:9092", b))
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return flagError("kafka-brokers", fmt.Sprintf("has %q: the port must be a number from 1 to 65535", b))
-		}
+	brokers, err := checkBrokers(r.KafkaBrokers, "")
+	if err != nil {
+		return err
 	}
 	r.KafkaBrokers = brokers
 	if _, err := sink.NewRouter(r.Topic); err != nil {

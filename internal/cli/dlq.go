@@ -395,7 +395,7 @@ func (c *DLQReplayCmd) Validate() error {
 		return err
 	}
 	if !c.DryRun {
-		brokers, err := checkBrokers(c.KafkaBrokers)
+		brokers, err := checkBrokers(c.KafkaBrokers, " (or use --dry-run)")
 		if err != nil {
 			return err
 		}

@@ -133,7 +133,7 @@ func (r *ReplayCmd) Validate() error {
 		return err
 	}
 	if !r.DryRun {
-		brokers, err := checkBrokers(r.KafkaBrokers)
+		brokers, err := checkBrokers(r.KafkaBrokers, " (or use --dry-run)")
 		if err != nil {
 			return err
 		}
@@ -299,7 +299,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 }
 
 // checkBrokers trims the brokers and checks each is host:port, as "run" does.
-func checkBrokers(in []string) ([]string, error) {
+func checkBrokers(in []string, requiredHint string) ([]string, error) {
 	var brokers []string
 	for _, b := range in {
 		if b = strings.TrimSpace(b); b != "" {
@@ -307,9 +307,12 @@ func checkBrokers(in []string) ([]string, error) {
 		}
 	}
 	if len(brokers) == 0 {
-		return nil, flagError("kafka-brokers", "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092 (or use --dry-run)")
+		return nil, flagError("kafka-brokers", "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092"+requiredHint)
 	}
 	for _, b := range brokers {
+		if !strings.Contains(b, ":") {
+			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port, e.g. kafka-1:9092", b))
+		}
 		host, port, err := net.SplitHostPort(b)
 		if err != nil || host == "" {
 			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q: use host:port, e.g. kafka-1:9092 or [::1]:9092", b))
