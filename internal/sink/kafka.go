@@ -80,6 +80,11 @@ type Config struct {
 	Linger      time.Duration
 	QuietGap    time.Duration
 	FlushEvents int
+	// MinInterval spaces requests: unless FlushEvents are queued, a request
+	// waits until MinInterval after the previous one (default 2ms). At high
+	// rates each request then carries what arrived meanwhile, instead of one
+	// transaction's worth (a request costs ~300µs of CPU whatever its size).
+	MinInterval time.Duration
 	// BreakerThreshold is how many produce requests in a row must fail before
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
@@ -124,6 +129,9 @@ func (c *Config) setDefaults() {
 	if c.FlushEvents <= 0 {
 		c.FlushEvents = 1000
 	}
+	if c.MinInterval <= 0 {
+		c.MinInterval = 2 * time.Millisecond
+	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
 	}
@@ -162,6 +170,7 @@ type Kafka struct {
 	newTopics []*topicState
 
 	lastPush  atomic.Int64 // UnixNano of the newest Send
+	lastSent  int64        // UnixNano of the newest request (dispatcher-owned)
 	failing   atomic.Int32 // partitions currently retrying
 	reachable atomic.Bool  // the last metadata probe succeeded
 	circuit   atomic.Int32 // circuitClosed, circuitOpen, circuitHalfOpen
@@ -688,6 +697,9 @@ func (k *Kafka) dispatch() {
 		if send {
 			var reqs map[int32]*request
 			reqs, wakeAt = k.collect(now, parts, byBroker, &refreshing, refreshed)
+			if len(reqs) > 0 {
+				k.lastSent = now.UnixNano()
+			}
 			for b, r := range reqs {
 				byBroker[b] = true
 				inFlight++
@@ -817,10 +829,15 @@ func (k *Kafka) gate(now time.Time, parts []*partition, busy map[int32]bool) (wa
 	nowNs := now.UnixNano()
 	quietAt := k.lastPush.Load() + int64(k.cfg.QuietGap)
 	lingerAt := oldest + int64(k.cfg.Linger)
-	if nowNs >= quietAt || nowNs >= lingerAt {
+	spacedAt := k.lastSent + int64(k.cfg.MinInterval)
+	if (nowNs >= quietAt || nowNs >= lingerAt) && nowNs >= spacedAt {
 		return time.Time{}, true
 	}
-	return time.Unix(0, min(quietAt, lingerAt)), false
+	at := max(min(quietAt, lingerAt), spacedAt)
+	if at <= nowNs {
+		at = nowNs + 1
+	}
+	return time.Unix(0, at), false
 }
 
 // refresh looks up the leaders of every known topic in the background.

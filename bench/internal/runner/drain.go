@@ -23,7 +23,7 @@ func (b *bench) drainPhase(ctx context.Context) error {
 	if b.relayURL, err = b.pg.CreateDatabase(ctx, "relay"); err != nil {
 		return fmt.Errorf("create relay database: %w", err)
 	}
-	if err := pgload.ApplyMigrations(ctx, b.relayURL, filepath.Join(b.root, "migrations"), "001_outbox.sql", "002_checkpoints.sql"); err != nil {
+	if err := pgload.ApplyMigrations(ctx, b.relayURL, filepath.Join(b.root, "migrations"), "001_outbox.sql", "002_checkpoints.sql", "005_dead_letters.sql"); err != nil {
 		return err
 	}
 	if err := pgload.CreatePublicationAndSlots(ctx, b.relayURL, publication, relaySlot, "reader_a", "reader_b"); err != nil {
