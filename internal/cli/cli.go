@@ -76,7 +76,7 @@ type RunCmd struct {
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
 	CheckpointFile  string `default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"64" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound."`
+	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"32" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound."`
 	BatchMaxEvents    int           `default:"10000" help:"Most events in one produce request."`
 	BatchMaxBytes     int           `default:"921600" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`

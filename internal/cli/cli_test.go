@@ -371,7 +371,7 @@ func TestDefaults(t *testing.T) {
 	r := c.Run
 	if r.MetricsAddr != ":9187" || r.Slot != "cdc_relay" || r.Publication != "cdc_relay_outbox" ||
 		r.Table != "public.outbox_events" || r.Topic != "outbox.events" || !r.CreateSlot || !r.CreatePublication ||
-		r.CheckpointStore != "table" || r.MaxInFlightMiB != 64 || r.StatusInterval != time.Second || r.Compression != "none" {
+		r.CheckpointStore != "table" || r.MaxInFlightMiB != 32 || r.StatusInterval != time.Second || r.Compression != "none" {
 		t.Errorf("defaults: %+v", r)
 	}
 	if h, err := r.headerColumns(); h != nil || err != nil {

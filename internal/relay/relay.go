@@ -62,7 +62,7 @@ type Config struct {
 	OpenDeadLetters func(ctx context.Context, pool *pgxpool.Pool) (DeadLetterFunc, error)
 
 	RelayName        string
-	MaxInFlightBytes int64         // backpressure threshold, default 64 MiB
+	MaxInFlightBytes int64         // backpressure threshold, default 32 MiB
 	StatusInterval   time.Duration // standby status / checkpoint period, default 1s
 	IdleCheckpoint   time.Duration // how often an idle advance is persisted, default 10s
 	ShutdownTimeout  time.Duration // bound on a clean stop, default 10s
@@ -85,7 +85,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = 64 << 20
+		c.MaxInFlightBytes = 32 << 20
 	}
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = time.Second

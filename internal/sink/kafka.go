@@ -81,7 +81,7 @@ type Config struct {
 	QuietGap    time.Duration
 	FlushEvents int
 	// MinInterval spaces requests: unless FlushEvents are queued, a request
-	// waits until MinInterval after the previous one (default 2ms). At high
+	// waits until MinInterval after the previous one (default 1ms). At high
 	// rates each request then carries what arrived meanwhile, instead of one
 	// transaction's worth (a request costs ~300µs of CPU whatever its size).
 	MinInterval time.Duration
@@ -130,7 +130,7 @@ func (c *Config) setDefaults() {
 		c.FlushEvents = 1000
 	}
 	if c.MinInterval <= 0 {
-		c.MinInterval = 2 * time.Millisecond
+		c.MinInterval = time.Millisecond
 	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
