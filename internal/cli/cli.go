@@ -40,9 +40,31 @@ const EnvPrefix = "CDC_RELAY"
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
 	PGURL       string `name:"pg-url" help:"Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	PGURLFile   string `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
 	Slot        string `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
 	Publication string `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
 	Table       string `default:"public.outbox_events" help:"Outbox table, schema-qualified."`
+}
+
+// resolve reads --pg-url-file into PGURL (every command checks its Postgres
+// flags through requirePG, which calls this first).
+func (p *PGFlags) resolve() error {
+	if p.PGURLFile == "" {
+		return nil
+	}
+	if p.PGURL != "" {
+		return flagError("pg-url-file", "and --pg-url (CDC_RELAY_PG_URL) are both set: use one")
+	}
+	b, err := os.ReadFile(p.PGURLFile)
+	if err != nil {
+		return flagError("pg-url-file", fmt.Sprintf("cannot be read: %v", err))
+	}
+	p.PGURL = strings.TrimSpace(string(b))
+	if p.PGURL == "" {
+		return flagError("pg-url-file", fmt.Sprintf("names %s, which is empty", p.PGURLFile))
+	}
+	p.PGURLFile = "" // read: a second resolve keeps the URL
+	return nil
 }
 
 // KafkaFlags are the Kafka flags shared by subcommands.
@@ -201,7 +223,7 @@ func flagError(flag, problem string) error {
 // Validate checks the run flags and returns an error naming the flag and its
 // environment variable.
 func (r *RunCmd) Validate() error {
-	if err := requirePG(r.PGURL); err != nil {
+	if err := requirePG(&r.PGFlags); err != nil {
 		return err
 	}
 	brokers, err := checkBrokers(r.KafkaBrokers, "")

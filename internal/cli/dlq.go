@@ -90,7 +90,7 @@ type DLQListCmd struct {
 
 // Validate checks the flags.
 func (c *DLQListCmd) Validate() error {
-	if err := requirePG(c.PGURL); err != nil {
+	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
 	if err := c.dlqStoreFlags.validate(); err != nil {
@@ -288,7 +288,7 @@ type DLQShowCmd struct {
 
 // Validate checks the flags.
 func (c *DLQShowCmd) Validate() error {
-	if err := requirePG(c.PGURL); err != nil {
+	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
 	if c.ID <= 0 {
@@ -385,7 +385,7 @@ type DLQReplayCmd struct {
 
 // Validate checks the flags.
 func (c *DLQReplayCmd) Validate() error {
-	if err := requirePG(c.PGURL); err != nil {
+	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
 	if err := c.dlqStoreFlags.validate(); err != nil {
@@ -449,7 +449,7 @@ type DLQPurgeCmd struct {
 
 // Validate checks the flags.
 func (c *DLQPurgeCmd) Validate() error {
-	if err := requirePG(c.PGURL); err != nil {
+	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
 	if err := c.dlqStoreFlags.validate(); err != nil {
@@ -492,7 +492,7 @@ type DLQHistoryCmd struct {
 
 // Validate checks the flags.
 func (c *DLQHistoryCmd) Validate() error {
-	if err := requirePG(c.PGURL); err != nil {
+	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
 	if c.Limit < 0 {

@@ -120,7 +120,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, stderr i
 
 // Validate checks the flags and parses the times.
 func (r *ReplayCmd) Validate() error {
-	if err := requirePG(r.PGURL); err != nil {
+	if err := requirePG(&r.PGFlags); err != nil {
 		return err
 	}
 	if _, _, err := splitTable(r.Table); err != nil {
@@ -243,7 +243,7 @@ type PruneCmd struct {
 
 // Validate checks the flags.
 func (c *PruneCmd) Validate() error {
-	if err := requirePG(c.PGURL); err != nil {
+	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
 	if _, _, err := splitTable(c.Table); err != nil {
@@ -272,8 +272,11 @@ func (c *PruneCmd) run(ctx context.Context, env Env) error {
 }
 
 // requirePG checks --pg-url.
-func requirePG(url string) error {
-	if strings.TrimSpace(url) == "" {
+func requirePG(p *PGFlags) error {
+	if err := p.resolve(); err != nil {
+		return err
+	}
+	if strings.TrimSpace(p.PGURL) == "" {
 		return flagError("pg-url", "is required: the Postgres URL of the database with the outbox table, e.g. postgres://user:pass@host:5432/db")
 	}
 	return nil

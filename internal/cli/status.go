@@ -64,9 +64,12 @@ const (
 	statusProblem = 2
 )
 
+// Validate checks the Postgres flags (reading --pg-url-file).
+func (c *StatusCmd) Validate() error { return requirePG(&c.PGFlags) }
+
 func (c *StatusCmd) run(ctx context.Context, env Env) error {
-	if strings.TrimSpace(c.PGURL) == "" {
-		return flagError("pg-url", "is required: the Postgres URL of the database with the outbox table")
+	if err := requirePG(&c.PGFlags); err != nil {
+		return err
 	}
 	conn, err := pgx.Connect(ctx, c.PGURL)
 	if err != nil {

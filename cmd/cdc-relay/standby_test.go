@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestTwoRelaysOneSlot: a second relay on the same slot waits as a standby (not
+// ready, retrying); when the first is killed with SIGKILL it takes over within
+// seconds and nothing committed is lost.
+func TestTwoRelaysOneSlot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	insert := func(from, to int) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+			SELECT 'order', 'agg' || (g % 7), 'E', jsonb_build_object('agg', 'agg' || (g % 7), 'seq', g) FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	primary := newRelay(t, f.relayArgs())
+	primary.start()
+	primary.waitReady(30 * time.Second)
+	standby := newRelay(t, f.relayArgs())
+	standby.start()
+	deadline := time.Now().Add(20 * time.Second)
+	for !standby.hasLog("held by another process") {
+		if standby.exited() {
+			t.Fatal("standby exited instead of waiting for the slot")
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("standby never reported the slot as held")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code := standby.readyz(); code != http.StatusServiceUnavailable {
+		t.Errorf("standby /readyz = %d, want 503 while the slot is held", code)
+	}
+	insert(1, 50)
+	f.waitRecords(ctx, t, 50, 30*time.Second)
+
+	primary.kill()
+	killed := time.Now()
+	insert(51, 100)
+	standby.waitReady(20 * time.Second)
+	takeover := time.Since(killed)
+	f.waitRecords(ctx, t, 100, 30*time.Second)
+	t.Logf("standby took over %v after the primary's SIGKILL", takeover.Round(time.Millisecond))
+	if takeover > 10*time.Second {
+		t.Errorf("takeover took %v, want a few seconds", takeover)
+	}
+	seen := map[string]bool{}
+	for _, r := range f.read(ctx, t) {
+		seen[string(r.Value)] = true
+	}
+	if len(seen) != 100 {
+		t.Errorf("%d distinct events in Kafka, want all 100", len(seen))
+	}
+	if standby.exited() {
+		t.Error("standby exited")
+	}
+}
