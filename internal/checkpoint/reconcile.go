@@ -17,6 +17,10 @@ type SlotState struct {
 	ActivePID      int
 	ConfirmedFlush pglogrepl.LSN // confirmed_flush_lsn
 	WALStatus      string        // wal_status: reserved, extended, unreserved or lost
+	// LagBytes is pg_current_wal_lsn() - confirmed_flush_lsn; RetainedWALBytes is
+	// pg_current_wal_lsn() - restart_lsn, the WAL the server keeps for the slot.
+	LagBytes         int64
+	RetainedWALBytes int64
 }
 
 // Decision is what Reconcile allows: where to start streaming, and what to log.

@@ -3,14 +3,13 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
@@ -71,12 +70,12 @@ func (c *StatusCmd) run(ctx context.Context, env Env) error {
 	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, c.PGURL)
+	pool, err := connect(ctx, c.PGURL)
 	if err != nil {
-		return fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(c.PGURL), err)
+		return err
 	}
-	defer conn.Close(context.Background())
-	st, err := c.collect(ctx, conn)
+	defer pool.Close()
+	st, err := c.collect(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -95,45 +94,24 @@ func (c *StatusCmd) run(ctx context.Context, env Env) error {
 	return nil
 }
 
-func (c *StatusCmd) collect(ctx context.Context, conn *pgx.Conn) (Status, error) {
+// collect reads the slot, the stored checkpoint and the dead letters through
+// the same code the relay uses; a missing checkpoint or dead-letter table just
+// leaves its part out.
+func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, error) {
 	st := Status{Slot: c.Slot}
-	var end string
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&st.ServerWALEnd); err != nil {
 		return st, fmt.Errorf("read WAL position: %w", err)
 	}
-	st.ServerWALEnd = end
-	var active *bool
-	var pid *int32
-	var walStatus, confirmed *string
-	var lag, retained *int64
-	err := conn.QueryRow(ctx, `SELECT active, active_pid, wal_status, confirmed_flush_lsn::text,
-			(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, c.Slot).Scan(&active, &pid, &walStatus, &confirmed, &lag, &retained)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	slot, err := replication.ReadSlot(ctx, pool, c.Slot)
+	if err != nil {
+		return st, err
+	}
+	if !slot.Exists {
 		st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q does not exist", c.Slot))
-	case err != nil:
-		return st, fmt.Errorf("read replication slot %q: %w", c.Slot, err)
-	default:
-		st.SlotExists = true
-		if active != nil {
-			st.Active = *active
-		}
-		if pid != nil {
-			st.ActivePID = int(*pid)
-		}
-		if walStatus != nil {
-			st.WALStatus = *walStatus
-		}
-		if confirmed != nil {
-			st.ConfirmedLSN = *confirmed
-		}
-		if lag != nil {
-			st.LagBytes = *lag
-		}
-		if retained != nil {
-			st.RetainedWALBytes = *retained
-		}
+	} else {
+		st.SlotExists, st.Active, st.ActivePID, st.WALStatus = true, slot.Active, slot.ActivePID, slot.WALStatus
+		st.ConfirmedLSN = slot.ConfirmedFlush.String()
+		st.LagBytes, st.RetainedWALBytes = slot.LagBytes, slot.RetainedWALBytes
 		if st.WALStatus == "lost" {
 			st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q is lost (wal_status = lost): WAL it needed was removed", c.Slot))
 		}
@@ -141,36 +119,20 @@ func (c *StatusCmd) collect(ctx context.Context, conn *pgx.Conn) (Status, error)
 			st.Problems = append(st.Problems, fmt.Sprintf("slot lag %d bytes exceeds --max-lag-bytes %d", st.LagBytes, c.MaxLagBytes))
 		}
 	}
-	// The stored checkpoint, when the table exists.
-	var cp checkpoint.Checkpoint
-	var lsn string
-	q := fmt.Sprintf("SELECT lsn::text, updated_at, relay_name FROM %s WHERE slot_name = $1", quoteTable(c.CheckpointTable))
-	if err := conn.QueryRow(ctx, q, c.Slot).Scan(&lsn, &cp.UpdatedAt, &cp.RelayName); err == nil {
-		st.Checkpoint = &StatusCheckpoint{LSN: lsn, UpdatedAt: cp.UpdatedAt, AgeSeconds: time.Since(cp.UpdatedAt).Seconds(), RelayName: cp.RelayName}
+	if cp, ok, err := checkpoint.NewTableStore(pool, c.CheckpointTable).Load(ctx, c.Slot); err == nil && ok {
+		st.Checkpoint = &StatusCheckpoint{LSN: cp.LSN.String(), UpdatedAt: cp.UpdatedAt, AgeSeconds: time.Since(cp.UpdatedAt).Seconds(), RelayName: cp.RelayName}
 	}
-	// Dead letters, when the table exists.
-	q = fmt.Sprintf("SELECT error_code, count(*) FROM %s WHERE status = $1 GROUP BY error_code", quoteTable(c.DLQTable))
-	if rows, err := conn.Query(ctx, q, deadletter.StatusPending); err == nil {
+	if codes, err := deadletter.NewStore(pool, c.DLQTable).Summary(ctx, deadletter.Filter{}); err == nil {
 		d := &StatusDLQ{ByCode: map[string]int64{}}
-		for rows.Next() {
-			var code string
-			var n int64
-			if rows.Scan(&code, &n) == nil {
-				d.ByCode[code] = n
-				d.Pending += n
+		for _, cc := range codes {
+			if cc.Pending > 0 {
+				d.ByCode[cc.ErrorCode] = cc.Pending
+				d.Pending += cc.Pending
 			}
 		}
-		rows.Close()
-		if rows.Err() == nil {
-			st.DeadLetters = d
-		}
+		st.DeadLetters = d
 	}
 	return st, nil
-}
-
-// quoteTable quotes a possibly schema-qualified table name.
-func quoteTable(t string) string {
-	return pgx.Identifier(strings.Split(t, ".")).Sanitize()
 }
 
 func printStatus(w io.Writer, st Status) {

@@ -2,14 +2,13 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
 // monitor reads the slot's state from pg_replication_slots into metrics, writes
@@ -70,23 +69,14 @@ func (mo *monitor) run(ctx context.Context) {
 func (mo *monitor) readSlot(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var status *string
-	var retained *int64
-	err := mo.pool.QueryRow(qctx, `SELECT wal_status, (pg_current_wal_lsn() - restart_lsn)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, mo.slot).Scan(&status, &retained)
-	st := ""
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		st = "missing"
-	case err != nil:
+	slot, err := replication.ReadSlot(qctx, mo.pool, mo.slot)
+	if err != nil {
 		return // Postgres unreachable: the stream reports that
-	default:
-		if status != nil {
-			st = *status
-		}
-		if retained != nil {
-			mo.m.SlotRetainedWAL.Set(float64(*retained))
-		}
+	}
+	st := "missing"
+	if slot.Exists {
+		st = slot.WALStatus
+		mo.m.SlotRetainedWAL.Set(float64(slot.RetainedWALBytes))
 	}
 	mo.m.SetWALStatus(st)
 	if st != mo.lastStatus {

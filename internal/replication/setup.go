@@ -125,14 +125,23 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	return nil
 }
 
-// ReadSlot reads the slot's state from pg_replication_slots.
-func ReadSlot(ctx context.Context, conn *pgx.Conn, slot string) (checkpoint.SlotState, error) {
+// QueryRower runs a query returning one row: *pgx.Conn, *pgxpool.Pool.
+type QueryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReadSlot reads the slot's state from pg_replication_slots. A missing slot is
+// not an error: the state says Exists false.
+func ReadSlot(ctx context.Context, db QueryRower, slot string) (checkpoint.SlotState, error) {
 	var s checkpoint.SlotState
 	var plugin, database, walStatus *string
 	var pid *int32
 	var confirmed *string
-	err := conn.QueryRow(ctx, `SELECT plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&plugin, &database, &s.Active, &pid, &confirmed, &walStatus)
+	var lag, retained *int64
+	err := db.QueryRow(ctx, `SELECT plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status,
+			(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&plugin, &database, &s.Active, &pid, &confirmed, &walStatus, &lag, &retained)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -143,6 +152,12 @@ func ReadSlot(ctx context.Context, conn *pgx.Conn, slot string) (checkpoint.Slot
 	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(database), deref(walStatus)
 	if pid != nil {
 		s.ActivePID = int(*pid)
+	}
+	if lag != nil {
+		s.LagBytes = *lag
+	}
+	if retained != nil {
+		s.RetainedWALBytes = *retained
 	}
 	if confirmed != nil {
 		if s.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
