@@ -284,11 +284,17 @@ func splitTable(t string) (schema, table string, err error) {
 }
 
 func (r *RunCmd) headerColumns() (map[string]string, error) {
-	if len(r.HeaderColumns) == 0 {
+	return parseHeaderColumns(r.HeaderColumns)
+}
+
+// parseHeaderColumns reads --header-columns entries, "column" or
+// "column=header", into a column → header map.
+func parseHeaderColumns(list []string) (map[string]string, error) {
+	if len(list) == 0 {
 		return nil, nil
 	}
-	m := make(map[string]string, len(r.HeaderColumns))
-	for _, hc := range r.HeaderColumns {
+	m := make(map[string]string, len(list))
+	for _, hc := range list {
 		col, hdr, ok := strings.Cut(strings.TrimSpace(hc), "=")
 		col, hdr = strings.TrimSpace(col), strings.TrimSpace(hdr)
 		if !ok {

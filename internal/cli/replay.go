@@ -142,7 +142,7 @@ func (r *ReplayCmd) Validate() error {
 	if _, err := sink.NewRouter(r.Topic); err != nil {
 		return flagError("topic", err.Error())
 	}
-	headers, err := (&RunCmd{HeaderColumns: r.HeaderColumns}).headerColumns()
+	headers, err := parseHeaderColumns(r.HeaderColumns)
 	if err != nil {
 		return flagError("header-columns", err.Error())
 	}
