@@ -161,12 +161,16 @@ type Verify struct {
 
 // Ratios compare the systems.
 type Ratios struct {
-	RelayOverLimitRate    float64 `json:"relay_over_limit_rate"`
-	RelayOverReaderCPU    float64 `json:"relay_over_reader_cpu_per_event"`
-	RelayOverPollerRate   float64 `json:"relay_over_poller_rate"`
-	RelayOverPollerPGCPU  float64 `json:"relay_over_poller_pg_cpu_per_event"`
-	RelayOverPollerWAL    float64 `json:"relay_over_poller_wal_per_event"`
-	RelayOverPollerCPU    float64 `json:"relay_over_poller_cpu_per_event"`
+	RelayOverLimitRate   float64 `json:"relay_over_limit_rate"`
+	RelayOverReaderCPU   float64 `json:"relay_over_reader_cpu_per_event"`
+	RelayOverPollerRate  float64 `json:"relay_over_poller_rate"`
+	RelayOverPollerPGCPU float64 `json:"relay_over_poller_pg_cpu_per_event"`
+	RelayOverPollerWAL   float64 `json:"relay_over_poller_wal_per_event"`
+	RelayOverPollerCPU   float64 `json:"relay_over_poller_cpu_per_event"`
+	// LimitOverPollerRate and LimitOverPollerPGCPU are the bare reader's: the
+	// best any relay reading the WAL can do against the poller on this machine.
+	LimitOverPollerRate   float64 `json:"limit_over_poller_rate"`
+	LimitOverPollerPGCPU  float64 `json:"limit_over_poller_pg_cpu_per_event"`
 	RelayWALAllowance     int64   `json:"relay_wal_allowance_bytes"`
 	RelayLatencyPeakRSS   int64   `json:"relay_latency_peak_rss_bytes"`
 	RelayLatencyCPUSecond float64 `json:"relay_latency_cpu_seconds"`
@@ -203,6 +207,8 @@ func (r *Results) Evaluate() {
 	q.RelayOverPollerPGCPU = div(r.Relay.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS)
 	q.RelayOverPollerWAL = div(r.Relay.WALPerEvent, r.Poller.WALPerEvent)
 	q.RelayOverPollerCPU = div(r.Relay.CPUPerEventUS, r.Poller.CPUPerEventUS)
+	q.LimitOverPollerRate = div(r.Limit.Rate, r.Poller.Rate)
+	q.LimitOverPollerPGCPU = div(r.Limit.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS)
 	q.RelayWALAllowance = walAllowanceFixed + walAllowancePerSave*int64(r.Relay.CheckpointSaves)
 
 	peak := max(r.Relay.PeakRSSBytes, q.RelayLatencyPeakRSS)
@@ -219,8 +225,8 @@ func (r *Results) Evaluate() {
 		{Name: "relay CPU/event ≤ 1.3 × reader's", Got: fmt.Sprintf("ratio %.2f (%.2f vs %.2f µs)", q.RelayOverReaderCPU, r.Relay.CPUPerEventUS, r.Limit.CPUPerEventUS), Pass: q.RelayOverReaderCPU > 0 && q.RelayOverReaderCPU <= 1.3},
 		{Name: "peak RSS ≤ 64 MiB", Got: fmt.Sprintf("%s (drain %s, latency runs %s)", mib(peak), mib(r.Relay.PeakRSSBytes), mib(q.RelayLatencyPeakRSS)), Pass: peak > 0 && peak <= 64<<20},
 		{Name: "p99 ≤ 10 ms at 1,000/s", Got: p99, Pass: p99ok, NA: p99na},
-		{Name: "≥ 2.5 × poller drain rate", Got: fmt.Sprintf("%.2f×", q.RelayOverPollerRate), Pass: q.RelayOverPollerRate >= 2.5},
-		{Name: "≤ 0.5 × poller PG CPU per event", Got: fmt.Sprintf("relay/poller %.2f (%.2f vs %.2f µs)", q.RelayOverPollerPGCPU, r.Relay.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS), Pass: r.Poller.PGCPUPerEventUS > 0 && q.RelayOverPollerPGCPU <= 0.5},
+		{Name: "≥ 2.5 × poller drain rate", Got: fmt.Sprintf("%.2f× (the bare reader, the ceiling of any WAL reader here: %.2f×)", q.RelayOverPollerRate, q.LimitOverPollerRate), Pass: q.RelayOverPollerRate >= 2.5},
+		{Name: "≤ 0.5 × poller PG CPU per event", Got: fmt.Sprintf("relay/poller %.2f (%.2f vs %.2f µs; the bare reader's walsender alone: %.2f)", q.RelayOverPollerPGCPU, r.Relay.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS, q.LimitOverPollerPGCPU), Pass: r.Poller.PGCPUPerEventUS > 0 && q.RelayOverPollerPGCPU <= 0.5},
 		{Name: "no extra WAL for the relay", Got: fmt.Sprintf("%s during the drain, allowance %s (%d checkpoint saves)", bytesStr(r.Relay.WALBytes), bytesStr(q.RelayWALAllowance), r.Relay.CheckpointSaves), Pass: r.Relay.WALBytes <= q.RelayWALAllowance},
 	}
 }
