@@ -1,7 +1,8 @@
 # cdc-relay container image.
 #
 #   docker build --build-arg VERSION=$(git describe --always --dirty) -t cdc-relay .
-#   docker run --rm -e CDC_RELAY_PG_URL=... -e CDC_RELAY_KAFKA_BROKERS=... -p 9187:9187 cdc-relay
+#   docker run --rm -e CDC_RELAY_PG_URL=... -e CDC_RELAY_KAFKA_BROKERS=... \
+#     -e CDC_RELAY_METRICS_ADDR=0.0.0.0:9187 -p 127.0.0.1:9187:9187 cdc-relay
 #
 # Stage 1 builds a static binary (no cgo) with the Go toolchain; stage 2 is a distroless
 # image with no shell or package manager that runs it as the unprivileged "nonroot" user.
@@ -26,7 +27,10 @@ RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /cdc-relay /cdc-relay
 USER nonroot:nonroot
-# Prometheus metrics, /healthz and /readyz (CDC_RELAY_METRICS_ADDR, e.g. ":9187").
+# Prometheus metrics, /healthz and /readyz. The relay listens on 127.0.0.1:9187 by default,
+# which in a container only the container (or its pod) reaches: set CDC_RELAY_METRICS_ADDR,
+# e.g. to 0.0.0.0:9187, to scrape or probe it from outside, and preferably a token
+# (CDC_RELAY_METRICS_TOKEN_FILE; see docs/operations.md, "Securing the HTTP endpoints").
 EXPOSE 9187
 ENTRYPOINT ["/cdc-relay"]
 CMD ["run"]

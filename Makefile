@@ -6,8 +6,10 @@ GO ?= go
 # or "dev" outside a git checkout / before the first commit.
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
+# staticcheck, run from the Go module proxy at this version (no separate install).
+STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: build test demo bench lint check-migrations clean
+.PHONY: build test demo bench chaos lint staticcheck check-migrations clean
 
 # Build the relay into bin/cdc-relay.
 build:
@@ -27,13 +29,25 @@ demo:
 bench:
 	$(GO) run ./bench/cmd/bench $(BENCHFLAGS)
 
-# Formatting (fails listing the files gofmt would change) and go vet.
+# Fault injection: the built relay under SIGKILLs, Postgres restarts, network faults
+# (toxiproxy) and broker faults (kfake); prints faults, committed, lost, duplicated and
+# order violations per scenario and fails on any loss or order violation. Flags, e.g.
+# `make chaos CHAOSFLAGS='-only sigkill -kills 50'`; `-list` names the scenarios.
+chaos:
+	$(GO) run ./cmd/cdc-relay-chaos $(CHAOSFLAGS)
+
+# Formatting (fails listing the files gofmt would change), go vet and staticcheck.
 lint:
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then \
 		echo "gofmt needed on:"; echo "$$unformatted"; exit 1; \
 	fi
 	$(GO) vet ./...
+	$(MAKE) --no-print-directory staticcheck
+
+# staticcheck with its default checks (CI runs this too).
+staticcheck:
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 # Apply migrations/*.sql twice to a throwaway PostgreSQL 15 cluster and check the
 # cdc_relay role's privileges (see deploy/postgres/check-migrations.sh).

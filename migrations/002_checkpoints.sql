@@ -17,8 +17,12 @@ CREATE TABLE IF NOT EXISTS public.cdc_relay_checkpoints (
     system_id  text        NOT NULL,
     lsn        pg_lsn      NOT NULL,
     relay_name text        NOT NULL DEFAULT '',
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    commit_time timestamptz
 );
+
+-- Added after the first version of this table: run this file again on an older table.
+ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS commit_time timestamptz;
 
 COMMENT ON TABLE public.cdc_relay_checkpoints IS
     'cdc-relay checkpoints: per replication slot, the LSN up to which all events were acknowledged by Kafka. Written by the relay; do not edit while it runs.';
@@ -32,3 +36,5 @@ COMMENT ON COLUMN public.cdc_relay_checkpoints.relay_name IS
     'Name of the relay instance that wrote the row (for operators).';
 COMMENT ON COLUMN public.cdc_relay_checkpoints.updated_at IS
     'Time of the last write; doubles as a heartbeat.';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.commit_time IS
+    'Commit time of the transaction lsn ends (no later than any commit after it); --on-slot-loss=backfill republishes outbox rows from it, less --backfill-margin.';

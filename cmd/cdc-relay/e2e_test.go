@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
 )
 
 // TestKillNineThreeTimes SIGKILLs the relay three times while a writer
@@ -29,15 +30,15 @@ func TestKillNineThreeTimes(t *testing.T) {
 	r.waitReady(30 * time.Second)
 
 	const total = 6000
-	w := newWriter(f.url, "agg-", 300, 1)
-	werr := w.goRun(ctx, nil, total, 1200) // ~5s
+	w := verify.NewWriter(f.url, "agg-", 300, 1)
+	werr := w.GoRun(ctx, nil, total, 1200) // ~5s
 	killAt := func(what string) {
 		t.Helper()
 		if r.exited() {
 			code, _ := r.wait(0)
 			t.Fatalf("relay exited by itself (code %d) before kill %s", code, what)
 		}
-		committed := w.count()
+		committed := w.Count()
 		r.kill()
 		t.Logf("SIGKILL %s: %d of %d events committed so far", what, committed, total)
 		if committed >= total {
@@ -56,7 +57,7 @@ func TestKillNineThreeTimes(t *testing.T) {
 	// 3: later in the stream, once 3800 records are in Kafka, or before the
 	// writer ends if the relay lags behind.
 	deadline := time.Now().Add(30 * time.Second)
-	for n := 0; n < 3800 && w.count() < 5000; n = len(f.read(ctx, t)) {
+	for n := 0; n < 3800 && w.Count() < 5000; n = len(f.read(ctx, t)) {
 		if time.Now().After(deadline) {
 			t.Fatalf("only %d records in Kafka 30s after the second restart", n)
 		}
@@ -67,9 +68,9 @@ func TestKillNineThreeTimes(t *testing.T) {
 	if err := <-werr; err != nil {
 		t.Fatal(err)
 	}
-	res, _ := f.waitDelivered(ctx, t, w.committed, 30*time.Second)
+	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
 	t.Logf("after 3 x SIGKILL: %s", res)
-	res.requireComplete(t)
+	requireComplete(t, res)
 	if r.exited() {
 		t.Fatalf("relay exited")
 	}
@@ -87,12 +88,12 @@ func TestSigtermCleanStop(t *testing.T) {
 	r.start()
 	r.waitReady(30 * time.Second)
 
-	w := newWriter(f.url, "agg-", 100, 2)
+	w := verify.NewWriter(f.url, "agg-", 100, 2)
 	stopWriter := make(chan struct{})
-	werr := w.goRun(ctx, stopWriter, 0, 1000)
+	werr := w.GoRun(ctx, stopWriter, 0, 1000)
 	f.waitRecords(ctx, t, 1000, 30*time.Second)
 
-	before := w.count()
+	before := w.Count()
 	start := time.Now()
 	r.signal(syscall.SIGTERM)
 	code, ok := r.wait(10 * time.Second)
@@ -120,12 +121,12 @@ func TestSigtermCleanStop(t *testing.T) {
 	if err := <-werr; err != nil {
 		t.Fatal(err)
 	}
-	if w.count() <= before {
+	if w.Count() <= before {
 		t.Fatalf("writer committed nothing after the SIGTERM")
 	}
-	res, _ := f.waitDelivered(ctx, t, w.committed, 30*time.Second)
+	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
 	t.Logf("after SIGTERM and restart: %s", res)
-	res.requireComplete(t)
+	requireComplete(t, res)
 	if res.Duplicates != 0 {
 		t.Errorf("%d duplicates after a clean stop, want 0 (DESIGN invariant 7)", res.Duplicates)
 	}
@@ -154,14 +155,14 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	r.start()
 	r.waitReady(30 * time.Second)
 
-	w := newWriter(f.url, "agg-", 100, 3)
+	w := verify.NewWriter(f.url, "agg-", 100, 3)
 	stopWriter := make(chan struct{})
-	werr := w.goRun(ctx, stopWriter, 0, 500)
+	werr := w.GoRun(ctx, stopWriter, 0, 500)
 	f.waitRecords(ctx, t, 500, 30*time.Second)
 
 	f.kafka.Stop()
 	down := time.Now()
-	atStop := w.count()
+	atStop := w.Count()
 	saw503 := false
 	for time.Since(down) < 10*time.Second {
 		if r.exited() {
@@ -173,7 +174,7 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	duringOutage := w.count() - atStop
+	duringOutage := w.Count() - atStop
 	if err := f.kafka.Start(); err != nil {
 		t.Fatalf("restart broker: %v", err)
 	}
@@ -190,9 +191,9 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	if err := <-werr; err != nil {
 		t.Fatal(err)
 	}
-	res, _ := f.waitDelivered(ctx, t, w.committed, 40*time.Second)
+	res, _ := f.waitDelivered(ctx, t, w.Committed, 40*time.Second)
 	t.Logf("after a 10s broker outage: %s", res)
-	res.requireComplete(t)
+	requireComplete(t, res)
 	deadline := time.Now().Add(10 * time.Second)
 	for r.readyz() != http.StatusOK {
 		if time.Now().After(deadline) {
@@ -218,13 +219,13 @@ func TestKillNineDuringBrokerOutage(t *testing.T) {
 	r.start()
 	r.waitReady(30 * time.Second)
 
-	w := newWriter(f.url, "agg-", 50, 5)
+	w := verify.NewWriter(f.url, "agg-", 50, 5)
 	stopWriter := make(chan struct{})
-	werr := w.goRun(ctx, stopWriter, 0, 500)
+	werr := w.GoRun(ctx, stopWriter, 0, 500)
 	f.waitRecords(ctx, t, 300, 30*time.Second)
 
 	f.kafka.Stop()
-	atStop := w.count()
+	atStop := w.Count()
 	// Several status intervals: a relay that confirms on receipt has
 	// confirmed by now.
 	time.Sleep(2 * time.Second)
@@ -232,7 +233,7 @@ func TestKillNineDuringBrokerOutage(t *testing.T) {
 		t.Fatalf("relay exited during the broker outage")
 	}
 	r.kill()
-	t.Logf("SIGKILL with the broker down; %d events committed since it stopped", w.count()-atStop)
+	t.Logf("SIGKILL with the broker down; %d events committed since it stopped", w.Count()-atStop)
 	if err := f.kafka.Start(); err != nil {
 		t.Fatalf("restart broker: %v", err)
 	}
@@ -243,9 +244,9 @@ func TestKillNineDuringBrokerOutage(t *testing.T) {
 	if err := <-werr; err != nil {
 		t.Fatal(err)
 	}
-	res, _ := f.waitDelivered(ctx, t, w.committed, 30*time.Second)
+	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
 	t.Logf("after SIGKILL during a broker outage: %s", res)
-	res.requireComplete(t)
+	requireComplete(t, res)
 	r.stop(10 * time.Second)
 }
 
@@ -274,9 +275,9 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 	r.waitReady(30 * time.Second)
 
 	// A schema change mid-stream, between events.
-	w := newWriter(f.url, "small-", 3, 4)
+	w := verify.NewWriter(f.url, "small-", 3, 4)
 	for _, aggs := range [][]string{{"small-0"}, {"small-1", "small-0"}} {
-		if err := w.commitTxn(ctx, conn, aggs); err != nil {
+		if err := w.CommitTxn(ctx, conn, aggs); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -284,7 +285,7 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, aggs := range [][]string{{"small-0", "small-2"}, {"small-1"}} {
-		if err := w.commitTxn(ctx, conn, aggs); err != nil {
+		if err := w.CommitTxn(ctx, conn, aggs); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -308,13 +309,13 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 	}
 	t.Logf("committed %d rows (%d MB of payload) in one transaction in %v", rows, size>>20, commitDone.Sub(start).Round(time.Millisecond))
 
-	committed := w.committed()
+	committed := w.Committed()
 	dbRows, err := conn.Query(ctx, "SELECT id::text, aggregate_id, (payload->>'seq')::int FROM outbox_events WHERE aggregate_type = 'big'")
 	if err != nil {
 		t.Fatal(err)
 	}
-	big, err := pgx.CollectRows(dbRows, func(row pgx.CollectableRow) (event, error) {
-		ev := event{AggregateType: "big", EventType: "Big"}
+	big, err := pgx.CollectRows(dbRows, func(row pgx.CollectableRow) (verify.Event, error) {
+		ev := verify.Event{AggregateType: "big", EventType: "Big"}
 		return ev, row.Scan(&ev.ID, &ev.Agg, &ev.Seq)
 	})
 	if err != nil {
@@ -352,9 +353,9 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 		t.Errorf("Postgres did not spill the transaction to disk: logical_decoding_work_mem had no effect")
 	}
 	readStart := time.Now()
-	res, _ := f.waitDelivered(ctx, t, func() []event { return committed }, 20*time.Second)
+	res, _ := f.waitDelivered(ctx, t, func() []verify.Event { return committed }, 20*time.Second)
 	t.Logf("100k-row transaction (read back in %v): %s", time.Since(readStart).Round(time.Millisecond), res)
-	res.requireComplete(t)
+	requireComplete(t, res)
 
 	if r.exited() {
 		t.Fatalf("relay exited")
@@ -460,7 +461,7 @@ func TestBadConfiguration(t *testing.T) {
 			}
 			cmd := exec.CommandContext(ctx, relayBin, args...)
 			cmd.Env = append(cleanEnv(), tc.env...)
-			var stdout, stderr syncBuffer
+			var stdout, stderr testenv.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			start := time.Now()
 			err := cmd.Run()
@@ -571,8 +572,8 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 		t.Errorf("/readyz = %d while the slot is held, want 503", code)
 	}
 
-	w := newWriter(f.url, "agg-", 5, 6)
-	if err := w.commitTxn(ctx, conn, []string{"agg-1", "agg-2"}); err != nil {
+	w := verify.NewWriter(f.url, "agg-", 5, 6)
+	if err := w.CommitTxn(ctx, conn, []string{"agg-1", "agg-2"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
@@ -592,8 +593,8 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 	freed := time.Now()
 	f.waitRecords(ctx, t, 2, 10*time.Second)
 	t.Logf("relay delivered %v after the slot was released", time.Since(freed).Round(time.Millisecond))
-	res, _ := f.waitDelivered(ctx, t, w.committed, 5*time.Second)
-	res.requireComplete(t)
+	res, _ := f.waitDelivered(ctx, t, w.Committed, 5*time.Second)
+	requireComplete(t, res)
 	r.waitReady(5 * time.Second)
 	r.stop(10 * time.Second)
 }

@@ -7,7 +7,6 @@ package main
 // (franz-go's kgo, not the relay's kafka-go).
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
 )
 
 // buildVersion is stamped into the test binary with -ldflags -X main.version.
@@ -53,7 +52,12 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 
 	relayBin = filepath.Join(dir, "cdc-relay")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts its own toolchain's bin directory first on PATH.
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: find the go command: %v\n", err)
+		return 1
+	}
 	build := exec.Command(gobin, "build", "-ldflags", "-X main.version="+buildVersion, "-o", relayBin, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -174,35 +178,22 @@ func (f *fixture) waitRecords(ctx context.Context, t *testing.T, n int, timeout 
 
 // waitDelivered reads the topic until every committed event is there (or the
 // timeout passes) and returns the final check of it.
-func (f *fixture) waitDelivered(ctx context.Context, t *testing.T, committed func() []event, timeout time.Duration) (checkResult, []testenv.Record) {
+func (f *fixture) waitDelivered(ctx context.Context, t *testing.T, committed func() []verify.Event, timeout time.Duration) (verify.Result, []testenv.Record) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		recs := f.read(ctx, t)
-		res := checkDelivery(committed(), recs)
-		if len(res.Missing) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			return res, recs
-		}
-		time.Sleep(250 * time.Millisecond)
+	res, recs, err := verify.Await(ctx, f.brokers, f.topic, committed, timeout, 250*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return res, recs
 }
 
-// syncBuffer is a bytes.Buffer safe for the exec copier and readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// requireComplete fails t unless every committed event arrived, exactly as
+// committed, in per-key order. Duplicates are allowed (at-least-once).
+func requireComplete(t *testing.T, res verify.Result) {
+	t.Helper()
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // relayProc runs the cdc-relay binary, possibly several times in a row with
@@ -211,7 +202,7 @@ type relayProc struct {
 	t    *testing.T
 	args []string
 	env  []string
-	logs *syncBuffer
+	logs *testenv.Buffer
 	runs int
 
 	mu      sync.Mutex
@@ -224,7 +215,7 @@ type relayProc struct {
 // newRelay returns a relay runner; the cleanup kills a running process and
 // prints the logs of all runs when the test failed.
 func newRelay(t *testing.T, args []string) *relayProc {
-	r := &relayProc{t: t, args: args, env: cleanEnv(), logs: &syncBuffer{}}
+	r := &relayProc{t: t, args: args, env: cleanEnv(), logs: &testenv.Buffer{}}
 	t.Cleanup(func() {
 		r.kill()
 		if t.Failed() || os.Getenv("CDC_RELAY_E2E_LOGS") != "" {

@@ -1,20 +1,45 @@
 // Package admin serves the relay's HTTP surface: /metrics (Prometheus), /healthz
 // (the process is alive) and /readyz (streaming and producing). Nothing here
-// changes state.
+// changes state: every route is a GET (HEAD), and there is no other route.
+//
+// With a token set, every request must carry "Authorization: Bearer <token>"
+// (except /healthz and /readyz when Config.OpenProbes is set); the token is
+// compared in constant time and never logged.
 package admin
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 )
+
+// Config is what Start serves and how.
+type Config struct {
+	// Addr is the host:port to listen on.
+	Addr string
+	// Registry is served at /metrics.
+	Registry *prometheus.Registry
+	// Ready answers /readyz: 200 while it returns true, 503 otherwise.
+	Ready func() bool
+	// Token, when not empty, is the bearer token every request must carry;
+	// a request without it gets 401 and a WWW-Authenticate: Bearer header.
+	Token string
+	// OpenProbes serves /healthz and /readyz without the token, for probes
+	// that cannot send a secret header. /metrics still needs it.
+	OpenProbes bool
+	// Logger receives the start line and a serve failure.
+	Logger zerolog.Logger
+}
 
 // Server is the running HTTP server.
 type Server struct {
@@ -23,41 +48,84 @@ type Server struct {
 	done chan struct{}
 }
 
-// Handler returns the admin routes.
-func Handler(reg *prometheus.Registry, ready func() bool) http.Handler {
+// Handler returns the admin routes, behind the token check when cfg.Token is
+// set.
+func Handler(cfg Config) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
+		if !cfg.Ready() {
 			http.Error(w, "not ready: not streaming, or Kafka is not accepting events", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	return mux
+	if cfg.Token == "" {
+		return mux
+	}
+	return requireToken(cfg.Token, cfg.OpenProbes, mux)
 }
 
-// Start listens on addr and serves in a goroutine that Shutdown stops.
-func Start(addr string, reg *prometheus.Registry, ready func() bool, log zerolog.Logger) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
+// requireToken lets a request through to next only with the bearer token (or,
+// with openProbes, to exactly /healthz or /readyz). The check runs before
+// routing, so a client without the token learns nothing about the routes.
+func requireToken(token string, openProbes bool, next http.Handler) http.Handler {
+	// Comparing digests keeps the comparison constant-time in the token's
+	// length too (subtle.ConstantTimeCompare returns early on a length mismatch).
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if openProbes && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got, ok := bearer(r.Header.Get("Authorization"))
+		if ok {
+			sum := sha256.Sum256([]byte(got))
+			ok = subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+		}
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="cdc-relay"`)
+			http.Error(w, "unauthorized: send Authorization: Bearer <token>", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bearer returns the credentials of an "Authorization: Bearer <token>" header
+// value; the scheme is case-insensitive (RFC 9110, 11.1).
+func bearer(header string) (string, bool) {
+	scheme, cred, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	cred = strings.TrimLeft(cred, " ")
+	return cred, cred != ""
+}
+
+// Start listens on cfg.Addr and serves in a goroutine that Shutdown stops.
+func Start(cfg Config) (*Server, error) {
+	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	s := &Server{
-		srv:  &http.Server{Handler: Handler(reg, ready), ReadHeaderTimeout: 5 * time.Second},
+		srv:  &http.Server{Handler: Handler(cfg), ReadHeaderTimeout: 5 * time.Second},
 		addr: ln.Addr(),
 		done: make(chan struct{}),
 	}
+	log := cfg.Logger
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error().Err(err).Str("addr", addr).Msg("metrics server stopped")
+			log.Error().Err(err).Str("addr", cfg.Addr).Msg("metrics server stopped")
 		}
 	}()
-	log.Info().Str("addr", ln.Addr().String()).Msg("serving /metrics, /healthz, /readyz")
+	log.Info().Str("addr", ln.Addr().String()).Bool("token", cfg.Token != "").
+		Bool("open_probes", cfg.Token != "" && cfg.OpenProbes).Msg("serving /metrics, /healthz, /readyz")
 	return s, nil
 }
 
@@ -69,4 +137,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)
 	<-s.done
 	return err
+}
+
+// Loopback reports whether addr is a loopback address (127.0.0.0/8, ::1),
+// reachable only from this host; an unspecified address (":9187", "0.0.0.0")
+// is not.
+func Loopback(addr net.Addr) bool {
+	tcp, ok := addr.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
 }

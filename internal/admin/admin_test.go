@@ -49,7 +49,7 @@ func TestServer(t *testing.T) {
 	m.SetState(metrics.StateStreaming)
 	var ready atomic.Bool
 
-	srv, err := admin.Start("127.0.0.1:0", reg, ready.Load, zerolog.Nop())
+	srv, err := admin.Start(admin.Config{Addr: "127.0.0.1:0", Registry: reg, Ready: ready.Load, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestStartBadAddr(t *testing.T) {
 	defer ln.Close()
 	reg := prometheus.NewRegistry()
 	for _, addr := range []string{ln.Addr().String(), "127.0.0.1:notaport"} {
-		srv, err := admin.Start(addr, reg, func() bool { return true }, zerolog.Nop())
+		srv, err := admin.Start(admin.Config{Addr: addr, Registry: reg, Ready: func() bool { return true }, Logger: zerolog.Nop()})
 		if err == nil {
 			_ = srv.Shutdown(context.Background())
 			t.Errorf("Start(%q) succeeded, want an error", addr)
@@ -157,7 +157,7 @@ func TestStartBadAddr(t *testing.T) {
 // TestShutdownExpiredContext checks that Shutdown with an already expired context
 // still returns (with the context's error) and waits for the serve goroutine.
 func TestShutdownExpiredContext(t *testing.T) {
-	srv, err := admin.Start("127.0.0.1:0", prometheus.NewRegistry(), func() bool { return false }, zerolog.Nop())
+	srv, err := admin.Start(admin.Config{Addr: "127.0.0.1:0", Registry: prometheus.NewRegistry(), Ready: func() bool { return false }, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

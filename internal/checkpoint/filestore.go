@@ -31,6 +31,8 @@ type fileEntry struct {
 	LSN       string    `json:"lsn"`
 	UpdatedAt time.Time `json:"updated_at"`
 	RelayName string    `json:"relay_name"`
+	// CommitTime is Checkpoint.CommitTime; absent when unknown.
+	CommitTime *time.Time `json:"commit_time,omitempty"`
 }
 
 // FileStore keeps checkpoints in a local JSON file, one entry per slot. Every Save
@@ -67,7 +69,11 @@ func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, erro
 	if err != nil {
 		return Checkpoint{}, false, fmt.Errorf("parse LSN %q of slot %q in checkpoint file %s: %w", e.LSN, slot, s.path, err)
 	}
-	return Checkpoint{Slot: slot, SystemID: e.SystemID, LSN: lsn, UpdatedAt: e.UpdatedAt, RelayName: e.RelayName}, true, nil
+	c := Checkpoint{Slot: slot, SystemID: e.SystemID, LSN: lsn, UpdatedAt: e.UpdatedAt, RelayName: e.RelayName}
+	if e.CommitTime != nil {
+		c.CommitTime = *e.CommitTime
+	}
+	return c, true, nil
 }
 
 // Save inserts or replaces the checkpoint of c.Slot, keeping the other slots' entries.
@@ -83,12 +89,17 @@ func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
 	if c.UpdatedAt.IsZero() {
 		c.UpdatedAt = time.Now()
 	}
-	doc.Checkpoints[c.Slot] = fileEntry{
+	e := fileEntry{
 		SystemID:  c.SystemID,
 		LSN:       c.LSN.String(),
 		UpdatedAt: c.UpdatedAt.UTC(),
 		RelayName: c.RelayName,
 	}
+	if !c.CommitTime.IsZero() {
+		t := c.CommitTime.UTC()
+		e.CommitTime = &t
+	}
+	doc.Checkpoints[c.Slot] = e
 	data, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode checkpoint file %s: %w", s.path, err)

@@ -214,13 +214,17 @@ func gap(kind GapKind, slot string, stored Checkpoint, s SlotState, format strin
 }
 
 func replayHint(stored Checkpoint) string {
-	if stored.UpdatedAt.IsZero() {
+	at, what := stored.CommitTime, "the commit time the checkpoint covers"
+	if at.IsZero() {
+		at, what = stored.UpdatedAt, "when the checkpoint was saved (later than the commit it covers if the relay was behind)"
+	}
+	if at.IsZero() {
 		return "replay them from the outbox table with `cdc-relay replay --since <time of the last delivered event>`"
 	}
-	return fmt.Sprintf("replay them from the outbox table with `cdc-relay replay --since %s` "+
-		"(or a little earlier: events in flight when the checkpoint was saved committed before it; "+
+	return fmt.Sprintf("replay them from the outbox table with `cdc-relay replay --since %s`, %s, "+
+		"less the duration of your longest write transaction (created_at is a transaction's start; "+
 		"replayed events keep their ids, so idempotent consumers drop repeats)",
-		stored.UpdatedAt.UTC().Format(time.RFC3339))
+		at.UTC().Format(time.RFC3339), what)
 }
 
 func savedAt(stored Checkpoint) string {

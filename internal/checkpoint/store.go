@@ -21,6 +21,11 @@ type Checkpoint struct {
 	LSN       pglogrepl.LSN // acknowledgement watermark written before the slot is confirmed
 	UpdatedAt time.Time     // when the checkpoint was saved
 	RelayName string        // the relay instance that saved it, for operators
+	// CommitTime is no later than the commit of any transaction after LSN: the
+	// commit time of the transaction LSN ends (or, after an idle advance, when
+	// the slot was moved past nothing). Zero when unknown (older checkpoints).
+	// A backfill after a slot loss republishes outbox rows from it, less a margin.
+	CommitTime time.Time
 }
 
 // DefaultTable is the checkpoint table TableStore uses when given no name.
@@ -39,8 +44,15 @@ func TableDDL(table string) string {
     system_id  text        NOT NULL,
     lsn        pg_lsn      NOT NULL,
     relay_name text        NOT NULL DEFAULT '',
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    commit_time timestamptz
 )`
+}
+
+// addCommitTimeDDL adds the commit_time column to a checkpoint table made before
+// it existed.
+func addCommitTimeDDL(table string) string {
+	return "ALTER TABLE " + quoteTable(table) + " ADD COLUMN IF NOT EXISTS commit_time timestamptz"
 }
 
 // quoteTable quotes a "table" or "schema.table" name as one SQL identifier.
@@ -80,7 +92,7 @@ func (s *TableStore) Ensure(ctx context.Context) error {
 		return fmt.Errorf("look up checkpoint table %s: %w", s.name, err)
 	}
 	if exists {
-		return nil
+		return s.ensureCommitTime(ctx)
 	}
 	if _, err := s.pool.Exec(ctx, TableDDL(s.name)); err != nil {
 		var pgErr *pgconn.PgError
@@ -94,13 +106,37 @@ func (s *TableStore) Ensure(ctx context.Context) error {
 	return nil
 }
 
+// ensureCommitTime adds the commit_time column to a table created before it
+// existed; a role that may not alter the table is told to run the migration.
+func (s *TableStore) ensureCommitTime(ctx context.Context) error {
+	var has bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'commit_time' AND NOT attisdropped)`, s.table).Scan(&has)
+	if err != nil {
+		return fmt.Errorf("look up column commit_time of checkpoint table %s: %w", s.name, err)
+	}
+	if has {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, addCommitTimeDDL(s.name)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return fmt.Errorf("add column commit_time to checkpoint table %s: the relay's role may not alter it; "+
+				"run %s again (with the table name %s) as the table's owner: %w", s.name, MigrationFile, s.name, err)
+		}
+		return fmt.Errorf("add column commit_time to checkpoint table %s: %w", s.name, err)
+	}
+	return nil
+}
+
 // Load returns the checkpoint of slot, and false if there is none.
 func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, error) {
 	c := Checkpoint{Slot: slot}
 	var lsn string
+	var commit *time.Time
 	err := s.pool.QueryRow(ctx,
-		"SELECT system_id, lsn::text, relay_name, updated_at FROM "+s.table+" WHERE slot_name = $1", slot,
-	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt)
+		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time FROM "+s.table+" WHERE slot_name = $1", slot,
+	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, false, nil
 	}
@@ -110,6 +146,9 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	if c.LSN, err = pglogrepl.ParseLSN(lsn); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("parse checkpoint LSN %q of slot %q in %s: %w", lsn, slot, s.name, err)
 	}
+	if commit != nil {
+		c.CommitTime = *commit
+	}
 	return c, true, nil
 }
 
@@ -117,18 +156,22 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 // the server's current time. Save does not refuse an LSN lower than the stored one:
 // keeping the watermark monotonic is the Tracker's job.
 func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
-	var updated any // NULL lets the server set now()
+	var updated, commit any // NULL lets the server set now(); NULL commit_time is unknown
 	if !c.UpdatedAt.IsZero() {
 		updated = c.UpdatedAt
 	}
-	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at)
-VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()))
+	if !c.CommitTime.IsZero() {
+		commit = c.CommitTime
+	}
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time)
+VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz)
 ON CONFLICT (slot_name) DO UPDATE SET
     system_id = excluded.system_id,
     lsn = excluded.lsn,
     relay_name = excluded.relay_name,
-    updated_at = excluded.updated_at`,
-		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated)
+    updated_at = excluded.updated_at,
+    commit_time = excluded.commit_time`,
+		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit)
 	if err != nil {
 		return fmt.Errorf("save checkpoint of slot %q at %s to %s: %w", c.Slot, c.LSN, s.name, err)
 	}

@@ -49,6 +49,15 @@ func testStoreContract(t *testing.T, newStore func(t *testing.T) store) {
 			mustSave(t, ctx, s, c)
 			mustLoad(t, ctx, s, "orders", c, true)
 		}},
+		{"commit time round-trips, and zero stays unknown", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0x300)
+			c.CommitTime = at.Add(-time.Minute)
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+			c.LSN, c.CommitTime = 0x400, time.Time{}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
 		{"two slots are independent", func(t *testing.T, ctx context.Context, s store) {
 			a, b := cp("orders", 0x100), cp("payments", 0x200)
 			b.SystemID, b.RelayName = "99", "relay-b"
@@ -112,7 +121,7 @@ func mustLoad(t *testing.T, ctx context.Context, s store, slot string, want Chec
 		t.Fatalf("Load(%q) found = %v, want %v", slot, ok, wantOK)
 	}
 	if got.Slot != want.Slot || got.SystemID != want.SystemID || got.LSN != want.LSN ||
-		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) {
+		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) || !got.CommitTime.Equal(want.CommitTime) {
 		t.Fatalf("Load(%q) = %+v, want %+v", slot, got, want)
 	}
 }

@@ -56,6 +56,40 @@ func TestTableStore(t *testing.T) {
 		})
 	})
 
+	t.Run("ensure adds commit_time to a table made before it existed", func(t *testing.T) {
+		ctx := t.Context()
+		if _, err := admin.Exec(ctx, `CREATE TABLE public.ckpt_old (
+    slot_name  text        PRIMARY KEY,
+    system_id  text        NOT NULL,
+    lsn        pg_lsn      NOT NULL,
+    relay_name text        NOT NULL DEFAULT '',
+    updated_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `INSERT INTO public.ckpt_old (slot_name, system_id, lsn) VALUES ('old', '1', '0/10')`); err != nil {
+			t.Fatal(err)
+		}
+		s := NewTableStore(admin, "public.ckpt_old")
+		if _, _, err := s.Load(ctx, "old"); err == nil {
+			t.Fatal("Load before Ensure on a table without commit_time succeeded; the test does not exercise the upgrade")
+		}
+		if err := s.Ensure(ctx); err != nil {
+			t.Fatalf("Ensure: %v", err)
+		}
+		got, ok, err := s.Load(ctx, "old")
+		if err != nil || !ok || got.LSN != 0x10 || !got.CommitTime.IsZero() {
+			t.Fatalf("Load of the old row = %+v, %v, %v; want LSN 0/10 with no commit time", got, ok, err)
+		}
+		want := Checkpoint{Slot: "old", SystemID: "1", LSN: 0x20, UpdatedAt: time.Now().Truncate(time.Microsecond),
+			CommitTime: time.Now().Add(-time.Hour).Truncate(time.Microsecond)}
+		if err := s.Save(ctx, want); err != nil {
+			t.Fatalf("Save: %v", err)
+		}
+		if got, _, err := s.Load(ctx, "old"); err != nil || !got.CommitTime.Equal(want.CommitTime) {
+			t.Fatalf("Load = %+v, %v; want commit time %s", got, err, want.CommitTime)
+		}
+	})
+
 	t.Run("ensure is idempotent and quotes names", func(t *testing.T) {
 		ctx := t.Context()
 		if err := p.Exec(ctx, testDB, `CREATE SCHEMA "Relay Schema"`); err != nil {

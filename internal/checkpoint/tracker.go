@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -27,6 +28,7 @@ type txn struct {
 	acked     int
 	committed bool
 	end       pglogrepl.LSN
+	at        time.Time // commit time
 }
 
 func (x *txn) done() bool { return x.committed && x.acked == x.added }
@@ -59,6 +61,8 @@ type Tracker struct {
 	nextSeq uint64 // seq the next Begin returns
 
 	watermark pglogrepl.LSN
+	delivered uint64        // transactions with events the watermark has passed
+	markTime  time.Time     // commit time of the watermark's transaction (see Position)
 	maxEnd    pglogrepl.LSN // highest end LSN of the stream since the last Reset, for the order check
 	events    int           // events added and not yet acknowledged
 
@@ -137,11 +141,11 @@ func (t *Tracker) Add(seq uint64, n int) {
 	t.addEvents(n)
 }
 
-// Commit closes transaction seq, whose commit record ends at end. A transaction with no
-// events counts as acknowledged at once. An end LSN lower than one committed before is
+// Commit closes transaction seq, whose commit record ends at end and which committed
+// at at. A transaction with no events counts as acknowledged at once. An end LSN lower than one committed before is
 // an anomaly: the transaction then counts with the highest end LSN seen, so the
 // watermark never moves backwards.
-func (t *Tracker) Commit(seq uint64, end pglogrepl.LSN) {
+func (t *Tracker) Commit(seq uint64, end pglogrepl.LSN, at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	x := t.get(seq)
@@ -160,7 +164,7 @@ func (t *Tracker) Commit(seq uint64, end pglogrepl.LSN) {
 		end = t.maxEnd
 	}
 	t.maxEnd = end
-	x.committed, x.end = true, end
+	x.committed, x.end, x.at = true, end, at
 	t.advance()
 }
 
@@ -207,6 +211,10 @@ func (t *Tracker) advance() {
 			t.watermark = x.end
 			moved = true
 		}
+		if x.added > 0 {
+			t.delivered++
+		}
+		t.markTime = x.at
 		*x = txn{}
 		t.head = (t.head + 1) & (len(t.ring) - 1)
 		t.n--
@@ -250,20 +258,45 @@ func (t *Tracker) Watermark() pglogrepl.LSN {
 	return t.watermark
 }
 
+// Position returns the watermark with the commit time of the transaction it ends: no
+// transaction after the watermark committed before that time (up to the small disorder
+// of commit timestamps). After an idle advance the time is that of the advance. It is
+// zero until the first transaction or idle advance since NewTracker.
+//
+// The time is the server's latest, not the highest seen: after the server's clock
+// steps back, later commits carry the stepped-back clock, and a time kept from
+// before the step would be later than them.
+func (t *Tracker) Position() (pglogrepl.LSN, time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermark, t.markTime
+}
+
+// Delivered returns how many transactions with events the watermark has passed since
+// NewTracker: when it has not changed, a moved watermark only skipped empty
+// transactions or idle WAL.
+func (t *Tracker) Delivered() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.delivered
+}
+
 // Idle moves the watermark to serverWALEnd if nothing is in flight — no transaction open
 // or unacknowledged — and serverWALEnd is ahead of it, so an idle outbox does not make
 // Postgres retain WAL (DESIGN invariant 4). It reports whether the watermark moved.
 //
 // The caller must have received the whole stream up to serverWALEnd, as it has when
 // serverWALEnd is the WAL end of a primary keepalive handled by the goroutine that also
-// calls Begin.
-func (t *Tracker) Idle(serverWALEnd pglogrepl.LSN) bool {
+// calls Begin. serverTime is the keepalive's server clock, which Position reports after
+// the advance (transactions after serverWALEnd commit after it, on the same clock).
+func (t *Tracker) Idle(serverWALEnd pglogrepl.LSN, serverTime time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n > 0 || t.events > 0 || serverWALEnd <= t.watermark {
 		return false
 	}
 	t.watermark = serverWALEnd
+	t.markTime = serverTime
 	if serverWALEnd > t.maxEnd {
 		t.maxEnd = serverWALEnd
 	}

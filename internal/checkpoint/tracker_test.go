@@ -31,8 +31,40 @@ func add(seq uint64, n int) step {
 	return step{"add", func(_ *testing.T, tr *Tracker) { tr.Add(seq, n) }}
 }
 
+// at is the commit time the tests give the transaction ending at end: a second
+// per LSN unit after a fixed epoch, so times follow LSNs.
+func at(end pglogrepl.LSN) time.Time {
+	return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(end) * time.Second)
+}
+
 func commit(seq uint64, end pglogrepl.LSN) step {
-	return step{"commit", func(_ *testing.T, tr *Tracker) { tr.Commit(seq, end) }}
+	return step{"commit", func(_ *testing.T, tr *Tracker) { tr.Commit(seq, end, at(end)) }}
+}
+
+// commitAt commits with an explicit commit time (for out-of-order clocks).
+func commitAt(seq uint64, end pglogrepl.LSN, when time.Time) step {
+	return step{"commit", func(_ *testing.T, tr *Tracker) { tr.Commit(seq, end, when) }}
+}
+
+// delivered checks Delivered.
+func delivered(want uint64) step {
+	return step{"delivered", func(t *testing.T, tr *Tracker) {
+		t.Helper()
+		if got := tr.Delivered(); got != want {
+			t.Fatalf("Delivered() = %d, want %d", got, want)
+		}
+	}}
+}
+
+// pos checks Position: the watermark and its commit time.
+func pos(lsn pglogrepl.LSN, when time.Time) step {
+	return step{"position", func(t *testing.T, tr *Tracker) {
+		t.Helper()
+		gotLSN, gotAt := tr.Position()
+		if gotLSN != lsn || !gotAt.Equal(when) {
+			t.Fatalf("Position() = %s, %s; want %s, %s", gotLSN, gotAt, lsn, when)
+		}
+	}}
 }
 
 func ack(seq uint64, n int) step {
@@ -46,7 +78,7 @@ func reset(start pglogrepl.LSN) step {
 func idle(walEnd pglogrepl.LSN, want bool) step {
 	return step{"idle", func(t *testing.T, tr *Tracker) {
 		t.Helper()
-		if got := tr.Idle(walEnd); got != want {
+		if got := tr.Idle(walEnd, at(walEnd)); got != want {
 			t.Fatalf("Idle(%s) = %v, want %v", walEnd, got, want)
 		}
 	}}
@@ -184,6 +216,28 @@ func TestTracker(t *testing.T) {
 				idle(100, false), idle(50, false), idle(500, true), wm(500), changed(true),
 				begin(0), add(0, 1), commit(0, 600), ack(0, 1), wm(600),
 				idle(700, true), wm(700), idle(650, false), wm(700),
+			},
+		},
+		{
+			name:  "position carries the watermark's commit time",
+			start: 100,
+			steps: []step{
+				pos(100, time.Time{}),
+				begin(0), add(0, 1), commit(0, 200),
+				begin(1), add(1, 1), commit(1, 300),
+				ack(1, 1), pos(100, time.Time{}), // txn 1 acked first: not the watermark yet
+				ack(0, 1), pos(300, at(300)),
+				idle(400, true), pos(400, at(400)), // an idle advance takes the keepalive's server time
+				// The server's clock stepped back: the time follows it, since commits
+				// after the watermark carry the stepped-back clock too.
+				begin(2), add(2, 1), commitAt(2, 500, at(100)), ack(2, 1), pos(500, at(100)),
+				// Acked out of order, the time is still the watermark transaction's.
+				begin(3), add(3, 1), commitAt(3, 600, at(600)),
+				begin(4), add(4, 1), commitAt(4, 700, at(650)),
+				ack(4, 1), pos(500, at(100)), ack(3, 1), pos(700, at(650)),
+				delivered(5),
+				// Empty transactions and idle advances move the watermark, not Delivered.
+				begin(5), commit(5, 800), pos(800, at(800)), idle(900, true), delivered(5),
 			},
 		},
 		{
@@ -408,7 +462,7 @@ func TestTrackerConcurrent(t *testing.T) {
 		for k := 0; left > 0; k++ {
 			if k == commitAfter {
 				shadow[i].committed.Store(true)
-				tr.Commit(seq, shadow[i].end)
+				tr.Commit(seq, shadow[i].end, at(shadow[i].end))
 			}
 			n := 1 + rng.IntN(left)
 			left -= n
@@ -416,7 +470,7 @@ func TestTrackerConcurrent(t *testing.T) {
 		}
 		if !shadow[i].committed.Load() {
 			shadow[i].committed.Store(true)
-			tr.Commit(seq, shadow[i].end)
+			tr.Commit(seq, shadow[i].end, at(shadow[i].end))
 		}
 	}
 	for _, c := range work {
@@ -460,7 +514,7 @@ func BenchmarkTrackerAddAck(b *testing.B) {
 		tr.Add(seq, 1)
 		tr.Ack(seq, 1)
 		if i%perTxn == perTxn-1 {
-			tr.Commit(seq, pglogrepl.LSN(i))
+			tr.Commit(seq, pglogrepl.LSN(i), at(pglogrepl.LSN(i)))
 		}
 	}
 }
@@ -479,7 +533,7 @@ func BenchmarkTrackerAckParallel(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	tr.Commit(seq, 1)
+	tr.Commit(seq, 1, at(1))
 	if got := tr.Watermark(); got != 1 {
 		b.Fatalf("Watermark() = %s after acking every event, want 0/1", got)
 	}

@@ -23,7 +23,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/term"
 
-	"github.com/cdc-relay/cdc-relay/internal/admin"
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
@@ -71,6 +70,8 @@ func (p *PGFlags) resolve() error {
 type KafkaFlags struct {
 	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
 	Topic        string   `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}."`
+
+	KafkaSecurityFlags `embed:""` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
 }
 
 // RunCmd is "cdc-relay run".
@@ -78,7 +79,7 @@ type RunCmd struct {
 	PGFlags    `embed:""`
 	KafkaFlags `embed:""`
 
-	MetricsAddr string `default:":9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables)."`
+	AdminFlags `embed:""` // --metrics-addr, --metrics-token…: admin_flags.go
 
 	CreateSlot        bool `default:"true" negatable:"" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
 	CreatePublication bool `default:"true" negatable:"" help:"Create the publication when it is missing."`
@@ -93,6 +94,10 @@ type RunCmd struct {
 	OnError      string        `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
 	DLQTable     string        `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table (on-error=dlq)."`
 	DLQRetention time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
+
+	OnSlotLoss      string        `default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
+	BackfillMargin  time.Duration `default:"10m" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
+	ColumnCreatedAt string        `default:"created_at" help:"Outbox column holding the insert time (for --on-slot-loss=backfill)."`
 
 	CheckpointStore string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
@@ -231,6 +236,9 @@ func (r *RunCmd) Validate() error {
 		return err
 	}
 	r.KafkaBrokers = brokers
+	if err := r.resolveKafkaSecurity(); err != nil {
+		return err
+	}
 	if _, err := sink.NewRouter(r.Topic); err != nil {
 		return flagError("topic", err.Error())
 	}
@@ -247,6 +255,9 @@ func (r *RunCmd) Validate() error {
 		if d.v <= 0 {
 			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
 		}
+	}
+	if err := r.validateSlotLoss(); err != nil {
+		return err
 	}
 	if r.DLQRetention < 0 {
 		return flagError("dlq-retention", "must be 0 (keep) or a positive duration such as 168h")
@@ -369,6 +380,10 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
+	transport, err := r.kafkaTransport()
+	if err != nil {
+		return relay.Config{}, err
+	}
 	cfg := relay.Config{
 		PGURL:       r.PGURL,
 		Slot:        r.Slot,
@@ -390,6 +405,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			BatchMaxBytes:  r.BatchMaxBytes,
 			Compression:    compression(r.Compression),
 			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+			Transport:      transport,
 		},
 		RelayName:        relayName(r.RelayName),
 		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,
@@ -419,6 +435,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			}
 		}
 	}
+	r.setBackfill(&cfg, log)
 	switch r.CheckpointStore {
 	case "file":
 		path := r.CheckpointFile
@@ -452,16 +469,14 @@ func (r *RunCmd) run(ctx context.Context, env Env) error {
 	if env.OnRelay != nil {
 		env.OnRelay(rl)
 	}
-	var srv *admin.Server
-	if r.MetricsAddr != "" {
-		srv, err = admin.Start(r.MetricsAddr, reg, rl.Ready, log)
-		if err != nil {
-			return flagError("metrics-addr", err.Error())
-		}
+	srv, err := r.startAdmin(reg, rl.Ready, log)
+	if err != nil {
+		return err
 	}
 	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
-	runErr := rl.Run(ctx)
+	r.logKafkaSecurity(log)
+	runErr := r.explainKafkaError(rl.Run(ctx))
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := srv.Shutdown(sctx); err != nil && runErr == nil {

@@ -65,6 +65,8 @@ func closedAddr(t *testing.T) string {
 }
 
 // run calls Run with buffers and returns its error and output.
+//
+//lint:ignore ST1008 a test helper whose callers (a dozen, across the package's tests) read err first.
 func run(t *testing.T, ctx context.Context, args ...string) (err error, stdout, stderr string) {
 	t.Helper()
 	var o, e bytes.Buffer
@@ -199,6 +201,9 @@ func TestValidationErrors(t *testing.T) {
 		{name: "topic unclosed brace", set: map[string]string{"topic": "orders.{event_type"}, want: []string{"--topic", "CDC_RELAY_TOPIC", "unclosed"}},
 		{name: "topic illegal characters", set: map[string]string{"topic": "orders events"}, want: []string{"--topic", "CDC_RELAY_TOPIC"}},
 		{name: "topic empty", set: map[string]string{"topic": ""}, want: []string{"--topic", "CDC_RELAY_TOPIC", "empty"}},
+		{name: "on-slot-loss unknown", set: map[string]string{"on-slot-loss": "ignore"}, want: []string{"--on-slot-loss", "fail", "backfill"}},
+		{name: "backfill without margin", set: map[string]string{"on-slot-loss": "backfill", "backfill-margin": "0s"}, want: []string{"--backfill-margin", "CDC_RELAY_BACKFILL_MARGIN", "more than 0"}},
+		{name: "empty created-at column", set: map[string]string{"column-created-at": ""}, want: []string{"--column-created-at", "CDC_RELAY_COLUMN_CREATED_AT"}},
 		{name: "table a.b.c", set: map[string]string{"table": "a.b.c"}, want: []string{"--table", "CDC_RELAY_TABLE", `"a.b.c" is not a table name`}},
 		{name: "table without name", set: map[string]string{"table": "public."}, want: []string{"--table", "CDC_RELAY_TABLE"}},
 		{name: "table without schema", set: map[string]string{"table": ".outbox"}, want: []string{"--table", "CDC_RELAY_TABLE"}},
@@ -369,7 +374,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := c.Run
-	if r.MetricsAddr != ":9187" || r.Slot != "cdc_relay" || r.Publication != "cdc_relay_outbox" ||
+	if r.MetricsAddr != "127.0.0.1:9187" || r.MetricsToken != "" || r.MetricsOpenProbes || r.Slot != "cdc_relay" || r.Publication != "cdc_relay_outbox" ||
 		r.Table != "public.outbox_events" || r.Topic != "outbox.events" || !r.CreateSlot || !r.CreatePublication ||
 		r.CheckpointStore != "table" || r.MaxInFlightMiB != 32 || r.StatusInterval != time.Second || r.Compression != "none" {
 		t.Errorf("defaults: %+v", r)

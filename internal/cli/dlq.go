@@ -376,7 +376,8 @@ type DLQReplayCmd struct {
 
 	// Not KafkaFlags: a dead letter goes back to the topic stored with it, so
 	// --topic would mean nothing here.
-	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port (not needed with --dry-run)." placeholder:"HOST:PORT"`
+	KafkaBrokers       []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port (not needed with --dry-run)." placeholder:"HOST:PORT"`
+	KafkaSecurityFlags `embed:""`
 
 	ID    []int64 `name:"id" help:"Only these dead letter ids (repeat the flag or separate with commas)." placeholder:"ID"`
 	Force bool    `help:"Also publish letters that were replayed already (they are skipped otherwise)."`
@@ -400,6 +401,9 @@ func (c *DLQReplayCmd) Validate() error {
 			return err
 		}
 		c.KafkaBrokers = brokers
+		if err := c.resolveKafkaSecurity(); err != nil {
+			return err
+		}
 	}
 	for _, id := range c.ID {
 		if id <= 0 {
@@ -417,7 +421,7 @@ func (c *DLQReplayCmd) run(ctx context.Context, env Env) error {
 		if err := s.Ensure(ctx); err != nil {
 			return err
 		}
-		p, err := c.publisher(ctx, c.KafkaBrokers, env.Stderr)
+		p, err := c.publisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, env.Stderr)
 		if err != nil {
 			return err
 		}

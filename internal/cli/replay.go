@@ -101,18 +101,25 @@ func (f *publishFlags) actor() string {
 }
 
 // publisher connects to Kafka for a replay, or returns nil for a dry run.
-func (f *publishFlags) publisher(ctx context.Context, brokers []string, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
 	if f.DryRun {
 		return nil, nil
 	}
+	transport, err := sec.kafkaTransport()
+	if err != nil {
+		return nil, err
+	}
+	log := NewLogger(stderr, "warn", "auto")
+	sec.logKafkaSecurity(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
 	p, err := deadletter.NewKafkaPublisher(octx, sink.Config{
-		Brokers: brokers,
-		Logger:  NewLogger(stderr, "warn", "auto"),
+		Brokers:   brokers,
+		Logger:    log,
+		Transport: transport,
 	})
 	if err != nil {
-		return nil, err
+		return nil, sec.explainKafkaError(err)
 	}
 	p.TopicWait = f.KafkaStartTimeout
 	return p, nil
@@ -138,6 +145,9 @@ func (r *ReplayCmd) Validate() error {
 			return err
 		}
 		r.KafkaBrokers = brokers
+		if err := r.resolveKafkaSecurity(); err != nil {
+			return err
+		}
 	}
 	if _, err := sink.NewRouter(r.Topic); err != nil {
 		return flagError("topic", err.Error())
@@ -176,7 +186,7 @@ func (r *ReplayCmd) run(ctx context.Context, env Env) error {
 	if err := store.Ensure(ctx); err != nil {
 		return err
 	}
-	p, err := r.publisher(ctx, r.KafkaBrokers, env.Stderr)
+	p, err := r.publisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, env.Stderr)
 	if err != nil {
 		return err
 	}
@@ -296,7 +306,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connect to Postgres %s (check --pg-url / %s): %w", replication.Redact(url), envName("pg-url"), err)
+		return nil, replication.ConnectError(url, err)
 	}
 	return pool, nil
 }

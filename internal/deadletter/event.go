@@ -3,6 +3,9 @@ package deadletter
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
 	"sync"
 	"time"
 
@@ -22,11 +25,19 @@ const (
 // the original delivery.
 const HeaderReplay = "cdc_relay_replay"
 
+// HeaderBackfill marks events republished from the outbox table after the
+// replication slot was lost (cdc-relay run --on-slot-loss=backfill); its value
+// is the kind of loss: slot_missing, slot_lost or slot_ahead. Such events also
+// carry HeaderReplay, and may repeat events consumers already have.
+const HeaderBackfill = "cdc_relay_backfill"
+
 // FromEvent returns the dead letter of ev, which failed permanently with cause
 // on its way to topic. Headers holds every header the message carries (the
 // sink's id, event_type, aggregate_type, commit_lsn and commit_time, and the
 // event's extra headers), so a replay can publish the same message. The error
-// code is sink.Code(cause). RelayName is left for the caller.
+// code is sink.Code(cause). RelayName is left for the caller. An event whose
+// id is NULL or empty gets an EventID made from its content (see noIDEventID),
+// so that it can be stored; its "id" header stays empty.
 func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 	h := make(map[string]string, 5+len(ev.Headers))
 	for _, x := range ev.Headers {
@@ -39,8 +50,12 @@ func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 	if !ev.CommitTime.IsZero() {
 		h[sink.HeaderCommitTime] = ev.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
+	id := string(ev.ID)
+	if id == "" {
+		id = noIDEventID(ev)
+	}
 	l := Letter{
-		EventID:       string(ev.ID),
+		EventID:       id,
 		AggregateType: string(ev.AggregateType),
 		AggregateID:   string(ev.AggregateID),
 		EventType:     string(ev.EventType),
@@ -82,4 +97,30 @@ func (s *Store) Recorder(relayName, topicTemplate string) (func(ctx context.Cont
 		l.RelayName = relayName
 		return s.Add(ctx, l)
 	}, nil
+}
+
+// noIDEventID names the dead letter of an event without an id: "no-id:" and
+// the commit LSN, then a hash of everything else the event carries. It is the
+// same when the event is delivered again after a crash (the letter is updated,
+// not duplicated), and differs between events unless they are byte for byte
+// the same and in one transaction (those share one letter, whose retry_count
+// counts the copies).
+func noIDEventID(ev *outbox.Event) string {
+	h := sha256.New()
+	field := func(b []byte) {
+		n := int64(len(b))
+		if b == nil {
+			n = -1 // NULL differs from empty
+		}
+		_ = binary.Write(h, binary.BigEndian, n)
+		h.Write(b)
+	}
+	for _, b := range [][]byte{ev.AggregateType, ev.AggregateID, ev.EventType, ev.Payload} {
+		field(b)
+	}
+	for _, x := range ev.Headers {
+		field([]byte(x.Key))
+		field(x.Value)
+	}
+	return fmt.Sprintf("no-id:%s:%x", ev.CommitLSN, h.Sum(nil)[:8])
 }

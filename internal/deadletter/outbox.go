@@ -41,6 +41,9 @@ type OutboxReplayOptions struct {
 	BatchSize int     // 0 means DefaultBatchSize
 	DryRun    bool
 	Actor     string
+	// Headers are added to every published event, after HeaderReplay (e.g.
+	// HeaderBackfill).
+	Headers []outbox.Header
 }
 
 func (o OutboxReplayOptions) describe(table string) map[string]any {
@@ -127,6 +130,7 @@ func (s *Store) ReplayOutbox(ctx context.Context, table string, cols OutboxColum
 				err = r.note(ctx, ReplayEvent{EventID: string(ev.ID), Result: ResultDryRun})
 			default:
 				ev.Headers = append(ev.Headers, outbox.Header{Key: HeaderReplay, Value: fmt.Appendf(nil, "%d", r.id)})
+				ev.Headers = append(ev.Headers, o.Headers...)
 				err = r.publish(ctx, item{ev: ev, topic: topic})
 			}
 			if err != nil {

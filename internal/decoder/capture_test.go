@@ -120,6 +120,12 @@ func TestCaptureFixtures(t *testing.T) {
 	if !*update {
 		t.Skip("run with -update to regenerate testdata from PostgreSQL 15")
 	}
+	capture(t, captureSQL, "testdata")
+}
+
+// capture runs workload on a throwaway PostgreSQL 15 cluster and replaces
+// dir/*.bin with the pgoutput messages of slot "slot", publication "pub".
+func capture(t *testing.T, workload []string, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -136,7 +142,7 @@ func TestCaptureFixtures(t *testing.T) {
 	if !strings.HasPrefix(version, "15.") {
 		t.Fatalf("server version %s, want 15.x", version)
 	}
-	for _, sql := range captureSQL {
+	for _, sql := range workload {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
@@ -157,7 +163,10 @@ func TestCaptureFixtures(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	old, err := filepath.Glob(filepath.Join("testdata", "*.bin"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old, err := filepath.Glob(filepath.Join(dir, "*.bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,11 +177,11 @@ func TestCaptureFixtures(t *testing.T) {
 	}
 	for i, m := range msgs {
 		name := fmt.Sprintf("pg15-%03d-%s.bin", i, strings.ReplaceAll(messageName(m[0]), " ", "-"))
-		if err := os.WriteFile(filepath.Join("testdata", name), m, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), m, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("wrote %d messages from PostgreSQL %s to testdata", len(msgs), version)
+	t.Logf("wrote %d messages from PostgreSQL %s to %s", len(msgs), version, dir)
 }
 
 // startPostgres starts a throwaway cluster with wal_level=logical on a free port and

@@ -54,6 +54,10 @@ const (
 // operator must fix the named flag (or the table). Retrying does not help.
 var ErrMissingColumn = errors.New("outbox column missing")
 
+// notReplicated says which columns a Relation message lacks although the table
+// may seem to have them.
+const notReplicated = "dropped, renamed and generated columns are not replicated"
+
 // Columns names the outbox table's columns.
 type Columns struct {
 	ID            string // event id, the downstream idempotency key (--column-id)
@@ -395,15 +399,15 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 	if isOutbox {
 		for f, col := range rel.fields {
 			if col < 0 {
-				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q: set %s to the right column name",
-					ErrMissingColumn, d.schema, d.table, d.columns[f], columnFlags[f])
+				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q (%s): set %s to the right column name",
+					ErrMissingColumn, d.schema, d.table, d.columns[f], notReplicated, columnFlags[f])
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
-				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q named in %s",
-					ErrMissingColumn, d.schema, d.table, d.headers[h].column, flagHeaderColumns)
+				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q named in %s (%s): fix %s or the table",
+					ErrMissingColumn, d.schema, d.table, d.headers[h].column, flagHeaderColumns, notReplicated, flagHeaderColumns)
 			}
 			rel.keep = append(rel.keep, col)
 		}

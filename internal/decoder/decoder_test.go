@@ -508,7 +508,7 @@ func TestMissingColumnErrors(t *testing.T) {
 			if !errors.Is(err, ErrMissingColumn) {
 				t.Fatalf("error %v, want ErrMissingColumn", err)
 			}
-			want := fmt.Sprintf(`decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column %q: set %s to the right column name`, name, flag)
+			want := fmt.Sprintf(`decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column %q (dropped, renamed and generated columns are not replicated): set %s to the right column name`, name, flag)
 			if err.Error() != want {
 				t.Fatalf("error\n %s\nwant\n %s", err, want)
 			}

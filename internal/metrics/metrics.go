@@ -61,6 +61,7 @@ type Metrics struct {
 	CheckpointSaves   prometheus.Counter
 	CheckpointErrors  prometheus.Counter
 	SlotProblems      *prometheus.CounterVec // by kind
+	BackfilledEvents  *prometheus.CounterVec // by kind of slot loss
 	CircuitState      prometheus.Gauge       // 0 closed, 1 open, 2 half-open
 	SlotRetainedWAL   prometheus.Gauge
 	SlotWALStatus     *prometheus.GaugeVec   // by status, 1 for the current one
@@ -158,6 +159,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "slot_problems_total",
 			Help: "Slot/checkpoint mismatches found at start (slot missing, lost, ahead, system changed).",
 		}, []string{"kind"}),
+		BackfilledEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "backfilled_events_total",
+			Help: "Outbox rows republished by --on-slot-loss=backfill after the slot was lost, dropped or moved, by kind.",
+		}, []string{"kind"}),
 		CircuitState: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "circuit_state",
 			Help: "Kafka circuit breaker: 0 closed (producing), 1 open (replication reading paused), 2 half-open (probing).",
@@ -200,7 +205,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.ProduceLatency, m.EndToEndLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
-		m.CheckpointErrors, m.SlotProblems, m.State, m.BuildInfo,
+		m.CheckpointErrors, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
 	)

@@ -20,6 +20,7 @@ type monitor struct {
 	heartbeat time.Duration // 0: no heartbeat
 	backlog   func(context.Context) (int64, error)
 	retention func(context.Context) (int64, error)
+	pub       *pubWatch // nil: not checked
 	ticks     int
 	h         *handler
 	log       zerolog.Logger
@@ -39,12 +40,14 @@ func (mo *monitor) run(ctx context.Context) {
 		hb = ht.C
 	}
 	mo.readSlot(ctx)
+	mo.pub.check(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			mo.readSlot(ctx)
+			mo.pub.check(ctx)
 			mo.lag()
 			if mo.retention != nil && mo.ticks%60 == 0 {
 				if n, err := mo.retention(ctx); err != nil {

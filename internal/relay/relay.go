@@ -61,6 +61,20 @@ type Config struct {
 	// slot is not confirmed past the event.
 	OpenDeadLetters func(ctx context.Context, pool *pgxpool.Pool) (DeadLetterFunc, error)
 
+	// Backfill, when set, is the on-slot-loss=backfill policy: when the slot
+	// was dropped, lost its WAL (wal_status 'lost') or was moved past the stored
+	// checkpoint, the relay drops a lost slot, creates a missing one, and calls
+	// Backfill to republish the outbox rows created at or after since — the
+	// stored checkpoint's commit time less BackfillMargin — marked with kind,
+	// before it streams from the slot. It returns how many rows it published
+	// (Kafka acknowledged every one). When nil the relay refuses to start with
+	// the explanation (on-slot-loss=fail).
+	Backfill func(ctx context.Context, pool *pgxpool.Pool, since time.Time, kind string) (int, error)
+	// BackfillMargin is subtracted from the stored commit time: it covers
+	// transactions that inserted their rows (created_at) that long before they
+	// committed, and clock differences. Default 10 minutes.
+	BackfillMargin time.Duration
+
 	RelayName        string
 	MaxInFlightBytes int64         // backpressure threshold, default 32 MiB
 	StatusInterval   time.Duration // standby status / checkpoint period, default 1s
@@ -102,6 +116,9 @@ func (c *Config) setDefaults() {
 	if c.MonitorInterval <= 0 {
 		c.MonitorInterval = 10 * time.Second
 	}
+	if c.BackfillMargin <= 0 {
+		c.BackfillMargin = 10 * time.Minute
+	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
 	}
@@ -118,6 +135,9 @@ type Relay struct {
 	ready atomic.Bool
 	// eventLog logs per-event failures: at most 10 lines a minute.
 	eventLog zerolog.Logger
+	// fatal carries a problem found while streaming that only an operator can
+	// fix (pubWatch); the relay stops with it.
+	fatal chan error
 }
 
 // New returns a relay for cfg.
@@ -129,6 +149,7 @@ func New(cfg Config) *Relay {
 		log:      log,
 		m:        cfg.Metrics,
 		eventLog: log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute}),
+		fatal:    make(chan error, 1),
 	}
 }
 
@@ -163,7 +184,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	poolCfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
-		return fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(cfg.PGURL), err)
+		return replication.ConnectError(cfg.PGURL, err)
 	}
 	defer pool.Close()
 	if err := r.checkServer(ctx, pool); err != nil {
@@ -221,6 +242,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	mon := &monitor{
 		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
 		backlog: cfg.DeadLetterBacklog, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
+		pub: &pubWatch{pool: pool, cfg: r.setupConfig(), log: r.log, fatal: r.fatal},
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -279,7 +301,7 @@ func (r *Relay) permanent(ctx context.Context, h *handler, dead DeadLetterFunc, 
 func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(r.cfg.PGURL), err)
+		return replication.ConnectError(r.cfg.PGURL, err)
 	}
 	defer pc.Release()
 	return replication.CheckServer(ctx, pc.Conn(), r.setupConfig())
@@ -291,7 +313,7 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	var system pglogrepl.IdentifySystemResult
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
-		return system, 0, nil, fmt.Errorf("connect to Postgres %s (check --pg-url / CDC_RELAY_PG_URL): %w", replication.Redact(r.cfg.PGURL), err)
+		return system, 0, nil, replication.ConnectError(r.cfg.PGURL, err)
 	}
 	defer pc.Release()
 	conn := pc.Conn()
@@ -302,7 +324,7 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if err != nil {
 		return system, 0, nil, err
 	}
-	start, err := r.reconcile(ctx, conn, store, system.SystemID)
+	start, err := r.reconcile(ctx, pool, conn, store, system.SystemID)
 	return system, start, store, err
 }
 
@@ -327,7 +349,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 
 // reconcile compares the stored checkpoint with the slot (DESIGN invariant 6),
 // creates the slot when that is safe and allowed, and returns where to start.
-func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, store Store, systemID string) (pglogrepl.LSN, error) {
+func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, systemID string) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	stored, haveStored, err := store.Load(ctx, slot)
 	if err != nil {
@@ -347,10 +369,20 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, store Store, syst
 	dec, err := checkpoint.Reconcile(slot, systemID, stored, haveStored, state)
 	if err != nil {
 		var gap *checkpoint.GapError
-		if errors.As(err, &gap) {
-			r.m.SlotProblems.WithLabelValues(gap.Kind.String()).Inc()
+		if !errors.As(err, &gap) {
+			return 0, err
 		}
-		return 0, err
+		r.m.SlotProblems.WithLabelValues(gap.Kind.String()).Inc()
+		if !backfillable(gap.Kind) {
+			return 0, err
+		}
+		if r.cfg.Backfill == nil {
+			return 0, fmt.Errorf("%w. Or restart with --on-slot-loss=backfill (CDC_RELAY_ON_SLOT_LOSS=backfill): "+
+				"the relay then recreates the slot and republishes the outbox rows still in the table "+
+				"that were created since %s", err, r.backfillSince(stored).UTC().Format(time.RFC3339))
+		}
+		r.log.Warn().Err(err).Msg("slot lost: backfilling (--on-slot-loss=backfill)")
+		return r.backfill(ctx, pool, conn, store, stored, state, gap.Kind)
 	}
 	for _, w := range dec.Warnings {
 		r.log.Warn().Msg(w)
@@ -374,6 +406,87 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, store Store, syst
 		start = stored.LSN
 	}
 	return start, nil
+}
+
+// backfillable reports whether on-slot-loss=backfill applies to a gap: the slot
+// is gone or moved on the same system. A changed system or a foreign slot is
+// never repaired automatically.
+func backfillable(k checkpoint.GapKind) bool {
+	return k == checkpoint.SlotMissing || k == checkpoint.SlotLost || k == checkpoint.SlotAhead
+}
+
+// backfillSince is where a backfill starts: the stored commit time less the
+// margin, or, for a checkpoint saved before commit times were stored, its save
+// time less the margin.
+func (r *Relay) backfillSince(stored checkpoint.Checkpoint) time.Time {
+	at := stored.CommitTime
+	if at.IsZero() {
+		at = stored.UpdatedAt
+	}
+	return at.Add(-r.cfg.BackfillMargin)
+}
+
+// backfill repairs a lost slot (on-slot-loss=backfill): it drops a slot whose
+// WAL is lost, creates a missing one, republishes the outbox rows that may have
+// been committed in the gap, and only then stores the slot's position as the
+// checkpoint, so a crash midway backfills again on the next start (the slot is
+// then ahead of the store). Rows deleted from the outbox since cannot be
+// republished: the log says so.
+func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, stored checkpoint.Checkpoint, state checkpoint.SlotState, kind checkpoint.GapKind) (pglogrepl.LSN, error) {
+	slot := r.cfg.Slot
+	since := r.backfillSince(stored)
+	if stored.CommitTime.IsZero() {
+		r.log.Warn().Time("saved_at", stored.UpdatedAt).Msg("the stored checkpoint has no commit time (saved by an older relay): " +
+			"backfilling from its save time less the margin; if the relay lagged behind when it saved, " +
+			"replay older rows with cdc-relay replay --since")
+	}
+	markTime := stored.CommitTime // a valid lower bound for commits after the new position
+	if kind == checkpoint.SlotLost {
+		if state.Active {
+			return 0, fmt.Errorf("backfill slot %q: the lost slot is in use by process %d; stop that consumer first", slot, state.ActivePID)
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+			return 0, fmt.Errorf("backfill slot %q: drop the lost slot: %w", slot, err)
+		}
+		r.log.Warn().Msg("dropped the replication slot whose WAL was lost")
+		state = checkpoint.SlotState{}
+	}
+	if !state.Exists {
+		if !r.cfg.CreateSlot {
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("backfill slot %q: the slot must be recreated but --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); and restart", slot, slot)}
+		}
+		// Every transaction the new slot streams commits after this instant.
+		if err := conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&markTime); err != nil {
+			return 0, fmt.Errorf("backfill slot %q: read the server clock: %w", slot, err)
+		}
+		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
+			return 0, err
+		}
+		var err error
+		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
+			return 0, err
+		}
+		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
+	}
+	r.log.Warn().Str("kind", kind.String()).Time("since", since).Str("stored_lsn", stored.LSN.String()).
+		Str("slot_lsn", state.ConfirmedFlush.String()).Dur("margin", r.cfg.BackfillMargin).
+		Msg("republishing outbox rows created since the stored checkpoint's commit time less the margin; " +
+			"rows deleted from the outbox meanwhile cannot be republished")
+	began := time.Now()
+	n, err := r.cfg.Backfill(ctx, pool, since, kind.String())
+	r.m.BackfilledEvents.WithLabelValues(kind.String()).Add(float64(n))
+	if err != nil {
+		return 0, fmt.Errorf("backfill slot %q from %s (%d rows republished before the failure; the next start backfills again): %w",
+			slot, since.UTC().Format(time.RFC3339), n, err)
+	}
+	cp := checkpoint.Checkpoint{Slot: slot, SystemID: stored.SystemID, LSN: state.ConfirmedFlush,
+		UpdatedAt: time.Now(), RelayName: r.cfg.RelayName, CommitTime: markTime}
+	if err := store.Save(ctx, cp); err != nil {
+		return 0, fmt.Errorf("backfill slot %q: store the new position %s: %w", slot, state.ConfirmedFlush, err)
+	}
+	r.log.Warn().Int("events", n).Dur("took", time.Since(began)).Str("lsn", state.ConfirmedFlush.String()).
+		Msg("backfill done: streaming from the slot's position")
+	return state.ConfirmedFlush, nil
 }
 
 // stream runs replication connections until ctx is done, reconnecting with
@@ -428,6 +541,14 @@ func (r *Relay) stream(ctx context.Context, h *handler, k *sink.Kafka, ck *check
 				// Reconnecting cannot help: the table no longer has a configured column.
 				s.Close(context.Background())
 				return r.finish(h, nil, ck, &replication.ConfigError{Msg: err.Error()})
+			}
+			if publicationDropped(err) {
+				err = &replication.ConfigError{Msg: publicationDroppedMsg(r.cfg.Publication, r.cfg.Slot, "")}
+			}
+			if errors.As(err, new(*replication.ConfigError)) {
+				// Nor when the publication no longer streams the outbox (pubWatch).
+				s.Close(context.Background())
+				return r.finish(h, nil, ck, err)
 			}
 			s.Close(context.Background())
 		}
@@ -505,6 +626,11 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		<-errc
 		s.Close(context.Background())
 		return k.Err()
+	case err := <-r.fatal:
+		// The publication no longer streams the outbox (pubWatch): stop.
+		cancel()
+		<-errc
+		return err
 	case err := <-ck.serverDown:
 		// Postgres is shutting down: its walsender waits for a confirmation of
 		// everything it sent, which cannot be persisted first any more. Leave,
@@ -561,10 +687,8 @@ type handler struct {
 	max      int64
 	inFlight atomic.Int64
 	room     chan struct{}
-	commits  atomic.Uint64 // transactions with events committed, for the checkpointer
 	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged batch.
 	lastAckCommit atomic.Int64
-	events        int // events in the current transaction
 }
 
 var _ replication.Handler = (*handler)(nil)
@@ -578,7 +702,6 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 	case decoder.KindBegin:
 		h.seq = h.tracker.Begin()
 		h.inTxn = true
-		h.events = 0
 	case decoder.KindEvent:
 		if !h.inTxn {
 			return errors.New("decode pgoutput message: insert outside a transaction")
@@ -586,18 +709,14 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		ev := msg.Event
 		ev.Seq = h.seq
 		h.tracker.Add(h.seq, 1)
-		h.events++
 		n := h.inFlight.Add(int64(ev.Size()))
 		h.m.InFlightBytes.Set(float64(n))
 		if err := h.sink.Send(ctx, ev); err != nil {
 			return err
 		}
 	case decoder.KindCommit:
-		h.tracker.Commit(h.seq, msg.EndLSN)
+		h.tracker.Commit(h.seq, msg.EndLSN, msg.CommitTime)
 		h.inTxn = false
-		if h.events > 0 {
-			h.commits.Add(1)
-		}
 	}
 	return nil
 }
@@ -629,9 +748,9 @@ func (h *handler) ack(batch []*outbox.Event) {
 	}
 }
 
-func (h *handler) Keepalive(serverWALEnd pglogrepl.LSN) {
+func (h *handler) Keepalive(serverWALEnd pglogrepl.LSN, serverTime time.Time) {
 	if !h.inTxn {
-		h.tracker.Idle(serverWALEnd)
+		h.tracker.Idle(serverWALEnd, serverTime)
 	}
 }
 
@@ -710,7 +829,7 @@ func (c *checkpointer) run(ctx context.Context) {
 		}
 		// Advances with no new events (keepalives on an idle outbox) are saved
 		// less often: each save writes WAL of its own.
-		if c.h.commits.Load() == c.lastCommitsLoad() && time.Since(c.lastSaveLoad()) < c.idle {
+		if c.tracker.Delivered() == c.lastCommitsLoad() && time.Since(c.lastSaveLoad()) < c.idle {
 			continue
 		}
 		c.save(ctx)
@@ -733,13 +852,13 @@ func (c *checkpointer) lastSaveLoad() time.Time {
 func (c *checkpointer) save(ctx context.Context) (pglogrepl.LSN, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	commits := c.h.commits.Load()
-	w := c.tracker.Watermark()
+	commits := c.tracker.Delivered()
+	w, at := c.tracker.Position()
 	if uint64(w) <= c.persisted.Load() {
 		return pglogrepl.LSN(c.persisted.Load()), nil
 	}
 	cp := c.base
-	cp.LSN = w
+	cp.LSN, cp.CommitTime = w, at
 	cp.UpdatedAt = time.Now()
 	if err := c.store.Save(ctx, cp); err != nil {
 		c.m.CheckpointErrors.Inc()

@@ -55,29 +55,12 @@ type env struct {
 	topic   string
 	reg     *prometheus.Registry
 	m       *metrics.Metrics
-	logs    *syncBuffer
+	logs    *testenv.Buffer
 	cancel  context.CancelFunc
 	done    chan error
 	relay   *relay.Relay
 	slot    string
 	cfgHook func(*relay.Config)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newEnv(t *testing.T) *env {
@@ -110,7 +93,7 @@ func newEnv(t *testing.T) *env {
 		kafka: testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4}),
 		topic: "outbox.events",
 		slot:  "slot_" + db,
-		logs:  &syncBuffer{},
+		logs:  &testenv.Buffer{},
 	}
 	t.Cleanup(func() {
 		e.stop()
@@ -351,9 +334,9 @@ func TestOnlyCommittedOutboxInsertsArePublished(t *testing.T) {
 		return err
 	})
 
-	recs := e.waitRecords(len(want))
+	e.waitRecords(len(want))
 	time.Sleep(300 * time.Millisecond) // give any wrongly published extra a chance to show up
-	recs = e.readAll()
+	recs := e.readAll()
 	if len(recs) != len(want) {
 		for _, r := range recs {
 			t.Logf("got %s key=%s type=%s value=%s", r.Headers["id"], r.Key, r.Headers["event_type"], r.Value)
@@ -558,9 +541,9 @@ func TestCleanStopThenRestartRedeliversNothing(t *testing.T) {
 	}
 	e.start()
 	e.exec("INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'after', 'E', '{}')")
-	recs := e.waitRecords(201)
+	e.waitRecords(201)
 	time.Sleep(500 * time.Millisecond)
-	if recs = e.readAll(); len(recs) != 201 {
+	if recs := e.readAll(); len(recs) != 201 {
 		t.Fatalf("after restart: %d records, want exactly 201 (no redelivery)", len(recs))
 	}
 }

@@ -2,9 +2,12 @@ package replication
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
@@ -77,9 +80,16 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	for _, c := range have {
 		set[c] = true
 	}
+	var generated []string // PostgreSQL 15 does not replicate them
+	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(attname::text), '{}') FROM pg_attribute WHERE attrelid = to_regclass($1) AND attgenerated <> '' AND NOT attisdropped`, table).Scan(&generated); err != nil {
+		return fmt.Errorf("list generated columns of %s: %w", table, err)
+	}
 	for _, c := range cfg.Columns {
 		if !set[c.Name] {
 			return configErr("outbox table %s has no column %q (it has: %s): set %s to the column to use", table, c.Name, strings.Join(have, ", "), c.Flag)
+		}
+		if slices.Contains(generated, c.Name) {
+			return configErr("outbox column %q of %s is a generated column, which logical replication does not carry: set %s to a regular column (fill it in the INSERT or with a trigger)", c.Name, table, c.Flag)
 		}
 	}
 	return checkPublication(ctx, conn, cfg)
@@ -260,4 +270,21 @@ func redactErr(err error) error {
 		return err
 	}
 	return &redactedError{msg: red, err: err}
+}
+
+// ConnectError describes a failed connection to the Postgres server at url: the
+// URL without its password, what to check, and for a server certificate the
+// relay does not trust, what to change in the URL.
+func ConnectError(url string, err error) error {
+	hint := "check --pg-url / CDC_RELAY_PG_URL"
+	var host x509.HostnameError
+	var unknown x509.UnknownAuthorityError
+	var verify *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &host):
+		hint = "the server's certificate does not name the host of --pg-url: connect by a name the certificate lists"
+	case errors.As(err, &unknown), errors.As(err, &verify):
+		hint = "the server's certificate is not signed by a CA the relay trusts: set sslrootcert=<CA file> in --pg-url"
+	}
+	return fmt.Errorf("connect to Postgres %s (%s): %w", Redact(url), hint, redactErr(err))
 }

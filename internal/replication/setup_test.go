@@ -2,6 +2,8 @@ package replication
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -207,5 +209,30 @@ func TestConfigError(t *testing.T) {
 	}
 	if want := `wal_level is "replica"`; ce.Error() != want || ce.Msg != want {
 		t.Errorf("ConfigError = %q, want %q", ce.Error(), want)
+	}
+}
+
+func TestConnectError(t *testing.T) {
+	const url = "postgres://relay:s3cret@db.internal:5432/app?sslmode=verify-full"
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"plain", errors.New("dial tcp: connection refused"), "check --pg-url / CDC_RELAY_PG_URL"},
+		{"unknown CA", fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), "sslrootcert=<CA file>"},
+		{"wrong host", fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: x509.HostnameError{Host: "db.internal"}}), "does not name the host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ConnectError(url, tt.err)
+			msg := err.Error()
+			if !strings.Contains(msg, tt.want) || !errors.Is(err, tt.err) {
+				t.Errorf("ConnectError = %q (wraps the cause: %v), want it to contain %q", msg, errors.Is(err, tt.err), tt.want)
+			}
+			if strings.Contains(msg, "s3cret") {
+				t.Errorf("ConnectError shows the password: %q", msg)
+			}
+		})
 	}
 }

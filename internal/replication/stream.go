@@ -40,8 +40,8 @@ func ValidName(name string) bool { return namePattern.MatchString(name) }
 type Handler interface {
 	// HandleData processes one pgoutput message.
 	HandleData(ctx context.Context, walStart pglogrepl.LSN, data []byte) error
-	// Keepalive reports the server's WAL end from a keepalive message.
-	Keepalive(serverWALEnd pglogrepl.LSN)
+	// Keepalive reports the server's WAL end and clock from a keepalive message.
+	Keepalive(serverWALEnd pglogrepl.LSN, serverTime time.Time)
 	// Flushed is the position to report as flushed: everything before it has
 	// been delivered and checkpointed.
 	Flushed() pglogrepl.LSN
@@ -91,7 +91,7 @@ func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open replication connection to %s: %w", Redact(url), redactErr(err))
+		return nil, fmt.Errorf("open replication connection: %w", ConnectError(url, err))
 	}
 	return conn, nil
 }
@@ -237,7 +237,7 @@ func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline tim
 				}
 				s.serverEnd = ka.ServerWALEnd
 				s.cfg.Metrics.ServerWALEnd.Set(float64(ka.ServerWALEnd))
-				h.Keepalive(ka.ServerWALEnd)
+				h.Keepalive(ka.ServerWALEnd, ka.ServerTime)
 				if ka.ReplyRequested {
 					if err := s.SendStatus(ctx, h.Flushed()); err != nil {
 						return err

@@ -66,8 +66,9 @@ type Config struct {
 	// RequestTimeout bounds one produce attempt.
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
-	// Transport carries TLS/SASL settings; nil means plain TCP. Its Dial is
-	// wrapped so Close can end connections with requests in flight.
+	// Transport carries TLS/SASL settings; nil means plain TCP. Open copies
+	// its settings into a Transport of its own, whose Dial it wraps so Close
+	// can end connections with requests in flight.
 	Transport *kafka.Transport
 	Logger    zerolog.Logger
 	Metrics   *metrics.Metrics
@@ -194,9 +195,14 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (set --topic or CDC_RELAY_TOPIC)", err)
 	}
-	transport := cfg.Transport
-	if transport == nil {
-		transport = &kafka.Transport{}
+	// A Transport of its own, with the settings of cfg's: Open wraps its Dial
+	// and Close ends its connections, so sinks opened with one Config (the
+	// replay publisher opens several) must not share one.
+	transport := &kafka.Transport{}
+	if t := cfg.Transport; t != nil {
+		transport = &kafka.Transport{Dial: t.Dial, DialTimeout: t.DialTimeout, IdleTimeout: t.IdleTimeout,
+			MetadataTTL: t.MetadataTTL, MetadataTopics: t.MetadataTopics, ClientID: t.ClientID,
+			TLS: t.TLS, SASL: t.SASL, Resolver: t.Resolver, Context: t.Context}
 	}
 	if transport.MetadataTTL == 0 {
 		transport.MetadataTTL = 5 * time.Second

@@ -136,24 +136,6 @@ func (a *ackLog) checkExactlyOnce(t testing.TB, evs []*outbox.Event) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer for a logger written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func openSink(t testing.TB, cfg Config) *Kafka {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -504,7 +486,7 @@ func TestRetriesKeepOrderUnderTransientErrors(t *testing.T) {
 	faults := newFaultInjector(1)
 	faults.install(kafka.Cluster())
 
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	evs := stream(100, 3000)

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 // EnvKafkaBrokers names the environment variable that, when set, makes
@@ -55,6 +59,40 @@ type KafkaOptions struct {
 	// that: kgo with kgo.AllowAutoTopicCreation(), kafka-go with
 	// Writer.AllowAutoTopicCreation.
 	NoAutoCreate bool
+
+	// TLS makes the broker accept TLS connections only. Its certificate,
+	// for 127.0.0.1, ::1 and localhost, is signed by a CA generated for this
+	// broker; TLSFiles names the PEM files. RequireClientCert (which implies
+	// TLS) also makes clients present a certificate signed by that CA, such
+	// as TLSFiles().ClientCert.
+	TLS               bool
+	RequireClientCert bool
+
+	// SASLUsers turns SASL authentication on: only these users can connect.
+	// A user name may appear once per mechanism. They are superusers, so no
+	// ACL stands in their way. The Kafka methods ReadAll, WaitForRecords,
+	// Tail and CreateTopic, and ClientOpts, log in as the first.
+	SASLUsers []SASLUser
+}
+
+// SASL mechanisms of SASLUser.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// SASLUser is a user a broker with SASL accepts.
+type SASLUser struct {
+	// Mechanism is SASLPlain, SASLScramSHA256 or SASLScramSHA512.
+	Mechanism      string
+	User, Password string
+}
+
+// secured reports whether the options ask for TLS or SASL, which only a
+// broker started here can have.
+func (o KafkaOptions) secured() bool {
+	return o.TLS || o.RequireClientCert || len(o.SASLUsers) > 0
 }
 
 // Kafka is a single Kafka-protocol broker for tests: an in-process kfake
@@ -67,6 +105,9 @@ type Kafka struct {
 	brokers     []string
 	ownsDataDir bool // DataDir is our temp dir; Close removes it
 	external    bool
+	tlsFiles    TLSFiles    // with TLS: the CA and certificates, in a temp dir Close removes
+	serverTLS   *tls.Config // with TLS: the listener's config
+	clientTLS   *tls.Config // with TLS: trusts the CA, presents the client certificate
 
 	mu      sync.Mutex // guards cluster and closed
 	cluster *kfake.Cluster
@@ -78,15 +119,26 @@ type Kafka struct {
 // remove the temporary directory.
 //
 // If CDC_RELAY_TEST_KAFKA_BROKERS is set, StartKafka uses those brokers
-// instead, creating opts.Topics on them when missing.
+// instead, creating opts.Topics on them when missing; but not for options
+// with TLS or SASLUsers, whose certificates and users exist only on a broker
+// started here.
 func StartKafka(opts KafkaOptions) (*Kafka, error) {
 	if opts.Partitions <= 0 {
 		opts.Partitions = defaultPartitions
 	}
-	if raw := os.Getenv(EnvKafkaBrokers); raw != "" {
+	if raw := os.Getenv(EnvKafkaBrokers); raw != "" && !opts.secured() {
 		return attachKafka(raw, opts)
 	}
+	if err := checkSASLUsers(opts.SASLUsers); err != nil {
+		return nil, err
+	}
 	k := &Kafka{opts: opts}
+	if opts.TLS || opts.RequireClientCert {
+		if err := k.setupTLS(); err != nil {
+			k.Close()
+			return nil, err
+		}
+	}
 	if k.opts.DataDir == "" {
 		dir, err := os.MkdirTemp("", "cdc-relay-kafka-")
 		if err != nil {
@@ -134,6 +186,88 @@ func attachKafka(raw string, opts KafkaOptions) (*Kafka, error) {
 	return k, nil
 }
 
+// checkSASLUsers rejects mechanisms kfake does not know and users without a
+// name.
+func checkSASLUsers(users []SASLUser) error {
+	for _, u := range users {
+		switch u.Mechanism {
+		case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		default:
+			return fmt.Errorf("start kafka: SASL user %q: mechanism %q is not %s, %s or %s", u.User, u.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+		}
+		if u.User == "" {
+			return fmt.Errorf("start kafka: SASL user of mechanism %s has no name", u.Mechanism)
+		}
+	}
+	return nil
+}
+
+// setupTLS writes a CA and certificates to a new temp dir and builds the
+// server and client configs from them.
+func (k *Kafka) setupTLS() error {
+	dir, err := os.MkdirTemp("", "cdc-relay-kafka-tls-")
+	if err != nil {
+		return fmt.Errorf("create kafka TLS temp dir: %w", err)
+	}
+	k.tlsFiles.Dir = dir // for Close, even if writing fails
+	files, err := WriteTLSFiles(dir)
+	if err != nil {
+		return fmt.Errorf("write kafka TLS files: %w", err)
+	}
+	k.tlsFiles = files
+	if k.serverTLS, err = k.tlsFiles.serverConfig(k.opts.RequireClientCert); err != nil {
+		return fmt.Errorf("kafka TLS: %w", err)
+	}
+	if k.clientTLS, err = k.tlsFiles.ClientConfig(); err != nil {
+		return fmt.Errorf("kafka TLS: %w", err)
+	}
+	return nil
+}
+
+// TLSFiles returns the CA and certificate files of a broker started with
+// TLS, and the zero TLSFiles otherwise.
+func (k *Kafka) TLSFiles() TLSFiles { return k.tlsFiles }
+
+// ClientTLS returns a new TLS client config that trusts the CA of a broker
+// started with TLS and presents its client certificate; nil without TLS.
+func (k *Kafka) ClientTLS() *tls.Config {
+	if k.clientTLS == nil {
+		return nil
+	}
+	return k.clientTLS.Clone()
+}
+
+// ClientOpts returns the kgo options that reach k: its seed brokers and, when
+// k was started with them, TLS (ClientTLS) and SASL as the first SASL user.
+func (k *Kafka) ClientOpts() []kgo.Opt {
+	return append([]kgo.Opt{kgo.SeedBrokers(k.brokers...)}, k.securityOpts()...)
+}
+
+// securityOpts returns the kgo TLS and SASL options of k, if any.
+func (k *Kafka) securityOpts() []kgo.Opt {
+	var opts []kgo.Opt
+	if k.clientTLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(k.clientTLS.Clone()))
+	}
+	if len(k.opts.SASLUsers) > 0 {
+		u := k.opts.SASLUsers[0]
+		switch u.Mechanism {
+		case SASLPlain:
+			opts = append(opts, kgo.SASL(plain.Auth{User: u.User, Pass: u.Password}.AsMechanism()))
+		case SASLScramSHA256:
+			opts = append(opts, kgo.SASL(scram.Auth{User: u.User, Pass: u.Password}.AsSha256Mechanism()))
+		case SASLScramSHA512:
+			opts = append(opts, kgo.SASL(scram.Auth{User: u.User, Pass: u.Password}.AsSha512Mechanism()))
+		}
+	}
+	return opts
+}
+
+// endpoint is how the read helpers reach k.
+func (k *Kafka) endpoint() endpoint {
+	return endpoint{brokers: k.brokers, opts: k.securityOpts()}
+}
+
 // clusterOpts returns the kfake options for a start on port (0: any).
 func (k *Kafka) clusterOpts(port int) []kfake.Opt {
 	opts := []kfake.Opt{
@@ -151,6 +285,15 @@ func (k *Kafka) clusterOpts(port int) []kfake.Opt {
 	}
 	if len(k.opts.BrokerConfigs) > 0 {
 		opts = append(opts, kfake.BrokerConfigs(k.opts.BrokerConfigs))
+	}
+	if k.serverTLS != nil {
+		opts = append(opts, kfake.TLS(k.serverTLS))
+	}
+	if len(k.opts.SASLUsers) > 0 {
+		opts = append(opts, kfake.EnableSASL())
+		for _, u := range k.opts.SASLUsers {
+			opts = append(opts, kfake.Superuser(u.Mechanism, u.User, u.Password))
+		}
 	}
 	return opts
 }
@@ -249,7 +392,7 @@ func (k *Kafka) Start() error {
 }
 
 // Close stops the broker and removes its data directory if StartKafka
-// created it. It is idempotent.
+// created it, and its TLS files. It is idempotent.
 func (k *Kafka) Close() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -261,5 +404,8 @@ func (k *Kafka) Close() {
 	if k.ownsDataDir {
 		// Best effort: a leftover temp dir is not worth failing a test.
 		_ = os.RemoveAll(k.opts.DataDir)
+	}
+	if k.tlsFiles.Dir != "" {
+		_ = os.RemoveAll(k.tlsFiles.Dir) // best effort, as above
 	}
 }

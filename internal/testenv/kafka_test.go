@@ -3,9 +3,12 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"slices"
 	"sync"
@@ -16,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 // produce writes records with kgo, creating missing topics, and fails t
@@ -372,4 +377,191 @@ func TestFreePort(t *testing.T) {
 		t.Fatalf("listen on FreePort %d: %v", port, err)
 	}
 	ln.Close()
+}
+
+// TestKafkaSecurity starts brokers with TLS and SASL and checks that the
+// helpers reach them through ClientOpts and the Kafka methods, across a
+// restart, while a client without the right settings is turned away.
+func TestKafkaSecurity(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		opts KafkaOptions
+		// wrong are client settings the broker must refuse.
+		wrong map[string][]kgo.Opt
+	}{
+		{
+			name: "TLS",
+			opts: KafkaOptions{TLS: true},
+			wrong: map[string][]kgo.Opt{
+				"plain TCP":    nil,
+				"untrusted CA": {kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})},
+				"another CA":   {kgo.DialTLSConfig(otherCA(t))},
+			},
+		},
+		{
+			name: "mutual TLS",
+			opts: KafkaOptions{RequireClientCert: true},
+			wrong: map[string][]kgo.Opt{
+				"no client certificate": {kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true})},
+			},
+		},
+		{
+			name: "PLAIN",
+			opts: KafkaOptions{SASLUsers: []SASLUser{{SASLPlain, "alice", "pw-plain"}}},
+			wrong: map[string][]kgo.Opt{
+				"no SASL":        nil,
+				"wrong password": {kgo.SASL(plain.Auth{User: "alice", Pass: "nope"}.AsMechanism())},
+			},
+		},
+		{
+			name: "SCRAM-SHA-256",
+			opts: KafkaOptions{SASLUsers: []SASLUser{{SASLScramSHA256, "bob", "pw-256"}}},
+			wrong: map[string][]kgo.Opt{
+				"wrong password":  {kgo.SASL(scram.Auth{User: "bob", Pass: "nope"}.AsSha256Mechanism())},
+				"wrong mechanism": {kgo.SASL(scram.Auth{User: "bob", Pass: "pw-256"}.AsSha512Mechanism())},
+			},
+		},
+		{
+			name: "TLS and SCRAM-SHA-512",
+			opts: KafkaOptions{TLS: true, SASLUsers: []SASLUser{{SASLScramSHA512, "carol", "pw-512"}, {SASLPlain, "dave", "pw"}}},
+			wrong: map[string][]kgo.Opt{
+				"SASL without TLS": {kgo.SASL(scram.Auth{User: "carol", Pass: "pw-512"}.AsSha512Mechanism())},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testContext(t)
+			k := NewKafka(t, tt.opts)
+			if k.External() { // even with CDC_RELAY_TEST_KAFKA_BROKERS set
+				t.Fatal("a broker with TLS or SASL must be local")
+			}
+			f := k.TLSFiles()
+			if tls := tt.opts.TLS || tt.opts.RequireClientCert; tls != (f.CA != "") || tls != (k.ClientTLS() != nil) {
+				t.Fatalf("TLSFiles() = %+v, ClientTLS() = %v with TLS %v", f, k.ClientTLS() != nil, tls)
+			}
+			topic := uniqueTopic("secure")
+			for round := range 2 { // before and after a restart
+				cl, err := kgo.NewClient(append(k.ClientOpts(), kgo.AllowAutoTopicCreation())...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: fmt.Appendf(nil, "v%d", round)}).FirstErr()
+				cl.Close()
+				if err != nil {
+					t.Fatalf("round %d: produce with ClientOpts: %v", round, err)
+				}
+				got, err := k.ReadAll(ctx, topic)
+				if err != nil || len(got) != round+1 {
+					t.Fatalf("round %d: ReadAll = %d records, %v; want %d", round, len(got), err, round+1)
+				}
+				if got, err := k.WaitForRecords(ctx, round+1, topic); err != nil || len(got) != round+1 {
+					t.Fatalf("round %d: WaitForRecords = %d records, %v", round, len(got), err)
+				}
+				for what, opts := range tt.wrong {
+					if err := ping(ctx, k.Brokers(), opts...); err == nil {
+						t.Errorf("round %d: a client with %s reached the broker", round, what)
+					}
+				}
+				k.Stop()
+				if err := k.Start(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			tailed := 0
+			err := k.Tail(tctx, regexp.QuoteMeta(topic), func(Record) {
+				if tailed++; tailed == 2 {
+					cancel()
+				}
+			})
+			cancel()
+			if err != nil || tailed != 2 {
+				t.Errorf("Tail saw %d records (%v), want 2", tailed, err)
+			}
+			if err := k.CreateTopic(ctx, uniqueTopic("created"), 2); err != nil {
+				t.Errorf("CreateTopic: %v", err)
+			}
+			k.Close()
+			if f.Dir != "" {
+				if _, err := os.Stat(f.Dir); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("TLS dir %s left after Close: %v", f.Dir, err)
+				}
+			}
+		})
+	}
+}
+
+// ping asks the brokers for metadata with a kgo client built from opts, and
+// gives up after two seconds.
+func ping(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return cl.Ping(ctx)
+}
+
+// otherCA returns a client TLS config trusting a CA that signed none of the
+// broker's certificates.
+func otherCA(t *testing.T) *tls.Config {
+	t.Helper()
+	f, err := WriteTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestKafkaBadSASLUser(t *testing.T) {
+	for _, u := range []SASLUser{{"GSSAPI", "u", "p"}, {SASLPlain, "", "p"}} {
+		if k, err := StartKafka(KafkaOptions{SASLUsers: []SASLUser{u}}); err == nil {
+			k.Close()
+			t.Errorf("StartKafka with SASL user %+v: no error", u)
+		}
+	}
+}
+
+func TestWriteTLSFiles(t *testing.T) {
+	f, err := WriteTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := f.caPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cert, key string
+		usage     x509.ExtKeyUsage
+		host      string
+	}{
+		{f.ServerCert, f.ServerKey, x509.ExtKeyUsageServerAuth, "127.0.0.1"},
+		{f.ServerCert, f.ServerKey, x509.ExtKeyUsageServerAuth, "localhost"},
+		{f.ClientCert, f.ClientKey, x509.ExtKeyUsageClientAuth, ""},
+	} {
+		pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: c.host, KeyUsages: []x509.ExtKeyUsage{c.usage}}); err != nil {
+			t.Errorf("%s for %q: %v", c.cert, c.host, err)
+		}
+		if st, err := os.Stat(c.key); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, %v; want 0600", c.key, st.Mode().Perm(), err)
+		}
+	}
 }

@@ -57,6 +57,21 @@ type PGOptions struct {
 	// {"logical_decoding_work_mem": "64kB"}. They are applied after this
 	// package's defaults, so they may override them.
 	Settings map[string]string
+
+	// TLS turns on TLS (ssl=on) with a server certificate for "localhost",
+	// 127.0.0.1 and ::1, signed by a CA generated for this cluster, and puts
+	// "hostssl" lines for 127.0.0.1 at the top of pg_hba.conf (they match
+	// normal and logical replication connections alike). Clients verify the
+	// server with CAFile (TLSURL has sslmode=verify-full); UntrustedCAFile is
+	// an unrelated CA for tests of the refusal. Plaintext connections still
+	// work: URL keeps sslmode=disable.
+	TLS bool
+
+	// HBA are extra pg_hba.conf lines, placed before every other line so
+	// they win (the first matching line decides), e.g.
+	// "host all cdc_relay 127.0.0.1/32 scram-sha-256" to make one role log
+	// in with its password while the others keep trust authentication.
+	HBA []string
 }
 
 // Postgres is a PostgreSQL server for tests: either a throwaway cluster this
@@ -72,6 +87,7 @@ type Postgres struct {
 	dataDir  string
 	logFile  string
 	port     int
+	tls      pgTLS // zero without PGOptions.TLS
 
 	mu      sync.Mutex // guards running and closed, serialises pg_ctl
 	running bool
@@ -103,6 +119,9 @@ func startLocal(ctx context.Context, binDir string, opts PGOptions) (*Postgres, 
 	if err != nil {
 		return nil, err
 	}
+	if err := checkHBA(opts.HBA); err != nil {
+		return nil, err
+	}
 	for _, bin := range []string{"initdb", "pg_ctl", "postgres"} {
 		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
 			return nil, fmt.Errorf("PostgreSQL 15 binaries not found in %s: apt-get install postgresql-15 (or set %s): %w", binDir, EnvPGURL, err)
@@ -125,15 +144,16 @@ func startLocal(ctx context.Context, binDir string, opts PGOptions) (*Postgres, 
 		dataDir: filepath.Join(root, "data"),
 		logFile: filepath.Join(root, "postgres.log"),
 	}
-	if err := p.initAndStart(ctx, conf); err != nil {
+	if err := p.initAndStart(ctx, conf, opts); err != nil {
 		return nil, errors.Join(err, p.Close())
 	}
 	return p, nil
 }
 
-// initAndStart runs initdb, writes the configuration and starts the server,
-// retrying with another port if the chosen one was taken meanwhile.
-func (p *Postgres) initAndStart(ctx context.Context, conf string) error {
+// initAndStart runs initdb, writes the configuration (and with opts.TLS the
+// certificates) and starts the server, retrying with another port if the
+// chosen one was taken meanwhile.
+func (p *Postgres) initAndStart(ctx context.Context, conf string, opts PGOptions) error {
 	if err := p.user.chown(p.rootDir); err != nil {
 		return err
 	}
@@ -142,16 +162,21 @@ func (p *Postgres) initAndStart(ctx context.Context, conf string) error {
 	if err != nil {
 		return fmt.Errorf("run initdb: %w\n%s", err, out)
 	}
+	if opts.TLS {
+		if p.tls, err = writePGTLS(p.rootDir, p.user); err != nil {
+			return err
+		}
+		// Before conf, so opts.Settings may still override these.
+		conf = "\n# cdc-relay testenv: PGOptions.TLS\n" +
+			"ssl = on\n" +
+			"ssl_cert_file = " + confQuote(p.tls.server.ServerCert) + "\n" +
+			"ssl_key_file = " + confQuote(p.tls.server.ServerKey) + "\n" + conf
+	}
 	conf += "unix_socket_directories = " + confQuote(p.dataDir) + "\n"
 	if err := appendFile(filepath.Join(p.dataDir, "postgresql.conf"), conf); err != nil {
 		return err
 	}
-	// initdb -A trust already trusts local TCP connections; say so explicitly
-	// so the relay's replication connections never depend on that default.
-	hba := "\n# cdc-relay testenv\n" +
-		"host all all 127.0.0.1/32 trust\n" +
-		"host replication all 127.0.0.1/32 trust\n"
-	if err := appendFile(filepath.Join(p.dataDir, "pg_hba.conf"), hba); err != nil {
+	if err := writeHBA(filepath.Join(p.dataDir, "pg_hba.conf"), opts); err != nil {
 		return err
 	}
 
@@ -177,8 +202,8 @@ func (p *Postgres) initAndStart(ctx context.Context, conf string) error {
 	}
 }
 
-// pgConf renders the postgresql.conf lines for a local cluster, without port
-// and socket directory.
+// pgConf renders the postgresql.conf lines for a local cluster, without port,
+// socket directory and TLS files.
 func pgConf(walLevel string, settings map[string]string) (string, error) {
 	var b strings.Builder
 	b.WriteString("\n# cdc-relay testenv\n")
@@ -197,6 +222,90 @@ func pgConf(walLevel string, settings map[string]string) (string, error) {
 	return b.String(), nil
 }
 
+// pgTLS are the certificate files of a cluster started with PGOptions.TLS.
+type pgTLS struct {
+	server    TLSFiles // the CA and the server certificate the cluster presents
+	untrusted TLSFiles // another CA, which signed nothing the cluster presents
+}
+
+// writePGTLS writes the certificates of a TLS cluster under root: two
+// unrelated CAs (WriteTLSFiles), the server's certificate and key of the
+// first given to the server's OS user, as the server requires of its key
+// (mode 0600, owned by the user it runs as).
+func writePGTLS(root string, user *serverUser) (pgTLS, error) {
+	var t pgTLS
+	for _, d := range []struct {
+		files *TLSFiles
+		dir   string
+	}{{&t.server, "tls"}, {&t.untrusted, "tls-untrusted"}} {
+		dir := filepath.Join(root, d.dir)
+		// 0755: the server's OS user must reach its files in here.
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return t, fmt.Errorf("create tls dir: %w", err)
+		}
+		files, err := WriteTLSFiles(dir)
+		if err != nil {
+			return t, err
+		}
+		*d.files = files
+	}
+	for _, f := range []string{t.server.ServerCert, t.server.ServerKey} {
+		if err := user.chown(f); err != nil {
+			return t, err
+		}
+	}
+	return t, nil
+}
+
+// checkHBA validates PGOptions.HBA: one non-empty line each, so a caller
+// cannot slip in other lines.
+func checkHBA(lines []string) error {
+	for _, l := range lines {
+		if strings.TrimSpace(l) == "" || strings.ContainsAny(l, "\r\n") {
+			return fmt.Errorf("validate pg_hba.conf line %q: want one non-empty line", l)
+		}
+	}
+	return nil
+}
+
+// writeHBA rewrites initdb's pg_hba.conf at path: opts.HBA first, then, with
+// opts.TLS, hostssl lines, then initdb's lines, then explicit trust lines
+// for 127.0.0.1.
+func writeHBA(path string, opts PGOptions) error {
+	initdb, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	var b strings.Builder
+	if len(opts.HBA) > 0 {
+		b.WriteString("# cdc-relay testenv: PGOptions.HBA\n")
+		for _, l := range opts.HBA {
+			b.WriteString(l + "\n")
+		}
+	}
+	if opts.TLS {
+		// A logical replication connection (replication=database) matches
+		// the database lines; the "replication" keyword is for physical ones.
+		b.WriteString("# cdc-relay testenv: PGOptions.TLS\n")
+		b.WriteString("hostssl all all 127.0.0.1/32 trust\n")
+		b.WriteString("hostssl replication all 127.0.0.1/32 trust\n")
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
+	b.Write(initdb)
+	// initdb -A trust already trusts local TCP connections; say so explicitly
+	// so the relay's replication connections never depend on that default.
+	b.WriteString("\n# cdc-relay testenv\n" +
+		"host all all 127.0.0.1/32 trust\n" +
+		"host replication all 127.0.0.1/32 trust\n")
+	// The file exists: WriteFile keeps its owner and mode.
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
 // confQuote quotes v as a postgresql.conf string value.
 func confQuote(v string) string {
 	return "'" + strings.ReplaceAll(v, "'", "''") + "'"
@@ -205,7 +314,8 @@ func confQuote(v string) string {
 // AttachPostgres wraps the existing server at rawURL, a URL of a superuser on
 // a server with wal_level=logical. It checks the connection and wal_level.
 // The server cannot be stopped or reconfigured, so a non-logical
-// opts.WalLevel or any opts.Settings fail with an error wrapping ErrExternal.
+// opts.WalLevel, any opts.Settings or opts.HBA, and opts.TLS fail with an
+// error wrapping ErrExternal.
 func AttachPostgres(ctx context.Context, rawURL string, opts PGOptions) (*Postgres, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -220,6 +330,12 @@ func AttachPostgres(ctx context.Context, rawURL string, opts PGOptions) (*Postgr
 	}
 	if len(opts.Settings) > 0 {
 		return nil, fmt.Errorf("apply settings %v to external server %s: %w", opts.Settings, u.Redacted(), ErrExternal)
+	}
+	if opts.TLS {
+		return nil, fmt.Errorf("set up TLS with a test CA on external server %s: %w", u.Redacted(), ErrExternal)
+	}
+	if len(opts.HBA) > 0 {
+		return nil, fmt.Errorf("add pg_hba.conf lines to external server %s: %w", u.Redacted(), ErrExternal)
 	}
 	p := &Postgres{external: u}
 	conn, err := pgx.Connect(ctx, u.String())
@@ -291,6 +407,36 @@ func (p *Postgres) URL(database string) string {
 	}
 	return u.String()
 }
+
+// TLSURL returns a URL for database on a cluster started with PGOptions.TLS
+// that makes the client verify the server: host localhost (the name in the
+// server's certificate), sslmode=verify-full and sslrootcert=CAFile. It
+// returns "" for a cluster without TLS and for an external server.
+func (p *Postgres) TLSURL(database string) string {
+	if p.tls.server.CA == "" {
+		return ""
+	}
+	q := url.Values{}
+	q.Set("sslmode", "verify-full")
+	q.Set("sslrootcert", p.tls.server.CA)
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.User("postgres"),
+		Host:     net.JoinHostPort("localhost", strconv.Itoa(p.port)),
+		Path:     "/" + database,
+		RawQuery: q.Encode(),
+	}
+	return u.String()
+}
+
+// CAFile returns the PEM file of the CA that signed the server certificate of
+// a cluster started with PGOptions.TLS (a client's sslrootcert), or "".
+func (p *Postgres) CAFile() string { return p.tls.server.CA }
+
+// UntrustedCAFile returns the PEM file of a CA generated alongside CAFile
+// that signed nothing the server presents: a client that trusts only it must
+// refuse the server. It is "" without PGOptions.TLS.
+func (p *Postgres) UntrustedCAFile() string { return p.tls.untrusted.CA }
 
 // Port returns the server's TCP port.
 func (p *Postgres) Port() int {

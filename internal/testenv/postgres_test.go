@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"errors"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -286,6 +287,11 @@ func TestStartPostgresBadSettings(t *testing.T) {
 			wantErr: "not a parameter name",
 		},
 		{
+			name:    "hba line break",
+			opts:    PGOptions{HBA: []string{"host all all 127.0.0.1/32 trust\nhost all all 0.0.0.0/0 trust"}},
+			wantErr: "want one non-empty line",
+		},
+		{
 			// The server refuses to start; the error carries its log.
 			name:    "bad wal_level",
 			opts:    PGOptions{WalLevel: "verbose"},
@@ -343,6 +349,8 @@ func TestAttachPostgres(t *testing.T) {
 	for name, opts := range map[string]PGOptions{
 		"wal_level": {WalLevel: "replica"},
 		"settings":  {Settings: map[string]string{"fsync": "on"}},
+		"tls":       {TLS: true},
+		"hba":       {HBA: []string{"host all all 127.0.0.1/32 trust"}},
 	} {
 		if _, err := StartPostgres(ctx, opts); !errors.Is(err, ErrExternal) {
 			t.Errorf("%s: err = %v, want ErrExternal", name, err)
@@ -371,5 +379,109 @@ func TestAttachPostgresRedactsPassword(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("error leaks the password: %v", err)
 		}
+	}
+}
+
+// TestPostgresTLS: a cluster with TLS and an extra pg_hba.conf line. Normal
+// and logical replication connections verify the server with CAFile
+// (verify-full on "localhost") and are encrypted; a client trusting only
+// UntrustedCAFile refuses the server; plaintext URL connections still work;
+// the HBA line comes first, so its role needs its password.
+func TestPostgresTLS(t *testing.T) {
+	t.Parallel()
+	p := NewPostgres(t, PGOptions{TLS: true, HBA: []string{"host all pw_user 127.0.0.1/32 scram-sha-256"}})
+	ctx := testContext(t)
+	tlsURL := p.TLSURL("postgres")
+	if tlsURL == "" || p.CAFile() == "" || p.UntrustedCAFile() == "" || p.CAFile() == p.UntrustedCAFile() {
+		t.Fatalf("TLSURL %q, CAFile %q, UntrustedCAFile %q: want a URL and two CA files", tlsURL, p.CAFile(), p.UntrustedCAFile())
+	}
+	for _, want := range []string{"@localhost:", "sslmode=verify-full", "sslrootcert="} {
+		if !strings.Contains(tlsURL, want) {
+			t.Errorf("TLSURL = %q, want it to contain %q", tlsURL, want)
+		}
+	}
+	const sslSQL = "SELECT ssl::text FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+
+	if got := queryString(ctx, t, tlsURL, sslSQL); got != "true" {
+		t.Errorf("verify-full connection: pg_stat_ssl.ssl = %s, want true", got)
+	}
+	if got := queryString(ctx, t, p.URL("postgres"), sslSQL); got != "false" {
+		t.Errorf("URL (sslmode=disable) connection: pg_stat_ssl.ssl = %s, want false", got)
+	}
+
+	// A logical replication connection (replication=database) over TLS.
+	cfg, err := pgconn.ParseConfig(tlsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	repl, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("replication connection over TLS: %v", err)
+	}
+	if _, err := pglogrepl.IdentifySystem(ctx, repl); err != nil {
+		t.Errorf("IDENTIFY_SYSTEM over TLS: %v", err)
+	}
+	res, err := repl.Exec(ctx, sslSQL).ReadAll()
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || string(res[0].Rows[0][0]) != "true" {
+		t.Errorf("replication connection: pg_stat_ssl = %v (%v), want ssl true", res, err)
+	}
+	if err := repl.Close(ctx); err != nil {
+		t.Error(err)
+	}
+
+	// Trusting another CA, the client refuses the server.
+	untrusted := strings.Replace(tlsURL, url.QueryEscape(p.CAFile()), url.QueryEscape(p.UntrustedCAFile()), 1)
+	if untrusted == tlsURL {
+		t.Fatalf("could not swap the CA in %q", tlsURL)
+	}
+	if conn, err := pgx.Connect(ctx, untrusted); err == nil {
+		conn.Close(ctx)
+		t.Error("connection trusting the untrusted CA succeeded")
+	} else if !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("untrusted CA: err = %v, want a certificate error", err)
+	}
+
+	// The HBA line: pw_user must give its password, over TLS or not.
+	if err := p.Exec(ctx, "postgres", "CREATE ROLE pw_user LOGIN PASSWORD 'pw-secret'"); err != nil {
+		t.Fatal(err)
+	}
+	for _, base := range []string{p.URL("postgres"), tlsURL} {
+		u, err := url.Parse(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.User("pw_user")
+		if conn, err := pgx.Connect(ctx, u.String()); err == nil {
+			conn.Close(ctx)
+			t.Errorf("pw_user connected without its password (%s)", u.Query().Get("sslmode"))
+		}
+		u.User = url.UserPassword("pw_user", "pw-secret")
+		if got := queryString(ctx, t, u.String(), "SELECT current_user"); got != "pw_user" {
+			t.Errorf("current_user = %q, want pw_user", got)
+		}
+	}
+
+	// The files survive a restart.
+	RequireLocal(t, p)
+	if err := p.Restart("fast"); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(ctx, t, tlsURL, sslSQL); got != "true" {
+		t.Errorf("after restart: pg_stat_ssl.ssl = %s, want true", got)
+	}
+}
+
+// TestPostgresWithoutTLS: the default cluster has TLS off and no TLS URL.
+func TestPostgresWithoutTLS(t *testing.T) {
+	t.Parallel()
+	p := NewPostgres(t, PGOptions{})
+	if p.TLSURL("postgres") != "" || p.CAFile() != "" || p.UntrustedCAFile() != "" {
+		t.Errorf("TLSURL %q, CAFile %q, UntrustedCAFile %q: want all empty", p.TLSURL("postgres"), p.CAFile(), p.UntrustedCAFile())
+	}
+	RequireLocal(t, p) // an external server may well have TLS on
+	ctx := testContext(t)
+	if got := queryString(ctx, t, p.URL("postgres"), "SHOW ssl"); got != "off" {
+		t.Errorf("ssl = %q, want off", got)
 	}
 }

@@ -38,10 +38,20 @@ type Record struct {
 // included; transaction markers are not. Pass a ctx with a deadline: if the
 // brokers go away, ReadAll waits for them until ctx is done.
 func ReadAll(ctx context.Context, brokers []string, topics ...string) ([]Record, error) {
+	return readAll(ctx, endpoint{brokers: brokers}, topics)
+}
+
+// ReadAll is the package's ReadAll on k's brokers, over TLS and SASL when k
+// was started with them.
+func (k *Kafka) ReadAll(ctx context.Context, topics ...string) ([]Record, error) {
+	return readAll(ctx, k.endpoint(), topics)
+}
+
+func readAll(ctx context.Context, ep endpoint, topics []string) ([]Record, error) {
 	if len(topics) == 0 {
 		return nil, nil // a metadata request without topics asks for all
 	}
-	ranges, err := offsetRanges(ctx, brokers, topics)
+	ranges, err := offsetRanges(ctx, ep, topics)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +70,7 @@ func ReadAll(ctx context.Context, brokers []string, topics ...string) ([]Record,
 	if remaining == 0 {
 		return nil, nil
 	}
-	cl, err := newKafkaClient(brokers,
+	cl, err := ep.client(
 		kgo.ConsumePartitions(start),
 		// Control records take offsets too; we need to see them to know
 		// when a partition whose last offset is a marker is done.
@@ -111,7 +121,17 @@ func ReadAll(ctx context.Context, brokers []string, topics ...string) ([]Record,
 // that do not exist yet are waited for, not created. If ctx ends first it
 // returns the records it got and an error wrapping ctx.Err().
 func WaitForRecords(ctx context.Context, brokers []string, n int, topics ...string) ([]Record, error) {
-	cl, err := newKafkaClient(brokers,
+	return waitForRecords(ctx, endpoint{brokers: brokers}, n, topics)
+}
+
+// WaitForRecords is the package's WaitForRecords on k's brokers, over TLS
+// and SASL when k was started with them.
+func (k *Kafka) WaitForRecords(ctx context.Context, n int, topics ...string) ([]Record, error) {
+	return waitForRecords(ctx, k.endpoint(), n, topics)
+}
+
+func waitForRecords(ctx context.Context, ep endpoint, n int, topics []string) ([]Record, error) {
+	cl, err := ep.client(
 		kgo.ConsumeTopics(topics...),
 		// Notice topics that appear while we wait.
 		kgo.MetadataMinAge(100*time.Millisecond),
@@ -153,10 +173,20 @@ func WaitForRecords(ctx context.Context, brokers []string, n int, topics ...stri
 // offset order per partition, until ctx is done. It returns nil when ctx is
 // done and an error if consuming fails for good. fn runs on Tail's goroutine.
 func Tail(ctx context.Context, brokers []string, topicRegex string, fn func(Record)) error {
+	return tail(ctx, endpoint{brokers: brokers}, topicRegex, fn)
+}
+
+// Tail is the package's Tail on k's brokers, over TLS and SASL when k was
+// started with them.
+func (k *Kafka) Tail(ctx context.Context, topicRegex string, fn func(Record)) error {
+	return tail(ctx, k.endpoint(), topicRegex, fn)
+}
+
+func tail(ctx context.Context, ep endpoint, topicRegex string, fn func(Record)) error {
 	if _, err := regexp.Compile(topicRegex); err != nil {
 		return fmt.Errorf("compile topic regex: %w", err)
 	}
-	cl, err := newKafkaClient(brokers,
+	cl, err := ep.client(
 		kgo.ConsumeTopics(topicRegex),
 		kgo.ConsumeRegex(),
 		kgo.MetadataMinAge(100*time.Millisecond),
@@ -185,7 +215,17 @@ func Tail(ctx context.Context, brokers []string, topicRegex string, fn func(Reco
 // broker's default) and the broker's default replication factor. If the topic
 // exists, the error wraps kerr.TopicAlreadyExists.
 func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	cl, err := newKafkaClient(brokers)
+	return createTopic(ctx, endpoint{brokers: brokers}, topic, partitions)
+}
+
+// CreateTopic is the package's CreateTopic on k's brokers, over TLS and SASL
+// when k was started with them.
+func (k *Kafka) CreateTopic(ctx context.Context, topic string, partitions int) error {
+	return createTopic(ctx, k.endpoint(), topic, partitions)
+}
+
+func createTopic(ctx context.Context, ep endpoint, topic string, partitions int) error {
+	cl, err := ep.client()
 	if err != nil {
 		return err
 	}
@@ -230,8 +270,8 @@ type offsetRange struct {
 // offsetRanges returns the log start and end offsets of every partition of
 // topics, skipping topics that do not exist. It retries while partitions have
 // no leader, as right after a topic was created.
-func offsetRanges(ctx context.Context, brokers []string, topics []string) (map[topicPartition]offsetRange, error) {
-	cl, err := newKafkaClient(brokers)
+func offsetRanges(ctx context.Context, ep endpoint, topics []string) (map[topicPartition]offsetRange, error) {
+	cl, err := ep.client()
 	if err != nil {
 		return nil, err
 	}
@@ -392,12 +432,20 @@ func sortRecords(records []Record) {
 	})
 }
 
-// newKafkaClient returns a kgo client for brokers with opts.
-func newKafkaClient(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
-	if len(brokers) == 0 {
+// endpoint is how the helpers reach Kafka: the seed brokers, and the TLS and
+// SASL options of a secured broker.
+type endpoint struct {
+	brokers []string
+	opts    []kgo.Opt
+}
+
+// client returns a kgo client for ep with opts.
+func (ep endpoint) client(opts ...kgo.Opt) (*kgo.Client, error) {
+	if len(ep.brokers) == 0 {
 		return nil, errors.New("create kafka client: no brokers")
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	all := append([]kgo.Opt{kgo.SeedBrokers(ep.brokers...)}, ep.opts...)
+	cl, err := kgo.NewClient(append(all, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}

@@ -232,9 +232,7 @@ func (t *tailBuffer) Write(b []byte) (int, error) {
 	s := t.partial + string(b)
 	parts := strings.Split(s, "\n")
 	t.partial = parts[len(parts)-1]
-	for _, l := range parts[:len(parts)-1] {
-		t.lines = append(t.lines, l)
-	}
+	t.lines = append(t.lines, parts[:len(parts)-1]...)
 	if over := len(t.lines) - t.max; over > 0 {
 		t.lines = append(t.lines[:0], t.lines[over:]...)
 	}

@@ -236,7 +236,7 @@ func ResultsDir() (string, error) {
 func (b *bench) buildRelay(ctx context.Context) error {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return fmt.Errorf("find the go command to build the relay (put it on PATH): %w", err)
 	}
 	b.relayBin = filepath.Join(b.tmp, "cdc-relay")
 	cmd := exec.CommandContext(ctx, goBin, "build", "-o", b.relayBin, "./cmd/cdc-relay")

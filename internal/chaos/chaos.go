@@ -1,0 +1,320 @@
+// Package chaos runs the built cdc-relay binary through injected faults and
+// checks the delivery guarantee after each: nothing committed lost, per-key
+// order kept (duplicates are allowed after a fault, and counted).
+//
+// Every scenario gets its own database, slot, topic and Kafka broker(s) on a
+// Postgres cluster the Env shares between scenarios. It starts the relay,
+// writes a steady load of numbered outbox events over many aggregates
+// (verify.Writer), injects its fault while the load runs, stops the load,
+// waits for the relay to catch up and compares Kafka with what committed
+// (verify.Check). Faults: SIGKILL of the relay, Postgres restarts, network
+// faults on the replication connection and on the Kafka connections
+// (toxiproxy, in-process), a produce stall long enough to exceed
+// wal_sender_timeout while backpressured, and broker errors, slowness,
+// restarts and leadership moves (kfake).
+//
+// cmd/cdc-relay-chaos runs every scenario and prints the table (make chaos);
+// chaos_test.go runs them all, smaller, in the test suite.
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// Options configure the scenarios (Scenarios uses Kills, Episodes and
+// Window) and the Env that runs them (the rest). Zero values take the
+// defaults of `make chaos`.
+type Options struct {
+	// RelayBin is the cdc-relay binary to run (see BuildRelay). Required.
+	RelayBin string
+	// Kills is how many times the SIGKILL scenario kills the relay (20).
+	Kills int
+	// EventsPerSec is the rate of the outbox load (500).
+	EventsPerSec float64
+	// Aggregates is how many aggregate ids the load spreads over (200).
+	Aggregates int
+	// Episodes is how often a short fault (a restart, a reset, a cut) is
+	// repeated (3).
+	Episodes int
+	// Window is how long a lasting fault (latency, throttling, broker
+	// errors) stays on (3s).
+	Window time.Duration
+	// CatchUp bounds the wait for the relay to deliver everything after the
+	// load stopped (60s); events still missing then count as lost.
+	CatchUp time.Duration
+	// Seed seeds the scenarios' random choices (kill times, fault timing,
+	// aggregates); 0 picks one at random. Results carry the seed used.
+	Seed uint64
+	// Logf, when set, is called with progress lines.
+	Logf func(format string, args ...any)
+	// LogDir, when set, receives each scenario's relay log as
+	// <scenario>.log.
+	LogDir string
+}
+
+func (o *Options) setDefaults() {
+	if o.Kills <= 0 {
+		o.Kills = 20
+	}
+	if o.EventsPerSec <= 0 {
+		o.EventsPerSec = 500
+	}
+	if o.Aggregates <= 0 {
+		o.Aggregates = 200
+	}
+	if o.Episodes <= 0 {
+		o.Episodes = 3
+	}
+	if o.Window <= 0 {
+		o.Window = 3 * time.Second
+	}
+	if o.CatchUp <= 0 {
+		o.CatchUp = 60 * time.Second
+	}
+	if o.Seed == 0 {
+		o.Seed = rand.Uint64()
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+}
+
+// Result is the outcome of one scenario.
+type Result struct {
+	Scenario string
+	// Faults is how many faults were injected and seen to take effect;
+	// MinFaults is how many the scenario sets out to inject.
+	Faults, MinFaults int
+	// Committed events, Lost ones (committed, never in Kafka), Duplicated
+	// records (beyond the first of each event) and OrderViolations (per-key
+	// order broken, or a key on two partitions).
+	Committed, Lost, Duplicated, OrderViolations int
+	// Unexpected records: not committed, or not as committed.
+	Unexpected int
+	Duration   time.Duration
+	// Notes say what happened: timings, reconnects, the writer's view.
+	Notes []string
+	// Samples are the first problems found, for diagnosis.
+	Samples []string
+	// Err is set when the scenario could not run to the end or the relay
+	// misbehaved otherwise: it exited, hung, or did not stop cleanly.
+	Err error
+	// Skipped says why the scenario did not run (external servers).
+	Skipped string
+	Seed    uint64
+	// LogFile is where the relay's log was written (Options.LogDir).
+	LogFile string
+}
+
+// Failed reports whether the scenario broke the delivery guarantee, did not
+// inject its faults, or did not run to the end.
+func (r Result) Failed() bool {
+	if r.Skipped != "" {
+		return false
+	}
+	return r.Err != nil || r.Lost > 0 || r.OrderViolations > 0 || r.Unexpected > 0 || r.Faults < r.MinFaults
+}
+
+// Scenario is one kind of fault, injected while the load runs.
+type Scenario struct {
+	Name string
+	// Fault says in one line what is injected.
+	Fault string
+	// MinFaults is how many faults a run injects at least.
+	MinFaults int
+
+	size       size
+	kafka      kafkaKind
+	pgProxy    bool     // the relay reaches Postgres through a proxy
+	localPG    bool     // restarts or reconfigures the cluster
+	localKafka bool     // injects faults through kfake
+	relayArgs  []string // flags added to (or overriding) the defaults
+	prepare    func(ctx context.Context, r *run) error
+	inject     func(ctx context.Context, r *run) error
+}
+
+// size is how big a scenario is: the Options it was made with.
+type size struct {
+	kills, episodes int
+	window          time.Duration
+}
+
+// Env is the shared part of every scenario: the Postgres cluster and the
+// in-process toxiproxy server. Create it with NewEnv and Close it.
+type Env struct {
+	opts       Options
+	pg         *testenv.Postgres
+	proxies    *toxiproxy.ApiServer
+	migrations []string
+}
+
+// NewEnv starts the Postgres cluster the scenarios share (testenv: a
+// throwaway PostgreSQL 15, or CDC_RELAY_TEST_PG_URL) and reads the
+// migrations.
+func NewEnv(ctx context.Context, opts Options) (*Env, error) {
+	opts.setDefaults()
+	if opts.RelayBin == "" {
+		return nil, errors.New("chaos: Options.RelayBin is required (see BuildRelay)")
+	}
+	migrations, err := readMigrations()
+	if err != nil {
+		return nil, err
+	}
+	pg, err := testenv.StartPostgres(ctx, testenv.PGOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	return &Env{opts: opts, pg: pg, proxies: newToxiServer(), migrations: migrations}, nil
+}
+
+// Options returns the options with defaults applied; Seed is the seed used.
+func (e *Env) Options() Options { return e.opts }
+
+// Close stops the Postgres cluster.
+func (e *Env) Close() error { return e.pg.Close() }
+
+// moduleRoot is the repository root, found from this file's path.
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// readMigrations reads the outbox and checkpoint migrations, as an operator
+// runs them (the relay creates the publication and the slot).
+func readMigrations() ([]string, error) {
+	dir := filepath.Join(moduleRoot(), "migrations")
+	if _, err := os.Stat(dir); err != nil {
+		dir = "migrations"
+	}
+	var out []string
+	for _, f := range []string{"001_outbox.sql", "002_checkpoints.sql"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return nil, fmt.Errorf("read migration: %w", err)
+		}
+		out = append(out, string(b))
+	}
+	return out, nil
+}
+
+// BuildRelay builds ./cmd/cdc-relay of this repository into dir and returns
+// the binary's path. race builds it with the race detector.
+func BuildRelay(ctx context.Context, dir string, race bool) (string, error) {
+	bin := filepath.Join(dir, "cdc-relay")
+	args := []string{"build", "-ldflags", "-X main.version=chaos", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	gobin, err := exec.LookPath("go") // go test and go run put their toolchain first on PATH
+	if err != nil {
+		return "", fmt.Errorf("build cdc-relay: find the go command: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, gobin, append(args, "./cmd/cdc-relay")...)
+	cmd.Dir = moduleRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build cdc-relay: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Run runs one scenario. It does not return an error: problems are in the
+// Result (Err, Lost, …).
+func (e *Env) Run(ctx context.Context, s Scenario) Result {
+	start := time.Now()
+	res := Result{Scenario: s.Name, MinFaults: s.MinFaults, Seed: e.opts.Seed}
+	switch {
+	case s.localPG && e.pg.External():
+		res.Skipped = "needs a local Postgres it can restart (" + testenv.EnvPGURL + " is set)"
+		return res
+	case s.localKafka && s.kafka == kafkaLocal && os.Getenv(testenv.EnvKafkaBrokers) != "":
+		res.Skipped = "needs a local kfake broker (" + testenv.EnvKafkaBrokers + " is set)"
+		return res
+	}
+	e.opts.Logf("%s: %s", s.Name, s.Fault)
+	r := newRun(e, s)
+	defer r.teardown()
+	r.execute(ctx, &res)
+	res.Faults = r.faults
+	res.Notes = append(res.Notes, r.notes...)
+	res.Duration = time.Since(start)
+	if e.opts.LogDir != "" && r.relay != nil {
+		path := filepath.Join(e.opts.LogDir, s.Name+".log")
+		if err := os.WriteFile(path, []byte(r.relay.output()), 0o644); err != nil {
+			res.Notes = append(res.Notes, fmt.Sprintf("write relay log: %v", err))
+		} else {
+			res.LogFile = path
+		}
+	}
+	e.opts.Logf("%s: faults=%d committed=%d lost=%d duplicated=%d order_violations=%d in %v%s",
+		s.Name, res.Faults, res.Committed, res.Lost, res.Duplicated, res.OrderViolations,
+		res.Duration.Round(100*time.Millisecond), errSuffix(res.Err))
+	return res
+}
+
+func errSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return ": " + err.Error()
+}
+
+// RelayLog returns the tail of at most n lines of a result's relay log, or ""
+// when it was not written.
+func (r Result) RelayLog(n int) string {
+	if r.LogFile == "" {
+		return ""
+	}
+	b, err := os.ReadFile(r.LogFile)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// WriteTable prints results as an aligned table: scenario, faults,
+// committed, lost, duplicated, order violations, time and notes.
+func WriteTable(w io.Writer, results []Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tfaults\tcommitted\tlost\tduplicated\torder violations\ttime\tnotes")
+	for _, r := range results {
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\tskipped: %s\n", r.Scenario, r.Skipped)
+			continue
+		}
+		notes := strings.Join(r.Notes, "; ")
+		if r.Faults < r.MinFaults {
+			notes = fmt.Sprintf("FEWER FAULTS THAN PLANNED (%d); %s", r.MinFaults, notes)
+		}
+		if r.Unexpected > 0 {
+			notes = fmt.Sprintf("%d UNEXPECTED RECORDS; %s", r.Unexpected, notes)
+		}
+		if r.Err != nil {
+			notes = "ERROR: " + r.Err.Error() + "; " + notes
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1fs\t%s\n", r.Scenario, r.Faults, r.Committed, r.Lost,
+			r.Duplicated, r.OrderViolations, r.Duration.Seconds(), strings.TrimSuffix(notes, "; "))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/admin"
+)
+
+// AdminFlags are the flags of the run command's HTTP server (/metrics,
+// /healthz, /readyz). It listens on loopback unless told otherwise, and takes
+// an optional bearer token.
+type AdminFlags struct {
+	MetricsAddr       string `default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables). Loopback by default: set e.g. 0.0.0.0:9187 for Prometheus on another host, preferably with --metrics-token-file."`
+	MetricsToken      string `help:"Bearer token every request to the HTTP endpoints must send (Authorization: Bearer TOKEN); prefer --metrics-token-file." placeholder:"TOKEN"`
+	MetricsTokenFile  string `type:"path" help:"Read --metrics-token from this file instead (e.g. a mounted secret)." placeholder:"FILE"`
+	MetricsOpenProbes bool   `help:"With a token, serve /healthz and /readyz without it (for probes that cannot send a secret header); /metrics still needs it."`
+}
+
+// Validate reads --metrics-token-file and checks the token (kong calls it for
+// the embedded flags, besides RunCmd.Validate). Errors never show the token.
+func (a *AdminFlags) Validate() error {
+	if a.MetricsTokenFile != "" {
+		if a.MetricsToken != "" {
+			return flagError("metrics-token-file", "and --metrics-token (CDC_RELAY_METRICS_TOKEN) are both set: use one")
+		}
+		b, err := os.ReadFile(a.MetricsTokenFile)
+		if err != nil {
+			return flagError("metrics-token-file", fmt.Sprintf("cannot be read: %v", err))
+		}
+		token := strings.TrimSpace(string(b))
+		if token == "" {
+			return flagError("metrics-token-file", fmt.Sprintf("names %s, which is empty", a.MetricsTokenFile))
+		}
+		if !printableToken(token) {
+			return flagError("metrics-token-file", fmt.Sprintf("names %s, whose token has a space or a character other than printable ASCII", a.MetricsTokenFile))
+		}
+		a.MetricsToken, a.MetricsTokenFile = token, "" // read: a second Validate keeps the token
+	}
+	if a.MetricsToken != "" && !printableToken(a.MetricsToken) {
+		return flagError("metrics-token", "has a space or a character other than printable ASCII")
+	}
+	return nil
+}
+
+// printableToken reports whether s can be sent as is in an Authorization
+// header: visible ASCII, no spaces.
+func printableToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// startAdmin starts the HTTP server, or returns nil when --metrics-addr is
+// empty. It warns when the server is reachable from other hosts without a
+// token.
+func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log zerolog.Logger) (*admin.Server, error) {
+	if a.MetricsAddr == "" {
+		return nil, nil
+	}
+	if err := a.Validate(); err != nil { // done by the parser already; a no-op then
+		return nil, err
+	}
+	srv, err := admin.Start(admin.Config{
+		Addr: a.MetricsAddr, Registry: reg, Ready: ready,
+		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Logger: log,
+	})
+	if err != nil {
+		return nil, flagError("metrics-addr", err.Error())
+	}
+	if a.MetricsToken == "" && !admin.Loopback(srv.Addr()) {
+		log.Warn().Str("addr", srv.Addr().String()).
+			Msg("the metrics server is reachable from other hosts without a token: anyone who can connect reads /metrics, /healthz and /readyz; set --metrics-token-file (CDC_RELAY_METRICS_TOKEN_FILE), or --metrics-addr 127.0.0.1:9187 if only this host scrapes")
+	}
+	return srv, nil
+}

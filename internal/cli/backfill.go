@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
+)
+
+// validateSlotLoss checks the --on-slot-loss flags.
+func (r *RunCmd) validateSlotLoss() error {
+	if r.OnSlotLoss == "backfill" && r.BackfillMargin <= 0 {
+		return flagError("backfill-margin", "must be more than 0 with --on-slot-loss=backfill: it covers transactions that inserted their rows before they committed")
+	}
+	if r.ColumnCreatedAt == "" {
+		return flagError("column-created-at", "must name the outbox's insert-time column")
+	}
+	return nil
+}
+
+// setBackfill installs the on-slot-loss=backfill policy in cfg: republish the
+// outbox rows created since a time through a replay (recorded in the replay
+// history of the dead-letter tables, migration 005) marked with the header
+// deadletter.HeaderBackfill, producing as the relay does.
+func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
+	if r.OnSlotLoss != "backfill" {
+		return
+	}
+	cfg.BackfillMargin = r.BackfillMargin
+	cols := deadletter.OutboxColumns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns}
+	table, dlqTable, topic, actor := r.Table, r.DLQTable, r.Topic, "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)"
+	sinkCfg := cfg.Sink
+	sinkCfg.Logger = log.With().Str("component", "backfill").Logger()
+	wait := r.KafkaStartTimeout
+	cfg.Backfill = func(ctx context.Context, pool *pgxpool.Pool, since time.Time, kind string) (int, error) {
+		store := deadletter.NewStore(pool, dlqTable)
+		if err := store.Ensure(ctx); err != nil {
+			return 0, fmt.Errorf("open the replay history (--dlq-table %s): %w", dlqTable, err)
+		}
+		octx, cancel := context.WithTimeout(ctx, wait)
+		p, err := deadletter.NewKafkaPublisher(octx, sinkCfg)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		defer p.Close()
+		p.TopicWait = wait
+		res, err := store.ReplayOutbox(ctx, table, cols, p, deadletter.OutboxReplayOptions{
+			Since:   since,
+			Topic:   topic,
+			Actor:   actor,
+			Headers: []outbox.Header{{Key: deadletter.HeaderBackfill, Value: []byte(kind)}},
+		})
+		if err != nil {
+			return res.Published, err
+		}
+		if res.Failed > 0 {
+			log.Error().Int64("replay_id", res.ReplayID).Int("failed", res.Failed).
+				Msg("backfill: some rows could not be published (they stay in the outbox table); see cdc-relay dlq history")
+		}
+		return res.Published, nil
+	}
+}

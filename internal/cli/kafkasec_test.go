@@ -1,0 +1,646 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// secret is the SASL password of these tests; no output may show it.
+const secret = "Kafka-s3cret-pw"
+
+// securityFlags returns the TLS and SASL flags of the command args[0] of c.
+func securityFlags(c *CLI, command string) *KafkaSecurityFlags {
+	switch command {
+	case "replay":
+		return &c.Replay.KafkaSecurityFlags
+	case "dlq":
+		return &c.DLQ.Replay.KafkaSecurityFlags
+	}
+	return &c.Run.KafkaSecurityFlags
+}
+
+// writeFile writes content to a new file in dir and returns its path.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestKafkaSecurityFlags parses the TLS and SASL flags (and their environment
+// variables) of every command that talks to Kafka, checking what they build
+// and that each mistake is reported with the flag to fix and never the
+// password.
+func TestKafkaSecurityFlags(t *testing.T) {
+	dir := t.TempDir()
+	pki, err := testenv.WriteTLSFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pwFile := writeFile(t, dir, "pw", secret+"\n")
+	emptyFile := writeFile(t, dir, "empty", "")
+	notPEM := writeFile(t, dir, "not-pem", "hello")
+	brokenPEM := writeFile(t, dir, "broken-pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+
+	type want struct {
+		tls        bool
+		serverName string
+		insecure   bool
+		rootCAs    bool
+		clientCert bool
+		sasl       string // mechanism name, "" for none
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    want
+		wantErr []string // substrings of the error
+	}{
+		{name: "none", want: want{}},
+		{name: "tls", args: []string{"--kafka-tls"}, want: want{tls: true}},
+		{name: "tls from env", env: map[string]string{"CDC_RELAY_KAFKA_TLS": "true"}, want: want{tls: true}},
+		{name: "CA file implies tls", args: []string{"--kafka-tls-ca-file", pki.CA}, want: want{tls: true, rootCAs: true}},
+		{name: "CA file from env", env: map[string]string{"CDC_RELAY_KAFKA_TLS_CA_FILE": pki.CA}, want: want{tls: true, rootCAs: true}},
+		{name: "client certificate", args: []string{"--kafka-tls-cert-file", pki.ClientCert, "--kafka-tls-key-file", pki.ClientKey},
+			want: want{tls: true, clientCert: true}},
+		{name: "server name", args: []string{"--kafka-tls-server-name", "kafka.internal"}, want: want{tls: true, serverName: "kafka.internal"}},
+		{name: "insecure", args: []string{"--kafka-tls-insecure-skip-verify"}, want: want{tls: true, insecure: true}},
+		{name: "plain", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret},
+			want: want{sasl: "PLAIN"}},
+		{name: "scram-sha-256 from env", env: map[string]string{"CDC_RELAY_KAFKA_SASL_MECHANISM": "scram-sha-256",
+			"CDC_RELAY_KAFKA_SASL_USERNAME": "u", "CDC_RELAY_KAFKA_SASL_PASSWORD": secret}, want: want{sasl: "SCRAM-SHA-256"}},
+		{name: "scram-sha-512 with password file and tls", args: []string{"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u",
+			"--kafka-sasl-password-file", pwFile, "--kafka-tls-ca-file", pki.CA}, want: want{sasl: "SCRAM-SHA-512", tls: true, rootCAs: true}},
+		{name: "password file from env", args: []string{"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "u"},
+			env: map[string]string{"CDC_RELAY_KAFKA_SASL_PASSWORD_FILE": pwFile}, want: want{sasl: "SCRAM-SHA-512"}},
+
+		{name: "unreadable CA file", args: []string{"--kafka-tls-ca-file", filepath.Join(dir, "nope.pem")},
+			wantErr: []string{"--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE) cannot be read"}},
+		{name: "CA file not PEM", args: []string{"--kafka-tls-ca-file", notPEM},
+			wantErr: []string{"--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE)", "no PEM certificate"}},
+		{name: "CA file with a broken certificate", args: []string{"--kafka-tls-ca-file", brokenPEM},
+			wantErr: []string{"--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE)", "certificate #1 cannot be parsed"}},
+		{name: "certificate without key", args: []string{"--kafka-tls-cert-file", pki.ClientCert},
+			wantErr: []string{"--kafka-tls-key-file (CDC_RELAY_KAFKA_TLS_KEY_FILE) is required with --kafka-tls-cert-file"}},
+		{name: "key without certificate", args: []string{"--kafka-tls-key-file", pki.ClientKey},
+			wantErr: []string{"--kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE) is required with --kafka-tls-key-file"}},
+		{name: "key of another certificate", args: []string{"--kafka-tls-cert-file", pki.ClientCert, "--kafka-tls-key-file", pki.ServerKey},
+			wantErr: []string{"--kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE) and --kafka-tls-key-file (CDC_RELAY_KAFKA_TLS_KEY_FILE)", "private key does not match"}},
+		{name: "certificate not PEM", args: []string{"--kafka-tls-cert-file", notPEM, "--kafka-tls-key-file", pki.ClientKey},
+			wantErr: []string{"--kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE)", "load client certificate"}},
+		{name: "mechanism without user", args: []string{"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-password", secret},
+			wantErr: []string{"--kafka-sasl-username (CDC_RELAY_KAFKA_SASL_USERNAME) is required with --kafka-sasl-mechanism=scram-sha-512"}},
+		{name: "mechanism without password", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u"},
+			wantErr: []string{"--kafka-sasl-password (CDC_RELAY_KAFKA_SASL_PASSWORD) is required", "CDC_RELAY_KAFKA_SASL_PASSWORD_FILE"}},
+		{name: "user without mechanism", args: []string{"--kafka-sasl-username", "u"},
+			wantErr: []string{"--kafka-sasl-mechanism (CDC_RELAY_KAFKA_SASL_MECHANISM) is none"}},
+		{name: "password without mechanism", env: map[string]string{"CDC_RELAY_KAFKA_SASL_PASSWORD": secret},
+			wantErr: []string{"--kafka-sasl-mechanism (CDC_RELAY_KAFKA_SASL_MECHANISM) is none"}},
+		{name: "password and password file", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u",
+			"--kafka-sasl-password", secret, "--kafka-sasl-password-file", pwFile},
+			wantErr: []string{"--kafka-sasl-password-file (CDC_RELAY_KAFKA_SASL_PASSWORD_FILE) and --kafka-sasl-password (CDC_RELAY_KAFKA_SASL_PASSWORD) are both set"}},
+		{name: "missing password file", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u",
+			"--kafka-sasl-password-file", filepath.Join(dir, "nope")}, wantErr: []string{"--kafka-sasl-password-file (CDC_RELAY_KAFKA_SASL_PASSWORD_FILE) cannot be read"}},
+		{name: "empty password file", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u",
+			"--kafka-sasl-password-file", emptyFile}, wantErr: []string{"--kafka-sasl-password-file (CDC_RELAY_KAFKA_SASL_PASSWORD_FILE)", "is empty"}},
+		{name: "SCRAM password SASLprep refuses", args: []string{"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-username", "u",
+			"--kafka-sasl-password", secret + "\x07"}, wantErr: []string{"--kafka-sasl-password (CDC_RELAY_KAFKA_SASL_PASSWORD) cannot be used with SCRAM"}},
+		{name: "SCRAM user SASLprep refuses", args: []string{"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-username", "u\x07",
+			"--kafka-sasl-password", secret}, wantErr: []string{"--kafka-sasl-username (CDC_RELAY_KAFKA_SASL_USERNAME) cannot be used with SCRAM"}},
+		{name: "unknown mechanism", args: []string{"--kafka-sasl-mechanism", "gssapi", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret},
+			wantErr: []string{"--kafka-sasl-mechanism must be one of", "CDC_RELAY_KAFKA_SASL_MECHANISM"}},
+	}
+	commands := map[string][]string{
+		"run":    {"run", "--pg-url", "postgres://u@h/db", "--kafka-brokers", "k:9092"},
+		"replay": {"replay", "--pg-url", "postgres://u@h/db", "--kafka-brokers", "k:9092", "--since", "1h"},
+		"dlq":    {"dlq", "replay", "--pg-url", "postgres://u@h/db", "--kafka-brokers", "k:9092"},
+	}
+	for _, command := range slices.Sorted(maps.Keys(commands)) {
+		for _, tt := range tests {
+			t.Run(command+"/"+tt.name, func(t *testing.T) {
+				clearEnv(t)
+				for k, v := range tt.env {
+					t.Setenv(k, v)
+				}
+				c, err := parseArgs(t, append(slices.Clone(commands[command]), tt.args...)...)
+				if tt.wantErr != nil {
+					if err == nil {
+						t.Fatalf("no error, want one containing %q", tt.wantErr)
+					}
+					for _, w := range tt.wantErr {
+						if !strings.Contains(err.Error(), w) {
+							t.Errorf("error %q lacks %q", err, w)
+						}
+					}
+					if strings.Contains(err.Error(), secret) {
+						t.Errorf("error shows the password: %v", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				f := securityFlags(c, command)
+				tr, err := f.kafkaTransport()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tt.want == (want{}) {
+					if tr != nil {
+						t.Errorf("transport = %+v, want nil (plain TCP)", tr)
+					}
+					return
+				}
+				if tr == nil {
+					t.Fatal("transport = nil")
+				}
+				var got want
+				if tc := tr.TLS; tc != nil {
+					if tc.MinVersion != tls.VersionTLS12 {
+						t.Errorf("TLS MinVersion = %x, want TLS 1.2", tc.MinVersion)
+					}
+					got.tls, got.serverName, got.insecure = true, tc.ServerName, tc.InsecureSkipVerify
+					got.rootCAs, got.clientCert = tc.RootCAs != nil, len(tc.Certificates) == 1
+				}
+				if tr.SASL != nil {
+					got.sasl = tr.SASL.Name()
+				}
+				if got != tt.want {
+					t.Errorf("transport = %+v, want %+v", got, tt.want)
+				}
+				if strings.Contains(tt.name, "password file") && f.KafkaSASLPassword != secret {
+					t.Errorf("password from the file is %q, want it without the newline", f.KafkaSASLPassword)
+				}
+				tr2, _ := f.kafkaTransport()
+				if tr2 == tr {
+					t.Error("kafkaTransport returned the same Transport twice: each sink needs its own")
+				}
+			})
+		}
+	}
+}
+
+// TestKafkaSecurityHelp: every command that talks to Kafka lists the flags
+// with their environment variables, warns about skipping verification, and
+// shows no password even when one is set.
+func TestKafkaSecurityHelp(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("CDC_RELAY_KAFKA_SASL_PASSWORD", secret)
+	for _, args := range [][]string{{"run", "--help"}, {"replay", "--help"}, {"dlq", "replay", "--help"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			err, out, errOut := run(t, canceled(), append(args, "--kafka-sasl-password", secret)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range []string{
+				"--kafka-tls ", "($CDC_RELAY_KAFKA_TLS)", "--kafka-tls-ca-file=FILE", "($CDC_RELAY_KAFKA_TLS_CA_FILE)",
+				"--kafka-tls-cert-file=FILE", "--kafka-tls-key-file=FILE", "--kafka-tls-server-name=NAME",
+				"--kafka-tls-insecure-skip-verify", "INSECURE",
+				"--kafka-sasl-mechanism=", "scram-sha-512", "--kafka-sasl-username=USER",
+				"--kafka-sasl-password=PASSWORD", "($CDC_RELAY_KAFKA_SASL_PASSWORD)",
+				"--kafka-sasl-password-file=FILE", "($CDC_RELAY_KAFKA_SASL_PASSWORD_FILE)",
+			} {
+				if !strings.Contains(out, w) {
+					t.Errorf("help lacks %q", w)
+				}
+			}
+			if strings.Contains(out+errOut, secret) {
+				t.Errorf("help shows the password:\n%s", out)
+			}
+		})
+	}
+}
+
+// securedBroker starts a broker with TLS and a SCRAM-SHA-512 user.
+func securedBroker(t *testing.T) *testenv.Kafka {
+	t.Helper()
+	k := testenv.NewKafka(t, testenv.KafkaOptions{TLS: true, SASLUsers: []testenv.SASLUser{
+		{Mechanism: testenv.SASLScramSHA512, User: "relay", Password: secret},
+	}})
+	testenv.RequireLocalKafka(t, k)
+	return k
+}
+
+// securedArgs are the flags that reach a securedBroker as its user; without
+// --kafka-sasl-password when password is "".
+func securedArgs(k *testenv.Kafka, password string) []string {
+	args := []string{"--kafka-brokers", strings.Join(k.Brokers(), ","), "--kafka-tls-ca-file", k.TLSFiles().CA,
+		"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "relay"}
+	if password != "" {
+		args = append(args, "--kafka-sasl-password", password)
+	}
+	return args
+}
+
+// TestSinkKafkaSecurity delivers events through the sink with the Transport
+// of each SASL mechanism, with and without TLS, and reads them back with kgo.
+func TestSinkKafkaSecurity(t *testing.T) {
+	t.Parallel()
+	mechanisms := []struct{ flag, broker string }{
+		{"none", ""}, {"plain", testenv.SASLPlain}, {"scram-sha-256", testenv.SASLScramSHA256}, {"scram-sha-512", testenv.SASLScramSHA512},
+	}
+	for _, m := range mechanisms {
+		for _, tlsMode := range []string{"off", "on", "mutual"} {
+			t.Run(m.flag+"/tls-"+tlsMode, func(t *testing.T) {
+				t.Parallel()
+				opts := testenv.KafkaOptions{TLS: tlsMode != "off", RequireClientCert: tlsMode == "mutual", Partitions: 2}
+				f := KafkaSecurityFlags{KafkaSASLMechanism: m.flag}
+				if m.broker != "" {
+					opts.SASLUsers = []testenv.SASLUser{{Mechanism: m.broker, User: "relay", Password: secret}}
+					f.KafkaSASLUsername, f.KafkaSASLPassword = "relay", secret
+				}
+				k := testenv.NewKafka(t, opts)
+				testenv.RequireLocalKafka(t, k)
+				if tlsMode != "off" {
+					f.KafkaTLSCAFile = k.TLSFiles().CA
+				}
+				if tlsMode == "mutual" {
+					f.KafkaTLSCertFile, f.KafkaTLSKeyFile = k.TLSFiles().ClientCert, k.TLSFiles().ClientKey
+				}
+				tr, err := f.kafkaTransport()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (tr == nil) != (m.broker == "" && tlsMode == "off") {
+					t.Fatalf("transport = %v", tr)
+				}
+				topic := "secured." + m.flag + "." + tlsMode
+				sendEvents(t, sink.Config{Brokers: k.Brokers(), Topic: topic, Transport: tr}, 5)
+				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+				defer cancel()
+				recs, err := k.ReadAll(ctx, topic)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, r := range recs {
+					ids = append(ids, r.Headers[sink.HeaderID])
+				}
+				if slices.Sort(ids); !slices.Equal(ids, []string{"ev-0", "ev-1", "ev-2", "ev-3", "ev-4"}) {
+					t.Errorf("Kafka has events %v, want ev-0..ev-4", ids)
+				}
+			})
+		}
+	}
+}
+
+// sendEvents opens a sink with cfg, sends n events and waits for their acks.
+func sendEvents(t *testing.T, cfg sink.Config, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	acked := 0
+	done := make(chan struct{})
+	cfg.Logger = zerolog.Nop()
+	cfg.OnAck = func(batch []*outbox.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if acked += len(batch); acked == n {
+			close(done)
+		}
+	}
+	k, err := sink.Open(ctx, cfg)
+	if err != nil {
+		t.Fatalf("open sink: %v", err)
+	}
+	defer k.Close()
+	for i := range n {
+		ev := &outbox.Event{ID: fmt.Appendf(nil, "ev-%d", i), AggregateType: []byte("order"),
+			AggregateID: fmt.Append(nil, i), EventType: []byte("OrderPlaced"), Payload: []byte(`{}`)}
+		if err := k.Send(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("%d of %d events acknowledged", acked, n)
+	}
+}
+
+// TestKafkaSecurityCommands runs run, replay and dlq replay against a broker
+// that requires TLS and SCRAM-SHA-512: with the right settings the events
+// arrive; with a wrong password or a certificate that cannot be verified,
+// they fail with an error naming the flag to fix. Neither errors nor logs
+// show the password.
+func TestKafkaSecurityCommands(t *testing.T) {
+	clearEnv(t)
+	ctx := t.Context()
+	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	url, err := pg.CreateDatabase(ctx, "cdc_relay_cli_kafka_security")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ddl, err := os.ReadFile(filepath.Join("..", "..", "migrations", "001_outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, string(ddl)); err != nil {
+		t.Fatalf("create outbox: %v", err)
+	}
+	k := securedBroker(t)
+	insert := func(t *testing.T, n int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at)
+			SELECT 'order', 'o-' || i, 'OrderPlaced', jsonb_build_object('i', i), now() - interval '1 minute'
+			FROM generate_series(1, $1::int) i`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runArgs := []string{"run", "--pg-url", url, "--metrics-addr", "", "--log-format", "json", "--log-level", "debug",
+		"--status-interval", "200ms", "--kafka-start-timeout", "2s", "--retry-cap", "200ms"}
+	replayArgs := []string{"replay", "--pg-url", url, "--since", "1h", "--rate", "0", "--topic", "secured.replay", "--kafka-start-timeout", "2s"}
+	const dlqTable = "public.secured_dead_letters"
+	dlqArgs := []string{"dlq", "replay", "--pg-url", url, "--dlq-table", dlqTable, "--rate", "0", "--kafka-start-timeout", "2s"}
+
+	t.Run("run delivers", func(t *testing.T) {
+		// The password comes from a file named by the environment, as from a mounted secret.
+		t.Setenv("CDC_RELAY_KAFKA_SASL_PASSWORD_FILE", writeFile(t, t.TempDir(), "pw", secret+"\n"))
+		args := append(append(slices.Clone(runArgs), securedArgs(k, "")...), "--topic", "secured.run", "--slot", "secured_run")
+		rctx, cancel := context.WithCancel(ctx)
+		var log testenv.Buffer
+		var rl atomic.Pointer[relay.Relay]
+		done := make(chan error, 1)
+		go func() {
+			done <- Run(rctx, args, Env{Stdout: &log, Stderr: &log, Version: "test", OnRelay: func(r *relay.Relay) { rl.Store(r) }})
+		}()
+		stopped := false
+		stop := func() error {
+			if stopped {
+				return nil
+			}
+			stopped = true
+			cancel()
+			return <-done
+		}
+		defer stop()
+
+		// Rows inserted before the relay created its slot would be missed:
+		// wait until it is ready.
+		for deadline := time.Now().Add(20 * time.Second); rl.Load() == nil || !rl.Load().Ready(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("relay not ready after 20s:\n%s", log.String())
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("relay stopped: %v\n%s", err, log.String())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		insert(t, 3)
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		recs, err := k.WaitForRecords(wctx, 3, "secured.run")
+		if err != nil {
+			t.Fatalf("%v\nrelay log:\n%s", err, log.String())
+		}
+		var keys []string
+		for _, r := range recs {
+			keys = append(keys, string(r.Key))
+		}
+		if slices.Sort(keys); !slices.Equal(keys, []string{"o-1", "o-2", "o-3"}) {
+			t.Errorf("keys %v, want o-1..o-3", keys)
+		}
+		if err := stop(); err != nil {
+			t.Errorf("relay: %v", err)
+		}
+		if !strings.Contains(log.String(), `"tls":true,"sasl":"scram-sha-512","sasl_user":"relay"`) {
+			t.Errorf("the log does not say how the relay connects to Kafka:\n%s", log.String())
+		}
+		if strings.Contains(log.String(), secret) {
+			t.Errorf("the log shows the password:\n%s", log.String())
+		}
+	})
+
+	t.Run("replay delivers", func(t *testing.T) {
+		err, out, errOut := run(t, ctx, append(slices.Clone(replayArgs), securedArgs(k, secret)...)...)
+		if err != nil {
+			t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if recs, err := k.ReadAll(rctx, "secured.replay"); err != nil || len(recs) != 3 {
+			t.Errorf("topic has %d records (%v), want 3", len(recs), err)
+		}
+		if strings.Contains(out+errOut, secret) {
+			t.Errorf("the output shows the password:\n%s\n%s", out, errOut)
+		}
+	})
+
+	t.Run("dlq replay delivers", func(t *testing.T) {
+		s := deadletter.NewStore(pool, dlqTable)
+		if err := s.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		topics := []string{"secured.dlq.a", "secured.dlq.b"} // two topics: a sink each, sharing the flags' settings
+		for i, topic := range topics {
+			if err := s.Add(ctx, deadletter.Letter{
+				EventID: fmt.Sprintf("dl-%d", i), AggregateType: "order", AggregateID: "o-9", EventType: "OrderPlaced",
+				Key: []byte("o-9"), Payload: []byte(`{}`), Topic: topic, ErrorCode: "message_too_large", ErrorMessage: "too large",
+				FirstFailedAt: time.Now(), LastFailedAt: time.Now(), RelayName: "r",
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err, out, errOut := run(t, ctx, append(slices.Clone(dlqArgs), securedArgs(k, secret)...)...)
+		if err != nil {
+			t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+		}
+		for _, topic := range topics {
+			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			recs, err := k.ReadAll(rctx, topic)
+			cancel()
+			if err != nil || len(recs) != 1 {
+				t.Errorf("topic %s has %d records (%v), want 1", topic, len(recs), err)
+			}
+		}
+	})
+
+	otherCA, err := testenv.WriteTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongPassword := []string{"refused the SASL login", "--kafka-sasl-password", "CDC_RELAY_KAFKA_SASL_PASSWORD"}
+	untrusted := []string{"x509: certificate signed by unknown authority", "--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE)"}
+	// Each waits --kafka-start-timeout: the relay waits for Kafka that long.
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"run/wrong password", append(slices.Clone(runArgs), securedArgs(k, "wrong-"+secret)...), wrongPassword},
+		{"run/another CA", append(append(slices.Clone(runArgs), securedArgs(k, secret)...), "--kafka-tls-ca-file", otherCA.CA), untrusted},
+		{"run/wrong server name", append(append(slices.Clone(runArgs), securedArgs(k, secret)...), "--kafka-tls-server-name", "kafka.example.com"),
+			[]string{"certificate is valid for", "--kafka-tls-server-name (CDC_RELAY_KAFKA_TLS_SERVER_NAME)"}},
+		{"replay/wrong password", append(slices.Clone(replayArgs), securedArgs(k, "wrong-"+secret)...), wrongPassword},
+		{"dlq replay/wrong password", append(slices.Clone(dlqArgs), securedArgs(k, "wrong-"+secret)...), wrongPassword},
+	}
+	t.Run("errors", func(t *testing.T) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				args := tt.args
+				if args[0] == "run" { // halt: no dead-letter table for the parallel runs to race on creating
+					args = append(slices.Clone(args), "--topic", "secured.fail", "--slot", "secured_fail", "--on-error", "halt")
+				}
+				rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				err, out, errOut := run(t, rctx, args...)
+				if err == nil {
+					t.Fatal("no error")
+				}
+				for _, w := range tt.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error lacks %q:\n%v", w, err)
+					}
+				}
+				if args[0] == "run" && !strings.Contains(errOut, "cdc-relay stopped with an error") {
+					t.Errorf("the error was not logged:\n%s", errOut)
+				}
+				for what, s := range map[string]string{"error": err.Error(), "stdout": out, "log": errOut} {
+					if strings.Contains(s, secret) {
+						t.Errorf("the %s shows the password:\n%s", what, s)
+					}
+				}
+			})
+		}
+	})
+	var slots int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'secured_fail'").Scan(&slots); err != nil || slots != 0 {
+		t.Errorf("failed starts left %d slots (%v): a relay that cannot reach Kafka must create none", slots, err)
+	}
+}
+
+// TestKafkaInsecureSkipVerifyWarns: skipping verification reaches a broker
+// whose CA is unknown, and says loudly that it is insecure.
+func TestKafkaInsecureSkipVerifyWarns(t *testing.T) {
+	t.Parallel()
+	k := securedBroker(t)
+	f := KafkaSecurityFlags{KafkaTLSInsecureSkipVerify: true, KafkaSASLMechanism: "scram-sha-512",
+		KafkaSASLUsername: "relay", KafkaSASLPassword: secret}
+	tr, err := f.kafkaTransport()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log testenv.Buffer
+	f.logKafkaSecurity(zerolog.New(&log))
+	if !strings.Contains(log.String(), `"level":"warn"`) || !strings.Contains(log.String(), "NOT verified") {
+		t.Errorf("no warning logged:\n%s", log.String())
+	}
+	if strings.Contains(log.String(), secret) {
+		t.Errorf("the log shows the password:\n%s", log.String())
+	}
+	sendEvents(t, sink.Config{Brokers: k.Brokers(), Topic: "secured.insecure", Transport: tr}, 1)
+}
+
+// TestExplainKafkaError opens the sink with settings the broker refuses and
+// checks that the error names what to fix.
+func TestExplainKafkaError(t *testing.T) {
+	t.Parallel()
+	mutual := testenv.NewKafka(t, testenv.KafkaOptions{RequireClientCert: true})
+	testenv.RequireLocalKafka(t, mutual)
+	scram256 := testenv.NewKafka(t, testenv.KafkaOptions{SASLUsers: []testenv.SASLUser{{Mechanism: testenv.SASLScramSHA256, User: "u", Password: secret}}})
+	tests := []struct {
+		name  string
+		k     *testenv.Kafka
+		flags KafkaSecurityFlags
+		want  string
+	}{
+		{"no client certificate", mutual, KafkaSecurityFlags{KafkaTLSCAFile: mutual.TLSFiles().CA},
+			"remote error: tls: certificate required (the broker refused the TLS handshake: if it requires a client certificate, set --kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE)"},
+		{"wrong mechanism", scram256, KafkaSecurityFlags{KafkaSASLMechanism: "scram-sha-512", KafkaSASLUsername: "u", KafkaSASLPassword: secret},
+			"refused the SASL login: check --kafka-sasl-username"},
+		{"wrong user", scram256, KafkaSecurityFlags{KafkaSASLMechanism: "scram-sha-256", KafkaSASLUsername: "v", KafkaSASLPassword: secret},
+			"refused the SASL login: check --kafka-sasl-username"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tr, err := tt.flags.kafkaTransport()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The sink retries until ctx ends and reports its last failure; a
+			// loaded machine needs a few seconds for the first handshake.
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			k, err := sink.Open(ctx, sink.Config{Brokers: tt.k.Brokers(), Topic: "explain", Transport: tr, Logger: zerolog.Nop()})
+			if err == nil {
+				k.Close()
+				t.Fatal("sink opened")
+			}
+			if got := tt.flags.explainKafkaError(err).Error(); !strings.Contains(got, tt.want) {
+				t.Errorf("error lacks %q:\n%s", tt.want, got)
+			}
+		})
+	}
+}
+
+// TestExplainKafkaErrorScope: hints go only on errors TLS or SASL settings
+// can cause, and never on Postgres's.
+func TestExplainKafkaErrorScope(t *testing.T) {
+	tlsOn := KafkaSecurityFlags{KafkaTLS: true}
+	untrusted := fmt.Errorf("fetch metadata: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}})
+	pgConnect := fmt.Errorf("connect to Postgres: %w", &pgconn.ConnectError{})
+	sasl := fmt.Errorf("fetch metadata: %w", kafka.SASLAuthenticationFailed)
+	other := errors.New("fetch metadata: unexpected EOF")
+	tests := []struct {
+		name  string
+		flags KafkaSecurityFlags
+		err   error
+		hint  string // "" for the error unchanged
+	}{
+		{"nil", tlsOn, nil, ""},
+		{"untrusted certificate", tlsOn, untrusted, "--kafka-tls-ca-file"},
+		{"TLS error without Kafka TLS", KafkaSecurityFlags{}, untrusted, ""},
+		{"Postgres connect error", tlsOn, pgConnect, ""},
+		{"SASL authentication failed", KafkaSecurityFlags{}, sasl, "--kafka-sasl-password"},
+		{"EOF without a refused login", KafkaSecurityFlags{}, other, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.flags.explainKafkaError(tt.err)
+			if tt.hint == "" {
+				if got != tt.err {
+					t.Errorf("explainKafkaError(%v) = %v, want it unchanged", tt.err, got)
+				}
+				return
+			}
+			if !errors.Is(got, tt.err) || !strings.Contains(got.Error(), tt.hint) {
+				t.Errorf("explainKafkaError(%v) = %v, want it wrapped with a hint naming %s", tt.err, got, tt.hint)
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package verify
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// TestWriterRidesOutRestart runs the writer with Reconnect across an
+// immediate (crash) restart of Postgres: it keeps going, and what it reports
+// as committed is exactly what is in the table, each aggregate numbered in
+// increasing order.
+func TestWriterRidesOutRestart(t *testing.T) {
+	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	testenv.RequireLocal(t, pg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url, err := pg.CreateDatabase(ctx, "writer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql, err := os.ReadFile(filepath.Join("..", "..", "..", "migrations", "001_outbox.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Exec(ctx, "writer", string(sql)); err != nil {
+		t.Fatal(err)
+	}
+
+	w := NewWriter(url, "a", 10, 1)
+	w.Reconnect = true
+	w.Pad = 10
+	stop := make(chan struct{})
+	errc := w.GoRun(ctx, stop, 0, 2000)
+	for w.Count() < 200 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := pg.Restart("immediate"); err != nil {
+		t.Fatal(err)
+	}
+	before := w.Count()
+	for w.Count() < before+200 {
+		select {
+		case err := <-errc:
+			t.Fatalf("writer stopped: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	st := w.Stats()
+	t.Logf("writer stats after a restart: %+v", st)
+	if st.Reconnects == 0 {
+		t.Errorf("no reconnect counted across a restart")
+	}
+
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, "SELECT id::text FROM outbox_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed := w.Committed()
+	if len(ids) != len(committed) || st.Events != len(committed) {
+		t.Fatalf("%d rows in the table, writer says %d events committed (stats %d)", len(ids), len(committed), st.Events)
+	}
+	inTable := map[string]bool{}
+	for _, id := range ids {
+		inTable[id] = true
+	}
+	last := map[string]int{}
+	for _, ev := range committed {
+		if !inTable[ev.ID] {
+			t.Fatalf("event %s reported committed, not in the table", ev.ID)
+		}
+		if ev.Seq <= last[ev.Agg] {
+			t.Fatalf("aggregate %s: seq %d after %d", ev.Agg, ev.Seq, last[ev.Agg])
+		}
+		last[ev.Agg] = ev.Seq
+	}
+}
