@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/cdc-relay/cdc-relay/internal/cli"
@@ -18,7 +19,7 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cli.Run(ctx, os.Args[1:], cli.Env{Version: version})
+	err := cli.Run(ctx, os.Args[1:], cli.Env{Version: version, SetMemoryLimit: debug.SetMemoryLimit})
 	stop()
 	if err != nil {
 		if !cli.Reported(err) {

@@ -103,7 +103,7 @@ type RunCmd struct {
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table (checkpoint-store=table)."`
 	CheckpointFile  string `default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"32" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound."`
+	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"16" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
 	BatchMaxEvents    int           `default:"10000" help:"Most events in one produce request."`
 	BatchMaxBytes     int           `default:"921600" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
@@ -140,6 +140,13 @@ type Env struct {
 	// OnRelay, when set, is called with the relay once it is built, before it
 	// runs (the demo and tests watch its readiness).
 	OnRelay func(*relay.Relay)
+	// SetMemoryLimit, when set, is runtime/debug.SetMemoryLimit: "run" sets the
+	// process's soft memory limit from --max-in-flight-mib (see memoryLimit)
+	// unless Getenv("GOMEMLIMIT") is set. Left nil where cli.Run shares a process
+	// (tests, the demo).
+	SetMemoryLimit func(int64) int64
+	// Getenv reads the environment; nil means os.Getenv.
+	Getenv func(string) string
 }
 
 // Run parses args (without the program name) and runs the chosen subcommand.
@@ -455,6 +462,15 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	return cfg, nil
 }
 
+// memoryLimit is the soft memory limit "run" gives the Go runtime: room for
+// the events in flight twice over (the garbage collector's headroom) plus what
+// the relay needs besides them. The garbage collector works harder only when
+// the heap nears it, so peak memory follows --max-in-flight-mib whatever the
+// backlog.
+func memoryLimit(maxInFlightMiB int) int64 {
+	return int64(maxInFlightMiB)<<21 + 12<<20
+}
+
 func (r *RunCmd) run(ctx context.Context, env Env) error {
 	log := NewLogger(env.Stderr, r.LogLevel, r.LogFormat) // the relay adds the slot
 	reg := prometheus.NewRegistry()
@@ -472,6 +488,15 @@ func (r *RunCmd) run(ctx context.Context, env Env) error {
 	srv, err := r.startAdmin(reg, rl.Ready, log)
 	if err != nil {
 		return err
+	}
+	getenv := env.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if env.SetMemoryLimit != nil && getenv("GOMEMLIMIT") == "" {
+		limit := memoryLimit(r.MaxInFlightMiB)
+		env.SetMemoryLimit(limit)
+		log.Debug().Int64("bytes", limit).Msg("Go soft memory limit set from --max-in-flight-mib (GOMEMLIMIT overrides)")
 	}
 	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")

@@ -596,3 +596,42 @@ func TestRunNeverPrintsPassword(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryLimit: "run" sets the Go soft memory limit from
+// --max-in-flight-mib, unless GOMEMLIMIT is set. The URL points at a closed
+// port, so the relay fails right after the limit is set.
+func TestMemoryLimit(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		gomemlim string
+		want     int64 // 0: not called
+		wantFlag int
+	}{
+		{name: "default", want: 44 << 20},
+		{name: "flag", args: []string{"--max-in-flight-mib", "4"}, want: 20 << 20},
+		{name: "GOMEMLIMIT wins", gomemlim: "200MiB"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got int64
+			args := append([]string{"run", "--pg-url", "postgres://u@127.0.0.1:1/db?connect_timeout=1",
+				"--kafka-brokers", "127.0.0.1:1", "--metrics-addr", "", "--kafka-start-timeout", "1s"}, tt.args...)
+			var out bytes.Buffer
+			err := Run(t.Context(), args, Env{Stdout: &out, Stderr: &out,
+				SetMemoryLimit: func(n int64) int64 { got = n; return 0 },
+				Getenv: func(k string) string {
+					if k == "GOMEMLIMIT" {
+						return tt.gomemlim
+					}
+					return ""
+				}})
+			if err == nil {
+				t.Fatal("run against closed ports succeeded")
+			}
+			if got != tt.want {
+				t.Errorf("SetMemoryLimit(%d), want %d (0: not called)", got, tt.want)
+			}
+		})
+	}
+}

@@ -76,7 +76,7 @@ type Config struct {
 	BackfillMargin time.Duration
 
 	RelayName        string
-	MaxInFlightBytes int64         // backpressure threshold, default 32 MiB
+	MaxInFlightBytes int64         // backpressure threshold, default 16 MiB
 	StatusInterval   time.Duration // standby status / checkpoint period, default 1s
 	IdleCheckpoint   time.Duration // how often an idle advance is persisted, default 10s
 	ShutdownTimeout  time.Duration // bound on a clean stop, default 10s
@@ -99,7 +99,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = 32 << 20
+		c.MaxInFlightBytes = 16 << 20
 	}
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = time.Second
