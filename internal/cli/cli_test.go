@@ -376,7 +376,7 @@ func TestDefaults(t *testing.T) {
 	r := c.Run
 	if r.MetricsAddr != "127.0.0.1:9187" || r.MetricsToken != "" || r.MetricsOpenProbes || r.Slot != "cdc_relay" || r.Publication != "cdc_relay_outbox" ||
 		r.Table != "public.outbox_events" || r.Topic != "outbox.events" || !r.CreateSlot || !r.CreatePublication ||
-		r.CheckpointStore != "table" || r.MaxInFlightMiB != 32 || r.StatusInterval != time.Second || r.Compression != "none" {
+		r.CheckpointStore != "table" || r.MaxInFlightMiB != 16 || r.StatusInterval != time.Second || r.Compression != "none" {
 		t.Errorf("defaults: %+v", r)
 	}
 	if h, err := r.headerColumns(); h != nil || err != nil {
