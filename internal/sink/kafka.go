@@ -1161,6 +1161,19 @@ func (v *byteView) Read(p []byte) (int, error) {
 
 func (v *byteView) Close() error { return nil }
 
+// WriteTo writes the rest of the slice in one call. io.Copy prefers it to the
+// destination's ReadFrom, which matters for compression: lz4's writer rejects
+// ReadFrom after a Write ("lz4: unhandled state[writeState]"), and kafka-go
+// writes a record's other fields with Write before copying its key and value.
+func (v *byteView) WriteTo(w io.Writer) (int64, error) {
+	if v.off >= len(v.b) {
+		return 0, nil
+	}
+	n, err := w.Write(v.b[v.off:])
+	v.off += n
+	return int64(n), err
+}
+
 // connTracker wraps the Transport's Dial and remembers open connections, so
 // Close can end requests kafka-go would otherwise wait on until their timeout.
 type connTracker struct {
