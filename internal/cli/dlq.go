@@ -395,15 +395,8 @@ func (c *DLQReplayCmd) Validate() error {
 	if err := c.publishFlags.validate(); err != nil {
 		return err
 	}
-	if !c.DryRun {
-		brokers, err := checkBrokers(c.KafkaBrokers, " (or use --dry-run)")
-		if err != nil {
-			return err
-		}
-		c.KafkaBrokers = brokers
-		if err := c.resolveKafkaSecurity(); err != nil {
-			return err
-		}
+	if err := c.checkKafka(&c.KafkaBrokers, &c.KafkaSecurityFlags); err != nil {
+		return err
 	}
 	for _, id := range c.ID {
 		if id <= 0 {

@@ -86,6 +86,20 @@ func (f *publishFlags) validate() error {
 	return nil
 }
 
+// checkKafka checks the brokers and the TLS/SASL flags a replay publishes
+// with; a dry run needs neither.
+func (f *publishFlags) checkKafka(brokers *[]string, sec *KafkaSecurityFlags) error {
+	if f.DryRun {
+		return nil
+	}
+	list, err := checkBrokers(*brokers, " (or use --dry-run)")
+	if err != nil {
+		return err
+	}
+	*brokers = list
+	return sec.resolveKafkaSecurity()
+}
+
 // actor is --actor, or the OS user running the command.
 func (f *publishFlags) actor() string {
 	if f.Actor != "" {
@@ -139,15 +153,8 @@ func (r *ReplayCmd) Validate() error {
 	if err := r.publishFlags.validate(); err != nil {
 		return err
 	}
-	if !r.DryRun {
-		brokers, err := checkBrokers(r.KafkaBrokers, " (or use --dry-run)")
-		if err != nil {
-			return err
-		}
-		r.KafkaBrokers = brokers
-		if err := r.resolveKafkaSecurity(); err != nil {
-			return err
-		}
+	if err := r.checkKafka(&r.KafkaBrokers, &r.KafkaSecurityFlags); err != nil {
+		return err
 	}
 	if _, err := sink.NewRouter(r.Topic); err != nil {
 		return flagError("topic", err.Error())
