@@ -805,11 +805,11 @@ type checkpointer struct {
 	idle      time.Duration
 	persisted atomic.Uint64
 
-	mu          sync.Mutex
-	lastSave    time.Time
-	lastCommits uint64
-	failing     bool
-	serverDown  chan error // a save failed because the server is shutting down
+	mu            sync.Mutex
+	lastSave      time.Time
+	lastDelivered uint64
+	failing       bool
+	serverDown    chan error // a save failed because the server is shutting down
 }
 
 func (c *checkpointer) run(ctx context.Context) {
@@ -829,17 +829,17 @@ func (c *checkpointer) run(ctx context.Context) {
 		}
 		// Advances with no new events (keepalives on an idle outbox) are saved
 		// less often: each save writes WAL of its own.
-		if c.tracker.Delivered() == c.lastCommitsLoad() && time.Since(c.lastSaveLoad()) < c.idle {
+		if c.tracker.Delivered() == c.lastDeliveredLoad() && time.Since(c.lastSaveLoad()) < c.idle {
 			continue
 		}
 		c.save(ctx)
 	}
 }
 
-func (c *checkpointer) lastCommitsLoad() uint64 {
+func (c *checkpointer) lastDeliveredLoad() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lastCommits
+	return c.lastDelivered
 }
 
 func (c *checkpointer) lastSaveLoad() time.Time {
@@ -852,7 +852,7 @@ func (c *checkpointer) lastSaveLoad() time.Time {
 func (c *checkpointer) save(ctx context.Context) (pglogrepl.LSN, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	commits := c.tracker.Delivered()
+	delivered := c.tracker.Delivered()
 	w, at := c.tracker.Position()
 	if uint64(w) <= c.persisted.Load() {
 		return pglogrepl.LSN(c.persisted.Load()), nil
@@ -881,6 +881,6 @@ func (c *checkpointer) save(ctx context.Context) (pglogrepl.LSN, error) {
 	c.m.CheckpointSaves.Inc()
 	c.persisted.Store(uint64(w))
 	c.lastSave = cp.UpdatedAt
-	c.lastCommits = commits
+	c.lastDelivered = delivered
 	return w, nil
 }
