@@ -29,6 +29,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -246,7 +247,7 @@ func (r *RunCmd) Validate() error {
 	if err := r.resolveKafkaSecurity(); err != nil {
 		return err
 	}
-	if _, err := sink.NewRouter(r.Topic); err != nil {
+	if _, err := route.New(r.Topic); err != nil {
 		return flagError("topic", err.Error())
 	}
 	if _, _, err := splitTable(r.Table); err != nil {

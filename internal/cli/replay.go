@@ -17,6 +17,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -156,7 +157,7 @@ func (r *ReplayCmd) Validate() error {
 	if err := r.checkKafka(&r.KafkaBrokers, &r.KafkaSecurityFlags); err != nil {
 		return err
 	}
-	if _, err := sink.NewRouter(r.Topic); err != nil {
+	if _, err := route.New(r.Topic); err != nil {
 		return flagError("topic", err.Error())
 	}
 	headers, err := parseHeaderColumns(r.HeaderColumns)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -81,7 +82,7 @@ func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 // cannot be rendered) and returns nil once it is committed. It is safe for
 // concurrent use; its type is relay.DeadLetterFunc's.
 func (s *Store) Recorder(relayName, topicTemplate string) (func(ctx context.Context, ev *outbox.Event, cause error) error, error) {
-	router, err := sink.NewRouter(topicTemplate)
+	router, err := route.New(topicTemplate)
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,7 @@ import (
 // made from its content, the same for a redelivered copy and different for a
 // different event, so the store can keep it (it refuses an empty id).
 func TestFromEventWithoutID(t *testing.T) {
-	cause := &sink.EventError{Code: "empty_key", Err: errors.New("no key")}
+	cause := &outbox.EventError{Code: "empty_key", Err: errors.New("no key")}
 	ev := func(mod func(*outbox.Event)) *outbox.Event {
 		e := &outbox.Event{AggregateType: []byte("order"), EventType: []byte("E"), Payload: []byte(`{}`), CommitLSN: 0x16B3748,
 			Headers: []outbox.Header{{Key: "tenant", Value: []byte("acme")}}}

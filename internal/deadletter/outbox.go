@@ -15,7 +15,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
-	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // OutboxColumns names the outbox table's columns for ReplayOutbox.
@@ -94,7 +94,7 @@ func (s *Store) ReplayOutbox(ctx context.Context, table string, cols OutboxColum
 			return ReplayResult{}, errors.New("replay outbox: a column name is empty")
 		}
 	}
-	router, err := sink.NewRouter(o.Topic)
+	router, err := route.New(o.Topic)
 	if err != nil {
 		return ReplayResult{}, fmt.Errorf("replay outbox: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -105,10 +106,10 @@ func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*ou
 	if len(events) == 0 {
 		return nil
 	}
-	if err := sink.ValidTopic(topic); err != nil {
+	if err := route.ValidTopic(topic); err != nil {
 		errs := make(map[int]error, len(events))
 		for i := range events {
-			errs[i] = &sink.EventError{Code: "invalid_topic", Err: err}
+			errs[i] = &outbox.EventError{Code: "invalid_topic", Err: err}
 		}
 		return &PublishError{Errs: errs}
 	}

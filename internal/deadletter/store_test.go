@@ -563,7 +563,7 @@ func TestFromEventAndRecorder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cause := &sink.EventError{Code: "message_too_large", Err: errors.New("1 MB")}
+	cause := &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}
 	if err := rec(ctx, ev, cause); err != nil {
 		t.Fatal(err)
 	}
@@ -581,7 +581,7 @@ func TestFromEventAndRecorder(t *testing.T) {
 
 	// A topic the template cannot render is stored as the template.
 	bad := &outbox.Event{ID: []byte("ev-2"), AggregateType: []byte("no/slash"), AggregateID: []byte("1"), Payload: []byte("{}")}
-	if err := rec(ctx, bad, &sink.EventError{Code: "invalid_topic", Err: errors.New("bad")}); err != nil {
+	if err := rec(ctx, bad, &outbox.EventError{Code: "invalid_topic", Err: errors.New("bad")}); err != nil {
 		t.Fatal(err)
 	}
 	if got := byEventID(t, s, "ev-2"); got.Topic != "outbox.{aggregate_type}" || got.ErrorCode != "invalid_topic" {

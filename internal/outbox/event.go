@@ -3,6 +3,7 @@
 package outbox
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -44,3 +45,13 @@ func (e *Event) Size() int {
 	}
 	return n + 64
 }
+
+// EventError is a permanent failure of one event (it will fail the same way on
+// every retry), with a short stable code for metrics and dead letters.
+type EventError struct {
+	Code string // e.g. "message_too_large", "invalid_topic", "empty_key"
+	Err  error
+}
+
+func (e *EventError) Error() string { return fmt.Sprintf("%s: %v", e.Code, e.Err) }
+func (e *EventError) Unwrap() error { return e.Err }

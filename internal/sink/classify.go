@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -36,21 +37,11 @@ func (c Class) String() string {
 	}
 }
 
-// EventError is a permanent failure of one event, with a short stable code for
-// metrics and dead letters.
-type EventError struct {
-	Code string // e.g. "message_too_large", "invalid_topic", "empty_key"
-	Err  error
-}
-
-func (e *EventError) Error() string { return fmt.Sprintf("%s: %v", e.Code, e.Err) }
-func (e *EventError) Unwrap() error { return e.Err }
-
 // Classify returns the class of err. Errors it does not know are Transient: the
 // safe choice for an at-least-once relay is to keep retrying (and say so) rather
 // than to drop or dead-letter an event for a reason nobody understood.
 func Classify(err error) Class {
-	var ee *EventError
+	var ee *outbox.EventError
 	if errors.As(err, &ee) {
 		return Permanent
 	}
@@ -79,7 +70,7 @@ func Classify(err error) Class {
 // Code returns a short stable code for err, used as a metric label and stored
 // with dead letters.
 func Code(err error) string {
-	var ee *EventError
+	var ee *outbox.EventError
 	if errors.As(err, &ee) {
 		return ee.Code
 	}

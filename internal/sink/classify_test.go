@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -28,8 +29,8 @@ func TestClassifyAndCode(t *testing.T) {
 		{"invalid topic", kafka.InvalidTopic, Permanent, "invalid_topic"},
 		{"invalid record", kafka.InvalidRecord, Permanent, "invalid_record"},
 		{"invalid timestamp", kafka.InvalidTimestamp, Permanent, fmt.Sprintf("kafka_%d", int(kafka.InvalidTimestamp))},
-		{"event error", &EventError{Code: "empty_key", Err: errors.New("no key")}, Permanent, "empty_key"},
-		{"wrapped event error", fmt.Errorf("send: %w", &EventError{Code: "invalid_topic", Err: errors.New("bad")}), Permanent, "invalid_topic"},
+		{"event error", &outbox.EventError{Code: "empty_key", Err: errors.New("no key")}, Permanent, "empty_key"},
+		{"wrapped event error", fmt.Errorf("send: %w", &outbox.EventError{Code: "invalid_topic", Err: errors.New("bad")}), Permanent, "invalid_topic"},
 
 		// Transient: retry forever.
 		{"not leader", kafka.NotLeaderForPartition, Transient, "kafka_6"},
@@ -82,13 +83,13 @@ func TestClassifyKafkaGoProduceErrors(t *testing.T) {
 	if Classify(notLeader) != Transient {
 		t.Errorf("not leader: %v", Classify(notLeader))
 	}
-	// The sink wraps a per-event permanent failure in an EventError carrying Code.
-	ee := &EventError{Code: Code(tooLarge), Err: tooLarge}
+	// The sink wraps a per-event permanent failure in an outbox.EventError carrying Code.
+	ee := &outbox.EventError{Code: Code(tooLarge), Err: tooLarge}
 	if Code(ee) != "message_too_large" || Classify(ee) != Permanent || !errors.Is(ee, kafka.MessageSizeTooLarge) {
-		t.Errorf("EventError around too large: %v/%q, Is=%v", Classify(ee), Code(ee), errors.Is(ee, kafka.MessageSizeTooLarge))
+		t.Errorf("outbox.EventError around too large: %v/%q, Is=%v", Classify(ee), Code(ee), errors.Is(ee, kafka.MessageSizeTooLarge))
 	}
 	if got, want := ee.Error(), "message_too_large: "+tooLarge.Error(); got != want {
-		t.Errorf("EventError.Error() = %q, want %q", got, want)
+		t.Errorf("outbox.EventError.Error() = %q, want %q", got, want)
 	}
 }
 

@@ -41,6 +41,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // Header keys the sink sets on every message.
@@ -156,7 +157,7 @@ type Kafka struct {
 	transport *kafka.Transport
 	conns     *connTracker
 	addr      net.Addr
-	router    *Router
+	router    *route.Router
 	balancer  kafka.Murmur2Balancer
 
 	ctx    context.Context
@@ -191,7 +192,7 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("no Kafka brokers configured (set --kafka-brokers or CDC_RELAY_KAFKA_BROKERS)")
 	}
-	router, err := NewRouter(cfg.Topic)
+	router, err := route.New(cfg.Topic)
 	if err != nil {
 		return nil, fmt.Errorf("%w (set --topic or CDC_RELAY_TOPIC)", err)
 	}
@@ -410,7 +411,7 @@ func (k *Kafka) signal() {
 // OnPermanent at once. Send must be called from one goroutine.
 func (k *Kafka) Send(ctx context.Context, ev *outbox.Event) error {
 	if len(ev.AggregateID) == 0 {
-		return k.permanent(ctx, ev, &EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})
+		return k.permanent(ctx, ev, &outbox.EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})
 	}
 	topic, err := k.router.Topic(ev)
 	if err != nil {
@@ -461,7 +462,7 @@ func (k *Kafka) resolve(ts *topicState) {
 			ts.pending = nil
 			ts.mu.Unlock()
 			for _, ev := range pending {
-				if k.permanent(k.ctx, ev, &EventError{Code: "invalid_topic", Err: err}) != nil {
+				if k.permanent(k.ctx, ev, &outbox.EventError{Code: "invalid_topic", Err: err}) != nil {
 					return
 				}
 			}
@@ -984,7 +985,7 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 				p.limit = half
 				continue
 			}
-			if k.permanent(k.ctx, batch[0], &EventError{Code: Code(err), Err: err}) != nil {
+			if k.permanent(k.ctx, batch[0], &outbox.EventError{Code: Code(err), Err: err}) != nil {
 				return false, ok
 			}
 			continue

@@ -704,9 +704,9 @@ func TestMessageTooLarge(t *testing.T) {
 			t.Errorf("OnPermanent got event %s, want the big one %s", calls[0].ev.ID, r.big.ID)
 		}
 		err := calls[0].err
-		var ee *EventError
+		var ee *outbox.EventError
 		if !errors.As(err, &ee) || ee.Code != "message_too_large" || Code(err) != "message_too_large" || Classify(err) != Permanent {
-			t.Errorf("OnPermanent error %v: %v/%q, want a permanent *EventError with code message_too_large", err, Classify(err), Code(err))
+			t.Errorf("OnPermanent error %v: %v/%q, want a permanent *outbox.EventError with code message_too_large", err, Classify(err), Code(err))
 		}
 		if v := testutil.ToFloat64(r.m.PermanentFailures.WithLabelValues("message_too_large")); v != 1 {
 			t.Errorf("permanent_failures_total{code=message_too_large} = %v, want 1", v)

@@ -1,4 +1,6 @@
-package sink
+// Package route renders topic templates over outbox event columns into Kafka
+// topic names, and checks names against Kafka's rules.
+package route
 
 import (
 	"fmt"
@@ -7,8 +9,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
-// maxTopicLen is Kafka's limit on topic name length.
-const maxTopicLen = 249
+// MaxTopicLen is Kafka's limit on topic name length.
+const MaxTopicLen = 249
 
 // placeholder names a column value usable in a topic template.
 type placeholder int
@@ -33,9 +35,9 @@ type Router struct {
 	maxKey int
 }
 
-// NewRouter parses a topic template. Placeholders are {aggregate_type} and
+// New parses a topic template. Placeholders are {aggregate_type} and
 // {event_type}; the rest must be legal in a Kafka topic name.
-func NewRouter(template string) (*Router, error) {
+func New(template string) (*Router, error) {
 	if template == "" {
 		return nil, fmt.Errorf("topic template is empty")
 	}
@@ -81,7 +83,7 @@ func NewRouter(template string) (*Router, error) {
 // Fixed returns the topic when the template has no placeholders.
 func (r *Router) Fixed() (string, bool) { return r.fixed, r.fixed != "" }
 
-// Topic renders the topic of ev, or returns a permanent *EventError when the
+// Topic renders the topic of ev, or returns a permanent *outbox.EventError when the
 // rendered name is not a legal Kafka topic.
 func (r *Router) Topic(ev *outbox.Event) (string, error) {
 	if r.fixed != "" {
@@ -94,7 +96,7 @@ func (r *Router) Topic(ev *outbox.Event) (string, error) {
 		}
 		t := r.parts[0] + string(v) + r.parts[1]
 		if err := ValidTopic(t); err != nil {
-			return "", &EventError{Code: "invalid_topic", Err: err}
+			return "", &outbox.EventError{Code: "invalid_topic", Err: err}
 		}
 		if len(r.cache) >= r.maxKey {
 			clear(r.cache)
@@ -110,7 +112,7 @@ func (r *Router) Topic(ev *outbox.Event) (string, error) {
 	}
 	t := b.String()
 	if err := ValidTopic(t); err != nil {
-		return "", &EventError{Code: "invalid_topic", Err: err}
+		return "", &outbox.EventError{Code: "invalid_topic", Err: err}
 	}
 	return t, nil
 }
@@ -128,8 +130,8 @@ func ValidTopic(name string) error {
 	if name == "" {
 		return fmt.Errorf("topic name is empty")
 	}
-	if len(name) > maxTopicLen {
-		return fmt.Errorf("topic name %.40q... is %d characters long, Kafka allows %d", name, len(name), maxTopicLen)
+	if len(name) > MaxTopicLen {
+		return fmt.Errorf("topic name %.40q... is %d characters long, Kafka allows %d", name, len(name), MaxTopicLen)
 	}
 	if name == "." || name == ".." {
 		return fmt.Errorf("topic name %q is not allowed", name)

@@ -1,7 +1,6 @@
-package sink
+package route
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"unsafe"
@@ -39,9 +38,9 @@ func TestRouterTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewRouter(tt.template)
+			r, err := New(tt.template)
 			if err != nil {
-				t.Fatalf("NewRouter(%q): %v", tt.template, err)
+				t.Fatalf("New(%q): %v", tt.template, err)
 			}
 			fixed, isFixed := r.Fixed()
 			if isFixed != tt.wantFixed {
@@ -61,7 +60,7 @@ func TestRouterTopic(t *testing.T) {
 	}
 }
 
-func TestNewRouterRejectsBadTemplates(t *testing.T) {
+func TestNewRejectsBadTemplates(t *testing.T) {
 	tests := []struct {
 		name     string
 		template string
@@ -84,76 +83,31 @@ func TestNewRouterRejectsBadTemplates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewRouter(tt.template)
+			r, err := New(tt.template)
 			if err == nil {
-				t.Fatalf("NewRouter(%q) = %+v, want an error", tt.template, r)
+				t.Fatalf("New(%q) = %+v, want an error", tt.template, r)
 			}
 			if !strings.Contains(err.Error(), tt.wantErr) {
-				t.Fatalf("NewRouter(%q) error %q does not mention %q", tt.template, err, tt.wantErr)
+				t.Fatalf("New(%q) error %q does not mention %q", tt.template, err, tt.wantErr)
 			}
 		})
 	}
 }
 
-func TestNewRouterLengthLimit(t *testing.T) {
-	if _, err := NewRouter(strings.Repeat("a", maxTopicLen)); err != nil {
-		t.Fatalf("a %d-character fixed topic must be accepted: %v", maxTopicLen, err)
+func TestNewLengthLimit(t *testing.T) {
+	if _, err := New(strings.Repeat("a", MaxTopicLen)); err != nil {
+		t.Fatalf("a %d-character fixed topic must be accepted: %v", MaxTopicLen, err)
 	}
 	// 248 literal characters and a placeholder that renders to at least one.
-	if _, err := NewRouter(strings.Repeat("a", maxTopicLen-1) + "{event_type}"); err != nil {
-		t.Fatalf("a template that can render %d characters must be accepted: %v", maxTopicLen, err)
+	if _, err := New(strings.Repeat("a", MaxTopicLen-1) + "{event_type}"); err != nil {
+		t.Fatalf("a template that can render %d characters must be accepted: %v", MaxTopicLen, err)
 	}
 }
 
 // TestRouterRenderedInvalidTopic checks that a rendering Kafka would refuse is a
 // permanent failure of that one event, with the code "invalid_topic".
-func TestRouterRenderedInvalidTopic(t *testing.T) {
-	tests := []struct {
-		name          string
-		template      string
-		aggregateType string
-		eventType     string
-	}{
-		{name: "slash", template: "outbox.{aggregate_type}", aggregateType: "orders/eu"},
-		{name: "space", template: "outbox.{aggregate_type}", aggregateType: "order line"},
-		{name: "non-ASCII", template: "outbox.{aggregate_type}", aggregateType: "bestellung-ä"},
-		{name: "NULL column renders to empty", template: "{aggregate_type}", aggregateType: ""},
-		{name: "dot", template: "{aggregate_type}", aggregateType: "."},
-		{name: "dot dot", template: "{event_type}", eventType: ".."},
-		{name: "too long single", template: "outbox.{aggregate_type}", aggregateType: strings.Repeat("x", maxTopicLen-len("outbox.")) + "y"},
-		{name: "too long both", template: "{aggregate_type}.{event_type}", aggregateType: strings.Repeat("a", 124), eventType: strings.Repeat("e", 125)},
-		{name: "bad second placeholder", template: "{aggregate_type}.{event_type}", aggregateType: "order", eventType: "created:v2"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r, err := NewRouter(tt.template)
-			if err != nil {
-				t.Fatalf("NewRouter(%q): %v", tt.template, err)
-			}
-			got, err := r.Topic(routedEvent(tt.aggregateType, tt.eventType))
-			if err == nil {
-				t.Fatalf("Topic = %q, want an error", got)
-			}
-			var ee *EventError
-			if !errors.As(err, &ee) {
-				t.Fatalf("Topic error %v (%T) is not an *EventError", err, err)
-			}
-			if ee.Code != "invalid_topic" {
-				t.Fatalf("code = %q, want invalid_topic", ee.Code)
-			}
-			if Classify(err) != Permanent || Code(err) != "invalid_topic" {
-				t.Fatalf("Classify/Code = %v/%q, want permanent/invalid_topic", Classify(err), Code(err))
-			}
-			// A failed rendering is not cached: the next call fails again.
-			if _, err := r.Topic(routedEvent(tt.aggregateType, tt.eventType)); err == nil {
-				t.Fatal("second Topic call succeeded; invalid renderings must not be cached")
-			}
-		})
-	}
-}
-
 func TestRouterCache(t *testing.T) {
-	r, err := NewRouter("outbox.{aggregate_type}")
+	r, err := New("outbox.{aggregate_type}")
 	if err != nil {
 		t.Fatal(err)
 	}
