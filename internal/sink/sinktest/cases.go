@@ -1,0 +1,546 @@
+package sinktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// Bounds of the cases. They are generous: a case passes on a busy machine.
+const (
+	deliverTimeout = 30 * time.Second // for every event of a case to be reported
+	signalTimeout  = 10 * time.Second // for a fault or a state to show
+	closeBound     = 3 * time.Second  // for Close with requests held by the broker
+)
+
+// orderTopic is the topic of the Order cases.
+const orderTopic = "contract.order"
+
+// orderOptions are the producer settings of the Order cases: small batches,
+// so that order must hold across many requests, and quick retries.
+var orderOptions = Options{BatchMaxEvents: 10, Retry: fastRetry}
+
+// orderStream is what the Order cases produce: 1500 events of 50 keys,
+// queued at once so that batches wait behind failing ones.
+func orderStream() []*outbox.Event { return stream(50, 1500, 0) }
+
+// deliver produces evs to topic with p and waits until each is reported; it
+// then checks that each was reported once with a nil error, per partition in
+// produce order, and that the log holds each in per-key order (with
+// duplicates only when dups).
+func deliver(t *testing.T, b *broker, p Producer, rec *recorder, topic string, evs []*outbox.Event, dups bool) logOf {
+	t.Helper()
+	rec.produce(t, p, topic, evs...)
+	return awaitDelivery(t, b, rec, topic, evs, dups)
+}
+
+// awaitDelivery is the waiting and checking half of deliver, for cases that
+// produce evs themselves.
+func awaitDelivery(t *testing.T, b *broker, rec *recorder, topic string, evs []*outbox.Event, dups bool) logOf {
+	t.Helper()
+	waitFor(t, deliverTimeout, rec.reached(len(evs)))
+	rec.checkReported(t, evs, nil)
+	l := checkLog(t, readLog(t, b, topic), evs, dups)
+	rec.checkDoneOrder(t, evs, l.partitionOf)
+	return l
+}
+
+// coin returns a kfake Fault.When that accepts with probability p, drawn
+// from a seeded source so that a failing run can be replayed. When is
+// asked once for every partition of a request, so some partitions of one
+// request fail and others do not.
+func coin(seed uint64, p float64) func(kmsg.Request) bool {
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, seed))
+	return func(kmsg.Request) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return rng.Float64() < p
+	}
+}
+
+// testOrderTransient fails about 30% of the partitions of produce requests
+// with retriable errors the broker answers before appending
+// (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS): every event is reported
+// done(nil) once, in order, and is in the log once, in order.
+func testOrderTransient(t *testing.T, open Opener) {
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	produce := []kmsg.Key{kmsg.Produce}
+	faults := b.Cluster().Fault(
+		kfake.Fault{Keys: produce, Err: kerr.NotLeaderForPartition, Count: -1, When: coin(1, 0.15)},
+		kfake.Fault{Keys: produce, Err: kerr.NotEnoughReplicas, Count: -1, When: coin(2, 0.18)},
+	)
+	p := b.open(open, orderOptions, orderTopic)
+	deliver(t, b, p, &recorder{}, orderTopic, orderStream(), false)
+	if faults.Hits() < 10 {
+		t.Fatalf("only %d produce requests failed: the case tested little", faults.Hits())
+	}
+	t.Logf("%d of %d produce requests failed", faults.Hits(), b.produceRequests())
+}
+
+// testOrderAmbiguous fails about 25% of the partitions of produce requests
+// with errors the broker answers after appending (REQUEST_TIMED_OUT,
+// NOT_ENOUGH_REPLICAS_AFTER_APPEND): the producer cannot know the events
+// are in, so duplicates are allowed, but nothing is lost, each event is
+// reported once, and a re-sent event never lands after a later one.
+func testOrderAmbiguous(t *testing.T, open Opener) {
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	produce := []kmsg.Key{kmsg.Produce}
+	faults := b.Cluster().Fault(
+		kfake.Fault{Keys: produce, Err: kerr.RequestTimedOut, Count: -1, When: coin(3, 0.15)},
+		kfake.Fault{Keys: produce, Err: kerr.NotEnoughReplicasAfterAppend, Count: -1, When: coin(4, 0.12)},
+	)
+	evs := orderStream()
+	p := b.open(open, orderOptions, orderTopic)
+	l := deliver(t, b, p, &recorder{}, orderTopic, evs, true)
+	if faults.Hits() < 10 {
+		t.Fatalf("only %d produce requests failed: the case tested little", faults.Hits())
+	}
+	t.Logf("%d of %d produce requests failed after the append; %d records for %d events", faults.Hits(), b.produceRequests(), l.records, len(evs))
+}
+
+// errDropped is what the broker's control returns to close a connection
+// instead of answering.
+var errDropped = errors.New("sinktest: response dropped after the append")
+
+// testOrderDroppedResponses makes the broker append some produce requests
+// and then close the connection without answering, as when a response is
+// lost: duplicates are allowed, but nothing is lost, each event is reported
+// once, and a re-sent event never lands after a later one.
+func testOrderDroppedResponses(t *testing.T, open Opener) {
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	var n int // requests seen; controls run one at a time
+	dropped := b.dropResponses(func() bool {
+		n++
+		return n%4 == 2 && n < 50
+	})
+	evs := orderStream()
+	p := b.open(open, orderOptions, orderTopic)
+	l := deliver(t, b, p, &recorder{}, orderTopic, evs, true)
+	if dropped() == 0 {
+		t.Fatal("no response dropped: the case tested nothing")
+	}
+	t.Logf("%d responses dropped after the append; %d records for %d events", dropped(), l.records, len(evs))
+}
+
+// dropResponses makes the broker append each produce request for which drop
+// returns true and then close the producer's connection without an answer.
+// It appends by re-sending the request through a kgo client of its own
+// before dropping the original. It returns how many responses it dropped.
+// drop runs on the broker's goroutine, one call at a time.
+func (b *broker) dropResponses(drop func() bool) (dropped func() int) {
+	// Produce v13 names topics by ID only; the proxy sends names.
+	proxy, err := kgo.NewClient(append(b.ClientOpts(), kgo.MaxVersions(kversion.V3_6_0()))...)
+	if err != nil {
+		b.t.Fatalf("proxy client: %v", err)
+	}
+	b.t.Cleanup(proxy.Close)
+	var (
+		proxying atomic.Bool // the proxy's request is on its way: let everything pass
+		count    atomic.Int64
+	)
+	c := b.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if proxying.Load() || !drop() {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.ProduceRequest)
+		var perr error
+		proxying.Store(true)
+		c.SleepControl(func() {
+			defer proxying.Store(false)
+			perr = appendVia(proxy, c, req)
+		})
+		if perr != nil {
+			b.problem("%v", perr)
+			return nil, nil, false // the broker answers it itself
+		}
+		count.Add(1)
+		return nil, errDropped, true
+	})
+	return func() int { return int(count.Load()) }
+}
+
+// appendVia sends a copy of req through cl, which appends its records as
+// they are, and checks that every partition took them.
+func appendVia(cl *kgo.Client, c *kfake.Cluster, req *kmsg.ProduceRequest) error {
+	cp := *req
+	cp.Topics = append([]kmsg.ProduceRequestTopic(nil), req.Topics...)
+	for i, rt := range cp.Topics {
+		if rt.Topic == "" {
+			if info := c.TopicIDInfo(rt.TopicID); info != nil {
+				cp.Topics[i].Topic = info.Topic
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), signalTimeout)
+	defer cancel()
+	kresp, err := cl.Request(ctx, &cp)
+	if err != nil {
+		return fmt.Errorf("append a produce request through the proxy: %w", err)
+	}
+	for _, rt := range kresp.(*kmsg.ProduceResponse).Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return fmt.Errorf("append a produce request through the proxy: %s/%d: %w", rt.Topic, rp.Partition, err)
+			}
+		}
+	}
+	return nil
+}
+
+// testOrderBrokerRestart stops the broker while it holds a produce request
+// mid-stream and starts it again on its data directory: nothing is lost,
+// each event is reported once, and a re-sent event never lands after a
+// later one (what was in flight at the stop may be in the log twice).
+func testOrderBrokerRestart(t *testing.T, open Opener) {
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	var n atomic.Int64
+	g := b.hold(func(*kmsg.ProduceRequest) bool { return n.Add(1) == 8 })
+	evs := orderStream()
+	p := b.open(open, orderOptions, orderTopic)
+	rec := &recorder{}
+	rec.produce(t, p, orderTopic, evs...)
+	waitFor(t, signalTimeout, g.holds(1))
+	reported := rec.count()
+	b.Stop()
+	g.open()
+	if err := b.Start(); err != nil {
+		t.Fatalf("restart the broker: %v", err)
+	}
+	b.observe()
+	l := awaitDelivery(t, b, rec, orderTopic, evs, true)
+	t.Logf("broker restarted with %d of %d events reported; %d records for %d events", reported, len(evs), l.records, len(evs))
+}
+
+// testAckAfterAppend holds every produce request a moment before the broker
+// handles it, and records the partitions' high watermarks at every done:
+// each event reported is below the high watermark of its partition, so in
+// the log, when its done runs. The broker checks that every produce request
+// asks for acks=all (as in every case).
+func testAckAfterAppend(t *testing.T, open Opener) {
+	const topic = "contract.acks"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	c := b.Cluster()
+	delay := coin(5, 0.5)
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if delay(kreq) {
+			c.SleepControl(func() { time.Sleep(2 * time.Millisecond) })
+		}
+		return nil, nil, false
+	})
+	rec := &recorder{snapshot: func() map[int32]int64 {
+		hwm := make(map[int32]int64)
+		for _, pi := range c.PartitionInfos(topic) {
+			hwm[pi.Partition] = pi.HighWatermark
+		}
+		return hwm
+	}}
+	evs := stream(40, 400, 0)
+	p := b.open(open, Options{BatchMaxEvents: 10, Retry: fastRetry}, topic)
+	l := deliver(t, b, p, rec, topic, evs, false)
+	bad := 0
+	for _, call := range rec.all() {
+		part, ok := l.partitionOf(call.ev)
+		offset, in := l.first[string(call.ev.ID)]
+		if !ok || !in {
+			continue // checkLog said so
+		}
+		if offset >= call.hwm[part] {
+			if bad++; bad <= 5 {
+				t.Errorf("done(%s) ran while partition %d ended at offset %d; the event is at offset %d: reported before the broker had it", call.ev.ID, part, call.hwm[part], offset)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d events reported before the broker had them", bad, len(evs))
+	}
+}
+
+// testMessageTooLarge queues, behind a first event the broker holds, eleven
+// more of one key on a topic whose max.message.bytes is 4 KiB, the sixth
+// of them 10 KiB: that one is reported once, in its place among the
+// others, with an *outbox.EventError of Code "message_too_large"; every
+// other event is delivered once, in order.
+func testMessageTooLarge(t *testing.T, open Opener) {
+	const topic = "contract.small"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 1})
+	if err := b.Cluster().CreateTopic(topic, 1, map[string]string{"max.message.bytes": "4096"}); err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+	var evs []*outbox.Event
+	for i := range 13 {
+		pad := 0
+		if i == 6 {
+			pad = 10 << 10
+		}
+		evs = append(evs, newEvent("k000", i, uint64(i), pad))
+	}
+	big, trailer := evs[6], evs[12]
+	g := b.hold(nil)
+	p := b.open(open, Options{Retry: fastRetry}, topic)
+	rec := &recorder{}
+	rec.produce(t, p, topic, evs[0])
+	waitFor(t, signalTimeout, g.holds(1))
+	rec.produce(t, p, topic, evs[1:12]...) // one batch, if the producer batches
+	g.open()
+	waitFor(t, deliverTimeout, rec.reached(12))
+	// Reports of one partition come in order: once the trailer is
+	// reported, a second report of the big event would be out of order.
+	rec.produce(t, p, topic, trailer)
+	waitFor(t, deliverTimeout, rec.reached(13))
+
+	ok := append(evs[:6:6], evs[7:]...)
+	rec.checkReported(t, ok, map[*outbox.Event]string{big: "message_too_large"})
+	rec.checkDoneOrder(t, evs, func(*outbox.Event) (int32, bool) { return 0, true })
+	checkLog(t, readLog(t, b, topic), ok, false)
+	for _, c := range rec.all() {
+		if c.ev == big {
+			t.Logf("done(%s, %v)", c.ev.ID, c.err)
+		}
+	}
+}
+
+// testEmptyKey produces events with a NULL and an empty AggregateID between
+// good ones: each is reported once, from within its Produce, with an
+// *outbox.EventError of Code "empty_key"; the good ones are delivered.
+func testEmptyKey(t *testing.T, open Opener) {
+	const topic = "contract.keys"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
+	good := []*outbox.Event{newEvent("k000", 0, 0, 0), newEvent("k000", 1, 3, 0)}
+	null := newEvent("k001", 0, 1, 0)
+	null.ID, null.AggregateID = []byte("null-key"), nil
+	empty := newEvent("k002", 0, 2, 0)
+	empty.ID, empty.AggregateID = []byte("empty-key"), []byte{}
+	p := b.open(open, Options{Retry: fastRetry}, topic)
+	rec := &recorder{}
+	rec.produce(t, p, topic, good[0], null, empty, good[1])
+	waitFor(t, deliverTimeout, rec.reached(4))
+	rec.checkReported(t, good, map[*outbox.Event]string{null: "empty_key", empty: "empty_key"})
+	for _, c := range rec.all() {
+		if (c.ev == null || c.ev == empty) && !c.inProduce {
+			t.Errorf("done(%s, %v) came after Produce returned; want it from within Produce, the failure is known at once", c.ev.ID, c.err)
+		}
+	}
+	checkLog(t, readLog(t, b, topic), good, false)
+}
+
+// testRefusedTopic produces, between events for a good topic, one for a
+// topic whose metadata the broker answers with INVALID_TOPIC_EXCEPTION: it
+// is reported once with an *outbox.EventError of Code "invalid_topic"; the
+// others are delivered.
+func testRefusedTopic(t *testing.T, open Opener) {
+	const topic, refused = "contract.good", "contract.refused"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
+	faults := b.Cluster().Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.Metadata, kmsg.CreateTopics}, Topic: refused, Err: kerr.InvalidTopicException, Count: -1,
+	})
+	good := stream(5, 20, 0)
+	bad := newEvent("k100", 0, 100, 0)
+	p := b.open(open, Options{Retry: fastRetry}, topic)
+	rec := &recorder{}
+	rec.produce(t, p, topic, good[:10]...)
+	rec.produce(t, p, refused, bad)
+	rec.produce(t, p, topic, good[10:]...)
+	waitFor(t, deliverTimeout, rec.reached(len(good)+1))
+	rec.close(t, p)
+	rec.checkReported(t, good, map[*outbox.Event]string{bad: "invalid_topic"})
+	l := checkLog(t, readLog(t, b, topic), good, false)
+	rec.checkDoneOrder(t, good, l.partitionOf)
+	t.Logf("the broker refused %d lookups of %s", faults.Hits(), refused)
+	faults.Remove()
+	if recs := readLog(t, b, refused); len(recs) > 0 {
+		t.Errorf("%d records in the refused topic %s", len(recs), refused)
+	}
+}
+
+// testCloseAbandons closes a producer while the broker holds every produce
+// request (RequestTimeout 30s): Close returns within closeBound, no
+// goroutine started since before Open outlives it (the broker's aside),
+// and once the broker has answered the held requests no done has run.
+//
+// Not parallel: it looks at every goroutine of the process.
+func testCloseAbandons(t *testing.T, open Opener) {
+	const topic = "contract.close"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	g := b.hold(nil)
+	before := goroutineStacks()
+	p := b.open(open, Options{Retry: fastRetry, RequestTimeout: 30 * time.Second}, topic)
+	rec := &recorder{}
+	rec.produce(t, p, topic, stream(40, 400, 0)...)
+	waitFor(t, signalTimeout, g.holds(1))
+
+	if d := rec.close(t, p); d > closeBound {
+		t.Errorf("Close took %v while the broker held a produce request; want at most %v", d.Round(time.Millisecond), closeBound)
+	}
+	var left []string
+	deadline := time.Now().Add(time.Second) // for goroutines returning right now
+	for left = newGoroutines(before); len(left) > 0 && time.Now().Before(deadline); left = newGoroutines(before) {
+		time.Sleep(pollInterval)
+	}
+	if len(left) > 0 {
+		t.Errorf("%d goroutines started since before Open still run after Close returned:\n\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+
+	// Let the broker answer what it held (the producer's connections are
+	// gone, or should be), then see one more request through it: any
+	// answer to the producer has been sent by then.
+	held := g.held.Load()
+	g.open()
+	waitFor(t, signalTimeout, func() (bool, string) {
+		r := g.released.Load()
+		return r >= held, fmt.Sprintf("the broker let %d of %d held requests go", r, held)
+	})
+	recs := readLog(t, b, topic)
+	if n := rec.count(); n > 0 {
+		c := rec.all()[0]
+		t.Errorf("done called %d times though the broker acknowledged nothing before Close, e.g. done(%s, %v) (after Close: %v)", n, c.ev.ID, c.err, c.afterClose)
+	}
+	t.Logf("Close with %d requests held; %d records appended after it", held, len(recs))
+}
+
+// testHaltOnDoneError makes the Done of an event return an error. The
+// broker holds the first request (one event) until the event to refuse and
+// twenty more are queued behind it. After the refusal: Err returns the
+// error, Produce fails, no other event is reported, and no produce request
+// for the topic reaches the broker, which a second producer's marker,
+// acknowledged after the halt, shows it would have seen.
+//
+// This assumes what invariant 3 requires without idempotence: at most one
+// produce request in flight per partition.
+func testHaltOnDoneError(t *testing.T, open Opener) {
+	const topic, markers = "contract.halt", "contract.markers"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 1, Topics: []string{topic, markers}})
+	var halted atomic.Bool
+	var afterHalt atomic.Int64
+	g := b.hold(func(req *kmsg.ProduceRequest) bool {
+		if !hasTopic(req, topic) {
+			return false
+		}
+		if halted.Load() {
+			afterHalt.Add(1)
+		}
+		return true
+	})
+	first := newEvent("k000", 0, 0, 0)
+	refused := newEvent("k000", 1, 1, 0)
+	var rest []*outbox.Event
+	for i := range 20 {
+		rest = append(rest, newEvent(fmt.Sprintf("k%03d", i%5), 2+i/5, uint64(2+i), 0))
+	}
+	errRefused := errors.New("sinktest: Done refuses the event")
+	rec := &recorder{react: func(ev *outbox.Event, _ error) error {
+		if ev == refused {
+			halted.Store(true)
+			return errRefused
+		}
+		return nil
+	}}
+	p := b.open(open, Options{Retry: fastRetry}, topic)
+	rec.produce(t, p, topic, first)
+	waitFor(t, signalTimeout, g.holds(1))
+	rec.produce(t, p, topic, refused)
+	rec.produce(t, p, topic, rest...)
+	g.open()
+	waitFor(t, deliverTimeout, func() (bool, string) {
+		err := p.Err()
+		return err != nil, fmt.Sprintf("Err() = %v after Done returned %v (done called %d times)", err, errRefused, rec.count())
+	})
+	if err := p.Err(); !errors.Is(err, errRefused) {
+		t.Errorf("Err() = %v, want the error Done returned: %v", err, errRefused)
+	}
+	late := newEvent("k999", 0, 99, 0)
+	if err := p.Produce(topic, late, rec.done); err == nil {
+		t.Errorf("Produce after the halt returned nil; want an error")
+	} else {
+		t.Logf("Produce after the halt: %v", err)
+	}
+
+	// The positive signal: a marker produced after the halt, by another
+	// producer, reaches the broker and is acknowledged.
+	marker := newEvent("m000", 0, 0, 0)
+	mrec := &recorder{}
+	deliver(t, b, b.open(open, Options{Retry: fastRetry}, markers), mrec, markers, []*outbox.Event{marker}, false)
+	if n := afterHalt.Load(); n > 0 {
+		t.Errorf("%d produce requests for %s reached the broker after Done halted the producer", n, topic)
+	}
+	rec.close(t, p)
+	rec.checkReported(t, []*outbox.Event{first, refused}, nil)
+
+	allowed := map[string]bool{string(first.ID): true, string(refused.ID): true}
+	for _, ev := range rest {
+		allowed[string(ev.ID)] = true // if sent with the refused one
+	}
+	log := readLog(t, b, topic)
+	seen := map[string]bool{}
+	for _, r := range log {
+		id := fmt.Sprintf("%s#%d", r.key, r.seq)
+		if !allowed[id] || seen[id] {
+			t.Errorf("record %s at offset %d: not sent before the halt, or twice", id, r.offset)
+		}
+		seen[id] = true
+	}
+	if !seen[string(first.ID)] || !seen[string(refused.ID)] {
+		t.Errorf("log %v lacks the acknowledged events %s and %s", log, first.ID, refused.ID)
+	}
+}
+
+// testBoundedMemory lets the broker fail every produce request
+// (NOT_ENOUGH_REPLICAS) while 1000 events (~0.4 MB) are queued, and
+// measures the heap in use after a collection once retries are under way
+// and again 100 failed requests later: it grows by less than the queued
+// bytes plus 8 MiB (retries re-send the batches they have, they do not keep
+// copies), and the producer holds less than four times the queued bytes
+// plus 16 MiB in all. Then the broker recovers and every event is
+// delivered once, in order.
+//
+// Not parallel: it measures the heap of the process.
+func testBoundedMemory(t *testing.T, open Opener) {
+	const topic = "contract.memory"
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	evs := stream(100, 1000, 300)
+	queued := queuedBytes(evs)
+	faults := b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	failed := func(n int) func() (bool, string) {
+		return func() (bool, string) {
+			h := faults.Hits()
+			return h >= n, fmt.Sprintf("%d produce requests failed, want %d", h, n)
+		}
+	}
+	h0 := heapInUse()
+	p := b.open(open, Options{Retry: backoff.Policy{Base: time.Millisecond, Cap: 5 * time.Millisecond}}, topic)
+	rec := &recorder{}
+	rec.produce(t, p, topic, evs...)
+	waitFor(t, signalTimeout, failed(20))
+	h1, n1 := heapInUse(), faults.Hits()
+	waitFor(t, deliverTimeout, failed(n1+100))
+	h2, n2 := heapInUse(), faults.Hits()
+	faults.Remove()
+	t.Logf("heap in use: %d KiB before Open, %d KiB after %d failed requests, %d KiB after %d; %d KiB queued",
+		h0>>10, h1>>10, n1, h2>>10, n2, queued>>10)
+	if growth := int64(h2) - int64(h1); growth > int64(queued)+8<<20 {
+		t.Errorf("the heap grew by %d KiB over %d failed produce requests with %d KiB queued: retries keep copies", growth>>10, n2-n1, queued>>10)
+	}
+	if held := int64(h2) - int64(h0); held > 4*int64(queued)+16<<20 {
+		t.Errorf("the producer holds %d KiB for %d KiB of queued events", held>>10, queued>>10)
+	}
+	awaitDelivery(t, b, rec, topic, evs, false)
+}
