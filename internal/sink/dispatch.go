@@ -19,7 +19,7 @@ import (
 type request struct {
 	broker  int32
 	parts   []*partition
-	batches [][]*outbox.Event
+	batches [][]item
 	start   time.Time
 	res     *produceAPI.Response
 	err     error
@@ -159,8 +159,8 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		}
 		r.parts = append(r.parts, p)
 		r.batches = append(r.batches, batch)
-		for _, ev := range batch {
-			reqBytes[p.leader] += ev.Size()
+		for _, it := range batch {
+			reqBytes[p.leader] += it.ev.Size()
 		}
 		p.inFlight = true
 		p.sending.Store(true)
@@ -257,7 +257,7 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 				p.limit = half
 				continue
 			}
-			if k.permanent(k.ctx, batch[0], &outbox.EventError{Code: Code(err), Err: err}) != nil {
+			if k.fail(batch[0], &outbox.EventError{Code: Code(err), Err: err}) != nil {
 				return false, ok
 			}
 			continue
@@ -298,7 +298,7 @@ func (k *Kafka) setFailing(on bool, err error, p *partition) {
 	}
 }
 
-func (k *Kafka) acked(p *partition, batch []*outbox.Event, start time.Time) {
+func (k *Kafka) acked(p *partition, batch []item, start time.Time) {
 	if p.failing {
 		p.failing = false
 		k.setFailing(false, nil, p)
@@ -313,13 +313,17 @@ func (k *Kafka) acked(p *partition, batch []*outbox.Event, start time.Time) {
 	m.ProduceBatches.Inc()
 	m.ProduceBatchSize.Observe(float64(len(batch)))
 	m.ProduceLatency.Observe(now.Sub(start).Seconds())
-	m.EndToEndLatency.Observe(now.Sub(batch[0].CommitTime).Seconds())
+	m.EndToEndLatency.Observe(now.Sub(batch[0].ev.CommitTime).Seconds())
 	var bytes int
-	for _, ev := range batch {
-		bytes += len(ev.Payload)
+	for _, it := range batch {
+		bytes += len(it.ev.Payload)
 	}
 	p.events.Add(float64(len(batch)))
 	p.bytes.Add(float64(bytes))
-	k.cfg.OnAck(batch)
+	for _, it := range batch {
+		if k.report(it, nil) != nil {
+			return // halted: the rest is abandoned
+		}
+	}
 	p.recycle(batch)
 }

@@ -38,13 +38,14 @@ func (e *encoder) build(k *Kafka, r *request) *produceAPI.Request {
 	for i, p := range r.parts {
 		batch := r.batches[i]
 		nh := 0
-		for _, ev := range batch {
-			nh += 5 + len(ev.Headers)
+		for _, it := range batch {
+			nh += 5 + len(it.ev.Headers)
 		}
 		headers := make([]kafka.Header, nh)
 		records := make([]kafka.Record, len(batch))
 		views := make([]byteView, 2*len(batch))
-		for j, ev := range batch {
+		for j, it := range batch {
+			ev := it.ev
 			h := headers[: 0 : 5+len(ev.Headers)]
 			headers = headers[5+len(ev.Headers):]
 			h = append(h,

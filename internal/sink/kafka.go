@@ -1,13 +1,17 @@
-// Package sink delivers outbox events to Kafka.
+// Package sink produces outbox events to Kafka: the relay's producer.
 //
-// Delivery contract: every event given to Send is eventually either acknowledged by
-// Kafka with acks=all (reported through Config.OnAck), or reported once as a
-// permanent failure (Config.OnPermanent); until then it is retried forever with
+// Delivery contract (see Done): every event given to Produce is reported exactly
+// once, either acknowledged by Kafka with acks=all or failed permanently, unless
+// the producer is closed or halted first; until then it is retried forever with
 // exponential backoff and full jitter. Events with the same key go to the same
 // partition (Java-compatible murmur2), and each partition has at most one batch in
 // flight, re-sent unchanged and ahead of anything newer when it fails, so events of
-// one key reach Kafka in the order Send saw them and a retry never lets a later
+// one key reach Kafka in the order Produce saw them and a retry never lets a later
 // event overtake an earlier one.
+//
+// The producer is given each event's topic: routing (internal/route) happens
+// once, in the caller, so the live relay and every replay publish through this
+// same code.
 //
 // One dispatcher goroutine owns the partitions' state. For every broker with no
 // request in flight it builds one produce request carrying a batch of each ready
@@ -23,7 +27,6 @@ package sink
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -35,14 +38,15 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // Config configures the Kafka sink.
 type Config struct {
 	Brokers []string
-	// Topic is a topic template, e.g. "outbox.events" or "outbox.{aggregate_type}".
-	Topic string
+	// Topics are waited for at Open (their partitions known, the broker asked to
+	// create them): a fixed topic, so a relay that cannot produce to it does not
+	// start. Other topics are looked up on first use.
+	Topics []string
 	// BatchMaxEvents and BatchMaxBytes bound one partition's batch; keep the bytes
 	// below the broker's message.max.bytes. MaxRequestBytes bounds one request.
 	BatchMaxEvents  int
@@ -76,16 +80,6 @@ type Config struct {
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
 	BreakerThreshold int
-
-	// OnAck is called with each batch Kafka acknowledged, from the sink's
-	// dispatcher goroutine. The slice is reused after OnAck returns.
-	OnAck func(batch []*outbox.Event)
-	// OnPermanent is called once for an event that failed permanently, from the
-	// goroutine that calls Send (empty key, invalid topic) or from the dispatcher
-	// (rejected by Kafka), so it must be safe for concurrent use. Returning nil
-	// means the caller took care of the event (dead-lettered it) and the sink goes
-	// on; an error halts the sink (see Err): no partition produces anything more.
-	OnPermanent func(ctx context.Context, ev *outbox.Event, err error) error
 }
 
 func (c *Config) setDefaults() {
@@ -125,38 +119,42 @@ func (c *Config) setDefaults() {
 	if c.Metrics == nil {
 		c.Metrics = metrics.Discard()
 	}
-	if c.OnAck == nil {
-		c.OnAck = func([]*outbox.Event) {}
-	}
-	if c.OnPermanent == nil {
-		c.OnPermanent = func(_ context.Context, ev *outbox.Event, err error) error {
-			return fmt.Errorf("event %s: %w", ev.ID, err)
-		}
-	}
 }
 
-// Kafka is the Kafka sink. Send is called from one goroutine.
+// Done reports the fate of one event given to Produce: err is nil once Kafka
+// acknowledged the event with acks=all, and otherwise the permanent failure (an
+// *outbox.EventError whose Code says why, e.g. "message_too_large",
+// "empty_key", "invalid_topic"); transient failures are retried, never
+// reported. It is called exactly once per event, unless the producer was closed
+// or halted first; events of one partition are reported in the order they were
+// produced. It runs on the producer's dispatcher goroutine (or inside Produce,
+// for a failure known at once), so no later event of the partition is sent
+// before it returns. A non-nil return halts the producer: nothing more is sent,
+// every event not yet reported is abandoned, and Err returns that error.
+type Done func(ev *outbox.Event, err error) error
+
+// Kafka is the Kafka producer. Produce and WaitTopic are called from one
+// goroutine.
 type Kafka struct {
 	cfg       Config
 	log       zerolog.Logger
 	transport *kafka.Transport
 	conns     *connTracker
 	addr      net.Addr
-	router    *route.Router
 	balancer  kafka.Murmur2Balancer
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	topics map[string]*topicState // owned by the Send goroutine
+	topics map[string]*topicState // owned by the Produce goroutine
 
 	// Dispatcher inbox: a wake-up signal and topics whose partitions are known.
 	wake      chan struct{}
 	mu        sync.Mutex
 	newTopics []*topicState
 
-	lastPush  atomic.Int64 // UnixNano of the newest Send
+	lastPush  atomic.Int64 // UnixNano of the newest Produce
 	lastSent  int64        // UnixNano of the newest request (dispatcher-owned)
 	failing   atomic.Int32 // partitions currently retrying
 	reachable atomic.Bool  // the last metadata probe succeeded
@@ -166,24 +164,20 @@ type Kafka struct {
 	closing   chan struct{} // closed when an open circuit closes
 	errOnce   sync.Once
 	err       error
-	failed    chan struct{}
+	halted    chan struct{}
 }
 
-// Open validates cfg, waits (within ctx) until the brokers answer and, for a fixed
-// topic, until the topic exists (asking the broker to auto-create it). The sink's
+// Open validates cfg, waits (within ctx) until the brokers answer and until each
+// of cfg.Topics exists (asking the broker to auto-create it). The producer's
 // goroutines live until Close.
 func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("no Kafka brokers configured (set --kafka-brokers or CDC_RELAY_KAFKA_BROKERS)")
 	}
-	router, err := route.New(cfg.Topic)
-	if err != nil {
-		return nil, fmt.Errorf("%w (set --topic or CDC_RELAY_TOPIC)", err)
-	}
 	// A Transport of its own, with the settings of cfg's: Open wraps its Dial
-	// and Close ends its connections, so sinks opened with one Config (the
-	// replay publisher opens several) must not share one.
+	// and Close ends its connections, so producers opened with one Config must
+	// not share one.
 	transport := &kafka.Transport{}
 	if t := cfg.Transport; t != nil {
 		transport = &kafka.Transport{Dial: t.Dial, DialTimeout: t.DialTimeout, IdleTimeout: t.IdleTimeout,
@@ -205,13 +199,12 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 		transport: transport,
 		conns:     conns,
 		addr:      kafka.TCP(cfg.Brokers...),
-		router:    router,
 		balancer:  kafka.Murmur2Balancer{Consistent: true},
 		ctx:       runCtx,
 		cancel:    cancel,
 		topics:    make(map[string]*topicState),
 		wake:      make(chan struct{}, 1),
-		failed:    make(chan struct{}),
+		halted:    make(chan struct{}),
 	}
 	if err := k.check(ctx); err != nil {
 		cancel()
@@ -240,66 +233,76 @@ func (k *Kafka) signal() {
 	}
 }
 
-// Send queues ev for delivery. It does not block on Kafka. Events with an empty
-// key or a topic the template cannot name are permanent failures, handed to
-// OnPermanent at once. Send must be called from one goroutine.
-func (k *Kafka) Send(ctx context.Context, ev *outbox.Event) error {
+// Produce queues ev for topic, on the partition its AggregateID maps to; done
+// is told its fate (see Done). It does not block on Kafka. An event with an
+// empty key fails at once: events need a key to keep their order. Produce
+// returns an error only when the producer has halted (see Err).
+func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
+	if err := k.Err(); err != nil {
+		return err
+	}
+	it := item{ev: ev, done: done}
 	if len(ev.AggregateID) == 0 {
-		return k.permanent(ctx, ev, &outbox.EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})
+		return k.fail(it, &outbox.EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})
 	}
-	topic, err := k.router.Topic(ev)
-	if err != nil {
-		return k.permanent(ctx, ev, err)
+	ts := k.topic(topic)
+	ts.mu.Lock()
+	if ts.parts == nil {
+		ts.pending = append(ts.pending, it)
+		ts.mu.Unlock()
+		return nil
 	}
-	ts := k.topics[topic]
+	ts.mu.Unlock()
+	ts.parts[k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ts.ids...)].push(it)
+	return nil
+}
+
+// topic returns the state of a topic, starting the lookup of its partitions
+// when it is new.
+func (k *Kafka) topic(name string) *topicState {
+	ts := k.topics[name]
 	if ts == nil {
-		ts = &topicState{name: topic}
-		k.topics[topic] = ts
+		ts = &topicState{name: name, known: make(chan struct{})}
+		k.topics[name] = ts
 		k.wg.Add(1)
 		go func() {
 			defer k.wg.Done()
 			k.resolve(ts)
 		}()
 	}
-	ts.mu.Lock()
-	if ts.parts == nil {
-		ts.pending = append(ts.pending, ev)
-		ts.mu.Unlock()
-		return nil
-	}
-	ts.mu.Unlock()
-	ts.parts[k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ts.ids...)].push(ev)
-	return nil
+	return ts
 }
 
-// permanent reports a permanent failure of ev to OnPermanent; when that refuses
-// it, the sink halts.
-func (k *Kafka) permanent(ctx context.Context, ev *outbox.Event, err error) error {
-	k.cfg.Metrics.ProduceErrors.WithLabelValues("permanent").Inc()
-	k.cfg.Metrics.PermanentFailures.WithLabelValues(Code(err)).Inc()
-	if herr := k.cfg.OnPermanent(ctx, ev, err); herr != nil {
+// report tells the event's Done its fate; when Done refuses it, the
+// producer halts.
+func (k *Kafka) report(it item, err error) error {
+	if herr := it.done(it.ev, err); herr != nil {
 		k.halt(herr)
 		return herr
 	}
 	return nil
 }
 
-// halt records the first fatal error, closes Failed and stops producing.
+// fail reports a permanent failure of it.
+func (k *Kafka) fail(it item, err error) error {
+	k.cfg.Metrics.ProduceErrors.WithLabelValues("permanent").Inc()
+	k.cfg.Metrics.PermanentFailures.WithLabelValues(Code(err)).Inc()
+	return k.report(it, err)
+}
+
+// halt records the first error a Done returned and stops producing.
 func (k *Kafka) halt(err error) {
 	k.errOnce.Do(func() {
 		k.err = err
-		close(k.failed)
+		close(k.halted)
 		k.cancel()
 	})
 }
 
-// Failed is closed when the sink halted on a permanent failure; Err says why.
-func (k *Kafka) Failed() <-chan struct{} { return k.failed }
-
-// Err returns the error that halted the sink, or nil.
+// Err returns the error a Done returned, which halted the producer, or nil.
 func (k *Kafka) Err() error {
 	select {
-	case <-k.failed:
+	case <-k.halted:
 		return k.err
 	default:
 		return nil
@@ -309,9 +312,9 @@ func (k *Kafka) Err() error {
 // Retrying reports whether any partition is currently retrying a failed request.
 func (k *Kafka) Retrying() bool { return k.failing.Load() > 0 }
 
-// Close stops every goroutine of the sink and closes its connections. Events not
-// yet acknowledged stay unacknowledged: the caller drains first when it wants
-// them delivered.
+// Close stops every goroutine of the producer and closes its connections.
+// Events not reported yet are abandoned (their Done is never called): the
+// caller waits for them first when it wants them delivered.
 func (k *Kafka) Close() error {
 	k.cancel()
 	k.conns.closeAll() // ends requests in flight, which kafka-go would wait out

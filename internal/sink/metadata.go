@@ -44,45 +44,80 @@ func (k *Kafka) probe(interval time.Duration) {
 }
 
 // Healthy reports whether Kafka accepts events: the brokers answered the last
-// probe, no partition is retrying, and the sink has not halted.
+// probe, no partition is retrying, and the producer has not halted.
 func (k *Kafka) Healthy() bool {
 	return k.reachable.Load() && !k.Retrying() && k.Err() == nil
 }
 
-// check waits until the brokers answer metadata requests and, for a fixed topic,
-// until its partitions are known.
+// check waits until the brokers answer metadata requests and until the
+// partitions of each of cfg.Topics are known.
 func (k *Kafka) check(ctx context.Context) error {
+	if len(k.cfg.Topics) == 0 {
+		_, err := k.await(ctx, "")
+		return err
+	}
+	for _, t := range k.cfg.Topics {
+		if err := k.WaitTopic(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitTopic waits, within ctx, until the partitions of topic are known (the
+// broker is asked to create a missing topic). It returns an error that says
+// what to fix when the topic cannot be used.
+func (k *Kafka) WaitTopic(ctx context.Context, topic string) error {
+	if ts := k.topics[topic]; ts != nil {
+		select {
+		case <-ts.known:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("wait for topic %q: %w", topic, ctx.Err())
+		}
+	}
+	leaders, err := k.await(ctx, topic)
+	if err != nil {
+		return err
+	}
+	ts := &topicState{name: topic, known: make(chan struct{})}
+	k.topics[topic] = ts
+	ts.mu.Lock()
+	k.addPartitions(ts, leaders)
+	ts.mu.Unlock()
+	return nil
+}
+
+// await retries until the brokers answer and, unless topic is "", until the
+// topic's leaders are known, which it returns.
+func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 	brokers := strings.Join(k.cfg.Brokers, ",")
-	topic, fixed := k.router.Fixed()
 	var brokerAnswer error // the last answer from a broker, preferred over timeouts
 	for attempt := 0; ; attempt++ {
 		var err error
-		if fixed {
+		if topic != "" {
 			var leaders []int32
 			if leaders, err = k.leaders(ctx, topic); err == nil {
-				ts := &topicState{name: topic}
-				k.topics[topic] = ts
-				k.addPartitions(ts, leaders)
-				return nil
+				return leaders, nil
 			}
 		} else if _, err = k.metadata(ctx, []string{}); err == nil {
-			return nil
+			return nil, nil
 		}
 		var ke kafka.Error
 		if errors.As(err, &ke) {
 			brokerAnswer = err
 			if ke == kafka.InvalidTopic || ke == kafka.TopicAuthorizationFailed {
-				return fmt.Errorf("topic %q on %s (check --topic / CDC_RELAY_TOPIC and the broker's ACLs): %w", topic, brokers, err)
+				return nil, fmt.Errorf("topic %q on %s (check --topic / CDC_RELAY_TOPIC and the broker's ACLs): %w", topic, brokers, err)
 			}
 		}
 		if serr := k.cfg.Retry.Sleep(ctx, attempt); serr != nil {
 			if errors.As(brokerAnswer, &ke) && ke == kafka.UnknownTopicOrPartition {
-				return fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix --topic / CDC_RELAY_TOPIC: %w", topic, brokerAnswer)
+				return nil, fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix --topic / CDC_RELAY_TOPIC: %w", topic, brokerAnswer)
 			}
 			if brokerAnswer != nil {
 				err = brokerAnswer
 			}
-			return fmt.Errorf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS): %w", brokers, err)
+			return nil, fmt.Errorf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS): %w", brokers, err)
 		}
 	}
 }
@@ -138,10 +173,11 @@ func (k *Kafka) leaders(ctx context.Context, topic string) ([]int32, error) {
 // before (kept in order until the partitions are known).
 type topicState struct {
 	name    string
+	known   chan struct{} // closed once parts are set
 	mu      sync.Mutex
 	parts   []*partition
 	ids     []int
-	pending []*outbox.Event
+	pending []item
 }
 
 // addPartitions creates ts's partitions, hands them the pending events in order
@@ -154,12 +190,13 @@ func (k *Kafka) addPartitions(ts *topicState, leaders []int32) {
 		ids[i] = i
 		parts[i] = newPartition(k, ts.name, i, leaders[i])
 	}
-	for _, ev := range ts.pending {
-		parts[k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ids...)].push(ev)
+	for _, it := range ts.pending {
+		parts[k.balancer.Balance(kafka.Message{Key: it.ev.AggregateID}, ids...)].push(it)
 	}
 	ts.pending = nil
 	ts.ids = ids
 	ts.parts = parts
+	close(ts.known)
 	k.mu.Lock()
 	k.newTopics = append(k.newTopics, ts)
 	k.mu.Unlock()
@@ -168,7 +205,7 @@ func (k *Kafka) addPartitions(ts *topicState, leaders []int32) {
 }
 
 // resolve looks up a new topic's partitions, retrying until it succeeds or the
-// sink closes, then releases the events that waited for it.
+// producer closes, then releases the events that waited for it.
 func (k *Kafka) resolve(ts *topicState) {
 	for attempt := 0; ; attempt++ {
 		leaders, err := k.leaders(k.ctx, ts.name)
@@ -190,8 +227,8 @@ func (k *Kafka) resolve(ts *topicState) {
 			pending := ts.pending
 			ts.pending = nil
 			ts.mu.Unlock()
-			for _, ev := range pending {
-				if k.permanent(k.ctx, ev, &outbox.EventError{Code: "invalid_topic", Err: err}) != nil {
+			for _, it := range pending {
+				if k.fail(it, &outbox.EventError{Code: "invalid_topic", Err: err}) != nil {
 					return
 				}
 			}

@@ -10,7 +10,13 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
-// partition is one topic-partition: its queue (filled by Send) and its delivery
+// item is one event in a partition's care, with the Done to tell its fate.
+type item struct {
+	ev   *outbox.Event
+	done Done
+}
+
+// partition is one topic-partition: its queue (filled by Produce) and its delivery
 // state (owned by the dispatcher).
 type partition struct {
 	topic  string
@@ -20,7 +26,7 @@ type partition struct {
 	bytes  prometheusCounter
 
 	mu    sync.Mutex
-	queue []*outbox.Event
+	queue []item
 	since int64 // UnixNano when the queue became non-empty
 	// sending mirrors inFlight for push: a partition whose batch is in flight is
 	// looked at again when the response comes, so a new event need not wake the
@@ -30,12 +36,12 @@ type partition struct {
 	// Dispatcher-owned.
 	leader    int32
 	inFlight  bool
-	retry     []*outbox.Event // the batch to send next, ahead of the queue
-	limit     int             // event limit while splitting a rejected batch
+	retry     []item // the batch to send next, ahead of the queue
+	limit     int    // event limit while splitting a rejected batch
 	attempt   int
 	notBefore time.Time
 	failing   bool
-	spare     []*outbox.Event
+	spare     []item
 }
 
 // prometheusCounter is the part of a Prometheus counter the partition uses.
@@ -50,11 +56,11 @@ func newPartition(k *Kafka, topic string, id int, leader int32) *partition {
 }
 
 // push appends ev to the queue and tells the dispatcher when the queue was empty.
-func (p *partition) push(ev *outbox.Event) {
+func (p *partition) push(it item) {
 	now := time.Now().UnixNano()
 	p.k.lastPush.Store(now)
 	p.mu.Lock()
-	p.queue = append(p.queue, ev)
+	p.queue = append(p.queue, it)
 	first := len(p.queue) == 1
 	if first {
 		p.since = now
@@ -67,7 +73,7 @@ func (p *partition) push(ev *outbox.Event) {
 
 // next returns the partition's next batch within maxBytes (at least one event),
 // or nil when it has nothing to send.
-func (p *partition) next(maxBytes int) []*outbox.Event {
+func (p *partition) next(maxBytes int) []item {
 	if p.retry != nil {
 		b := p.retry
 		p.retry = nil
@@ -87,7 +93,7 @@ func (p *partition) next(maxBytes int) []*outbox.Event {
 	}
 	n, size := 0, 0
 	for n < len(p.queue) && n < maxEvents {
-		s := p.queue[n].Size()
+		s := p.queue[n].ev.Size()
 		if n > 0 && size+s > maxBytes {
 			break
 		}
@@ -100,7 +106,7 @@ func (p *partition) next(maxBytes int) []*outbox.Event {
 		p.spare = nil
 		return batch
 	}
-	batch := make([]*outbox.Event, n)
+	batch := make([]item, n)
 	copy(batch, p.queue)
 	rest := copy(p.queue, p.queue[n:])
 	clear(p.queue[rest:])
@@ -110,16 +116,16 @@ func (p *partition) next(maxBytes int) []*outbox.Event {
 
 // unshift puts events back at the front of the queue (the later half of a split
 // batch), ahead of everything queued since.
-func (p *partition) unshift(events []*outbox.Event) {
+func (p *partition) unshift(events []item) {
 	p.mu.Lock()
-	q := make([]*outbox.Event, 0, len(events)+len(p.queue))
+	q := make([]item, 0, len(events)+len(p.queue))
 	q = append(q, events...)
 	p.queue = append(q, p.queue...)
 	p.mu.Unlock()
 }
 
 // recycle keeps a delivered batch's slice for reuse.
-func (p *partition) recycle(batch []*outbox.Event) {
+func (p *partition) recycle(batch []item) {
 	clear(batch)
 	p.mu.Lock()
 	if p.spare == nil || cap(batch) > cap(p.spare) {
