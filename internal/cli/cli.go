@@ -404,11 +404,11 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			},
 			HeaderColumns: headers,
 		},
+		Topic:             r.Topic,
 		CreateSlot:        r.CreateSlot,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{
 			Brokers:        r.KafkaBrokers,
-			Topic:          r.Topic,
 			BatchMaxEvents: r.BatchMaxEvents,
 			BatchMaxBytes:  r.BatchMaxBytes,
 			Compression:    compression(r.Compression),

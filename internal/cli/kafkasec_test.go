@@ -291,7 +291,7 @@ func TestSinkKafkaSecurity(t *testing.T) {
 					t.Fatalf("transport = %v", tr)
 				}
 				topic := "secured." + m.flag + "." + tlsMode
-				sendEvents(t, sink.Config{Brokers: k.Brokers(), Topic: topic, Transport: tr}, 5)
+				sendEvents(t, sink.Config{Brokers: k.Brokers(), Topics: []string{topic}, Transport: tr}, 5)
 				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 				defer cancel()
 				recs, err := k.ReadAll(ctx, topic)
@@ -319,12 +319,17 @@ func sendEvents(t *testing.T, cfg sink.Config, n int) {
 	acked := 0
 	done := make(chan struct{})
 	cfg.Logger = zerolog.Nop()
-	cfg.OnAck = func(batch []*outbox.Event) {
+	ack := func(_ *outbox.Event, err error) error {
+		if err != nil {
+			t.Errorf("event failed: %v", err)
+			return nil
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		if acked += len(batch); acked == n {
+		if acked++; acked == n {
 			close(done)
 		}
+		return nil
 	}
 	k, err := sink.Open(ctx, cfg)
 	if err != nil {
@@ -334,7 +339,7 @@ func sendEvents(t *testing.T, cfg sink.Config, n int) {
 	for i := range n {
 		ev := &outbox.Event{ID: fmt.Appendf(nil, "ev-%d", i), AggregateType: []byte("order"),
 			AggregateID: fmt.Append(nil, i), EventType: []byte("OrderPlaced"), Payload: []byte(`{}`)}
-		if err := k.Send(ctx, ev); err != nil {
+		if err := k.Produce(cfg.Topics[0], ev, ack); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -562,7 +567,7 @@ func TestKafkaInsecureSkipVerifyWarns(t *testing.T) {
 	if strings.Contains(log.String(), secret) {
 		t.Errorf("the log shows the password:\n%s", log.String())
 	}
-	sendEvents(t, sink.Config{Brokers: k.Brokers(), Topic: "secured.insecure", Transport: tr}, 1)
+	sendEvents(t, sink.Config{Brokers: k.Brokers(), Topics: []string{"secured.insecure"}, Transport: tr}, 1)
 }
 
 // TestExplainKafkaError opens the sink with settings the broker refuses and
@@ -596,7 +601,7 @@ func TestExplainKafkaError(t *testing.T) {
 			// loaded machine needs a few seconds for the first handshake.
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
-			k, err := sink.Open(ctx, sink.Config{Brokers: tt.k.Brokers(), Topic: "explain", Transport: tr, Logger: zerolog.Nop()})
+			k, err := sink.Open(ctx, sink.Config{Brokers: tt.k.Brokers(), Topics: []string{"explain"}, Transport: tr, Logger: zerolog.Nop()})
 			if err == nil {
 				k.Close()
 				t.Fatal("sink opened")

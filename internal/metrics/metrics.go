@@ -60,6 +60,9 @@ type Metrics struct {
 	Reconnects        prometheus.Counter
 	CheckpointSaves   prometheus.Counter
 	CheckpointErrors  prometheus.Counter
+	// TrackerAnomalies counts acknowledgement-accounting misuse the tracker
+	// ignored (checkpoint.Tracker.Anomalies): non-zero is a relay bug.
+	TrackerAnomalies  prometheus.Counter
 	SlotProblems      *prometheus.CounterVec // by kind
 	BackfilledEvents  *prometheus.CounterVec // by kind of slot loss
 	CircuitState      prometheus.Gauge       // 0 closed, 1 open, 2 half-open
@@ -155,6 +158,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "checkpoint_errors_total",
 			Help: "Failed attempts to persist a checkpoint.",
 		}),
+		TrackerAnomalies: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "tracker_anomalies_total",
+			Help: "Acknowledgement-accounting misuse the checkpoint tracker ignored; non-zero is a relay bug (the watermark never moved past it).",
+		}),
 		SlotProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "slot_problems_total",
 			Help: "Slot/checkpoint mismatches found at start (slot missing, lost, ahead, system changed).",
@@ -205,7 +212,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.ProduceLatency, m.EndToEndLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
-		m.CheckpointErrors, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
+		m.CheckpointErrors, m.TrackerAnomalies, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
 	)

@@ -112,8 +112,7 @@ func (mo *monitor) lag() {
 func (mo *monitor) beat(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := mo.pool.Exec(qctx, "SELECT pg_logical_emit_message(false, 'cdc_relay_heartbeat', now()::text)")
-	if err != nil {
+	if err := replication.EmitHeartbeat(qctx, mo.pool); err != nil {
 		mo.m.Heartbeats.WithLabelValues("error").Inc()
 		if !mo.hbFailing {
 			mo.hbFailing = true

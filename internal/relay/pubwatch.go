@@ -46,18 +46,8 @@ func (w *pubWatch) check(ctx context.Context) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var (
-		tableOID, relOID *uint32
-		pubExists        bool
-		pubInsert        bool
-		covered          bool
-	)
 	table := w.cfg.QualifiedTable()
-	err := w.pool.QueryRow(qctx, `SELECT to_regclass($1)::oid, p.oid IS NOT NULL, coalesce(p.pubinsert, false),
-		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $2 AND t.schemaname = $3 AND t.tablename = $4),
-		(SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = to_regclass($1))
-		FROM (SELECT) AS one LEFT JOIN pg_publication p ON p.pubname = $2`,
-		table, w.cfg.Publication, w.cfg.Schema, w.cfg.Table).Scan(&tableOID, &pubExists, &pubInsert, &covered, &relOID)
+	c, err := replication.ReadCoverage(qctx, w.pool, w.cfg)
 	if err != nil {
 		return // Postgres unreachable: the stream reports that
 	}
@@ -66,39 +56,35 @@ func (w *pubWatch) check(ctx context.Context) {
 	pub := pgx.Identifier{w.cfg.Publication}.Sanitize()
 	replay := fmt.Sprintf("then republish the rows committed since %s that are still in the table: cdc-relay replay --since %s", since, since)
 	switch {
-	case tableOID == nil:
+	case c.TableOID == 0:
 		w.stop(fmt.Sprintf("outbox table %s was dropped while the relay was streaming: create it and add it to the publication in one transaction (BEGIN; CREATE TABLE %s ...; ALTER PUBLICATION %s ADD TABLE %s; COMMIT;) and restart the relay; %s",
 			table, table, pub, table, replay))
 		return
-	case !pubExists:
+	case !c.PubExists:
 		w.stop(publicationDroppedMsg(w.cfg.Publication, w.cfg.Slot, since))
 		return
-	case !pubInsert:
+	case !c.PubInsert:
 		w.stop(fmt.Sprintf("publication %q stopped publishing inserts while the relay was streaming; Postgres will never stream the inserts committed since, not even after a restart: run ALTER PUBLICATION %s SET (publish = 'insert'); and restart the relay; %s",
 			w.cfg.Publication, pub, replay))
 		return
-	case !covered:
+	case !c.Covered:
 		w.stop(fmt.Sprintf("publication %q no longer covers the outbox table %s; Postgres will never stream the inserts committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; and restart the relay; %s",
 			w.cfg.Publication, table, pub, table, replay))
 		return
 	}
-	var rel uint32
-	if relOID != nil {
-		rel = *relOID
-	}
 	if w.seen {
 		switch {
-		case *tableOID != w.tableOID:
-			w.log.Error().Str("table", table).Uint32("old_oid", w.tableOID).Uint32("new_oid", *tableOID).
+		case c.TableOID != w.tableOID:
+			w.log.Error().Str("table", table).Uint32("old_oid", w.tableOID).Uint32("new_oid", c.TableOID).
 				Msgf("outbox table %s was dropped and recreated while the relay was streaming; rows inserted into the new table before it joined publication %q were not streamed (none if it joined in the transaction that created it, before any insert): check, %s",
 					table, w.cfg.Publication, replay)
-		case rel != w.relOID:
+		case c.RelOID != w.relOID:
 			w.log.Error().Str("table", table).
 				Msgf("outbox table %s was removed from publication %q and added back while the relay was streaming; inserts committed in between were not streamed; %s",
 					table, w.cfg.Publication, replay)
 		}
 	}
-	w.seen, w.tableOID, w.relOID, w.lastOK = true, *tableOID, rel, now
+	w.seen, w.tableOID, w.relOID, w.lastOK = true, c.TableOID, c.RelOID, now
 }
 
 func (w *pubWatch) stop(msg string) {

@@ -116,11 +116,11 @@ func (e *env) config() relay.Config {
 		Decoder: decoder.Config{
 			Schema: "public", Table: "outbox_events", Columns: decoder.DefaultColumns(),
 		},
+		Topic:             e.topic,
 		CreateSlot:        true,
 		CreatePublication: true,
 		Sink: sink.Config{
 			Brokers: e.kafka.Brokers(),
-			Topic:   e.topic,
 		},
 		OpenStore: func(ctx context.Context, pool *pgxpool.Pool) (relay.Store, error) {
 			s := checkpoint.NewTableStore(pool, "public.cdc_relay_checkpoints")

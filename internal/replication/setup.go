@@ -99,9 +99,11 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	table := cfg.QualifiedTable()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
 	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');", pub, table)
-	var pubInsert, allTables bool
-	err := conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &allTables)
-	if errors.Is(err, pgx.ErrNoRows) {
+	c, err := ReadCoverage(ctx, conn, cfg)
+	if err != nil {
+		return err
+	}
+	if !c.PubExists {
 		if !cfg.CreatePublication {
 			return configErr("publication %q does not exist and --create-publication=false: run %s (as the table owner) or allow the relay to create it", cfg.Publication, create)
 		}
@@ -114,22 +116,13 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		}
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
-	}
-	if !pubInsert {
+	if !c.PubInsert {
 		return configErr("publication %q does not publish inserts: run ALTER PUBLICATION %s SET (publish = 'insert');", cfg.Publication, pub)
 	}
-	if allTables {
+	if c.PubAllTables {
 		return nil
 	}
-	var covered bool
-	err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
-		cfg.Publication, cfg.Schema, cfg.Table).Scan(&covered)
-	if err != nil {
-		return fmt.Errorf("check publication %q covers %s: %w", cfg.Publication, table, err)
-	}
-	if !covered {
+	if !c.Covered {
 		return configErr("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;", cfg.Publication, table, pub, table)
 	}
 	return nil

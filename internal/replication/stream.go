@@ -71,7 +71,6 @@ type Stream struct {
 	received   pglogrepl.LSN
 	serverEnd  pglogrepl.LSN
 	lastStatus pglogrepl.LSN
-	System     pglogrepl.IdentifySystemResult
 }
 
 // ConnectReplication opens a replication=database connection with url. A
@@ -110,11 +109,6 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 		return nil, err
 	}
 	s := &Stream{cfg: cfg, conn: conn, log: cfg.Logger.With().Str("component", "replication").Logger()}
-	s.System, err = pglogrepl.IdentifySystem(ctx, conn)
-	if err != nil {
-		conn.Close(context.Background())
-		return nil, fmt.Errorf("identify system: %w", err)
-	}
 	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{
 			"proto_version '1'",

@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -26,15 +29,16 @@ func BenchmarkSinkThroughput(b *testing.B) {
 		size += evs[i].Size() - 64
 	}
 	acks := newAckLog(b.N)
-	k := openSink(b, Config{Brokers: kafka.Brokers(), Topic: topic, Retry: fastRetry, Logger: zerolog.Nop(), OnAck: acks.onAck})
+	m := metrics.New(prometheus.NewRegistry())
+	k := openSink(b, Config{Brokers: kafka.Brokers(), Topics: []string{topic}, Retry: fastRetry, Logger: zerolog.Nop(), Metrics: m})
 	b.SetBytes(int64(size / max(b.N, 1)))
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
-	sendAll(b, k, evs)
+	sendAll(b, k, topic, evs, acks.ack)
 	acks.wait(b, 5*time.Minute)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
-	b.ReportMetric(float64(b.N)/float64(max(acks.batches, 1)), "events/batch")
+	b.ReportMetric(float64(b.N)/max(testutil.ToFloat64(m.ProduceBatches), 1), "events/batch")
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -80,30 +81,43 @@ func stream(keys, total int) []*outbox.Event {
 	return evs
 }
 
-// ackLog collects OnAck batches from the partition goroutines.
+// ackLog collects the acknowledgements the producer reports.
 type ackLog struct {
-	mu      sync.Mutex
-	byID    map[string]int
-	total   int
-	batches int
-	want    int
-	done    chan struct{}
+	mu    sync.Mutex
+	byID  map[string]int
+	total int
+	want  int
+	done  chan struct{}
 }
 
 func newAckLog(want int) *ackLog {
 	return &ackLog{byID: make(map[string]int), want: want, done: make(chan struct{})}
 }
 
-func (a *ackLog) onAck(batch []*outbox.Event) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.batches++
-	for _, ev := range batch {
+// ack is a Done that records acknowledgements and refuses failures, naming
+// the event.
+func (a *ackLog) ack(ev *outbox.Event, err error) error {
+	return a.doneWith(nil)(ev, err)
+}
+
+// doneWith returns a Done that records acknowledgements and hands failures to
+// permanent (nil: refuse them, naming the event).
+func (a *ackLog) doneWith(permanent func(*outbox.Event, error) error) Done {
+	return func(ev *outbox.Event, err error) error {
+		if err != nil {
+			if permanent == nil {
+				return fmt.Errorf("event %s: %w", ev.ID, err)
+			}
+			return permanent(ev, err)
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
 		a.byID[string(ev.ID)]++
 		a.total++
-	}
-	if a.total == a.want {
-		close(a.done)
+		if a.total == a.want {
+			close(a.done)
+		}
+		return nil
 	}
 }
 
@@ -153,12 +167,31 @@ func openSink(t testing.TB, cfg Config) *Kafka {
 	return k
 }
 
-func sendAll(t testing.TB, k *Kafka, evs []*outbox.Event) {
+// sendAll produces evs to topic, reporting to done.
+func sendAll(t testing.TB, k *Kafka, topic string, evs []*outbox.Event, done Done) {
 	t.Helper()
-	ctx := context.Background()
 	for _, ev := range evs {
-		if err := k.Send(ctx, ev); err != nil {
-			t.Fatalf("send %s: %v", ev.ID, err)
+		if err := k.Produce(topic, ev, done); err != nil {
+			t.Fatalf("produce %s: %v", ev.ID, err)
+		}
+	}
+}
+
+// sendRouted produces each of evs to the topic template renders for it, as
+// the relay does.
+func sendRouted(t testing.TB, k *Kafka, template string, evs []*outbox.Event, done Done) {
+	t.Helper()
+	r, err := route.New(template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		topic, err := r.Topic(ev)
+		if err != nil {
+			t.Fatalf("route %s: %v", ev.ID, err)
+		}
+		if err := k.Produce(topic, ev, done); err != nil {
+			t.Fatalf("produce %s: %v", ev.ID, err)
 		}
 	}
 }
@@ -239,16 +272,17 @@ func TestSendDeliversInOrderWithHeaders(t *testing.T) {
 	m := metrics.New(reg)
 	// Small batches, so that order has to hold across many produce requests.
 	k := openSink(t, Config{
-		Brokers: kafka.Brokers(), Topic: topic, Retry: fastRetry, BatchMaxEvents: 50,
-		Logger: zerolog.Nop(), Metrics: m, OnAck: acks.onAck,
+		Brokers: kafka.Brokers(), Topics: []string{topic}, Retry: fastRetry, BatchMaxEvents: 50,
+		Logger: zerolog.Nop(), Metrics: m,
 	})
 	start := time.Now()
-	sendAll(t, k, evs)
+	sendAll(t, k, topic, evs, acks.ack)
 	acks.wait(t, 30*time.Second)
-	t.Logf("%d events acknowledged in %v, %d batches", len(evs), time.Since(start), acks.batches)
+	batches := int(testutil.ToFloat64(m.ProduceBatches))
+	t.Logf("%d events acknowledged in %v, %d batches", len(evs), time.Since(start), batches)
 	acks.checkExactlyOnce(t, evs)
-	if acks.batches < len(evs)/50 {
-		t.Errorf("%d batches for %d events with BatchMaxEvents 50", acks.batches, len(evs))
+	if batches < len(evs)/50 {
+		t.Errorf("%d batches for %d events with BatchMaxEvents 50", batches, len(evs))
 	}
 	if got := testutil.ToFloat64(m.EventsPublished.WithLabelValues(topic)); got != float64(len(evs)) {
 		t.Errorf("events_published_total = %v, want %d", got, len(evs))
@@ -337,8 +371,8 @@ func TestPartitioningMatchesJavaClient(t *testing.T) {
 		evs[i] = testEvent(key, 0, uint64(i))
 	}
 	acks := newAckLog(len(evs))
-	k := openSink(t, Config{Brokers: kafka.Brokers(), Topic: topic, Logger: zerolog.Nop(), OnAck: acks.onAck})
-	sendAll(t, k, evs)
+	k := openSink(t, Config{Brokers: kafka.Brokers(), Topics: []string{topic}, Logger: zerolog.Nop()})
+	sendAll(t, k, topic, evs, acks.ack)
 	acks.wait(t, 20*time.Second)
 
 	java := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
@@ -370,8 +404,8 @@ func TestTemplateTopics(t *testing.T) {
 		ev.AggregateType = []byte(types[i%30%3]) // fixed per key
 	}
 	acks := newAckLog(len(evs))
-	k := openSink(t, Config{Brokers: kafka.Brokers(), Topic: "cdc.{aggregate_type}", Retry: fastRetry, Logger: zerolog.Nop(), OnAck: acks.onAck})
-	sendAll(t, k, evs)
+	k := openSink(t, Config{Brokers: kafka.Brokers(), Retry: fastRetry, Logger: zerolog.Nop()})
+	sendRouted(t, k, "cdc.{aggregate_type}", evs, acks.ack)
 	acks.wait(t, 20*time.Second)
 	acks.checkExactlyOnce(t, evs)
 	for _, typ := range types {
@@ -493,13 +527,13 @@ func TestRetriesKeepOrderUnderTransientErrors(t *testing.T) {
 	evs := stream(100, 3000)
 	acks := newAckLog(len(evs))
 	k := openSink(t, Config{
-		Brokers: kafka.Brokers(), Topic: topic, Retry: fastRetry, RequestTimeout: 10 * time.Second,
+		Brokers: kafka.Brokers(), Topics: []string{topic}, Retry: fastRetry, RequestTimeout: 10 * time.Second,
 		BatchMaxEvents: 10, // many produce requests, so many injected failures
-		Logger:         zerolog.New(logs), Metrics: m, OnAck: acks.onAck,
+		Logger:         zerolog.New(logs), Metrics: m,
 	})
 	// Send in bursts so that many produce requests go out, not a few big ones.
 	for i := 0; i < len(evs); i += 50 {
-		sendAll(t, k, evs[i:min(i+50, len(evs))])
+		sendAll(t, k, topic, evs[i:min(i+50, len(evs))], acks.ack)
 		time.Sleep(time.Millisecond)
 	}
 	acks.wait(t, 40*time.Second)
@@ -513,7 +547,7 @@ func TestRetriesKeepOrderUnderTransientErrors(t *testing.T) {
 	retries := testutil.ToFloat64(m.ProduceRetries)
 	transient := testutil.ToFloat64(m.ProduceErrors.WithLabelValues("transient"))
 	t.Logf("%d produce requests, %d failed in %d bursts %v, %d held back; produce_retries_total %v; %d ack batches",
-		requests, failed, bursts, byCode, sleeps, retries, acks.batches)
+		requests, failed, bursts, byCode, sleeps, retries, int(testutil.ToFloat64(m.ProduceBatches)))
 	if failed < requests/5 || sleeps == 0 {
 		t.Fatalf("fault injection did not happen: %d failures, %d sleeps", failed, sleeps)
 	}
@@ -594,6 +628,7 @@ type tooLarge struct {
 	k     *Kafka
 	m     *metrics.Metrics
 	acks  *ackLog
+	done  Done // acks, and failures recorded in calls
 	sizes func() []int
 	evs   []*outbox.Event // warm-up, 5 small, big, 5 small; all one key
 	big   *outbox.Event
@@ -633,8 +668,8 @@ func eventIDs(evs []*outbox.Event) string {
 
 // startTooLarge sends, on a 1-partition topic whose broker accepts record
 // batches of at most 4 KiB, a warm-up event and then, as one batch queued
-// behind it, 5 small events, one of 10 KiB and 5 small ones. OnPermanent
-// returns refuse. It waits until wantAcks events are acknowledged.
+// behind it, 5 small events, one of 10 KiB and 5 small ones. Their Done
+// returns refuse for a failure. It waits until wantAcks events are acknowledged.
 func startTooLarge(t *testing.T, refuse error, wantAcks int) *tooLarge {
 	const topic, key = "outbox.events", "agg-1"
 	r := &tooLarge{
@@ -658,22 +693,21 @@ func startTooLarge(t *testing.T, refuse error, wantAcks int) *tooLarge {
 	release, r.sizes = blockFirstProduce(r.kafka.Cluster())
 	defer release()
 	r.k = openSink(t, Config{
-		Brokers: r.kafka.Brokers(), Topic: topic, Retry: fastRetry, Logger: zerolog.Nop(), Metrics: r.m,
-		OnAck: r.acks.onAck,
-		OnPermanent: func(_ context.Context, ev *outbox.Event, err error) error {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.calls = append(r.calls, permanentCall{ev, err})
-			return refuse
-		},
+		Brokers: r.kafka.Brokers(), Topics: []string{topic}, Retry: fastRetry, Logger: zerolog.Nop(), Metrics: r.m,
 	})
-	sendAll(t, r.k, r.evs[:1])
+	r.done = r.acks.doneWith(func(ev *outbox.Event, err error) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.calls = append(r.calls, permanentCall{ev, err})
+		return refuse
+	})
+	sendAll(t, r.k, topic, r.evs[:1], r.done)
 	// Once the partition took the warm-up event, the rest queues behind it.
 	part := r.k.topics[topic].parts[0]
 	if !waitFor(5*time.Second, func() bool { return part.queueLen() == 0 }) {
 		t.Fatal("warm-up event not taken")
 	}
-	sendAll(t, r.k, r.evs[1:])
+	sendAll(t, r.k, topic, r.evs[1:], r.done)
 	release()
 	r.acks.wait(t, 15*time.Second)
 	if got := r.sizes(); len(got) < 2 || got[0] != 1 || got[1] != 11 {
@@ -690,7 +724,7 @@ func TestMessageTooLarge(t *testing.T) {
 		t.Parallel()
 		r := startTooLarge(t, nil, 11)
 		if !waitFor(5*time.Second, func() bool { return len(r.permanentCalls()) > 0 }) {
-			t.Fatal("OnPermanent not called")
+			t.Fatal("Done not called with the failure")
 		}
 		time.Sleep(100 * time.Millisecond) // would catch a second call
 		// The broker refuses the 11 events, then 6 and 3 of them, then the
@@ -698,15 +732,15 @@ func TestMessageTooLarge(t *testing.T) {
 		t.Logf("records per produce request: %v", r.sizes())
 		calls := r.permanentCalls()
 		if len(calls) != 1 {
-			t.Fatalf("OnPermanent called %d times, want once", len(calls))
+			t.Fatalf("Done called with a failure %d times, want once", len(calls))
 		}
 		if calls[0].ev != r.big {
-			t.Errorf("OnPermanent got event %s, want the big one %s", calls[0].ev.ID, r.big.ID)
+			t.Errorf("Done got the failure of event %s, want the big one %s", calls[0].ev.ID, r.big.ID)
 		}
 		err := calls[0].err
 		var ee *outbox.EventError
 		if !errors.As(err, &ee) || ee.Code != "message_too_large" || Code(err) != "message_too_large" || Classify(err) != Permanent {
-			t.Errorf("OnPermanent error %v: %v/%q, want a permanent *outbox.EventError with code message_too_large", err, Classify(err), Code(err))
+			t.Errorf("Done error %v: %v/%q, want a permanent *outbox.EventError with code message_too_large", err, Classify(err), Code(err))
 		}
 		if v := testutil.ToFloat64(r.m.PermanentFailures.WithLabelValues("message_too_large")); v != 1 {
 			t.Errorf("permanent_failures_total{code=message_too_large} = %v, want 1", v)
@@ -715,7 +749,7 @@ func TestMessageTooLarge(t *testing.T) {
 			t.Errorf("produce_retries_total = %v: a too-large batch must be split, not retried", v)
 		}
 		if r.k.Err() != nil {
-			t.Errorf("Err() = %v after OnPermanent accepted the failure", r.k.Err())
+			t.Errorf("Err() = %v after Done accepted the failure", r.k.Err())
 		}
 		r.acks.checkExactlyOnce(t, append(r.evs[:6:6], r.evs[7:]...))
 		want := eventIDs(append(r.evs[:6:6], r.evs[7:]...))
@@ -728,21 +762,19 @@ func TestMessageTooLarge(t *testing.T) {
 		t.Parallel()
 		refuse := errors.New("dead-letter store unavailable")
 		r := startTooLarge(t, refuse, 6) // the warm-up and the five before the big one
-		select {
-		case <-r.k.Failed():
-		case <-time.After(10 * time.Second):
-			t.Fatal("Failed() not closed after OnPermanent refused the failure")
+		if !waitFor(10*time.Second, func() bool { return r.k.Err() != nil }) {
+			t.Fatal("the producer did not halt after Done refused the failure")
 		}
 		if !errors.Is(r.k.Err(), refuse) {
 			t.Errorf("Err() = %v, want %v", r.k.Err(), refuse)
 		}
-		// Later events for the partition stay behind the failed one.
-		if err := r.k.Send(context.Background(), testEvent("agg-1", 12, 12)); err != nil {
-			t.Fatalf("send after halt: %v", err)
+		// Nothing more is taken once halted.
+		if err := r.k.Produce(topic, testEvent("agg-1", 12, 12), r.done); !errors.Is(err, refuse) {
+			t.Fatalf("Produce after halt = %v, want %v", err, refuse)
 		}
 		time.Sleep(300 * time.Millisecond)
 		if n := len(r.permanentCalls()); n != 1 {
-			t.Errorf("OnPermanent called %d times, want once", n)
+			t.Errorf("Done called with a failure %d times, want once", n)
 		}
 		if got := r.acks.count(); got != 6 {
 			t.Errorf("%d events acknowledged, want 6", got)
@@ -765,8 +797,14 @@ func (p *partition) queueLen() int {
 	return len(p.queue)
 }
 
+// TestPermanentFailuresAtSend: an event without a key fails at once, through
+// its Done, and the others are delivered; a Done that refuses halts the
+// producer. (Events whose topic the template cannot name never reach the
+// producer: the relay's router reports them, see internal/route and
+// internal/relay.)
 func TestPermanentFailuresAtSend(t *testing.T) {
 	t.Parallel()
+	const topic = "t.order"
 	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2})
 	type call struct {
 		id   string
@@ -779,69 +817,44 @@ func TestPermanentFailuresAtSend(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	good := []*outbox.Event{testEvent("agg-1", 0, 0), testEvent("agg-1", 1, 1)}
 	acks := newAckLog(len(good))
-	k := openSink(t, Config{
-		Brokers: kafka.Brokers(), Topic: "t.{aggregate_type}", Retry: fastRetry, Logger: zerolog.Nop(), Metrics: m,
-		OnAck: acks.onAck,
-		OnPermanent: func(_ context.Context, ev *outbox.Event, err error) error {
-			mu.Lock()
-			defer mu.Unlock()
-			calls = append(calls, call{string(ev.ID), Code(err)})
-			return nil
-		},
+	k := openSink(t, Config{Brokers: kafka.Brokers(), Retry: fastRetry, Logger: zerolog.Nop(), Metrics: m})
+	done := acks.doneWith(func(ev *outbox.Event, err error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, call{string(ev.ID), Code(err)})
+		return nil
 	})
 	noKey := testEvent("agg-x", 0, 2)
 	noKey.ID, noKey.AggregateID = []byte("no-key"), nil
 	emptyKey := testEvent("agg-x", 0, 3)
 	emptyKey.ID, emptyKey.AggregateID = []byte("empty-key"), []byte{}
-	badTopic := testEvent("agg-2", 0, 4)
-	badTopic.ID, badTopic.AggregateType = []byte("bad-topic"), []byte("orders/eu")
-	ctx := context.Background()
-	for _, ev := range []*outbox.Event{good[0], noKey, emptyKey, badTopic, good[1]} {
-		if err := k.Send(ctx, ev); err != nil {
-			t.Fatalf("send %s: %v", ev.ID, err)
-		}
-	}
+	sendAll(t, k, topic, []*outbox.Event{good[0], noKey, emptyKey, good[1]}, done)
 	acks.wait(t, 10*time.Second)
 	acks.checkExactlyOnce(t, good)
 	mu.Lock()
 	got := fmt.Sprint(calls)
 	mu.Unlock()
-	if want := fmt.Sprint([]call{{"no-key", "empty_key"}, {"empty-key", "empty_key"}, {"bad-topic", "invalid_topic"}}); got != want {
-		t.Errorf("OnPermanent calls %s, want %s", got, want)
+	if want := fmt.Sprint([]call{{"no-key", "empty_key"}, {"empty-key", "empty_key"}}); got != want {
+		t.Errorf("failures reported %s, want %s", got, want)
 	}
 	if v := testutil.ToFloat64(m.PermanentFailures.WithLabelValues("empty_key")); v != 2 {
 		t.Errorf("permanent_failures_total{empty_key} = %v, want 2", v)
 	}
-	if v := testutil.ToFloat64(m.PermanentFailures.WithLabelValues("invalid_topic")); v != 1 {
-		t.Errorf("permanent_failures_total{invalid_topic} = %v, want 1", v)
-	}
-	if recs := readAll(t, kafka, "t.order"); len(recs) != 2 {
-		t.Errorf("t.order holds %d records, want 2", len(recs))
+	if recs := readAll(t, kafka, topic); len(recs) != 2 {
+		t.Errorf("%s holds %d records, want 2", topic, len(recs))
 	}
 
-	// When OnPermanent refuses, Send returns its error and the sink halts.
+	// When Done refuses, Produce returns its error and the producer halts.
 	refuse := errors.New("no dead-letter table")
-	k2 := openSink(t, Config{
-		Brokers: kafka.Brokers(), Topic: "t.{aggregate_type}", Logger: zerolog.Nop(),
-		OnPermanent: func(context.Context, *outbox.Event, error) error { return refuse },
-	})
-	if err := k2.Send(ctx, emptyKey); !errors.Is(err, refuse) {
-		t.Fatalf("Send of an event without key = %v, want %v", err, refuse)
-	}
-	select {
-	case <-k2.Failed():
-	default:
-		t.Fatal("Failed() not closed")
+	k2 := openSink(t, Config{Brokers: kafka.Brokers(), Logger: zerolog.Nop()})
+	if err := k2.Produce(topic, emptyKey, func(*outbox.Event, error) error { return refuse }); !errors.Is(err, refuse) {
+		t.Fatalf("Produce of an event without key = %v, want %v", err, refuse)
 	}
 	if !errors.Is(k2.Err(), refuse) {
 		t.Errorf("Err() = %v, want %v", k2.Err(), refuse)
 	}
-
-	// The default OnPermanent refuses, naming the event.
-	k3 := openSink(t, Config{Brokers: kafka.Brokers(), Topic: "t.{aggregate_type}", Logger: zerolog.Nop()})
-	err := k3.Send(ctx, badTopic)
-	if err == nil || !strings.Contains(err.Error(), "bad-topic") || Code(err) != "invalid_topic" {
-		t.Errorf("default OnPermanent: Send = %v (code %q), want an error naming the event with code invalid_topic", err, Code(err))
+	if err := k2.Produce(topic, good[0], acks.ack); !errors.Is(err, refuse) {
+		t.Errorf("Produce after halt = %v, want %v", err, refuse)
 	}
 }
 
@@ -857,7 +870,7 @@ func TestOpenErrors(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			start := time.Now()
 			k, err := Open(ctx, Config{
-				Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)}, Topic: topic,
+				Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)}, Topics: []string{topic},
 				Retry: backoff.Policy{Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}, Logger: zerolog.Nop(),
 			})
 			elapsed := time.Since(start)
@@ -885,7 +898,7 @@ func TestOpenErrors(t *testing.T) {
 		// A long backoff: the context ends while Open waits to ask again,
 		// not while a request is in flight (see TestOpenMissingTopicSlowBroker).
 		k, err := Open(ctx, Config{
-			Brokers: kafka.Brokers(), Topic: "outbox.missing",
+			Brokers: kafka.Brokers(), Topics: []string{"outbox.missing"},
 			Retry: backoff.Policy{Base: 10 * time.Second, Cap: 10 * time.Second}, Logger: zerolog.Nop(),
 		})
 		if err == nil {
@@ -903,7 +916,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("topic auto-created", func(t *testing.T) {
 		t.Parallel()
 		kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 5})
-		k := openSink(t, Config{Brokers: kafka.Brokers(), Topic: "outbox.auto", Logger: zerolog.Nop()})
+		k := openSink(t, Config{Brokers: kafka.Brokers(), Topics: []string{"outbox.auto"}, Logger: zerolog.Nop()})
 		if ts := k.topics["outbox.auto"]; ts == nil || len(ts.parts) != 5 {
 			t.Fatalf("topic state after Open: %+v, want 5 partitions", ts)
 		}
@@ -911,11 +924,8 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("bad config", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		if _, err := Open(ctx, Config{Topic: "t"}); err == nil || !strings.Contains(err.Error(), "--kafka-brokers") {
+		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), "--kafka-brokers") {
 			t.Errorf("no brokers: %v", err)
-		}
-		if _, err := Open(ctx, Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t.{nope}"}); err == nil || !strings.Contains(err.Error(), "--topic") {
-			t.Errorf("bad template: %v", err)
 		}
 	})
 }
@@ -953,14 +963,14 @@ func closeWhileRetrying(t *testing.T, hold func(), needRetries bool) (*Kafka, *m
 
 	m := metrics.New(prometheus.NewRegistry())
 	k, err := Open(context.Background(), Config{
-		Brokers: kafka.Brokers(), Topic: topic, RequestTimeout: 20 * time.Second,
+		Brokers: kafka.Brokers(), Topics: []string{topic}, RequestTimeout: 20 * time.Second,
 		Retry:  backoff.Policy{Base: 5 * time.Millisecond, Cap: 50 * time.Millisecond},
 		Logger: zerolog.Nop(), Metrics: m,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sendAll(t, k, stream(40, 400))
+	sendAll(t, k, topic, stream(40, 400), newAckLog(400).ack)
 	if !waitFor(10*time.Second, func() bool { return held.Load() && (!needRetries || failed.Load() > 10 && k.Retrying()) }) {
 		k.Close()
 		t.Fatalf("no retries in progress: held %v, failed %d, Retrying %v", held.Load(), failed.Load(), k.Retrying())
@@ -1045,7 +1055,7 @@ func TestOpenMissingTopicSlowBroker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	k, err := Open(ctx, Config{
-		Brokers: kafka.Brokers(), Topic: "outbox.missing",
+		Brokers: kafka.Brokers(), Topics: []string{"outbox.missing"},
 		Retry: backoff.Policy{Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}, Logger: zerolog.Nop(),
 	})
 	if err == nil {
@@ -1128,7 +1138,7 @@ func TestOpenWaitsForBroker(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			k, err := Open(ctx, Config{
-				Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)}, Topic: topic,
+				Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)}, Topics: []string{topic},
 				Retry: backoff.Policy{Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond}, Logger: zerolog.Nop(),
 			})
 			if err != nil {
@@ -1168,23 +1178,21 @@ func TestBrokerRejectsTemplatedTopic(t *testing.T) {
 	bad.AggregateType = []byte("bad")
 	acks := newAckLog(1)
 	k := openSink(t, Config{
-		Brokers: kafka.Brokers(), Topic: "t.{aggregate_type}", Logger: zerolog.Nop(),
+		Brokers: kafka.Brokers(), Logger: zerolog.Nop(),
 		Retry: backoff.Policy{Base: 50 * time.Millisecond, Cap: 200 * time.Millisecond},
-		OnAck: acks.onAck,
-		OnPermanent: func(_ context.Context, ev *outbox.Event, err error) error {
-			mu.Lock()
-			defer mu.Unlock()
-			codes = append(codes, string(ev.ID)+":"+Code(err))
-			return nil
-		},
 	})
-	sendAll(t, k, []*outbox.Event{bad, good})
+	sendRouted(t, k, "t.{aggregate_type}", []*outbox.Event{bad, good}, acks.doneWith(func(ev *outbox.Event, err error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		codes = append(codes, string(ev.ID)+":"+Code(err))
+		return nil
+	}))
 	acks.wait(t, 10*time.Second)
 	if !waitFor(5*time.Second, func() bool { return len(calls()) > 0 }) {
-		t.Fatal("OnPermanent not called for the event whose topic the broker refuses")
+		t.Fatal("Done not called with the failure of the event whose topic the broker refuses")
 	}
 	if got, want := fmt.Sprint(calls()), fmt.Sprint([]string{string(bad.ID) + ":invalid_topic"}); got != want {
-		t.Errorf("OnPermanent calls %s, want %s", got, want)
+		t.Errorf("failures reported %s, want %s", got, want)
 	}
 
 	n0 := lookups.Hits()
@@ -1207,10 +1215,10 @@ func TestCompression(t *testing.T) {
 			evs := stream(20, 600)
 			acks := newAckLog(len(evs))
 			k := openSink(t, Config{
-				Brokers: kf.Brokers(), Topic: topic, Retry: fastRetry, BatchMaxEvents: 100,
-				Compression: c, Logger: zerolog.Nop(), OnAck: acks.onAck,
+				Brokers: kf.Brokers(), Topics: []string{topic}, Retry: fastRetry, BatchMaxEvents: 100,
+				Compression: c, Logger: zerolog.Nop(),
 			})
-			sendAll(t, k, evs)
+			sendAll(t, k, topic, evs, acks.ack)
 			acks.wait(t, 30*time.Second)
 			acks.checkExactlyOnce(t, evs)
 			recs := readAll(t, kf, topic)

@@ -1,0 +1,221 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+)
+
+// Saver persists a checkpoint; it returns nil only once the checkpoint is
+// durable (TableStore, FileStore).
+type Saver interface {
+	Save(ctx context.Context, c Checkpoint) error
+}
+
+// CommitterConfig configures a Committer.
+type CommitterConfig struct {
+	Store Saver
+	// Base is copied into every saved checkpoint (slot, system id, relay name);
+	// the Committer sets LSN, CommitTime and UpdatedAt.
+	Base Checkpoint
+	// Start is the position streaming starts from: already persisted, so it is
+	// the first Flushed value and the Tracker's first watermark.
+	Start pglogrepl.LSN
+	// Every is how often the watermark is persisted when it moved (default 1s);
+	// Idle how often an advance with no new events (keepalives on an idle
+	// outbox) is persisted, since each save writes WAL of its own (default 10s).
+	Every, Idle time.Duration
+	Logger      zerolog.Logger
+	Metrics     *metrics.Metrics
+}
+
+// Committer is the one owner of DESIGN invariant 1: it alone decides which LSN
+// the relay may confirm. It holds the Tracker that turns Kafka
+// acknowledgements into a watermark, persists that watermark to the store, and
+// hands out only what it persisted (Flushed): the stream confirms nothing else
+// to the slot, so the store is never behind the slot and nothing is confirmed
+// past an event Kafka has not acknowledged.
+type Committer struct {
+	tracker   *Tracker
+	store     Saver
+	base      Checkpoint
+	log       zerolog.Logger
+	m         *metrics.Metrics
+	every     time.Duration
+	idle      time.Duration
+	persisted atomic.Uint64
+
+	mu            sync.Mutex // serializes saves
+	lastSave      time.Time
+	lastDelivered uint64
+	failing       bool
+	anomalies     uint64 // Tracker anomalies already reported
+	serverDown    chan error
+}
+
+// NewCommitter returns a Committer whose Tracker and Flushed start at cfg.Start.
+func NewCommitter(cfg CommitterConfig) *Committer {
+	if cfg.Every <= 0 {
+		cfg.Every = time.Second
+	}
+	if cfg.Idle <= 0 {
+		cfg.Idle = 10 * time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.Discard()
+	}
+	c := &Committer{
+		tracker: NewTracker(cfg.Start), store: cfg.Store, base: cfg.Base,
+		log: cfg.Logger, m: cfg.Metrics, every: cfg.Every, idle: cfg.Idle,
+		serverDown: make(chan error, 1),
+	}
+	c.persisted.Store(uint64(cfg.Start))
+	return c
+}
+
+// Tracker returns the acknowledgement tracker the stream and the producer's
+// acknowledgements feed (Begin, Add, Commit, Ack, Idle).
+func (c *Committer) Tracker() *Tracker { return c.tracker }
+
+// Flushed returns the newest persisted watermark: the only LSN the relay may
+// confirm to the slot.
+func (c *Committer) Flushed() pglogrepl.LSN { return pglogrepl.LSN(c.persisted.Load()) }
+
+// ServerDown receives the error of a save that failed because Postgres is
+// shutting down: its walsender then waits for a confirmation that can no
+// longer be persisted first, so the stream should leave.
+func (c *Committer) ServerDown() <-chan error { return c.serverDown }
+
+// Run persists the watermark every Every while it moves, until ctx is done,
+// and reports tracker anomalies as they appear.
+func (c *Committer) Run(ctx context.Context) {
+	t := time.NewTicker(c.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, events := c.tracker.InFlight()
+		c.m.InFlightEvents.Set(float64(events))
+		c.reportAnomalies()
+		if c.tracker.Watermark() <= c.Flushed() {
+			continue
+		}
+		// Advances with no new events (keepalives on an idle outbox) are saved
+		// less often: each save writes WAL of its own.
+		c.mu.Lock()
+		quiet := c.tracker.Delivered() == c.lastDelivered && time.Since(c.lastSave) < c.idle
+		c.mu.Unlock()
+		if quiet {
+			continue
+		}
+		_, _ = c.Save(ctx) // a failure is logged and counted; the next tick retries
+	}
+}
+
+// reportAnomalies adds new tracker anomalies to the metric and logs the first.
+func (c *Committer) reportAnomalies() {
+	n, last := c.tracker.Anomalies()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n <= c.anomalies {
+		return
+	}
+	if c.anomalies == 0 {
+		c.log.Error().Err(last).Uint64("anomalies", n).
+			Msg("acknowledgement accounting saw a misuse it ignored (a relay bug; the checkpoint never moves past it); please report it with this log")
+	}
+	c.m.TrackerAnomalies.Add(float64(n - c.anomalies))
+	c.anomalies = n
+}
+
+// Save persists the current watermark, when it is ahead of what was
+// persisted, and returns the persisted LSN.
+func (c *Committer) Save(ctx context.Context) (pglogrepl.LSN, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delivered := c.tracker.Delivered()
+	w, at := c.tracker.Position()
+	if w <= c.Flushed() {
+		return c.Flushed(), nil
+	}
+	cp := c.base
+	cp.LSN, cp.CommitTime = w, at
+	cp.UpdatedAt = time.Now()
+	if err := c.store.Save(ctx, cp); err != nil {
+		c.m.CheckpointErrors.Inc()
+		if !c.failing {
+			c.failing = true
+			c.log.Error().Err(err).Str("lsn", w.String()).Msg("persist checkpoint failed; the slot is not confirmed until it succeeds")
+		}
+		if serverShuttingDown(err) {
+			select {
+			case c.serverDown <- err:
+			default:
+			}
+		}
+		return c.Flushed(), fmt.Errorf("save checkpoint %s: %w", w, err)
+	}
+	if c.failing {
+		c.failing = false
+		c.log.Info().Str("lsn", w.String()).Msg("checkpoint persisted again")
+	}
+	c.m.CheckpointSaves.Inc()
+	c.persisted.Store(uint64(w))
+	c.lastSave = cp.UpdatedAt
+	c.lastDelivered = delivered
+	return w, nil
+}
+
+// Finish ends a run: when drain is set it waits (within ctx) until Kafka
+// acknowledged every event in flight, then persists the watermark and, when
+// that succeeded and confirm is not nil, confirms the persisted LSN through
+// it. It returns the persisted LSN. Failures are logged, not returned: the
+// relay stops either way, and whatever was not confirmed is delivered again
+// after a restart.
+func (c *Committer) Finish(ctx context.Context, drain bool, confirm func(context.Context, pglogrepl.LSN) error) pglogrepl.LSN {
+	if drain {
+		if err := c.tracker.WaitDrained(ctx); err != nil {
+			_, events := c.tracker.InFlight()
+			c.log.Warn().Int("events", events).Msg("stopping before Kafka acknowledged every event; they will be delivered again after restart")
+		}
+	}
+	c.reportAnomalies()
+	lsn, err := c.Save(ctx)
+	if err != nil {
+		c.log.Error().Err(err).Msg("persist final checkpoint")
+		return lsn
+	}
+	if confirm != nil {
+		if err := confirm(ctx, lsn); err != nil {
+			c.log.Warn().Err(err).Msg("confirm final position")
+		}
+	}
+	return lsn
+}
+
+// serverShuttingDown reports whether err says the server is shutting down or
+// refuses connections: admin_shutdown, crash_shutdown, cannot_connect_now, or a
+// refused TCP connection.
+func serverShuttingDown(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03":
+			return true
+		}
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}

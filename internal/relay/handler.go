@@ -1,0 +1,210 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// handler is the per-event path: it decodes pgoutput messages, accounts each
+// event with the committer's tracker before handing it to the producer, and
+// applies the failure policy to events that fail for good. It implements
+// replication.Handler. Its fields other than the atomics and the halt state are
+// used only by the stream's goroutine.
+type handler struct {
+	dec      *decoder.Decoder
+	router   *route.Router
+	producer producer
+	pause    pauser
+	ck       *checkpoint.Committer
+	tracker  *checkpoint.Tracker // ck.Tracker()
+	relay    *Relay
+	m        *metrics.Metrics
+	// deadLetter stores events that failed for good (--on-error=dlq); nil halts.
+	deadLetter DeadLetterFunc
+	// ctx bounds dead-letter writes made from the producer's goroutine.
+	ctx context.Context
+	// done is h.delivered, made once: a method value per event would allocate.
+	done sink.Done
+
+	seq   uint64
+	inTxn bool
+
+	max      int64
+	inFlight atomic.Int64
+	room     chan struct{}
+	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged event.
+	lastAckCommit atomic.Int64
+
+	haltOnce sync.Once
+	haltErr  error
+	halted   chan struct{} // closed when the failure policy halted the relay
+}
+
+var _ replication.Handler = (*handler)(nil)
+
+func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) error {
+	msg, err := h.dec.Decode(data)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message: %w", err)
+	}
+	switch msg.Kind {
+	case decoder.KindBegin:
+		h.seq = h.tracker.Begin()
+		h.inTxn = true
+	case decoder.KindEvent:
+		if !h.inTxn {
+			return errors.New("decode pgoutput message: insert outside a transaction")
+		}
+		ev := msg.Event
+		ev.Seq = h.seq
+		h.tracker.Add(h.seq, 1)
+		n := h.inFlight.Add(int64(ev.Size()))
+		h.m.InFlightBytes.Set(float64(n))
+		topic, err := h.router.Topic(ev)
+		if err != nil {
+			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
+			h.m.PermanentFailures.WithLabelValues(sink.Code(err)).Inc()
+			return h.settle(ctx, ev, err)
+		}
+		if err := h.producer.Produce(topic, ev, h.done); err != nil {
+			return err
+		}
+	case decoder.KindCommit:
+		h.tracker.Commit(h.seq, msg.EndLSN, msg.CommitTime)
+		h.inTxn = false
+	}
+	return nil
+}
+
+// delivered is the producer's Done (see settle); dead letters it stores are
+// bounded by h.ctx.
+func (h *handler) delivered(ev *outbox.Event, err error) error {
+	return h.settle(h.ctx, ev, err)
+}
+
+// settle counts an acknowledged event (err nil) as done, and puts one that
+// failed for good through the failure policy. A non-nil return (halt) stops
+// the producer and the relay.
+func (h *handler) settle(ctx context.Context, ev *outbox.Event, err error) error {
+	if err != nil {
+		if err := h.permanent(ctx, ev, err); err != nil {
+			h.halt(err)
+			return err
+		}
+	}
+	h.ack(ev)
+	return nil
+}
+
+// ack counts ev as done: Kafka acknowledged it, or its dead letter is stored.
+func (h *handler) ack(ev *outbox.Event) {
+	h.lastAckCommit.Store(ev.CommitTime.UnixNano())
+	h.tracker.Ack(ev.Seq, 1)
+	size := int64(ev.Size())
+	before := h.inFlight.Add(-size) + size
+	h.m.InFlightBytes.Set(float64(before - size))
+	if before >= h.max && before-size < h.max {
+		select {
+		case h.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// permanent applies the failure policy to an event that failed permanently:
+// with dead letters, store it (retrying until the store commits it), after
+// which the caller counts it as done; without, halt.
+func (h *handler) permanent(ctx context.Context, ev *outbox.Event, cause error) error {
+	r := h.relay
+	code := sink.Code(cause)
+	// Per-event lines are sampled: a burst of poison events (a topic template
+	// gone wrong) must not flood the log; the metric counts every one.
+	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
+		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
+	if h.deadLetter == nil {
+		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it (--on-error=halt)")
+		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with --on-error=dlq; the slot was not confirmed past it",
+			ev.ID, ev.AggregateID, ev.CommitLSN, cause)
+	}
+	for attempt := 0; ; attempt++ {
+		err := h.deadLetter(ctx, ev, cause)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("store dead letter for event %s: %w", ev.ID, err)
+		}
+		if attempt == 0 {
+			log.Error().Err(err).Msg("cannot store the dead letter; retrying, nothing is confirmed past it meanwhile")
+		}
+		if err := r.cfg.Retry.Sleep(ctx, attempt); err != nil {
+			return fmt.Errorf("store dead letter for event %s: %w", ev.ID, err)
+		}
+	}
+	r.m.DeadLetters.WithLabelValues(code).Inc()
+	log.Warn().Err(cause).Msg("event failed permanently; stored in the dead-letter table, relaying goes on")
+	return nil
+}
+
+// halt records the first error that halted the relay and closes halted.
+func (h *handler) halt(err error) {
+	h.haltOnce.Do(func() {
+		h.haltErr = err
+		close(h.halted)
+	})
+}
+
+// err returns the error that halted the relay, or nil.
+func (h *handler) err() error {
+	select {
+	case <-h.halted:
+		return h.haltErr
+	default:
+		return nil
+	}
+}
+
+func (h *handler) Keepalive(serverWALEnd pglogrepl.LSN, serverTime time.Time) {
+	if !h.inTxn {
+		h.tracker.Idle(serverWALEnd, serverTime)
+	}
+}
+
+// Flushed is the committer's: the stream confirms only persisted positions.
+func (h *handler) Flushed() pglogrepl.LSN { return h.ck.Flushed() }
+
+func (h *handler) Backpressure() <-chan struct{} {
+	if closed := h.pause.CircuitClosed(); closed != nil {
+		// Kafka keeps failing: stop pulling from the slot until it recovers
+		// (keepalives and status updates go on).
+		return closed
+	}
+	if h.inFlight.Load() < h.max {
+		return nil
+	}
+	return h.room
+}
+
+func (h *handler) AtBoundary() bool { return !h.inTxn }
+
+// reset forgets the decoder's relations and the tracker's open transactions
+// after a reconnect; the caller has drained the producer.
+func (h *handler) reset() {
+	h.dec.Reset()
+	h.inTxn = false
+	h.tracker.Reset(h.tracker.Watermark())
+}

@@ -1,0 +1,207 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+)
+
+// checkServer runs the start-up checks of the server, table and publication.
+func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return replication.ConnectError(r.cfg.PGURL, err)
+	}
+	defer pc.Release()
+	return replication.CheckServer(ctx, pc.Conn(), r.setupConfig())
+}
+
+// prepareSlot opens the checkpoint store and reconciles it with the slot,
+// creating the slot when that is safe and allowed.
+func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.IdentifySystemResult, pglogrepl.LSN, Store, error) {
+	var system pglogrepl.IdentifySystemResult
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return system, 0, nil, replication.ConnectError(r.cfg.PGURL, err)
+	}
+	defer pc.Release()
+	conn := pc.Conn()
+	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
+		return system, 0, nil, err
+	}
+	store, err := r.cfg.OpenStore(ctx, pool)
+	if err != nil {
+		return system, 0, nil, err
+	}
+	start, err := r.reconcile(ctx, pool, conn, store, system.SystemID)
+	return system, start, store, err
+}
+
+func (r *Relay) setupConfig() replication.SetupConfig {
+	d := r.cfg.Decoder
+	cols := []replication.Column{
+		{Name: d.Columns.ID, Flag: "--column-id"},
+		{Name: d.Columns.AggregateType, Flag: "--column-aggregate-type"},
+		{Name: d.Columns.AggregateID, Flag: "--column-aggregate-id"},
+		{Name: d.Columns.EventType, Flag: "--column-event-type"},
+		{Name: d.Columns.Payload, Flag: "--column-payload"},
+	}
+	for col := range d.HeaderColumns {
+		cols = append(cols, replication.Column{Name: col, Flag: "--header-columns"})
+	}
+	return replication.SetupConfig{
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
+		Schema: d.Schema, Table: d.Table, Columns: cols,
+		CreatePublication: r.cfg.CreatePublication,
+	}
+}
+
+// reconcile compares the stored checkpoint with the slot (DESIGN invariant 6),
+// creates the slot when that is safe and allowed, and returns where to start.
+func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, systemID string) (pglogrepl.LSN, error) {
+	slot := r.cfg.Slot
+	stored, haveStored, err := store.Load(ctx, slot)
+	if err != nil {
+		return 0, fmt.Errorf("load checkpoint of slot %q: %w", slot, err)
+	}
+	state, err := replication.ReadSlot(ctx, conn, slot)
+	if err != nil {
+		return 0, err
+	}
+	dbName, err := replication.CurrentDatabase(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
+	if state.Exists && state.Database != dbName {
+		return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: choose another --slot / CDC_RELAY_SLOT or connect to %q", slot, state.Database, dbName, state.Database)}
+	}
+	dec, err := checkpoint.Reconcile(slot, systemID, stored, haveStored, state)
+	if err != nil {
+		var gap *checkpoint.GapError
+		if !errors.As(err, &gap) {
+			return 0, err
+		}
+		r.m.SlotProblems.WithLabelValues(gap.Kind.String()).Inc()
+		if !backfillable(gap.Kind) {
+			return 0, err
+		}
+		if r.cfg.Backfill == nil {
+			return 0, fmt.Errorf("%w. Or restart with --on-slot-loss=backfill (CDC_RELAY_ON_SLOT_LOSS=backfill): "+
+				"the relay then recreates the slot and republishes the outbox rows still in the table "+
+				"that were created since %s", err, r.backfillSince(stored).UTC().Format(time.RFC3339))
+		}
+		r.log.Warn().Err(err).Msg("slot lost: backfilling (--on-slot-loss=backfill)")
+		return r.backfill(ctx, pool, conn, store, stored, state, gap.Kind)
+	}
+	for _, w := range dec.Warnings {
+		r.log.Warn().Msg(w)
+	}
+	if !state.Exists {
+		if !r.cfg.CreateSlot {
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, slot)}
+		}
+		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
+			return 0, err
+		}
+		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
+			return 0, err
+		}
+		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
+	}
+	start := state.ConfirmedFlush
+	// The store is written before the slot is confirmed, so a stored LSN ahead of
+	// the slot marks events Kafka already acknowledged: start after them.
+	if haveStored && stored.LSN > start {
+		start = stored.LSN
+	}
+	return start, nil
+}
+
+// backfillable reports whether on-slot-loss=backfill applies to a gap: the slot
+// is gone or moved on the same system. A changed system or a foreign slot is
+// never repaired automatically.
+func backfillable(k checkpoint.GapKind) bool {
+	return k == checkpoint.SlotMissing || k == checkpoint.SlotLost || k == checkpoint.SlotAhead
+}
+
+// backfillSince is where a backfill starts: the stored commit time less the
+// margin, or, for a checkpoint saved before commit times were stored, its save
+// time less the margin.
+func (r *Relay) backfillSince(stored checkpoint.Checkpoint) time.Time {
+	at := stored.CommitTime
+	if at.IsZero() {
+		at = stored.UpdatedAt
+	}
+	return at.Add(-r.cfg.BackfillMargin)
+}
+
+// backfill repairs a lost slot (on-slot-loss=backfill): it drops a slot whose
+// WAL is lost, creates a missing one, republishes the outbox rows that may have
+// been committed in the gap, and only then stores the slot's position as the
+// checkpoint, so a crash midway backfills again on the next start (the slot is
+// then ahead of the store). Rows deleted from the outbox since cannot be
+// republished: the log says so.
+func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, stored checkpoint.Checkpoint, state checkpoint.SlotState, kind checkpoint.GapKind) (pglogrepl.LSN, error) {
+	slot := r.cfg.Slot
+	since := r.backfillSince(stored)
+	if stored.CommitTime.IsZero() {
+		r.log.Warn().Time("saved_at", stored.UpdatedAt).Msg("the stored checkpoint has no commit time (saved by an older relay): " +
+			"backfilling from its save time less the margin; if the relay lagged behind when it saved, " +
+			"replay older rows with cdc-relay replay --since")
+	}
+	markTime := stored.CommitTime // a valid lower bound for commits after the new position
+	if kind == checkpoint.SlotLost {
+		if state.Active {
+			return 0, fmt.Errorf("backfill slot %q: the lost slot is in use by process %d; stop that consumer first", slot, state.ActivePID)
+		}
+		if err := replication.DropSlot(ctx, conn, slot); err != nil {
+			return 0, fmt.Errorf("backfill slot %q: drop the lost slot: %w", slot, err)
+		}
+		r.log.Warn().Msg("dropped the replication slot whose WAL was lost")
+		state = checkpoint.SlotState{}
+	}
+	if !state.Exists {
+		if !r.cfg.CreateSlot {
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("backfill slot %q: the slot must be recreated but --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); and restart", slot, slot)}
+		}
+		// Every transaction the new slot streams commits after this instant.
+		var err error
+		if markTime, err = replication.ServerClock(ctx, conn); err != nil {
+			return 0, fmt.Errorf("backfill slot %q: %w", slot, err)
+		}
+		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
+			return 0, err
+		}
+		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
+			return 0, err
+		}
+		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
+	}
+	r.log.Warn().Str("kind", kind.String()).Time("since", since).Str("stored_lsn", stored.LSN.String()).
+		Str("slot_lsn", state.ConfirmedFlush.String()).Dur("margin", r.cfg.BackfillMargin).
+		Msg("republishing outbox rows created since the stored checkpoint's commit time less the margin; " +
+			"rows deleted from the outbox meanwhile cannot be republished")
+	began := time.Now()
+	n, err := r.cfg.Backfill(ctx, pool, since, kind.String())
+	r.m.BackfilledEvents.WithLabelValues(kind.String()).Add(float64(n))
+	if err != nil {
+		return 0, fmt.Errorf("backfill slot %q from %s (%d rows republished before the failure; the next start backfills again): %w",
+			slot, since.UTC().Format(time.RFC3339), n, err)
+	}
+	cp := checkpoint.Checkpoint{Slot: slot, SystemID: stored.SystemID, LSN: state.ConfirmedFlush,
+		UpdatedAt: time.Now(), RelayName: r.cfg.RelayName, CommitTime: markTime}
+	if err := store.Save(ctx, cp); err != nil {
+		return 0, fmt.Errorf("backfill slot %q: store the new position %s: %w", slot, state.ConfirmedFlush, err)
+	}
+	r.log.Warn().Int("events", n).Dur("took", time.Since(began)).Str("lsn", state.ConfirmedFlush.String()).
+		Msg("backfill done: streaming from the slot's position")
+	return state.ConfirmedFlush, nil
+}

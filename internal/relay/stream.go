@@ -1,0 +1,189 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+)
+
+// stream runs replication connections until ctx is done, reconnecting with
+// backoff after failures, then stops cleanly.
+func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint.Committer) error {
+	// The stream keeps its own context so it can finish the current transaction
+	// and confirm after ctx is done; it is cut after half the shutdown budget.
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			close(stop)
+			r.m.SetState(metrics.StateStopping)
+			select {
+			case <-time.After(r.cfg.ShutdownTimeout / 2):
+				cancelRun()
+			case <-runCtx.Done():
+			}
+		case <-runCtx.Done():
+		}
+	}()
+
+	streamCfg := replication.StreamConfig{
+		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication,
+		StatusInterval: r.cfg.StatusInterval, Logger: r.log, Metrics: r.m,
+	}
+	failing, connected := false, false
+	for attempt := 0; ; attempt++ {
+		if err := h.err(); err != nil {
+			return r.finish(nil, ck, err)
+		}
+		s, err := replication.Open(runCtx, streamCfg, h.tracker.Watermark())
+		if err == nil {
+			if failing && connected {
+				r.log.Info().Msg("replication connection re-established")
+				r.m.Reconnects.Inc()
+			} else if failing {
+				r.log.Info().Msg("slot acquired; streaming")
+			}
+			failing, connected = false, true
+			attempt = 0
+			err = r.runStream(runCtx, stop, s, h, k, ck)
+			if errors.Is(err, replication.ErrStopped) || ctx.Err() != nil {
+				return r.finish(s, ck, nil)
+			}
+			if herr := h.err(); herr != nil {
+				return r.finish(s, ck, herr)
+			}
+			if errors.Is(err, decoder.ErrMissingColumn) {
+				// Reconnecting cannot help: the table no longer has a configured column.
+				s.Close(context.Background())
+				return r.finish(nil, ck, &replication.ConfigError{Msg: err.Error()})
+			}
+			if publicationDropped(err) {
+				err = &replication.ConfigError{Msg: publicationDroppedMsg(r.cfg.Publication, r.cfg.Slot, "")}
+			}
+			if errors.As(err, new(*replication.ConfigError)) {
+				// Nor when the publication no longer streams the outbox (pubWatch).
+				s.Close(context.Background())
+				return r.finish(nil, ck, err)
+			}
+			s.Close(context.Background())
+		}
+		if ctx.Err() != nil {
+			return r.finish(nil, ck, nil)
+		}
+		r.ready.Store(false)
+		busy := errors.Is(err, replication.ErrSlotBusy)
+		if !failing {
+			failing = true
+			if busy {
+				r.m.SetState(metrics.StateWaitingSlot)
+				r.log.Warn().Err(err).Msg("slot is held by another process; waiting as a standby")
+			} else {
+				r.m.SetState(metrics.StateRetrying)
+				r.log.Warn().Err(err).Msg("replication failed; reconnecting with backoff")
+			}
+		}
+		// Events of a partly received transaction will be streamed again: wait
+		// until Kafka acknowledged what was sent, then forget the open state.
+		if err := h.tracker.WaitDrained(runCtx); err != nil {
+			return r.finish(nil, ck, nil)
+		}
+		h.reset()
+		retry := r.cfg.Retry
+		if busy {
+			// Poll a held slot quickly, so a standby takes over within seconds.
+			retry = backoff.Policy{Base: 500 * time.Millisecond, Cap: 2 * time.Second}
+		}
+		if err := retry.Sleep(ctx, attempt); err != nil {
+			return r.finish(nil, ck, nil)
+		}
+	}
+}
+
+// runStream runs one connection, marking the relay ready while it streams and
+// the sink is not retrying.
+func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replication.Stream, h *handler, k health, ck *checkpoint.Committer) error {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			r.ready.Store(k.Healthy())
+			if k.Retrying() {
+				r.m.SetState(metrics.StateRetrying)
+			}
+			select {
+			case <-done:
+				r.ready.Store(false)
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+	}()
+	// Run owns the connection: it is stopped through its context and closed
+	// only after it returned (pgconn is not safe for concurrent use).
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(sctx, stop, h) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-h.halted:
+		// Halted on a permanent failure: stop reading at once.
+		cancel()
+		<-errc
+		s.Close(context.Background())
+		return h.err()
+	case err := <-r.fatal:
+		// The publication no longer streams the outbox (pubWatch): stop.
+		cancel()
+		<-errc
+		return err
+	case err := <-ck.ServerDown():
+		// Postgres is shutting down: its walsender waits for a confirmation of
+		// everything it sent, which cannot be persisted first any more. Leave,
+		// so the shutdown is not held up; nothing is confirmed past the store.
+		cancel()
+		<-errc
+		s.Close(context.Background())
+		return fmt.Errorf("postgres is shutting down: %w", err)
+	}
+}
+
+// finish drains in-flight events (bounded) unless the relay halted, persists
+// the final checkpoint and confirms it on s when there is a stream.
+func (r *Relay) finish(s *replication.Stream, ck *checkpoint.Committer, cause error) error {
+	r.ready.Store(false)
+	r.m.SetState(metrics.StateStopping)
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout/2)
+	defer cancel()
+	var confirm func(context.Context, pglogrepl.LSN) error
+	if s != nil && cause == nil {
+		confirm = s.SendStatus
+	}
+	lsn := ck.Finish(ctx, cause == nil, confirm)
+	if s != nil {
+		s.Close(ctx)
+	}
+	r.log.Info().Str("lsn", lsn.String()).Msg("stopped")
+	return cause
+}

@@ -1,0 +1,149 @@
+package sink
+
+// Partition state: one topic-partition's queue and delivery state.
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+)
+
+// item is one event in a partition's care, with the Done to tell its fate.
+type item struct {
+	ev   *outbox.Event
+	done Done
+}
+
+// partition is one topic-partition: its queue (filled by Produce) and its delivery
+// state (owned by the dispatcher).
+type partition struct {
+	topic  string
+	id     int
+	k      *Kafka
+	events prometheusCounter
+	bytes  prometheusCounter
+
+	mu    sync.Mutex
+	queue []item
+	since int64 // UnixNano when the queue became non-empty
+	// sending mirrors inFlight for push: a partition whose batch is in flight is
+	// looked at again when the response comes, so a new event need not wake the
+	// dispatcher (each wake-up is a futex call and a scheduler round).
+	sending atomic.Bool
+
+	// Dispatcher-owned.
+	leader    int32
+	inFlight  bool
+	retry     []item // the batch to send next, ahead of the queue
+	limit     int    // event limit while splitting a rejected batch
+	attempt   int
+	notBefore time.Time
+	failing   bool
+	spare     []item
+}
+
+// prometheusCounter is the part of a Prometheus counter the partition uses.
+type prometheusCounter interface{ Add(float64) }
+
+func newPartition(k *Kafka, topic string, id int, leader int32) *partition {
+	return &partition{
+		topic: topic, id: id, k: k, leader: leader,
+		events: k.cfg.Metrics.EventsPublished.WithLabelValues(topic),
+		bytes:  k.cfg.Metrics.BytesPublished.WithLabelValues(topic),
+	}
+}
+
+// push appends ev to the queue and tells the dispatcher when the queue was empty.
+func (p *partition) push(it item) {
+	now := time.Now().UnixNano()
+	p.k.lastPush.Store(now)
+	p.mu.Lock()
+	p.queue = append(p.queue, it)
+	first := len(p.queue) == 1
+	if first {
+		p.since = now
+	}
+	p.mu.Unlock()
+	if first && !p.sending.Load() {
+		p.k.signal()
+	}
+}
+
+// next returns the partition's next batch within maxBytes (at least one event),
+// or nil when it has nothing to send.
+func (p *partition) next(maxBytes int) []item {
+	if p.retry != nil {
+		b := p.retry
+		p.retry = nil
+		return b
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.queue) == 0 {
+		return nil
+	}
+	maxEvents := p.k.cfg.BatchMaxEvents
+	if p.limit > 0 && p.limit < maxEvents {
+		maxEvents = p.limit
+	}
+	if maxBytes > p.k.cfg.BatchMaxBytes {
+		maxBytes = p.k.cfg.BatchMaxBytes
+	}
+	n, size := 0, 0
+	for n < len(p.queue) && n < maxEvents {
+		s := p.queue[n].ev.Size()
+		if n > 0 && size+s > maxBytes {
+			break
+		}
+		size += s
+		n++
+	}
+	if n == len(p.queue) {
+		batch := p.queue
+		p.queue = p.spare[:0]
+		p.spare = nil
+		return batch
+	}
+	batch := make([]item, n)
+	copy(batch, p.queue)
+	rest := copy(p.queue, p.queue[n:])
+	clear(p.queue[rest:])
+	p.queue = p.queue[:rest]
+	return batch
+}
+
+// unshift puts events back at the front of the queue (the later half of a split
+// batch), ahead of everything queued since.
+func (p *partition) unshift(events []item) {
+	p.mu.Lock()
+	q := make([]item, 0, len(events)+len(p.queue))
+	q = append(q, events...)
+	p.queue = append(q, p.queue...)
+	p.mu.Unlock()
+}
+
+// recycle keeps a delivered batch's slice for reuse.
+func (p *partition) recycle(batch []item) {
+	clear(batch)
+	p.mu.Lock()
+	if p.spare == nil || cap(batch) > cap(p.spare) {
+		p.spare = batch[:0]
+	}
+	p.mu.Unlock()
+}
+
+// queued returns the queue's length and when it became non-empty.
+func (p *partition) queued() (int, int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue), p.since
+}
+
+// hasQueued reports whether the queue has events.
+func (p *partition) hasQueued() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue) > 0
+}
