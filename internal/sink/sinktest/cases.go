@@ -230,6 +230,41 @@ func testOrderBrokerRestart(t *testing.T, open Opener) {
 	t.Logf("broker restarted with %d of %d events reported; %d records for %d events", reported, len(evs), l.records, len(evs))
 }
 
+// testOrderLeaderMoves runs a two-broker cluster and moves the leaders of
+// the partitions at random three times mid-stream, each while the broker
+// holds a produce request: the producer finds the new leaders, nothing is
+// lost, each event is reported once, and the log holds each event once, in
+// per-key order.
+func testOrderLeaderMoves(t *testing.T, open Opener) {
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	c := b.Cluster()
+	if _, _, err := c.AddNode(-1, 0); err != nil {
+		t.Fatalf("add a second broker: %v", err)
+	}
+	var n atomic.Int64
+	moves := []int64{5, 12, 20}
+	gates := make([]*gate, len(moves))
+	for i, at := range moves {
+		gates[i] = b.hold(func(*kmsg.ProduceRequest) bool { return n.Load() == at })
+	}
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		n.Add(1) // counted after the gates looked: the k-th request is held by the gate for k-1
+		return nil, nil, false
+	})
+	evs := orderStream()
+	p := b.open(open, orderOptions, orderTopic)
+	rec := &recorder{}
+	rec.produce(t, p, orderTopic, evs...)
+	for _, g := range gates {
+		waitFor(t, deliverTimeout, g.holds(1))
+		c.ShufflePartitionLeaders()
+		g.open()
+	}
+	l := awaitDelivery(t, b, rec, orderTopic, evs, false)
+	t.Logf("leaders moved 3 times; %d produce requests, %d records for %d events", b.produceRequests(), l.records, len(evs))
+}
+
 // testAckAfterAppend holds every produce request a moment before the broker
 // handles it, and records the partitions' high watermarks at every done:
 // each event reported is below the high watermark of its partition, so in
@@ -346,18 +381,35 @@ func testEmptyKey(t *testing.T, open Opener) {
 // testRefusedTopic produces, between events for a good topic, one for a
 // topic whose metadata the broker answers with INVALID_TOPIC_EXCEPTION: it
 // is reported once with an *outbox.EventError of Code "invalid_topic"; the
-// others are delivered.
+// others are delivered. The broker holds the good events until the refused
+// one's Done runs, which then waits a moment for a Done of a good event: on
+// a producer that calls Done from one goroutine, none can come meanwhile.
 func testRefusedTopic(t *testing.T, open Opener) {
 	const topic, refused = "contract.good", "contract.refused"
 	b := newBroker(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 	faults := b.Cluster().Fault(kfake.Fault{
 		Keys: []kmsg.Key{kmsg.Metadata, kmsg.CreateTopics}, Topic: refused, Err: kerr.InvalidTopicException, Count: -1,
 	})
+	g := b.hold(func(req *kmsg.ProduceRequest) bool { return hasTopic(req, topic) })
 	good := stream(5, 20, 0)
 	bad := newEvent("k100", 0, 100, 0)
+	goodDone := make(chan struct{})
+	var once sync.Once
+	rec := &recorder{react: func(ev *outbox.Event, _ error) error {
+		if ev != bad {
+			once.Do(func() { close(goodDone) })
+			return nil
+		}
+		g.open()
+		select {
+		case <-goodDone:
+		case <-time.After(300 * time.Millisecond):
+		}
+		return nil
+	}}
 	p := b.open(open, Options{Retry: fastRetry}, topic)
-	rec := &recorder{}
 	rec.produce(t, p, topic, good[:10]...)
+	waitFor(t, signalTimeout, g.holds(1))
 	rec.produce(t, p, refused, bad)
 	rec.produce(t, p, topic, good[10:]...)
 	waitFor(t, deliverTimeout, rec.reached(len(good)+1))
@@ -417,18 +469,20 @@ func testCloseAbandons(t *testing.T, open Opener) {
 	t.Logf("Close with %d requests held; %d records appended after it", held, len(recs))
 }
 
-// testHaltOnDoneError makes the Done of an event return an error. The
-// broker holds the first request (one event) until the event to refuse and
-// twenty more are queued behind it. After the refusal: Err returns the
-// error, Produce fails, no other event is reported, and no produce request
-// for the topic reaches the broker, which a second producer's marker,
-// acknowledged after the halt, shows it would have seen.
+// testHaltOnDoneError makes a Done return an error. The broker holds the
+// first request (one event) until 40 more events of 20 keys, over every
+// partition, are queued behind it; once it answers, the Done of the first
+// of those 40 to be reported refuses it. After the refusal: Err returns the
+// error, Produce fails, no other event is reported (not even one the same
+// response acknowledged, in this partition or another), and no produce
+// request for the topic reaches the broker, which a second producer's
+// marker, acknowledged after the halt, shows it would have seen.
 //
 // This assumes what invariant 3 requires without idempotence: at most one
 // produce request in flight per partition.
 func testHaltOnDoneError(t *testing.T, open Opener) {
 	const topic, markers = "contract.halt", "contract.markers"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 1, Topics: []string{topic, markers}})
+	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic, markers}})
 	var halted atomic.Bool
 	var afterHalt atomic.Int64
 	g := b.hold(func(req *kmsg.ProduceRequest) bool {
@@ -441,14 +495,14 @@ func testHaltOnDoneError(t *testing.T, open Opener) {
 		return true
 	})
 	first := newEvent("k000", 0, 0, 0)
-	refused := newEvent("k000", 1, 1, 0)
 	var rest []*outbox.Event
-	for i := range 20 {
-		rest = append(rest, newEvent(fmt.Sprintf("k%03d", i%5), 2+i/5, uint64(2+i), 0))
+	for i := range 40 {
+		rest = append(rest, newEvent(fmt.Sprintf("k%03d", i%20), 1+i/20, uint64(1+i), 0))
 	}
 	errRefused := errors.New("sinktest: Done refuses the event")
+	var refused atomic.Pointer[outbox.Event]
 	rec := &recorder{react: func(ev *outbox.Event, _ error) error {
-		if ev == refused {
+		if ev != first && refused.CompareAndSwap(nil, ev) {
 			halted.Store(true)
 			return errRefused
 		}
@@ -457,7 +511,6 @@ func testHaltOnDoneError(t *testing.T, open Opener) {
 	p := b.open(open, Options{Retry: fastRetry}, topic)
 	rec.produce(t, p, topic, first)
 	waitFor(t, signalTimeout, g.holds(1))
-	rec.produce(t, p, topic, refused)
 	rec.produce(t, p, topic, rest...)
 	g.open()
 	waitFor(t, deliverTimeout, func() (bool, string) {
@@ -477,29 +530,28 @@ func testHaltOnDoneError(t *testing.T, open Opener) {
 	// The positive signal: a marker produced after the halt, by another
 	// producer, reaches the broker and is acknowledged.
 	marker := newEvent("m000", 0, 0, 0)
-	mrec := &recorder{}
-	deliver(t, b, b.open(open, Options{Retry: fastRetry}, markers), mrec, markers, []*outbox.Event{marker}, false)
+	deliver(t, b, b.open(open, Options{Retry: fastRetry}, markers), &recorder{}, markers, []*outbox.Event{marker}, false)
 	if n := afterHalt.Load(); n > 0 {
 		t.Errorf("%d produce requests for %s reached the broker after Done halted the producer", n, topic)
 	}
 	rec.close(t, p)
-	rec.checkReported(t, []*outbox.Event{first, refused}, nil)
+	rec.checkReported(t, []*outbox.Event{first, refused.Load()}, nil)
 
-	allowed := map[string]bool{string(first.ID): true, string(refused.ID): true}
+	allowed := map[string]bool{string(first.ID): true}
 	for _, ev := range rest {
-		allowed[string(ev.ID)] = true // if sent with the refused one
+		allowed[string(ev.ID)] = true // sent with the refused one
 	}
 	log := readLog(t, b, topic)
 	seen := map[string]bool{}
 	for _, r := range log {
 		id := fmt.Sprintf("%s#%d", r.key, r.seq)
 		if !allowed[id] || seen[id] {
-			t.Errorf("record %s at offset %d: not sent before the halt, or twice", id, r.offset)
+			t.Errorf("record %v: not sent before the halt, or twice", r)
 		}
 		seen[id] = true
 	}
-	if !seen[string(first.ID)] || !seen[string(refused.ID)] {
-		t.Errorf("log %v lacks the acknowledged events %s and %s", log, first.ID, refused.ID)
+	if ev := refused.Load(); !seen[string(first.ID)] || !seen[string(ev.ID)] {
+		t.Errorf("log %v lacks the acknowledged events %s and %s", log, first.ID, ev.ID)
 	}
 }
 

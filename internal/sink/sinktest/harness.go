@@ -134,6 +134,8 @@ type closeOnce struct {
 	err  error
 }
 
+// Close closes the producer the first time, and returns that answer every
+// time.
 func (p *closeOnce) Close() error {
 	p.once.Do(func() { p.err = p.Producer.Close() })
 	return p.err
@@ -246,6 +248,10 @@ type doneCall struct {
 	inProduce bool
 	// afterClose: the call came after Close of the producer returned.
 	afterClose bool
+	// afterHalt: the call came after a Done had returned an error.
+	afterHalt bool
+	// concurrent: another call not from within Produce was running.
+	concurrent bool
 	// hwm is the high watermark of every partition of the topic at the
 	// call, when the recorder snapshots them.
 	hwm map[int32]int64
@@ -261,15 +267,20 @@ type recorder struct {
 
 	producing atomic.Pointer[outbox.Event] // the event whose Produce runs
 	closed    atomic.Bool                  // Close of the producer returned
+	halted    atomic.Bool                  // a call returned an error
+	active    atomic.Int32                 // calls running, except from within Produce
 
-	mu      sync.Mutex
-	calls   []doneCall
-	reacted int // calls answered with an error
+	mu    sync.Mutex
+	calls []doneCall
 }
 
 // done is the sink.Done given to Produce.
 func (r *recorder) done(ev *outbox.Event, err error) error {
-	c := doneCall{ev: ev, err: err, inProduce: r.producing.Load() == ev, afterClose: r.closed.Load()}
+	c := doneCall{ev: ev, err: err, inProduce: r.producing.Load() == ev, afterClose: r.closed.Load(), afterHalt: r.halted.Load()}
+	if !c.inProduce {
+		c.concurrent = r.active.Add(1) > 1
+		defer r.active.Add(-1)
+	}
 	if r.snapshot != nil {
 		c.hwm = r.snapshot()
 	}
@@ -277,12 +288,12 @@ func (r *recorder) done(ev *outbox.Event, err error) error {
 	if r.react != nil {
 		ret = r.react(ev, err)
 	}
+	if ret != nil {
+		r.halted.Store(true)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, c)
-	if ret != nil {
-		r.reacted++
-	}
 	return ret
 }
 
@@ -357,6 +368,8 @@ func (r *recorder) checkReported(t testing.TB, ok []*outbox.Event, failed map[*o
 	for _, c := range r.all() {
 		seen[c.ev]++
 		switch code, isFailed := failed[c.ev]; {
+		case c.afterHalt:
+			report("done(%s, %v) called after a Done had returned an error, which halts the producer", c.ev.ID, c.err)
 		case !want[c.ev]:
 			report("done(%s, %v) for an event the case did not expect to be reported", c.ev.ID, c.err)
 		case seen[c.ev] > 1:
@@ -371,6 +384,9 @@ func (r *recorder) checkReported(t testing.TB, ok []*outbox.Event, failed map[*o
 		}
 		if c.afterClose {
 			report("done(%s, %v) called after Close returned", c.ev.ID, c.err)
+		}
+		if c.concurrent {
+			report("done(%s, %v) ran while another Done call ran on another goroutine; Done runs on the producer's goroutine (or within Produce)", c.ev.ID, c.err)
 		}
 	}
 	missing := 0

@@ -8,7 +8,8 @@
 //
 //   - Order: per-key order and exactly one done(nil) per event across
 //     transient produce errors, ambiguous errors after the append, responses
-//     lost after the append, and a broker restart on its data directory.
+//     lost after the append, a broker restart on its data directory and
+//     leadership moves between two brokers.
 //   - AckAfterAppend: every produce request asks for acks=all, and each event
 //     is in the partition's log when its done(nil) runs.
 //   - Permanent: an event over the topic's max.message.bytes, an event with an
@@ -18,10 +19,15 @@
 //   - CloseAbandons: Close returns promptly while the broker holds every
 //     produce request, nothing of the producer runs after it and no done
 //     follows it.
-//   - HaltOnDoneError: a Done returning an error halts the producer: nothing
-//     more reaches the broker, Produce fails, Err returns that error.
+//   - HaltOnDoneError: a Done returning an error halts the producer: no
+//     other Done runs, nothing more reaches the broker, Produce fails, Err
+//     returns that error.
 //   - BoundedMemory: while the broker fails every produce, retries do not make
 //     the heap grow beyond a bound of the queued bytes.
+//
+// Every case also checks that each produce request asks for acks=all, that
+// no Done runs after Close returned, and that Done calls never overlap
+// except for those made within Produce.
 package sinktest
 
 import (
@@ -42,8 +48,8 @@ import (
 // once Kafka acknowledged ev with acks=all, or with an *outbox.EventError
 // (Code "message_too_large", "empty_key", "invalid_topic", ...) when ev failed
 // permanently. Events of one partition are reported in the order they were
-// produced. done runs on the producer's goroutine, or within Produce for
-// failures known at once, such as an empty key. A done that returns an error
+// produced. done runs on the producer's goroutine, one call at a time, or
+// within Produce for failures known at once, such as an empty key. A done that returns an error
 // halts the producer: nothing more is sent, every event not yet reported is
 // abandoned, and Err returns that error.
 //
@@ -97,6 +103,7 @@ func Run(t *testing.T, open Opener) {
 		{"Order/AmbiguousErrors", testOrderAmbiguous},
 		{"Order/DroppedResponses", testOrderDroppedResponses},
 		{"Order/BrokerRestart", testOrderBrokerRestart},
+		{"Order/LeaderMoves", testOrderLeaderMoves},
 		{"AckAfterAppend", testAckAfterAppend},
 		{"Permanent/MessageTooLarge", testMessageTooLarge},
 		{"Permanent/EmptyKey", testEmptyKey},
