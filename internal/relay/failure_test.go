@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -344,4 +346,56 @@ func TestDeadLetterRetentionRuns(t *testing.T) {
 	}
 	e.start()
 	waitMetric(t, func() float64 { return float64(min(calls.Load(), 2)) }, 2)
+}
+
+// TestRoutingFailureGoesToDeadLetters: an event whose topic the template
+// cannot name (aggregate_type "orders/eu" in "outbox.{aggregate_type}") fails
+// permanently in the relay's router, before the producer: it is counted like
+// any permanent failure and dead-lettered, and the events around it are
+// delivered.
+func TestRoutingFailureGoesToDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	var (
+		mu    sync.Mutex
+		codes []string
+	)
+	e.cfgHook = func(c *relay.Config) {
+		c.Topic = "outbox.{aggregate_type}"
+		c.OpenDeadLetters = func(context.Context, *pgxpool.Pool) (relay.DeadLetterFunc, error) {
+			return func(_ context.Context, ev *outbox.Event, cause error) error {
+				mu.Lock()
+				defer mu.Unlock()
+				codes = append(codes, string(ev.AggregateType)+":"+sink.Code(cause))
+				return nil
+			}, nil
+		}
+	}
+	e.start()
+	e.tx(func(tx pgx.Tx) error {
+		for _, typ := range []string{"order", "orders/eu", "order"} {
+			if _, err := insert(tx, typ, "o-1", "Placed", `{}`); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	recs := e.waitRecords(2, "outbox.order")
+	if len(recs) != 2 {
+		t.Fatalf("%d records in outbox.order, want 2", len(recs))
+	}
+	mu.Lock()
+	got := fmt.Sprint(codes)
+	mu.Unlock()
+	if want := "[orders/eu:invalid_topic]"; got != want {
+		t.Errorf("dead letters %s, want %s", got, want)
+	}
+	if v := testutil.ToFloat64(e.m.PermanentFailures.WithLabelValues("invalid_topic")); v != 1 {
+		t.Errorf("permanent_failures_total{invalid_topic} = %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(e.m.ProduceErrors.WithLabelValues("permanent")); v != 1 {
+		t.Errorf("produce_errors_total{permanent} = %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(e.m.DeadLetters.WithLabelValues("invalid_topic")); v != 1 {
+		t.Errorf("dead_letters_total{invalid_topic} = %v, want 1", v)
+	}
 }
