@@ -55,7 +55,16 @@ func (k *Kafka) dispatch() {
 			parts = append(parts, ts.parts...)
 		}
 		k.newTopics = nil
+		refused := k.refused
+		k.refused = nil
 		k.mu.Unlock()
+		// Events of topics the broker refuses are reported here, so every
+		// Done the dispatcher calls runs on this goroutine.
+		for _, f := range refused {
+			if k.fail(f.it, f.err) != nil {
+				return
+			}
+		}
 
 		// Build one request per idle broker from its ready partitions, once the
 		// input paused, enough is queued, or the oldest event waited Linger.
@@ -224,6 +233,9 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 		}
 	}
 	for i, p := range r.parts {
+		if k.ctx.Err() != nil { // closed, or halted by a Done: the rest is abandoned
+			return false, ok
+		}
 		batch := r.batches[i]
 		p.inFlight = false
 		p.sending.Store(false)

@@ -153,6 +153,7 @@ type Kafka struct {
 	wake      chan struct{}
 	mu        sync.Mutex
 	newTopics []*topicState
+	refused   []failure // events of topics the broker refuses, to report
 
 	lastPush  atomic.Int64 // UnixNano of the newest Produce
 	lastSent  int64        // UnixNano of the newest request (dispatcher-owned)
@@ -255,6 +256,13 @@ func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 	ts.mu.Unlock()
 	ts.parts[k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ts.ids...)].push(it)
 	return nil
+}
+
+// failure is an event that failed permanently outside the dispatcher, for the
+// dispatcher to report.
+type failure struct {
+	it  item
+	err error
 }
 
 // topic returns the state of a topic, starting the lookup of its partitions

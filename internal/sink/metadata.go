@@ -227,11 +227,12 @@ func (k *Kafka) resolve(ts *topicState) {
 			pending := ts.pending
 			ts.pending = nil
 			ts.mu.Unlock()
+			k.mu.Lock()
 			for _, it := range pending {
-				if k.fail(it, &outbox.EventError{Code: "invalid_topic", Err: err}) != nil {
-					return
-				}
+				k.refused = append(k.refused, failure{it, &outbox.EventError{Code: "invalid_topic", Err: err}})
 			}
+			k.mu.Unlock()
+			k.signal()
 		} else if attempt == 0 {
 			k.log.Warn().Err(err).Str("topic", ts.name).Msg("topic not available yet; retrying with backoff")
 		}
