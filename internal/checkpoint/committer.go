@@ -31,9 +31,10 @@ type CommitterConfig struct {
 	// Start is the position streaming starts from: already persisted, so it is
 	// the first Flushed value and the Tracker's first watermark.
 	Start pglogrepl.LSN
-	// Every is how often the watermark is persisted when it moved (default 1s);
-	// Idle how often an advance with no new events (keepalives on an idle
-	// outbox) is persisted, since each save writes WAL of its own (default 10s).
+	// Every is how often the watermark is persisted when it moved; Idle how
+	// often an advance with no new events (keepalives on an idle outbox) is
+	// persisted, since each save writes WAL of its own. Both must be positive
+	// (the relay's configuration holds their defaults).
 	Every, Idle time.Duration
 	Logger      zerolog.Logger
 	Metrics     *metrics.Metrics
@@ -65,12 +66,6 @@ type Committer struct {
 
 // NewCommitter returns a Committer whose Tracker and Flushed start at cfg.Start.
 func NewCommitter(cfg CommitterConfig) *Committer {
-	if cfg.Every <= 0 {
-		cfg.Every = time.Second
-	}
-	if cfg.Idle <= 0 {
-		cfg.Idle = 10 * time.Second
-	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()
 	}

@@ -502,7 +502,7 @@ func (r *RunCmd) run(ctx context.Context, env Env) error {
 	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
 	r.logKafkaSecurity(log)
-	runErr := r.explainKafkaError(rl.Run(ctx))
+	runErr := nameFlags(r.explainKafkaError(rl.Run(ctx)), runFlags)
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := srv.Shutdown(sctx); err != nil && runErr == nil {

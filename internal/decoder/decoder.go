@@ -20,26 +20,29 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
-// Flag names used in configuration errors, so that they tell the operator what to set.
+// Config fields named in configuration errors (config.FieldError), so that they
+// tell the operator what to set.
 const (
-	flagSchema        = "--schema"
-	flagTable         = "--table"
-	flagHeaderColumns = "--header-columns"
+	fieldSchema        = "Schema"
+	fieldTable         = "Table"
+	fieldHeaderColumns = "HeaderColumns"
 )
 
-// columnFlags names the flag for each required column, in field order (see fieldID).
-var columnFlags = [numFields]string{
-	"--column-id",
-	"--column-aggregate-type",
-	"--column-aggregate-id",
-	"--column-event-type",
-	"--column-payload",
+// columnFields names the Config field of each required column, in field order
+// (see fieldID).
+var columnFields = [numFields]string{
+	"Columns.ID",
+	"Columns.AggregateType",
+	"Columns.AggregateID",
+	"Columns.EventType",
+	"Columns.Payload",
 }
 
-// Indexes of the required outbox columns in outboxRel.fields and columnFlags.
+// Indexes of the required outbox columns in outboxRel.fields and columnFields.
 const (
 	fieldID = iota
 	fieldAggregateType
@@ -51,7 +54,8 @@ const (
 
 // ErrMissingColumn reports that the outbox table, as announced by a Relation message,
 // lacks a configured column. It is a configuration error: the relay must stop and the
-// operator must fix the named flag (or the table). Retrying does not help.
+// operator must fix the named setting (or the table). Retrying does not help.
+// It comes wrapped in a *config.FieldError naming the setting.
 var ErrMissingColumn = errors.New("outbox column missing")
 
 // notReplicated says which columns a Relation message lacks although the table
@@ -191,26 +195,27 @@ type Decoder struct {
 	commitTime time.Time
 }
 
-// New returns a Decoder for cfg, or an error naming the flag to fix if a name is empty.
+// New returns a Decoder for cfg, or a *config.FieldError naming the setting
+// to fix if a name is empty.
 func New(cfg Config) (*Decoder, error) {
 	if cfg.Schema == "" {
-		return nil, fmt.Errorf("new decoder: outbox schema is empty: set %s", flagSchema)
+		return nil, config.Errorf(fieldSchema, "new decoder: outbox schema is empty: set it")
 	}
 	if cfg.Table == "" {
-		return nil, fmt.Errorf("new decoder: outbox table is empty: set %s", flagTable)
+		return nil, config.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
 	}
 	for i, name := range cfg.Columns.names() {
 		if name == "" {
-			return nil, fmt.Errorf("new decoder: column name is empty: set %s", columnFlags[i])
+			return nil, config.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{})}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
-			return nil, fmt.Errorf("new decoder: empty column name for header %q: fix %s", key, flagHeaderColumns)
+			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
 		}
 		if key == "" {
-			return nil, fmt.Errorf("new decoder: empty header key for column %q: fix %s", column, flagHeaderColumns)
+			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
 		}
 		d.headers = append(d.headers, headerCol{column: column, key: key})
 	}
@@ -399,15 +404,15 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 	if isOutbox {
 		for f, col := range rel.fields {
 			if col < 0 {
-				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q (%s): set %s to the right column name",
-					ErrMissingColumn, d.schema, d.table, d.columns[f], notReplicated, columnFlags[f])
+				return Message{}, config.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
+					ErrMissingColumn, d.schema, d.table, d.columns[f], notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
-				return Message{}, fmt.Errorf("%w: table %q.%q has no column %q named in %s (%s): fix %s or the table",
-					ErrMissingColumn, d.schema, d.table, d.headers[h].column, flagHeaderColumns, notReplicated, flagHeaderColumns)
+				return Message{}, config.Errorf(fieldHeaderColumns, "%w: table %q.%q has no column %q named in the header columns (%s): fix them or the table",
+					ErrMissingColumn, d.schema, d.table, d.headers[h].column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}

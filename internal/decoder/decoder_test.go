@@ -284,22 +284,22 @@ func TestDecode(t *testing.T) {
 			},
 		},
 		{
-			name: "missing column error names column, table and flag",
+			name: "missing column error names column, table and setting",
 			cfg:  Config{Schema: "app", Table: "events", Columns: renamed},
 			steps: []step{
 				errStep(relationMsg(outboxID, "app", "events", "event_id", "agg_type", "agg_id", "type", "payload"),
-					`table "app"."events" has no column "body"`, "set --column-payload"),
+					`table "app"."events" has no column "body"`, "(setting Columns.Payload)"),
 				// The broken relation stays unknown: its inserts fail instead of being skipped.
 				beginStep,
 				errStep(insertMsg(outboxID, txt("e1"), txt("a"), txt("b"), txt("c"), txt("d")), "unknown relation 16385"),
 			},
 		},
 		{
-			name: "missing header column names --header-columns",
+			name: "missing header column names the header columns setting",
 			cfg:  withHeaders(map[string]string{"tenant": "x-tenant"}),
 			steps: []step{
 				errStep(relationMsg(outboxID, "public", "outbox_events", outboxColumns...),
-					`table "public"."outbox_events" has no column "tenant" named in --header-columns`),
+					`table "public"."outbox_events" has no column "tenant" named in the header columns`, "(setting HeaderColumns)"),
 			},
 		},
 		{
@@ -453,15 +453,15 @@ func TestNewValidatesConfig(t *testing.T) {
 		wantErr string
 	}{
 		{"valid", func(*Config) {}, ""},
-		{"schema", func(c *Config) { c.Schema = "" }, "set --schema"},
-		{"table", func(c *Config) { c.Table = "" }, "set --table"},
-		{"id", func(c *Config) { c.Columns.ID = "" }, "set --column-id"},
-		{"aggregate type", func(c *Config) { c.Columns.AggregateType = "" }, "set --column-aggregate-type"},
-		{"aggregate id", func(c *Config) { c.Columns.AggregateID = "" }, "set --column-aggregate-id"},
-		{"event type", func(c *Config) { c.Columns.EventType = "" }, "set --column-event-type"},
-		{"payload", func(c *Config) { c.Columns.Payload = "" }, "set --column-payload"},
-		{"header column", func(c *Config) { c.HeaderColumns = map[string]string{"": "k"} }, `empty column name for header "k": fix --header-columns`},
-		{"header key", func(c *Config) { c.HeaderColumns = map[string]string{"c": ""} }, `empty header key for column "c": fix --header-columns`},
+		{"schema", func(c *Config) { c.Schema = "" }, "outbox schema is empty: set it (setting Schema)"},
+		{"table", func(c *Config) { c.Table = "" }, "outbox table is empty: set it (setting Table)"},
+		{"id", func(c *Config) { c.Columns.ID = "" }, "(setting Columns.ID)"},
+		{"aggregate type", func(c *Config) { c.Columns.AggregateType = "" }, "(setting Columns.AggregateType)"},
+		{"aggregate id", func(c *Config) { c.Columns.AggregateID = "" }, "(setting Columns.AggregateID)"},
+		{"event type", func(c *Config) { c.Columns.EventType = "" }, "(setting Columns.EventType)"},
+		{"payload", func(c *Config) { c.Columns.Payload = "" }, "(setting Columns.Payload)"},
+		{"header column", func(c *Config) { c.HeaderColumns = map[string]string{"": "k"} }, `empty column name for header "k": fix it (setting HeaderColumns)`},
+		{"header key", func(c *Config) { c.HeaderColumns = map[string]string{"c": ""} }, `empty header key for column "c": fix it (setting HeaderColumns)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -491,7 +491,7 @@ func TestNewCopiesHeaderColumns(t *testing.T) {
 }
 
 func TestMissingColumnErrors(t *testing.T) {
-	for f, flag := range columnFlags {
+	for f, field := range columnFields {
 		name := DefaultColumns().names()[f]
 		t.Run(name, func(t *testing.T) {
 			var cols []string
@@ -508,7 +508,7 @@ func TestMissingColumnErrors(t *testing.T) {
 			if !errors.Is(err, ErrMissingColumn) {
 				t.Fatalf("error %v, want ErrMissingColumn", err)
 			}
-			want := fmt.Sprintf(`decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column %q (dropped, renamed and generated columns are not replicated): set %s to the right column name`, name, flag)
+			want := fmt.Sprintf(`decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column %q (dropped, renamed and generated columns are not replicated): set the right column name (setting %s)`, name, field)
 			if err.Error() != want {
 				t.Fatalf("error\n %s\nwant\n %s", err, want)
 			}

@@ -179,7 +179,7 @@ func TestRealFixturesRelationChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = d.Decode(fx[before].data)
-	want := `decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column "tenant" named in --header-columns (dropped, renamed and generated columns are not replicated): fix --header-columns or the table`
+	want := `decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column "tenant" named in the header columns (dropped, renamed and generated columns are not replicated): fix them or the table (setting HeaderColumns)`
 	if err == nil || err.Error() != want {
 		t.Fatalf("%s: error %v, want %s", fx[before].name, err, want)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -504,7 +505,11 @@ func TestOutboxSchemaChanges(t *testing.T) {
 	e.exec("ALTER TABLE outbox_events DROP COLUMN tenant")
 	e.exec(`INSERT INTO outbox_events (payload, note, event_type, aggregate_id, aggregate_type) VALUES ('{}', 'x', 'AfterDrop', 'k', 't')`)
 	end := e.currentLSN()
-	wantConfigError(t, e.waitStopped(20*time.Second), `has no column "tenant" named in --header-columns`)
+	stopErr := e.waitStopped(20 * time.Second)
+	wantConfigError(t, stopErr, `has no column "tenant" named in the header columns`, "(setting HeaderColumns)")
+	if f := config.Fields(stopErr); len(f) != 1 || f[0].Field != "Decoder.HeaderColumns" {
+		t.Errorf("error names %v, want the setting Decoder.HeaderColumns", f)
+	}
 	if got := e.slotConfirmed(); got >= end {
 		t.Errorf("slot confirmed %s, past the event the relay could not decode (before %s)", got, end)
 	}
@@ -525,7 +530,7 @@ func TestGeneratedHeaderColumnRefused(t *testing.T) {
 	e.exec("ALTER TABLE outbox_events ADD COLUMN agg_upper text GENERATED ALWAYS AS (upper(aggregate_id)) STORED")
 	e.cfgHook = func(c *relay.Config) { c.Decoder.HeaderColumns = map[string]string{"agg_upper": "agg_upper"} }
 	e.startNoWait()
-	wantConfigError(t, e.waitStopped(20*time.Second), `"agg_upper"`, "generated column", "--header-columns")
+	wantConfigError(t, e.waitStopped(20*time.Second), `"agg_upper"`, "generated column", "(setting Decoder.HeaderColumns)")
 }
 
 // TestPublicationChangesAreLoud: Postgres sends no INSERT made while the

@@ -13,7 +13,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
@@ -111,12 +111,12 @@ type Config struct {
 	BackfillMargin time.Duration
 
 	RelayName        string
-	MaxInFlightBytes int64         // backpressure threshold, default 16 MiB
-	StatusInterval   time.Duration // standby status / checkpoint period, default 1s
-	IdleCheckpoint   time.Duration // how often an idle advance is persisted, default 10s
-	ShutdownTimeout  time.Duration // bound on a clean stop, default 10s
-	KafkaStartWait   time.Duration // how long to wait for Kafka at start, default 30s
-	MonitorInterval  time.Duration // how often slot metrics are read, default 10s
+	MaxInFlightBytes int64         // backpressure threshold (DefaultMaxInFlightBytes)
+	StatusInterval   time.Duration // standby status / checkpoint period (DefaultStatusInterval)
+	IdleCheckpoint   time.Duration // how often an idle advance is persisted (DefaultIdleCheckpoint)
+	ShutdownTimeout  time.Duration // bound on a clean stop (DefaultShutdownTimeout)
+	KafkaStartWait   time.Duration // how long to wait for Kafka at start (DefaultKafkaStartWait)
+	MonitorInterval  time.Duration // how often slot metrics are read (DefaultMonitorInterval)
 	// Heartbeat, when positive, writes pg_logical_emit_message at that period so
 	// an idle database's slot keeps moving while others write WAL.
 	Heartbeat time.Duration
@@ -132,27 +132,38 @@ type Config struct {
 	Metrics *metrics.Metrics
 }
 
+// Defaults of Config, stated once: the command line's flag defaults are these.
+const (
+	DefaultMaxInFlightBytes = 16 << 20
+	DefaultStatusInterval   = time.Second
+	DefaultIdleCheckpoint   = 10 * time.Second
+	DefaultShutdownTimeout  = 10 * time.Second
+	DefaultKafkaStartWait   = 30 * time.Second
+	DefaultMonitorInterval  = 10 * time.Second
+	DefaultBackfillMargin   = 10 * time.Minute
+)
+
 func (c *Config) setDefaults() {
 	if c.MaxInFlightBytes <= 0 {
-		c.MaxInFlightBytes = 16 << 20
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
 	if c.StatusInterval <= 0 {
-		c.StatusInterval = time.Second
+		c.StatusInterval = DefaultStatusInterval
 	}
 	if c.IdleCheckpoint <= 0 {
-		c.IdleCheckpoint = 10 * time.Second
+		c.IdleCheckpoint = DefaultIdleCheckpoint
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 10 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.KafkaStartWait <= 0 {
-		c.KafkaStartWait = 30 * time.Second
+		c.KafkaStartWait = DefaultKafkaStartWait
 	}
 	if c.MonitorInterval <= 0 {
-		c.MonitorInterval = 10 * time.Second
+		c.MonitorInterval = DefaultMonitorInterval
 	}
 	if c.BackfillMargin <= 0 {
-		c.BackfillMargin = 10 * time.Minute
+		c.BackfillMargin = DefaultBackfillMargin
 	}
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
@@ -160,6 +171,34 @@ func (c *Config) setDefaults() {
 	if c.Metrics == nil {
 		c.Metrics = metrics.Discard()
 	}
+}
+
+// Validate checks everything in c that can be checked without connecting,
+// and returns a *config.FieldError naming the field to fix. Run calls it
+// first.
+func (c Config) Validate() error {
+	if !replication.ValidName(c.Slot) {
+		return config.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
+	}
+	if !replication.ValidName(c.Publication) {
+		return config.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
+	}
+	if _, err := pgxpool.ParseConfig(c.PGURL); err != nil {
+		return config.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
+	}
+	if _, err := decoder.New(c.Decoder); err != nil {
+		return config.Within("Decoder", err)
+	}
+	if _, err := route.New(c.Topic); err != nil {
+		return config.Errorf("Topic", "%w", err)
+	}
+	if len(c.Sink.Brokers) == 0 {
+		return config.Errorf("Sink.Brokers", "no Kafka brokers configured")
+	}
+	if c.OpenStore == nil {
+		return config.Errorf("OpenStore", "no checkpoint store configured")
+	}
+	return nil
 }
 
 // Relay is one running relay. Create it with New and call Run once.
@@ -200,26 +239,20 @@ func (r *Relay) Ready() bool { return r.ready.Load() }
 func (r *Relay) Run(ctx context.Context) error {
 	r.m.SetState(metrics.StateStarting)
 	cfg := r.cfg
-	if !replication.ValidName(cfg.Slot) {
-		return &replication.ConfigError{Msg: fmt.Sprintf("slot name %q is invalid: use lowercase letters, digits and underscores, at most 63 (--slot / CDC_RELAY_SLOT)", cfg.Slot)}
-	}
-	if !replication.ValidName(cfg.Publication) {
-		return &replication.ConfigError{Msg: fmt.Sprintf("publication name %q is invalid: use lowercase letters, digits and underscores (--publication / CDC_RELAY_PUBLICATION)", cfg.Publication)}
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
 	dec, err := decoder.New(cfg.Decoder)
 	if err != nil {
-		return &replication.ConfigError{Msg: err.Error()}
+		return config.Within("Decoder", err)
 	}
 	router, err := route.New(cfg.Topic)
 	if err != nil {
-		return &replication.ConfigError{Msg: fmt.Sprintf("%v (set --topic or CDC_RELAY_TOPIC)", err)}
+		return config.Errorf("Topic", "%w", err)
 	}
 
 	// Postgres: server, table, publication, slot, stored checkpoint.
-	poolCfg, err := pgxpool.ParseConfig(cfg.PGURL)
-	if err != nil {
-		return &replication.ConfigError{Msg: fmt.Sprintf("parse Postgres URL %s: %v (check --pg-url / CDC_RELAY_PG_URL)", replication.Redact(cfg.PGURL), err)}
-	}
+	poolCfg, _ := pgxpool.ParseConfig(cfg.PGURL) // checked by Validate
 	poolCfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {

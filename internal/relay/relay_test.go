@@ -559,12 +559,12 @@ func TestStartupChecks(t *testing.T) {
 		{
 			name:  "missing table",
 			setup: func(e *env) { e.exec("DROP TABLE outbox_events") },
-			want:  []string{"does not exist", "--table"},
+			want:  []string{"does not exist", "(setting Decoder.Table)"},
 		},
 		{
 			name: "missing column",
 			hook: func(c *relay.Config) { c.Decoder.Columns.AggregateID = "agg" },
-			want: []string{`no column "agg"`, "--column-aggregate-id"},
+			want: []string{`no column "agg"`, "(setting Decoder.Columns.AggregateID)"},
 		},
 		{
 			name: "publication missing and creation disabled",
@@ -587,7 +587,7 @@ func TestStartupChecks(t *testing.T) {
 		{
 			name: "invalid slot name",
 			hook: func(c *relay.Config) { c.Slot = "Bad-Slot" },
-			want: []string{"--slot"},
+			want: []string{`slot name "Bad-Slot" is invalid`, "(setting Slot)"},
 		},
 	}
 	for _, tt := range tests {

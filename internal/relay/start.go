@@ -48,18 +48,18 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 func (r *Relay) setupConfig() replication.SetupConfig {
 	d := r.cfg.Decoder
 	cols := []replication.Column{
-		{Name: d.Columns.ID, Flag: "--column-id"},
-		{Name: d.Columns.AggregateType, Flag: "--column-aggregate-type"},
-		{Name: d.Columns.AggregateID, Flag: "--column-aggregate-id"},
-		{Name: d.Columns.EventType, Flag: "--column-event-type"},
-		{Name: d.Columns.Payload, Flag: "--column-payload"},
+		{Name: d.Columns.ID, Field: "Decoder.Columns.ID"},
+		{Name: d.Columns.AggregateType, Field: "Decoder.Columns.AggregateType"},
+		{Name: d.Columns.AggregateID, Field: "Decoder.Columns.AggregateID"},
+		{Name: d.Columns.EventType, Field: "Decoder.Columns.EventType"},
+		{Name: d.Columns.Payload, Field: "Decoder.Columns.Payload"},
 	}
 	for col := range d.HeaderColumns {
-		cols = append(cols, replication.Column{Name: col, Flag: "--header-columns"})
+		cols = append(cols, replication.Column{Name: col, Field: "Decoder.HeaderColumns"})
 	}
 	return replication.SetupConfig{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
-		Schema: d.Schema, Table: d.Table, Columns: cols,
+		Schema: d.Schema, Table: d.Table, TableField: "Decoder.Table", Columns: cols,
 		CreatePublication: r.cfg.CreatePublication,
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -67,7 +68,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			if errors.Is(err, decoder.ErrMissingColumn) {
 				// Reconnecting cannot help: the table no longer has a configured column.
 				s.Close(context.Background())
-				return r.finish(nil, ck, &replication.ConfigError{Msg: err.Error()})
+				return r.finish(nil, ck, &replication.ConfigError{Err: config.Within("Decoder", err)})
 			}
 			if publicationDropped(err) {
 				err = &replication.ConfigError{Msg: publicationDroppedMsg(r.cfg.Publication, r.cfg.Slot, "")}

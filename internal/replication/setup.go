@@ -15,23 +15,42 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 )
 
 // ConfigError is a problem an operator must fix before the relay can run. Its
 // message says what is wrong and how to fix it, with the SQL to run where there
-// is one.
-type ConfigError struct{ Msg string }
+// is one. When Err is set (a *config.FieldError naming the setting), the
+// message is Err's.
+type ConfigError struct {
+	Msg string
+	Err error
+}
 
-func (e *ConfigError) Error() string { return e.Msg }
+func (e *ConfigError) Error() string {
+	if e.Err != nil {
+		return e.Err.Error()
+	}
+	return e.Msg
+}
+
+// Unwrap returns Err.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// fieldErr is a *ConfigError naming the setting field.
+func fieldErr(field, format string, args ...any) error {
+	return &ConfigError{Err: config.Errorf(field, format, args...)}
+}
 
 func configErr(format string, args ...any) error {
 	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
 }
 
-// Column is a column the relay needs, with the flag that names it.
+// Column is a column the relay needs, with the configuration field that
+// names it (for config.FieldError).
 type Column struct {
-	Name string
-	Flag string
+	Name  string
+	Field string
 }
 
 // SetupConfig says what Prepare checks and may create.
@@ -39,6 +58,7 @@ type SetupConfig struct {
 	Slot              string
 	Publication       string
 	Schema, Table     string
+	TableField        string // the configuration field naming the table
 	Columns           []Column
 	CreatePublication bool
 }
@@ -66,7 +86,7 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 		return fmt.Errorf("look up table %s: %w", table, err)
 	}
 	if !exists {
-		return configErr("outbox table %s does not exist: create it (migrations/001_outbox.sql) or point --table / CDC_RELAY_TABLE at your outbox table", table)
+		return fieldErr(cfg.TableField, "outbox table %s does not exist: create it (migrations/001_outbox.sql) or point the relay at your outbox table", table)
 	}
 	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, table)
 	if err != nil {
@@ -86,10 +106,10 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	}
 	for _, c := range cfg.Columns {
 		if !set[c.Name] {
-			return configErr("outbox table %s has no column %q (it has: %s): set %s to the column to use", table, c.Name, strings.Join(have, ", "), c.Flag)
+			return fieldErr(c.Field, "outbox table %s has no column %q (it has: %s): set the column to use", table, c.Name, strings.Join(have, ", "))
 		}
 		if slices.Contains(generated, c.Name) {
-			return configErr("outbox column %q of %s is a generated column, which logical replication does not carry: set %s to a regular column (fill it in the INSERT or with a trigger)", c.Name, table, c.Flag)
+			return fieldErr(c.Field, "outbox column %q of %s is a generated column, which logical replication does not carry: use a regular column (fill it in the INSERT or with a trigger)", c.Name, table)
 		}
 	}
 	return checkPublication(ctx, conn, cfg)

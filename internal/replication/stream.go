@@ -58,7 +58,7 @@ type StreamConfig struct {
 	URL            string // the user's normal connection URL; replication=database is added
 	Slot           string
 	Publication    string
-	StatusInterval time.Duration  // standby status update period, default 1s
+	StatusInterval time.Duration  // standby status update period; must be positive
 	Logger         zerolog.Logger // should carry the slot name
 	Metrics        *metrics.Metrics
 }
@@ -99,7 +99,7 @@ func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 // (0 lets the server use the slot's confirmed position).
 func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, error) {
 	if cfg.StatusInterval <= 0 {
-		cfg.StatusInterval = time.Second
+		return nil, fmt.Errorf("open replication stream: status interval %v must be positive", cfg.StatusInterval)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()

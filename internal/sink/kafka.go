@@ -82,12 +82,19 @@ type Config struct {
 	BreakerThreshold int
 }
 
+// Defaults of Config that the command line offers as flags, stated once.
+const (
+	DefaultBatchMaxEvents = 10000
+	// DefaultBatchMaxBytes is under Kafka's default message.max.bytes (1 MB).
+	DefaultBatchMaxBytes = 900 << 10
+)
+
 func (c *Config) setDefaults() {
 	if c.BatchMaxEvents <= 0 {
-		c.BatchMaxEvents = 10000
+		c.BatchMaxEvents = DefaultBatchMaxEvents
 	}
 	if c.BatchMaxBytes <= 0 {
-		c.BatchMaxBytes = 900 << 10 // under Kafka's default message.max.bytes (1 MB)
+		c.BatchMaxBytes = DefaultBatchMaxBytes
 	}
 	if c.MaxRequestBytes <= 0 {
 		c.MaxRequestBytes = 8 << 20
