@@ -16,6 +16,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -54,8 +55,8 @@ type outboxColumnFlags struct {
 	HeaderColumns       []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
 }
 
-func (f *outboxColumnFlags) columns(headers map[string]string) deadletter.OutboxColumns {
-	return deadletter.OutboxColumns{
+func (f *outboxColumnFlags) columns(headers map[string]string) outboxtable.Columns {
+	return outboxtable.Columns{
 		Columns: decoder.Columns{
 			ID: f.ColumnID, AggregateType: f.ColumnAggregateType, AggregateID: f.ColumnAggregateID,
 			EventType: f.ColumnEventType, Payload: f.ColumnPayload,
@@ -203,7 +204,7 @@ func (r *ReplayCmd) run(ctx context.Context, env Env) error {
 		defer p.Close()
 		pub = p
 	}
-	res, err := store.ReplayOutbox(ctx, r.Table, r.columns(r.headers), pub, deadletter.OutboxReplayOptions{
+	res, err := outboxtable.Replay(ctx, pool, store, r.Table, r.columns(r.headers), pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})
@@ -284,7 +285,7 @@ func (c *PruneCmd) run(ctx context.Context, env Env) error {
 		return err
 	}
 	defer pool.Close()
-	n, err := deadletter.PruneOutbox(ctx, pool, c.Table, c.ColumnCreatedAt, c.olderThan, c.BatchSize)
+	n, err := outboxtable.Prune(ctx, pool, c.Table, c.ColumnCreatedAt, c.olderThan, c.BatchSize)
 	fmt.Fprintf(env.Stdout, "deleted %d rows of %s created before %s\n", n, c.Table, c.olderThan.UTC().Format(time.RFC3339))
 	return err
 }
