@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"text/tabwriter"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
@@ -39,56 +40,66 @@ func (c *DLQHistoryCmd) Run(ctx context.Context, env Env) error {
 				return err
 			}
 			if c.JSON {
-				return writeJSON(env.Stdout, events)
+				return writeJSON(env.Stdout, "JSON", events)
 			}
-			if len(events) == 0 {
-				fmt.Fprintf(env.Stdout, "replay %d recorded no events (or does not exist)\n", c.Replay)
-				return nil
-			}
-			tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "AT\tEVENT ID\tDEAD LETTER\tRESULT\tERROR")
-			for _, e := range events {
-				dl := "-"
-				if e.DeadLetterID != 0 {
-					dl = fmt.Sprint(e.DeadLetterID)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", timeText(e.At), oneLine(e.EventID), dl, e.Result, e.Error)
-			}
-			return tw.Flush()
+			return printReplayEvents(env.Stdout, c.Replay, events)
 		}
 		replays, err := s.ListReplays(ctx, c.Limit)
 		if err != nil {
 			return err
 		}
 		if c.JSON {
-			return writeJSON(env.Stdout, replays)
+			return writeJSON(env.Stdout, "JSON", replays)
 		}
-		if len(replays) == 0 {
-			fmt.Fprintln(env.Stdout, "no replays yet")
-			return nil
-		}
-		tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tKIND\tACTOR\tSTARTED\tFINISHED\tMODE\tRATE\tSELECTED\tPUBLISHED\tSKIPPED\tFAILED\tFILTERS")
-		for _, r := range replays {
-			finished := "(not finished)"
-			if r.FinishedAt != nil {
-				finished = timeText(*r.FinishedAt)
-			}
-			mode := "publish"
-			switch {
-			case r.DryRun:
-				mode = "dry run"
-			case r.Forced:
-				mode = "forced"
-			}
-			rate := "unlimited"
-			if r.RatePerSec > 0 {
-				rate = fmt.Sprintf("%g/s", r.RatePerSec)
-			}
-			filters, _ := json.Marshal(r.Filters)
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", r.ID, r.Kind, oneLine(r.Actor),
-				timeText(r.StartedAt), finished, mode, rate, r.Selected, r.Published, r.Skipped, r.Failed, filters)
-		}
-		return tw.Flush()
+		return printReplays(env.Stdout, replays)
 	})
+}
+
+// printReplayEvents prints the events of replay replayID as a table.
+func printReplayEvents(w io.Writer, replayID int64, events []deadletter.ReplayEvent) error {
+	if len(events) == 0 {
+		fmt.Fprintf(w, "replay %d recorded no events (or does not exist)\n", replayID)
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tEVENT ID\tDEAD LETTER\tRESULT\tERROR")
+	for _, e := range events {
+		dl := "-"
+		if e.DeadLetterID != 0 {
+			dl = fmt.Sprint(e.DeadLetterID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", timeText(e.At), oneLine(e.EventID), dl, e.Result, e.Error)
+	}
+	return tw.Flush()
+}
+
+// printReplays prints replays as a table.
+func printReplays(w io.Writer, replays []deadletter.Replay) error {
+	if len(replays) == 0 {
+		fmt.Fprintln(w, "no replays yet")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tKIND\tACTOR\tSTARTED\tFINISHED\tMODE\tRATE\tSELECTED\tPUBLISHED\tSKIPPED\tFAILED\tFILTERS")
+	for _, r := range replays {
+		finished := "(not finished)"
+		if r.FinishedAt != nil {
+			finished = timeText(*r.FinishedAt)
+		}
+		mode := "publish"
+		switch {
+		case r.DryRun:
+			mode = "dry run"
+		case r.Forced:
+			mode = "forced"
+		}
+		rate := "unlimited"
+		if r.RatePerSec > 0 {
+			rate = fmt.Sprintf("%g/s", r.RatePerSec)
+		}
+		filters, _ := json.Marshal(r.Filters)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", r.ID, r.Kind, oneLine(r.Actor),
+			timeText(r.StartedAt), finished, mode, rate, r.Selected, r.Published, r.Skipped, r.Failed, filters)
+	}
+	return tw.Flush()
 }

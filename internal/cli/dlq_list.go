@@ -37,37 +37,48 @@ func (c *DLQListCmd) Validate() error {
 // Run prints the letters and the summary per error code.
 func (c *DLQListCmd) Run(ctx context.Context, env Env) error {
 	return withStore(ctx, c.PGURL, c.DLQTable, func(s *deadletter.Store) error {
-		f := c.filter
-		f.Limit = c.Limit
-		letters, err := s.List(ctx, f)
+		list, err := listLetters(ctx, s, c.filter, c.Limit)
 		if err != nil {
 			return err
-		}
-		summary, err := s.Summary(ctx, c.filter)
-		if err != nil {
-			return err
-		}
-		var total int64
-		for _, cc := range summary {
-			total += cc.Count
 		}
 		if c.JSON {
-			out := listJSON{Letters: make([]letterJSON, len(letters)), Summary: make([]codeJSON, len(summary)), Total: total}
-			for i, l := range letters {
-				out.Letters[i] = toJSON(l)
-			}
-			for i, cc := range summary {
-				out.Summary[i] = codeJSON{cc.ErrorCode, cc.Count, cc.Pending, cc.Oldest.UTC(), cc.Newest.UTC()}
-			}
-			return writeJSON(env.Stdout, out)
+			return writeJSON(env.Stdout, "JSON", list.json())
 		}
-		printList(env.Stdout, letters, summary, total)
+		printList(env.Stdout, list)
 		return nil
 	})
 }
 
+// letterList is what dlq list shows.
+type letterList struct {
+	Letters []deadletter.Letter    // the first letters f selects, up to the limit
+	Summary []deadletter.CodeCount // every letter f selects, per error code
+	Total   int64                  // letters f selects, beyond the limit too
+}
+
+// listLetters reads the first limit letters f selects (0: all) and the
+// summary of all of them.
+func listLetters(ctx context.Context, s *deadletter.Store, f deadletter.Filter, limit int) (letterList, error) {
+	page := f
+	page.Limit = limit
+	letters, err := s.List(ctx, page)
+	if err != nil {
+		return letterList{}, err
+	}
+	summary, err := s.Summary(ctx, f)
+	if err != nil {
+		return letterList{}, err
+	}
+	list := letterList{Letters: letters, Summary: summary}
+	for _, cc := range summary {
+		list.Total += cc.Count
+	}
+	return list, nil
+}
+
 // printList prints the letters and the summary as two tables.
-func printList(w io.Writer, letters []deadletter.Letter, summary []deadletter.CodeCount, total int64) {
+func printList(w io.Writer, list letterList) {
+	letters, summary, total := list.Letters, list.Summary, list.Total
 	if len(letters) == 0 {
 		fmt.Fprintln(w, "no dead letters match")
 		return
@@ -106,4 +117,16 @@ type codeJSON struct {
 	Pending   int64     `json:"pending"`
 	Oldest    time.Time `json:"first_failed_at"`
 	Newest    time.Time `json:"last_failed_at"`
+}
+
+// json is list as "dlq list --json" prints it.
+func (list letterList) json() listJSON {
+	out := listJSON{Letters: make([]letterJSON, len(list.Letters)), Summary: make([]codeJSON, len(list.Summary)), Total: list.Total}
+	for i, l := range list.Letters {
+		out.Letters[i] = toJSON(l)
+	}
+	for i, cc := range list.Summary {
+		out.Summary[i] = codeJSON{cc.ErrorCode, cc.Count, cc.Pending, cc.Oldest.UTC(), cc.Newest.UTC()}
+	}
+	return out
 }

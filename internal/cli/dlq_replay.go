@@ -56,21 +56,17 @@ func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
 		if err := s.Ensure(ctx); err != nil {
 			return err
 		}
-		p, err := c.publisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, env.Stderr)
+		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, env.Stderr)
 		if err != nil {
 			return err
 		}
-		var pub deadletter.Publisher
-		if p != nil {
-			defer p.Close()
-			pub = p
-		}
+		defer done()
 		f := c.filter
 		f.IDs, f.Limit = c.ID, c.Limit
 		actor := c.actor()
 		res, err := s.ReplayDeadLetters(ctx, pub, deadletter.ReplayOptions{
 			Filter: f, DryRun: c.DryRun, Force: c.Force, Rate: c.Rate, BatchSize: c.BatchSize, Actor: actor,
 		})
-		return printReplay(env.Stdout, "dlq", actor, res, c.DryRun, err)
+		return reportReplay(env.Stdout, replaySummary{Kind: "dlq", Actor: actor, DryRun: c.DryRun, Result: res}, err)
 	})
 }

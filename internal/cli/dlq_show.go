@@ -42,12 +42,17 @@ func (c *DLQShowCmd) Run(ctx context.Context, env Env) error {
 		if err != nil {
 			return err
 		}
-		if c.JSON {
-			return writeJSON(env.Stdout, toJSON(l))
-		}
-		printLetter(env.Stdout, l)
-		return nil
+		return writeLetter(env.Stdout, l, c.JSON)
 	})
+}
+
+// writeLetter prints l with every field and its payload, or as JSON.
+func writeLetter(w io.Writer, l deadletter.Letter, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, "JSON", toJSON(l))
+	}
+	printLetter(w, l)
+	return nil
 }
 
 // printLetter prints l as a list of fields, then its headers and payload.

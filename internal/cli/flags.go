@@ -329,6 +329,17 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	return p, nil
 }
 
+// replayPublisher is publisher as the deadletter.Publisher a replay takes:
+// nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
+// and done, which closes it.
+func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
+	p, err := f.publisher(ctx, brokers, sec, stderr)
+	if err != nil || p == nil {
+		return nil, func() {}, err
+	}
+	return p, func() { p.Close() }, nil
+}
+
 // splitTable splits --table and the other table flags into schema and table.
 func splitTable(t string) (schema, table string, err error) {
 	parts := strings.Split(t, ".")

@@ -12,14 +12,15 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 )
 
-// The output helpers the commands share.
+// The renderers the commands share: the commands compute a value, and
+// functions here and beside each command print it as text or JSON.
 
-// writeJSON prints v as indented JSON.
-func writeJSON(w io.Writer, v any) error {
+// writeJSON prints v as indented JSON; what names the output in the error.
+func writeJSON(w io.Writer, what string, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(v); err != nil {
-		return fmt.Errorf("write JSON: %w", err)
+		return fmt.Errorf("write %s: %w", what, err)
 	}
 	return nil
 }
@@ -46,19 +47,47 @@ func oneLine(s string) string {
 	return s
 }
 
-// printReplay prints what a replay did, and turns failed events into an error
-// so the exit status shows them.
-func printReplay(w io.Writer, kind, actor string, res deadletter.ReplayResult, dryRun bool, err error) error {
-	if res.ReplayID == 0 {
+// replaySummary is what replay and dlq replay report.
+type replaySummary struct {
+	Kind   string // deadletter.KindOutbox or deadletter.KindDLQ
+	Actor  string
+	DryRun bool
+	Result deadletter.ReplayResult
+}
+
+// reportReplay prints what a replay did, unless it did not start, and returns
+// the error the command exits with (see replayError).
+func reportReplay(w io.Writer, s replaySummary, err error) error {
+	if s.Result.ReplayID == 0 {
 		return err // it did not start
 	}
+	printReplay(w, s)
+	return replayError(s.Result, err)
+}
+
+// replayError is the error a replay command exits with: err, the reason the
+// replay stopped, or else one for the events that failed, so the exit status
+// shows them.
+func replayError(res deadletter.ReplayResult, err error) error {
+	if err != nil {
+		return fmt.Errorf("replay %d: %w", res.ReplayID, err)
+	}
+	if res.Failed > 0 {
+		return fmt.Errorf("replay %d: %d of %d events failed (listed above)", res.ReplayID, res.Failed, res.Selected)
+	}
+	return nil
+}
+
+// printReplay prints a replay's counts and its first failures.
+func printReplay(w io.Writer, s replaySummary) {
+	res := s.Result
 	what := "replay"
-	if dryRun {
+	if s.DryRun {
 		what = "dry run"
 	}
 	fmt.Fprintf(w, "%s %d (%s, by %s): selected %d, published %d, skipped %d, failed %d",
-		what, res.ReplayID, kind, actor, res.Selected, res.Published, res.Skipped, res.Failed)
-	if dryRun {
+		what, res.ReplayID, s.Kind, s.Actor, res.Selected, res.Published, res.Skipped, res.Failed)
+	if s.DryRun {
 		fmt.Fprintf(w, ", would publish %d", res.DryRun)
 	}
 	fmt.Fprintln(w)
@@ -75,11 +104,4 @@ func printReplay(w io.Writer, kind, actor string, res deadletter.ReplayResult, d
 			fmt.Fprintf(w, "  ... and %d more: cdc-relay dlq history --replay %d\n", res.Failed-len(res.Failures), res.ReplayID)
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("replay %d: %w", res.ReplayID, err)
-	}
-	if res.Failed > 0 {
-		return fmt.Errorf("replay %d: %d of %d events failed (listed above)", res.ReplayID, res.Failed, res.Selected)
-	}
-	return nil
 }

@@ -87,19 +87,15 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err := store.Ensure(ctx); err != nil {
 		return err
 	}
-	p, err := r.publisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, env.Stderr)
+	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, env.Stderr)
 	if err != nil {
 		return err
 	}
-	var pub deadletter.Publisher
-	if p != nil {
-		defer p.Close()
-		pub = p
-	}
+	defer done()
 	cols := outboxtable.Columns{Columns: r.columns(), CreatedAt: r.ColumnCreatedAt, Headers: r.headers}
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})
-	return printReplay(env.Stdout, "outbox", r.actor(), res, r.DryRun, err)
+	return reportReplay(env.Stdout, replaySummary{Kind: "outbox", Actor: r.actor(), DryRun: r.DryRun, Result: res}, err)
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -81,14 +80,8 @@ func (c *StatusCmd) Run(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		enc := json.NewEncoder(env.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return fmt.Errorf("write status: %w", err)
-		}
-	} else {
-		printStatus(env.Stdout, st)
+	if err := writeStatus(env.Stdout, st, c.JSON); err != nil {
+		return err
 	}
 	if len(st.Problems) > 0 {
 		return &ExitError{Code: statusProblem, Err: fmt.Errorf("%s", strings.Join(st.Problems, "; "))}
@@ -135,6 +128,15 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		st.DeadLetters = d
 	}
 	return st, nil
+}
+
+// writeStatus prints st as a table, or as JSON.
+func writeStatus(w io.Writer, st Status, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, "status", st)
+	}
+	printStatus(w, st)
+	return nil
 }
 
 // printStatus prints st as a table.
