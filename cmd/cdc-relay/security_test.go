@@ -98,8 +98,20 @@ func TestPostgresVerifyFull(t *testing.T) {
 
 	// status and replay over verify-full (that status verifies the certificate
 	// too shows in the untrusted-CA case above).
-	code, stdout, stderr := runCommand(ctx, t, 20*time.Second, "status", "--pg-url", goodURL, "--slot", f.slot, "--json")
-	var st cli.Status
+	// The relay stores its checkpoint at its next --status-interval after Kafka
+	// acknowledged the events: wait for it instead of racing it.
+	var (
+		code           int
+		stdout, stderr string
+		st             cli.Status
+	)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		code, stdout, stderr = runCommand(ctx, t, 20*time.Second, "status", "--pg-url", goodURL, "--slot", f.slot, "--json")
+		st = cli.Status{}
+		if code != 0 || json.Unmarshal([]byte(stdout), &st) != nil || st.Checkpoint != nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if code != 0 || json.Unmarshal([]byte(stdout), &st) != nil || !st.SlotExists || !st.Active || st.Checkpoint == nil {
 		t.Errorf("status over verify-full: exit %d, %+v; want exit 0, an active slot and a checkpoint\n%s%s", code, st, stdout, stderr)
 	}

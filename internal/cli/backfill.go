@@ -10,6 +10,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 )
 
@@ -33,7 +34,7 @@ func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
 		return
 	}
 	cfg.BackfillMargin = r.BackfillMargin
-	cols := deadletter.OutboxColumns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns}
+	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns}
 	table, dlqTable, topic, actor := r.Table, r.DLQTable, r.Topic, "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)"
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", "backfill").Logger()
@@ -51,7 +52,7 @@ func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
 		}
 		defer p.Close()
 		p.TopicWait = wait
-		res, err := store.ReplayOutbox(ctx, table, cols, p, deadletter.OutboxReplayOptions{
+		res, err := outboxtable.Replay(ctx, pool, store, table, cols, p, outboxtable.ReplayOptions{
 			Since:   since,
 			Topic:   topic,
 			Actor:   actor,

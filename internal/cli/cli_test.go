@@ -448,7 +448,7 @@ func TestHeaderColumns(t *testing.T) {
 		t.Run(strings.Join(tt.in, ","), func(t *testing.T) {
 			if tt.bug != "" {
 			}
-			r := RunCmd{HeaderColumns: tt.in}
+			r := RunCmd{headerColumnFlags: headerColumnFlags{HeaderColumns: tt.in}}
 			got, err := r.headerColumns()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {

@@ -110,6 +110,16 @@ func TestDLQCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("list result", func(t *testing.T) {
+		list, err := listLetters(ctx, s, deadletter.Filter{ErrorCode: "message_too_large"}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Letters) != 1 || list.Letters[0].EventID != "ev-0" || list.Total != 2 || len(list.Summary) != 1 || list.Summary[0].Pending != 2 {
+			t.Errorf("listLetters(message_too_large, limit 1) = %+v", list)
+		}
+	})
+
 	t.Run("list json", func(t *testing.T) {
 		out := mustRun(t, "dlq", "list", "--dlq-table", table, "--json", "--error-code", "message_too_large")
 		var got struct {

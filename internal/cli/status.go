@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -21,10 +20,10 @@ import (
 type StatusCmd struct {
 	PGFlags `embed:""`
 
-	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table."`
-	DLQTable        string `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table."`
-	MaxLagBytes     int64  `default:"1073741824" help:"Exit 2 when the slot's lag (server WAL end - confirmed) exceeds this many bytes (0 disables)."`
-	JSON            bool   `name:"json" help:"Print JSON."`
+	checkpointTableFlag `embed:""`
+	dlqStoreFlags       `embed:"" set:"dlq_table_note="`
+	MaxLagBytes         int64 `default:"1073741824" help:"Exit 2 when the slot's lag (server WAL end - confirmed) exceeds this many bytes (0 disables)."`
+	JSON                bool  `name:"json" help:"Print JSON."`
 }
 
 // Status is what status reports.
@@ -66,7 +65,9 @@ const (
 // Validate checks the Postgres flags (reading --pg-url-file).
 func (c *StatusCmd) Validate() error { return requirePG(&c.PGFlags) }
 
-func (c *StatusCmd) run(ctx context.Context, env Env) error {
+// Run prints the status, and returns an ExitError with statusProblem when it
+// found a problem.
+func (c *StatusCmd) Run(ctx context.Context, env Env) error {
 	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
@@ -79,14 +80,8 @@ func (c *StatusCmd) run(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		enc := json.NewEncoder(env.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return fmt.Errorf("write status: %w", err)
-		}
-	} else {
-		printStatus(env.Stdout, st)
+	if err := writeStatus(env.Stdout, st, c.JSON); err != nil {
+		return err
 	}
 	if len(st.Problems) > 0 {
 		return &ExitError{Code: statusProblem, Err: fmt.Errorf("%s", strings.Join(st.Problems, "; "))}
@@ -135,6 +130,16 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 	return st, nil
 }
 
+// writeStatus prints st as a table, or as JSON.
+func writeStatus(w io.Writer, st Status, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, "status", st)
+	}
+	printStatus(w, st)
+	return nil
+}
+
+// printStatus prints st as a table.
 func printStatus(w io.Writer, st Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "slot\t%s\n", st.Slot)
@@ -171,6 +176,7 @@ func printStatus(w io.Writer, st Status) {
 	tw.Flush()
 }
 
+// bytesHuman formats n bytes in binary units: 512 B, 1.5 KiB, 3.0 GiB.
 func bytesHuman(n int64) string {
 	const unit = 1024
 	if n < unit {
@@ -183,12 +189,3 @@ func bytesHuman(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
-
-// ExitError asks main to exit with Code after printing Err.
-type ExitError struct {
-	Code int
-	Err  error
-}
-
-func (e *ExitError) Error() string { return e.Err.Error() }
-func (e *ExitError) Unwrap() error { return e.Err }

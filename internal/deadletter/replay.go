@@ -60,7 +60,7 @@ func (s *Store) ReplayDeadLetters(ctx context.Context, p Publisher, o ReplayOpti
 	if err := o.Filter.Validate(); err != nil {
 		return ReplayResult{}, fmt.Errorf("replay dead letters: %w", err)
 	}
-	r, err := s.startRun(ctx, p, Replay{
+	r, err := s.StartReplayRun(ctx, p, Replay{
 		Kind: KindDLQ, Actor: o.Actor, Filters: o.Filter.describe(),
 		DryRun: o.DryRun, Forced: o.Force, RatePerSec: o.Rate,
 	}, o.BatchSize)
@@ -78,21 +78,21 @@ func (s *Store) ReplayDeadLetters(ctx context.Context, p Publisher, o ReplayOpti
 		}
 		page, err := s.List(ctx, f)
 		if err != nil {
-			return r.finish(ctx, err)
+			return r.Finish(ctx, err)
 		}
 		for _, l := range page {
 			r.res.Selected++
 			switch {
 			case l.Status == StatusReplayed && !o.Force:
-				err = r.note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultSkipped,
+				err = r.Note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultSkipped,
 					Error: "already replayed (use force to replay again)"})
 			case o.DryRun:
-				err = r.note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultDryRun})
+				err = r.Note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultDryRun})
 			default:
-				err = r.publish(ctx, item{ev: l.event(r.id), topic: l.Topic, letter: l.ID})
+				err = r.Publish(ctx, ReplayItem{Event: l.event(r.id), Topic: l.Topic, letter: l.ID})
 			}
 			if err != nil {
-				return r.finish(ctx, err)
+				return r.Finish(ctx, err)
 			}
 		}
 		if len(page) < f.Limit {
@@ -100,7 +100,7 @@ func (s *Store) ReplayDeadLetters(ctx context.Context, p Publisher, o ReplayOpti
 		}
 		f.after = page[len(page)-1].ID
 	}
-	return r.finish(ctx, r.flush(ctx))
+	return r.Finish(ctx, r.Flush(ctx))
 }
 
 // event returns the message of l as the relay would have sent it, marked as
@@ -129,29 +129,37 @@ func (l *Letter) event(replayID int64) *outbox.Event {
 	return ev
 }
 
-// item is an event waiting to be published.
-type item struct {
-	ev     *outbox.Event
-	topic  string
-	letter int64 // dead letter id, 0 for outbox rows
+// ReplayItem is an event waiting to be published by a ReplayRun.
+type ReplayItem struct {
+	Event  *outbox.Event
+	Topic  string
+	letter int64 // dead letter id, 0 for outbox rows (other packages' items)
 }
 
-// run is one replay in progress: it batches, rate-limits, publishes and records.
-type run struct {
+// ReplayRun is one replay in progress: it batches, rate-limits, publishes and
+// records. ReplayDeadLetters drives one over the store's letters; a replay of
+// events the store does not hold (package outboxtable: rows of the outbox
+// table) drives its own, so that every replay keeps one history and one
+// accounting: for each event, Select it, then Note its result or Publish it;
+// Flush at the end and Finish.
+type ReplayRun struct {
 	s     *Store
 	p     Publisher
 	id    int64
 	batch int
 	lim   *rate.Limiter // nil: unlimited
 
-	pending  []item        // to publish
+	pending  []ReplayItem  // to publish
 	records  []ReplayEvent // results not recorded yet
 	replayed []int64       // letters acknowledged, not marked yet
 	res      ReplayResult
 }
 
-// startRun validates the common options and records the replay's start.
-func (s *Store) startRun(ctx context.Context, p Publisher, rp Replay, batch int) (*run, error) {
+// StartReplayRun validates the options common to every replay, records the
+// start of rp (as StartReplay) and returns the run that publishes and records
+// its events. batch is the events published at once (0 means
+// DefaultBatchSize); p may be nil for a dry run.
+func (s *Store) StartReplayRun(ctx context.Context, p Publisher, rp Replay, batch int) (*ReplayRun, error) {
 	if batch <= 0 {
 		batch = DefaultBatchSize
 	}
@@ -168,7 +176,7 @@ func (s *Store) startRun(ctx context.Context, p Publisher, rp Replay, batch int)
 	if err != nil {
 		return nil, err
 	}
-	r := &run{s: s, p: p, id: id, batch: batch, res: ReplayResult{ReplayID: id}}
+	r := &ReplayRun{s: s, p: p, id: id, batch: batch, res: ReplayResult{ReplayID: id}}
 	if rp.RatePerSec > 0 && !rp.DryRun {
 		// One token per event; a burst of one batch. The bucket starts empty so
 		// the first second keeps the rate too (a full one would send a whole
@@ -179,8 +187,23 @@ func (s *Store) startRun(ctx context.Context, p Publisher, rp Replay, batch int)
 	return r, nil
 }
 
-// note queues the result of an event that is not published.
-func (r *run) note(ctx context.Context, e ReplayEvent) error {
+// ID is the replay's id in the history.
+func (r *ReplayRun) ID() int64 { return r.id }
+
+// BatchSize is how many events the run publishes at once: the page size for
+// reading the events it replays.
+func (r *ReplayRun) BatchSize() int { return r.batch }
+
+// Select counts one more event the replay's filters selected; call it once per
+// event, before Note or Publish.
+func (r *ReplayRun) Select() { r.res.Selected++ }
+
+// Selected is how many events were selected so far.
+func (r *ReplayRun) Selected() int { return r.res.Selected }
+
+// Note queues the result of an event that is not published (skipped, dry run
+// or failed before publishing).
+func (r *ReplayRun) Note(ctx context.Context, e ReplayEvent) error {
 	switch e.Result {
 	case ResultSkipped:
 		r.res.Skipped++
@@ -192,13 +215,13 @@ func (r *run) note(ctx context.Context, e ReplayEvent) error {
 		r.fail(e)
 	}
 	if len(r.records) >= r.batch {
-		return r.flush(ctx)
+		return r.Flush(ctx)
 	}
 	return nil
 }
 
 // fail counts a failed event, keeps it for the result and queues its record.
-func (r *run) fail(e ReplayEvent) {
+func (r *ReplayRun) fail(e ReplayEvent) {
 	r.res.Failed++
 	if len(r.res.Failures) < maxFailures {
 		r.res.Failures = append(r.res.Failures, e)
@@ -206,12 +229,12 @@ func (r *run) fail(e ReplayEvent) {
 	r.records = append(r.records, e)
 }
 
-// publish queues it, taking a token from the rate limiter first: when none is
+// Publish queues it, taking a token from the rate limiter first: when none is
 // left, what is queued is published before waiting, so a low rate publishes
 // events one by one instead of waiting to fill a batch.
-func (r *run) publish(ctx context.Context, it item) error {
+func (r *ReplayRun) Publish(ctx context.Context, it ReplayItem) error {
 	if r.lim != nil && !r.lim.Allow() {
-		err := r.flush(ctx)
+		err := r.Flush(ctx)
 		if err == nil {
 			err = r.wait(ctx)
 		}
@@ -222,7 +245,7 @@ func (r *run) publish(ctx context.Context, it item) error {
 	}
 	r.pending = append(r.pending, it)
 	if len(r.pending) >= r.batch {
-		return r.flush(ctx)
+		return r.Flush(ctx)
 	}
 	return nil
 }
@@ -230,7 +253,7 @@ func (r *run) publish(ctx context.Context, it item) error {
 // wait takes a token from the rate limiter, waiting for it until ctx ends.
 // (rate.Limiter.Wait gives up at once when ctx's deadline is nearer than the
 // token, with an error of its own; a replay rather runs until the deadline.)
-func (r *run) wait(ctx context.Context) error {
+func (r *ReplayRun) wait(ctx context.Context) error {
 	res := r.lim.Reserve() // burst >= 1, so always possible
 	t := time.NewTimer(res.Delay())
 	defer t.Stop()
@@ -243,16 +266,16 @@ func (r *run) wait(ctx context.Context) error {
 	}
 }
 
-// flush publishes the queued events, grouped by topic in order of first
+// Flush publishes the queued events, grouped by topic in order of first
 // appearance, and records their results and the other queued results.
-func (r *run) flush(ctx context.Context) error {
+func (r *ReplayRun) Flush(ctx context.Context) error {
 	var topics []string
-	groups := map[string][]item{}
+	groups := map[string][]ReplayItem{}
 	for _, it := range r.pending {
-		if _, ok := groups[it.topic]; !ok {
-			topics = append(topics, it.topic)
+		if _, ok := groups[it.Topic]; !ok {
+			topics = append(topics, it.Topic)
 		}
-		groups[it.topic] = append(groups[it.topic], it)
+		groups[it.Topic] = append(groups[it.Topic], it)
 	}
 	r.pending = r.pending[:0]
 	var stop error // the context ended: the remaining groups are not attempted
@@ -262,7 +285,7 @@ func (r *run) flush(ctx context.Context) error {
 		if err == nil {
 			evs := make([]*outbox.Event, len(items))
 			for i, it := range items {
-				evs[i] = it.ev
+				evs[i] = it.Event
 			}
 			err = r.p.Publish(ctx, topic, evs)
 			if err != nil && ctx.Err() != nil {
@@ -273,7 +296,7 @@ func (r *run) flush(ctx context.Context) error {
 		isPE := errors.As(err, &pe)
 		now := time.Now()
 		for i, it := range items {
-			e := ReplayEvent{EventID: string(it.ev.ID), DeadLetterID: it.letter, Result: ResultPublished, At: now}
+			e := ReplayEvent{EventID: string(it.Event.ID), DeadLetterID: it.letter, Result: ResultPublished, At: now}
 			switch {
 			case err == nil || isPE && pe.Errs[i] == nil:
 				r.res.Published++
@@ -304,13 +327,13 @@ func (r *run) flush(ctx context.Context) error {
 	return nil
 }
 
-// finish records the end of the replay, with err the reason it stopped (nil
+// Finish records the end of the replay, with err the reason it stopped (nil
 // when it ran to the end), and returns the result.
-func (r *run) finish(ctx context.Context, err error) (ReplayResult, error) {
+func (r *ReplayRun) Finish(ctx context.Context, err error) (ReplayResult, error) {
 	if err != nil && len(r.pending)+len(r.records) > 0 {
 		// Stopped early: what was queued was not published.
 		for _, it := range r.pending {
-			r.fail(ReplayEvent{EventID: string(it.ev.ID), DeadLetterID: it.letter, Result: ResultFailed,
+			r.fail(ReplayEvent{EventID: string(it.Event.ID), DeadLetterID: it.letter, Result: ResultFailed,
 				Error: "not attempted: " + err.Error(), At: time.Now()})
 		}
 		r.pending = nil

@@ -358,7 +358,7 @@ func TestPurge(t *testing.T) {
 SELECT 'bulk-' || i, '\x00', 't', 'c', 'm', $1, $1 FROM generate_series(1, 2500) i`, old); err != nil {
 			t.Fatal(err)
 		}
-		statements := countStatements(t, s.Table(), "DELETE")
+		statements := testenv.CountStatements(t, pool, s.Table(), "DELETE")
 		n, err := s.Purge(ctx, week, "")
 		if err != nil || n != 2500 {
 			t.Fatalf("Purge = %d, %v; want 2500", n, err)
@@ -373,28 +373,6 @@ SELECT 'bulk-' || i, '\x00', 't', 'c', 'm', $1, $1 FROM generate_series(1, 2500)
 func quote(table string) string {
 	s, t, _ := strings.Cut(table, ".")
 	return fmt.Sprintf("%q.%q", s, t)
-}
-
-// countStatements counts the op statements run on table from now on, with a
-// statement-level trigger, and returns a function reading the count.
-func countStatements(t *testing.T, table, op string) func() int {
-	t.Helper()
-	ctx := t.Context()
-	name := unique("stmts")
-	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (n int NOT NULL);
-INSERT INTO %[1]s VALUES (0);
-CREATE FUNCTION %[1]s_count() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN UPDATE %[1]s SET n = n + 1; RETURN NULL; END $$;
-CREATE TRIGGER %[1]s AFTER %[2]s ON %[3]s FOR EACH STATEMENT EXECUTE FUNCTION %[1]s_count();`, name, op, quote(table)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return func() int {
-		var n int
-		if err := pool.QueryRow(ctx, "SELECT n FROM "+name).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 }
 
 func TestEnsure(t *testing.T) {

@@ -1,4 +1,9 @@
-package deadletter
+// Package outboxtable reads the outbox table itself, not its WAL: it
+// republishes rows still in the table (a replay for consumers rebuilding
+// their state, or the relay's backfill after a slot loss) and prunes old rows.
+// Its replays are recorded in the dead-letter store's replay history, beside
+// the dead-letter replays, so operators find every replay in one place.
+package outboxtable
 
 import (
 	"context"
@@ -13,13 +18,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
-// OutboxColumns names the outbox table's columns for ReplayOutbox.
-type OutboxColumns struct {
+// Columns names the outbox table's columns for Replay.
+type Columns struct {
 	decoder.Columns        // as the relay's --column-* flags
 	CreatedAt       string // insert time, for the time filters and order; "" means created_at
 	// Headers maps extra columns to Kafka headers, as the relay's
@@ -27,8 +33,8 @@ type OutboxColumns struct {
 	Headers map[string]string
 }
 
-// OutboxReplayOptions configures ReplayOutbox. Zero filters select everything.
-type OutboxReplayOptions struct {
+// ReplayOptions configures Replay. Zero filters select everything.
+type ReplayOptions struct {
 	Since, Until time.Time // created_at in [Since, Until)
 	AggregateID  string
 	EventType    string
@@ -38,15 +44,15 @@ type OutboxReplayOptions struct {
 	// rendered per row.
 	Topic     string
 	Rate      float64 // events per second; 0 = unlimited
-	BatchSize int     // 0 means DefaultBatchSize
+	BatchSize int     // 0 means deadletter.DefaultBatchSize
 	DryRun    bool
 	Actor     string
-	// Headers are added to every published event, after HeaderReplay (e.g.
-	// HeaderBackfill).
+	// Headers are added to every published event, after
+	// deadletter.HeaderReplay (e.g. deadletter.HeaderBackfill).
 	Headers []outbox.Header
 }
 
-func (o OutboxReplayOptions) describe(table string) map[string]any {
+func (o ReplayOptions) describe(table string) map[string]any {
 	m := map[string]any{"table": table, "topic": o.Topic}
 	if !o.Since.IsZero() {
 		m["since"] = o.Since.UTC().Format(time.RFC3339Nano)
@@ -76,65 +82,66 @@ func quoteTable(table string) string {
 
 func quoteColumn(c string) string { return pgx.Identifier{c}.Sanitize() }
 
-// ReplayOutbox publishes rows still present in the outbox table again, for
+// Replay publishes rows still present in the outbox table again, for
 // consumers that rebuild their state, ordered by created_at then id: each as the
 // relay publishes it (key aggregate_id, value payload, the same "id" header and
-// header columns) plus the header HeaderReplay, to the topic o.Topic renders.
-// commit_lsn is 0/0 (unknown) and commit_time carries created_at, since a row
-// read from the table has no commit position. The replay is recorded in the
-// store's history as kind "outbox"; outbox rows are not marked. Rows are read
-// in pages, so the table is not locked or held in memory. p may be nil for a
-// dry run. On ctx's end it behaves as ReplayDeadLetters.
-func (s *Store) ReplayOutbox(ctx context.Context, table string, cols OutboxColumns, p Publisher, o OutboxReplayOptions) (ReplayResult, error) {
+// header columns) plus the header deadletter.HeaderReplay, to the topic o.Topic
+// renders. commit_lsn is 0/0 (unknown) and commit_time carries created_at,
+// since a row read from the table has no commit position. The rows are read
+// through pool; the replay is recorded in history's replay history as kind
+// "outbox"; outbox rows are not marked. Rows are read in pages, so the table is
+// not locked or held in memory. p may be nil for a dry run. On ctx's end it
+// behaves as deadletter.Store.ReplayDeadLetters.
+func Replay(ctx context.Context, pool *pgxpool.Pool, history *deadletter.Store, table string, cols Columns, p deadletter.Publisher, o ReplayOptions) (deadletter.ReplayResult, error) {
 	if cols.CreatedAt == "" {
 		cols.CreatedAt = "created_at"
 	}
 	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload} {
 		if c == "" {
-			return ReplayResult{}, errors.New("replay outbox: a column name is empty")
+			return deadletter.ReplayResult{}, errors.New("replay outbox: a column name is empty")
 		}
 	}
 	router, err := route.New(o.Topic)
 	if err != nil {
-		return ReplayResult{}, fmt.Errorf("replay outbox: %w", err)
+		return deadletter.ReplayResult{}, fmt.Errorf("replay outbox: %w", err)
 	}
 	if !o.Since.IsZero() && !o.Until.IsZero() && !o.Until.After(o.Since) {
-		return ReplayResult{}, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
+		return deadletter.ReplayResult{}, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
 			o.Until.Format(time.RFC3339), o.Since.Format(time.RFC3339))
 	}
-	r, err := s.startRun(ctx, p, Replay{Kind: KindOutbox, Actor: o.Actor, Filters: o.describe(table),
+	r, err := history.StartReplayRun(ctx, p, deadletter.Replay{Kind: deadletter.KindOutbox, Actor: o.Actor, Filters: o.describe(table),
 		DryRun: o.DryRun, RatePerSec: o.Rate}, o.BatchSize)
 	if err != nil {
-		return ReplayResult{}, err
+		return deadletter.ReplayResult{}, err
 	}
 	q := outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
 	var after *cursor
 	for {
-		limit := r.batch
+		limit := r.BatchSize()
 		if o.Limit > 0 {
-			if limit = min(limit, o.Limit-r.res.Selected); limit <= 0 {
+			if limit = min(limit, o.Limit-r.Selected()); limit <= 0 {
 				break
 			}
 		}
-		page, last, err := q.page(ctx, s.pool, after, limit)
+		page, last, err := q.page(ctx, pool, after, limit)
 		if err != nil {
-			return r.finish(ctx, err)
+			return r.Finish(ctx, err)
 		}
 		for _, ev := range page {
-			r.res.Selected++
+			r.Select()
 			topic, terr := router.Topic(ev)
 			switch {
 			case terr != nil:
-				err = r.note(ctx, ReplayEvent{EventID: string(ev.ID), Result: ResultFailed, Error: terr.Error(), At: time.Now()})
+				err = r.Note(ctx, deadletter.ReplayEvent{EventID: string(ev.ID), Result: deadletter.ResultFailed, Error: terr.Error(), At: time.Now()})
 			case o.DryRun:
-				err = r.note(ctx, ReplayEvent{EventID: string(ev.ID), Result: ResultDryRun})
+				err = r.Note(ctx, deadletter.ReplayEvent{EventID: string(ev.ID), Result: deadletter.ResultDryRun})
 			default:
-				ev.Headers = append(ev.Headers, outbox.Header{Key: HeaderReplay, Value: fmt.Appendf(nil, "%d", r.id)})
+				ev.Headers = append(ev.Headers, outbox.Header{Key: deadletter.HeaderReplay, Value: fmt.Appendf(nil, "%d", r.ID())})
 				ev.Headers = append(ev.Headers, o.Headers...)
-				err = r.publish(ctx, item{ev: ev, topic: topic})
+				err = r.Publish(ctx, deadletter.ReplayItem{Event: ev, Topic: topic})
 			}
 			if err != nil {
-				return r.finish(ctx, err)
+				return r.Finish(ctx, err)
 			}
 		}
 		if len(page) < limit {
@@ -142,7 +149,7 @@ func (s *Store) ReplayOutbox(ctx context.Context, table string, cols OutboxColum
 		}
 		after = &last
 	}
-	return r.finish(ctx, r.flush(ctx))
+	return r.Finish(ctx, r.Flush(ctx))
 }
 
 // cursor is the (created_at, id) of the last row of a page.
@@ -154,8 +161,8 @@ type cursor struct {
 // outboxQuery reads the outbox rows a replay selects, page by page.
 type outboxQuery struct {
 	table, name string
-	cols        OutboxColumns
-	o           OutboxReplayOptions
+	cols        Columns
+	o           ReplayOptions
 }
 
 func (q outboxQuery) page(ctx context.Context, pool *pgxpool.Pool, after *cursor, limit int) ([]*outbox.Event, cursor, error) {
@@ -251,15 +258,15 @@ func outboxErr(err error, table string) error {
 	return fmt.Errorf("read outbox table %s: %w", table, err)
 }
 
-// DefaultPruneBatch is how many rows one DELETE of PruneOutbox removes by default.
+// DefaultPruneBatch is how many rows one DELETE of Prune removes by default.
 const DefaultPruneBatch = 1000
 
-// PruneOutbox deletes outbox rows whose createdAtColumn ("" means created_at) is
+// Prune deletes outbox rows whose createdAtColumn ("" means created_at) is
 // before olderThan, batch rows at a time (0 means DefaultPruneBatch), each batch
 // its own transaction, until none is left, and returns how many it deleted.
 // Deleting published rows is safe for the relay (it reads the WAL, not the
-// table), but they can no longer be replayed with ReplayOutbox.
-func PruneOutbox(ctx context.Context, pool *pgxpool.Pool, table, createdAtColumn string, olderThan time.Time, batch int) (int64, error) {
+// table), but they can no longer be replayed with Replay.
+func Prune(ctx context.Context, pool *pgxpool.Pool, table, createdAtColumn string, olderThan time.Time, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = DefaultPruneBatch
 	}

@@ -1,0 +1,72 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+)
+
+// DLQReplayCmd is "cdc-relay dlq replay".
+type DLQReplayCmd struct {
+	PGFlags           `embed:""`
+	dlqStoreFlags     `embed:""`
+	letterFilterFlags `embed:""`
+	publishFlags      `embed:""`
+
+	// Not KafkaFlags: a dead letter goes back to the topic stored with it, so
+	// --topic would mean nothing here.
+	kafkaBrokerFlags   `embed:"" set:"kafka_brokers_note= (not needed with --dry-run)"`
+	KafkaSecurityFlags `embed:""`
+
+	ID    []int64 `name:"id" help:"Only these dead letter ids (repeat the flag or separate with commas)." placeholder:"ID"`
+	Force bool    `help:"Also publish letters that were replayed already (they are skipped otherwise)."`
+	Limit int     `help:"Replay at most this many letters, lowest ids first (0: all)."`
+}
+
+// Validate checks the flags.
+func (c *DLQReplayCmd) Validate() error {
+	if err := requirePG(&c.PGFlags); err != nil {
+		return err
+	}
+	if err := c.dlqStoreFlags.validate(); err != nil {
+		return err
+	}
+	if err := c.publishFlags.validate(); err != nil {
+		return err
+	}
+	if err := c.checkKafka(&c.KafkaBrokers, &c.KafkaSecurityFlags); err != nil {
+		return err
+	}
+	for _, id := range c.ID {
+		if id <= 0 {
+			return flagError("id", fmt.Sprintf("has %d: dead letter ids are positive", id))
+		}
+	}
+	if c.Limit < 0 {
+		return flagError("limit", "must be 0 (all) or more")
+	}
+	return c.letterFilterFlags.parse(time.Now())
+}
+
+// Run publishes the selected letters and prints what the replay did.
+func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
+	return withStore(ctx, c.PGURL, c.DLQTable, func(s *deadletter.Store) error {
+		if err := s.Ensure(ctx); err != nil {
+			return err
+		}
+		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, env.Stderr)
+		if err != nil {
+			return err
+		}
+		defer done()
+		f := c.filter
+		f.IDs, f.Limit = c.ID, c.Limit
+		actor := c.actor()
+		res, err := s.ReplayDeadLetters(ctx, pub, deadletter.ReplayOptions{
+			Filter: f, DryRun: c.DryRun, Force: c.Force, Rate: c.Rate, BatchSize: c.BatchSize, Actor: actor,
+		})
+		return reportReplay(env.Stdout, replaySummary{Kind: "dlq", Actor: actor, DryRun: c.DryRun, Result: res}, err)
+	})
+}

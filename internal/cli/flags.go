@@ -1,0 +1,415 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/user"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// The flag groups several commands share, each declared once and embedded
+// where it is used; KafkaSecurityFlags (kafkasec.go) is one too. A flag whose
+// help differs by command ends its help with a variable, e.g.
+// ${dlq_table_note=...}, that the embedding command sets with a `set:` tag, so
+// one declaration keeps each command's help as it was.
+
+// PGFlags are the Postgres connection and outbox flags shared by subcommands.
+type PGFlags struct {
+	PGURL       string `name:"pg-url" help:"Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	PGURLFile   string `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
+	Slot        string `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
+	Publication string `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
+	Table       string `default:"public.outbox_events" help:"Outbox table, schema-qualified."`
+}
+
+// resolve reads --pg-url-file into PGURL (every command checks its Postgres
+// flags through requirePG, which calls this first).
+func (p *PGFlags) resolve() error {
+	if p.PGURLFile == "" {
+		return nil
+	}
+	if p.PGURL != "" {
+		return flagError("pg-url-file", "and --pg-url (CDC_RELAY_PG_URL) are both set: use one")
+	}
+	b, err := os.ReadFile(p.PGURLFile)
+	if err != nil {
+		return flagError("pg-url-file", fmt.Sprintf("cannot be read: %v", err))
+	}
+	p.PGURL = strings.TrimSpace(string(b))
+	if p.PGURL == "" {
+		return flagError("pg-url-file", fmt.Sprintf("names %s, which is empty", p.PGURLFile))
+	}
+	p.PGURLFile = "" // read: a second resolve keeps the URL
+	return nil
+}
+
+// requirePG checks --pg-url.
+func requirePG(p *PGFlags) error {
+	if err := p.resolve(); err != nil {
+		return err
+	}
+	if strings.TrimSpace(p.PGURL) == "" {
+		return flagError("pg-url", "is required: the Postgres URL of the database with the outbox table, e.g. postgres://user:pass@host:5432/db")
+	}
+	return nil
+}
+
+// connect opens a small pool and checks that Postgres answers.
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, flagError("pg-url", "cannot be parsed: "+err.Error())
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		if err = pool.Ping(ctx); err != nil {
+			pool.Close()
+		}
+	}
+	if err != nil {
+		return nil, replication.ConnectError(url, err)
+	}
+	return pool, nil
+}
+
+// KafkaFlags are the Kafka flags of the commands that publish to the
+// relay's topic (run, replay).
+type KafkaFlags struct {
+	kafkaBrokerFlags `embed:""`
+	Topic            string `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}."`
+
+	KafkaSecurityFlags `embed:""` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
+}
+
+// kafkaBrokerFlags is --kafka-brokers, apart from KafkaFlags for dlq replay,
+// which has no --topic (a dead letter goes back to the topic stored with it).
+type kafkaBrokerFlags struct {
+	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port${kafka_brokers_note=}." placeholder:"HOST:PORT"`
+}
+
+// checkBrokers trims the brokers and checks each is host:port, as "run" does.
+func checkBrokers(in []string, requiredHint string) ([]string, error) {
+	var brokers []string
+	for _, b := range in {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	if len(brokers) == 0 {
+		return nil, flagError("kafka-brokers", "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092"+requiredHint)
+	}
+	for _, b := range brokers {
+		if !strings.Contains(b, ":") {
+			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port, e.g. kafka-1:9092", b))
+		}
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q: use host:port, e.g. kafka-1:9092 or [::1]:9092", b))
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q: the port must be a number from 1 to 65535", b))
+		}
+	}
+	return brokers, nil
+}
+
+// outboxColumnFlags are the outbox's column names, as the relay decodes them
+// (run) and replay reads them.
+type outboxColumnFlags struct {
+	ColumnID            string `default:"id" help:"Outbox column holding the event id (header 'id')."`
+	ColumnAggregateType string `default:"aggregate_type" help:"Outbox column holding the aggregate type."`
+	ColumnAggregateID   string `default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
+	ColumnEventType     string `default:"event_type" help:"Outbox column holding the event type."`
+	ColumnPayload       string `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
+}
+
+func (f *outboxColumnFlags) columns() decoder.Columns {
+	return decoder.Columns{
+		ID: f.ColumnID, AggregateType: f.ColumnAggregateType, AggregateID: f.ColumnAggregateID,
+		EventType: f.ColumnEventType, Payload: f.ColumnPayload,
+	}
+}
+
+// createdAtFlag is the outbox's insert-time column (run's backfill, replay's
+// time filters, prune).
+type createdAtFlag struct {
+	ColumnCreatedAt string `default:"created_at" help:"Outbox column holding the insert time${created_at_note=}."`
+}
+
+// headerColumnFlags map extra outbox columns to Kafka headers (run, replay).
+type headerColumnFlags struct {
+	HeaderColumns []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
+}
+
+func (f *headerColumnFlags) headerColumns() (map[string]string, error) {
+	return parseHeaderColumns(f.HeaderColumns)
+}
+
+// parseHeaderColumns reads --header-columns entries, "column" or
+// "column=header", into a column → header map.
+func parseHeaderColumns(list []string) (map[string]string, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(list))
+	for _, hc := range list {
+		col, hdr, ok := strings.Cut(strings.TrimSpace(hc), "=")
+		col, hdr = strings.TrimSpace(col), strings.TrimSpace(hdr)
+		if !ok {
+			hdr = col
+		}
+		if col == "" || hdr == "" {
+			return nil, fmt.Errorf("%q: use column or column=header", hc)
+		}
+		if prev, dup := m[col]; dup {
+			return nil, fmt.Errorf("column %q is listed twice (as %q and %q)", col, prev, hdr)
+		}
+		switch hdr {
+		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime:
+			return nil, fmt.Errorf("%q: header %q is set by the relay itself; map the column to another header name", hc, hdr)
+		}
+		m[col] = hdr
+	}
+	return m, nil
+}
+
+// checkpointTableFlag names the checkpoint table (run, status).
+type checkpointTableFlag struct {
+	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table${checkpoint_table_note=}."`
+}
+
+// dlqStoreFlags name the dead-letter table (every command that reads or writes
+// it; only the dlq commands and replay validate it).
+type dlqStoreFlags struct {
+	DLQTable string `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table${dlq_table_note=, schema-qualified (its history: <table>_replays, <table>_replay_events)}."`
+}
+
+func (f *dlqStoreFlags) validate() error {
+	if _, _, err := splitTable(f.DLQTable); err != nil {
+		return flagError("dlq-table", err.Error())
+	}
+	return nil
+}
+
+// withStore connects, runs fn with the dead-letter store, and closes the
+// connection.
+func withStore(ctx context.Context, url, table string, fn func(*deadletter.Store) error) error {
+	pool, err := connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return fn(deadletter.NewStore(pool, table))
+}
+
+// letterFilterFlags select dead letters.
+type letterFilterFlags struct {
+	ErrorCode     string `help:"Only letters with this error code, e.g. message_too_large." placeholder:"CODE"`
+	Since         string `help:"Only letters that last failed at or after this time: RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)." placeholder:"TIME"`
+	Until         string `help:"Only letters that last failed before this time (same forms as --since)." placeholder:"TIME"`
+	AggregateID   string `help:"Only letters of this aggregate id." placeholder:"ID"`
+	AggregateType string `help:"Only letters of this aggregate type." placeholder:"TYPE"`
+	EventType     string `help:"Only letters of this event type." placeholder:"TYPE"`
+	Status        string `help:"Only letters with this status: pending or replayed." placeholder:"STATUS"`
+
+	filter deadletter.Filter `kong:"-"`
+}
+
+// parse checks the filter flags and builds the filter.
+func (f *letterFilterFlags) parse(now time.Time) error {
+	since, err := parseTime(f.Since, now)
+	if err != nil {
+		return flagError("since", err.Error())
+	}
+	until, err := parseTime(f.Until, now)
+	if err != nil {
+		return flagError("until", err.Error())
+	}
+	if !since.IsZero() && !until.IsZero() && !until.After(since) {
+		return flagError("until", fmt.Sprintf("is %s, not after --since (%s)", until.Format(time.RFC3339), since.Format(time.RFC3339)))
+	}
+	switch f.Status {
+	case "", deadletter.StatusPending, deadletter.StatusReplayed:
+	default:
+		return flagError("status", fmt.Sprintf("is %q: use %s or %s", f.Status, deadletter.StatusPending, deadletter.StatusReplayed))
+	}
+	f.filter = deadletter.Filter{
+		ErrorCode: f.ErrorCode, AggregateID: f.AggregateID, AggregateType: f.AggregateType,
+		EventType: f.EventType, Status: f.Status, Since: since, Until: until,
+	}
+	return nil
+}
+
+// publishFlags pace a replay and say who runs it.
+type publishFlags struct {
+	DryRun            bool          `help:"Publish nothing: show and record what would be published."`
+	Rate              float64       `default:"50" help:"Most events published per second (0: unlimited)."`
+	BatchSize         int           `default:"100" help:"Events published at once (and the rate limiter's burst)."`
+	Actor             string        `help:"Who runs the replay, for the history (default: the OS user)."`
+	KafkaStartTimeout time.Duration `default:"30s" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
+}
+
+func (f *publishFlags) validate() error {
+	if f.Rate < 0 {
+		return flagError("rate", "must be 0 (unlimited) or a positive number of events per second")
+	}
+	if f.BatchSize < 1 {
+		return flagError("batch-size", "must be at least 1")
+	}
+	if f.KafkaStartTimeout <= 0 {
+		return flagError("kafka-start-timeout", "must be a positive duration such as 30s")
+	}
+	return nil
+}
+
+// checkKafka checks the brokers and the TLS/SASL flags a replay publishes
+// with; a dry run needs neither.
+func (f *publishFlags) checkKafka(brokers *[]string, sec *KafkaSecurityFlags) error {
+	if f.DryRun {
+		return nil
+	}
+	list, err := checkBrokers(*brokers, " (or use --dry-run)")
+	if err != nil {
+		return err
+	}
+	*brokers = list
+	return sec.resolveKafkaSecurity()
+}
+
+// actor is --actor, or the OS user running the command.
+func (f *publishFlags) actor() string {
+	if f.Actor != "" {
+		return f.Actor
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return "unknown"
+}
+
+// publisher connects to Kafka for a replay, or returns nil for a dry run.
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+	if f.DryRun {
+		return nil, nil
+	}
+	transport, err := sec.kafkaTransport()
+	if err != nil {
+		return nil, err
+	}
+	log := NewLogger(stderr, "warn", "auto")
+	sec.logKafkaSecurity(log)
+	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
+	defer cancel()
+	p, err := deadletter.NewKafkaPublisher(octx, sink.Config{
+		Brokers:   brokers,
+		Logger:    log,
+		Transport: transport,
+	})
+	if err != nil {
+		return nil, sec.explainKafkaError(err)
+	}
+	p.TopicWait = f.KafkaStartTimeout
+	return p, nil
+}
+
+// replayPublisher is publisher as the deadletter.Publisher a replay takes:
+// nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
+// and done, which closes it.
+func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
+	p, err := f.publisher(ctx, brokers, sec, stderr)
+	if err != nil || p == nil {
+		return nil, func() {}, err
+	}
+	return p, func() { p.Close() }, nil
+}
+
+// splitTable splits --table and the other table flags into schema and table.
+func splitTable(t string) (schema, table string, err error) {
+	parts := strings.Split(t, ".")
+	switch {
+	case len(parts) == 1 && parts[0] != "":
+		return "public", parts[0], nil
+	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
+		return parts[0], parts[1], nil
+	}
+	return "", "", fmt.Errorf("%q is not a table name: use schema.table, e.g. public.outbox_events", t)
+}
+
+// timeHelp describes the forms parseTime accepts, for flag help.
+const timeHelp = "RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)"
+
+// parseAge parses an age such as 7d, 1d12h, 36h or 30m: a whole or decimal number
+// of days, optionally followed by what time.ParseDuration accepts, or only the
+// latter. time.ParseDuration has no day unit (a calendar day is not always 24
+// hours), but retention is said in days; here a day is 24 hours. A trailing
+// " ago" is allowed. The age must be positive.
+func parseAge(s string) (time.Duration, error) {
+	in := s
+	bad := fmt.Errorf("is %q, not an age: use e.g. 7d, 1d12h, 36h or 30m", in)
+	s = strings.TrimSuffix(strings.TrimSpace(s), " ago")
+	if strings.ContainsAny(s, "+-") {
+		return 0, bad // an age is positive, and so is each of its parts
+	}
+	var d time.Duration
+	if days, rest, ok := strings.Cut(s, "d"); ok {
+		if !decimal.MatchString(days) {
+			return 0, bad
+		}
+		n, err := strconv.ParseFloat(days, 64)
+		if err != nil || n > 100000 {
+			return 0, bad
+		}
+		d = time.Duration(n * float64(24*time.Hour))
+		s = rest
+	}
+	if s != "" || d == 0 {
+		rest, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, bad
+		}
+		d += rest
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("is %q: an age must be positive, e.g. 7d, 1d12h, 36h or 30m", in)
+	}
+	return d, nil
+}
+
+var decimal = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+
+// parseTime parses a time flag: RFC 3339, a date (midnight UTC), or an age
+// before now (see parseAge). "" is the zero time (no bound).
+func parseTime(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	age, err := parseAge(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("is %q, not a time: use %s", s, timeHelp)
+	}
+	return now.Add(-age), nil
+}
