@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +18,9 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/term"
 
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // EnvPrefix prefixes the environment variable of every flag: --pg-url is
@@ -81,6 +84,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),
+		defaults,
 	)
 	if err != nil {
 		return nil, fmt.Errorf("build command line: %w", err)
@@ -152,3 +156,31 @@ func (e *ExitError) Error() string { return e.Err.Error() }
 
 // Unwrap returns Err, so errors.Is and errors.As see through the exit code.
 func (e *ExitError) Unwrap() error { return e.Err }
+
+// defaults are the flag defaults that library packages state (relay.Default*,
+// sink.Default*, backoff.Default), so each is written once.
+var defaults = kong.Vars{
+	"default_max_in_flight_mib":   strconv.Itoa(relay.DefaultMaxInFlightBytes >> 20),
+	"default_batch_max_events":    strconv.Itoa(sink.DefaultBatchMaxEvents),
+	"default_batch_max_bytes":     strconv.Itoa(sink.DefaultBatchMaxBytes),
+	"default_status_interval":     shortDuration(relay.DefaultStatusInterval),
+	"default_shutdown_timeout":    shortDuration(relay.DefaultShutdownTimeout),
+	"default_kafka_start_timeout": shortDuration(relay.DefaultKafkaStartWait),
+	"default_monitor_interval":    shortDuration(relay.DefaultMonitorInterval),
+	"default_backfill_margin":     shortDuration(relay.DefaultBackfillMargin),
+	"default_retry_base":          shortDuration(backoff.Default.Base),
+	"default_retry_cap":           shortDuration(backoff.Default.Cap),
+}
+
+// shortDuration formats d as time.Duration does, without zero trailing units
+// ("10m", not "10m0s"), as a person writes a flag value.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}

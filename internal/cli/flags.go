@@ -260,7 +260,7 @@ type publishFlags struct {
 	Rate              float64       `default:"50" help:"Most events published per second (0: unlimited)."`
 	BatchSize         int           `default:"100" help:"Events published at once (and the rate limiter's burst)."`
 	Actor             string        `help:"Who runs the replay, for the history (default: the OS user)."`
-	KafkaStartTimeout time.Duration `default:"30s" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
+	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
 }
 
 func (f *publishFlags) validate() error {

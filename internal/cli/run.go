@@ -44,25 +44,25 @@ type RunCmd struct {
 	DLQRetention  time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
 	OnSlotLoss     string        `default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
-	BackfillMargin time.Duration `default:"10m" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
+	BackfillMargin time.Duration `default:"${default_backfill_margin}" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
 	createdAtFlag  `embed:"" set:"created_at_note= (for --on-slot-loss=backfill)"`
 
 	CheckpointStore     string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
 	checkpointTableFlag `embed:"" set:"checkpoint_table_note= (checkpoint-store=table)"`
 	CheckpointFile      string `default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"16" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
-	BatchMaxEvents    int           `default:"10000" help:"Most events in one produce request."`
-	BatchMaxBytes     int           `default:"921600" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
+	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
+	BatchMaxEvents    int           `default:"${default_batch_max_events}" help:"Most events in one produce request."`
+	BatchMaxBytes     int           `default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
-	StatusInterval    time.Duration `default:"1s" help:"How often the checkpoint is persisted and confirmed to the slot."`
-	ShutdownTimeout   time.Duration `default:"10s" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
-	KafkaStartTimeout time.Duration `default:"30s" help:"How long to wait for Kafka at start before giving up."`
-	RetryBase         time.Duration `default:"100ms" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
-	RetryCap          time.Duration `default:"30s" help:"Backoff cap."`
+	StatusInterval    time.Duration `default:"${default_status_interval}" help:"How often the checkpoint is persisted and confirmed to the slot."`
+	ShutdownTimeout   time.Duration `default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
+	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
+	RetryBase         time.Duration `default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
+	RetryCap          time.Duration `default:"${default_retry_cap}" help:"Backoff cap."`
 	RelayName         string        `help:"Name of this relay in checkpoints and logs (default: host name)."`
 	HeartbeatInterval time.Duration `default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
-	MonitorInterval   time.Duration `default:"10s" help:"How often the slot's wal_status and retained WAL are read into metrics."`
+	MonitorInterval   time.Duration `default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
 
 	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level."`
 	LogFormat string `default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
