@@ -271,13 +271,7 @@ func TestOddData(t *testing.T) {
 	}
 
 	// Nothing is held up: the slot moves past the marker.
-	deadline := time.Now().Add(20 * time.Second)
-	for e.slotConfirmed() < markerEnd {
-		if time.Now().After(deadline) {
-			t.Fatalf("slot confirmed %s, want past the marker (%s)", e.slotConfirmed(), markerEnd)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	e.waitSlotConfirmed(markerEnd)
 	if err := e.stop(); err != nil {
 		t.Fatalf("clean stop: %v", err)
 	}
@@ -635,11 +629,10 @@ func TestPublicationChangesAreLoud(t *testing.T) {
 // waitLog waits until the relay's log contains s.
 func waitLog(t *testing.T, e *env, s string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(e.logs.String(), s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("relay log does not say %q:\n%s", s, e.logs.String())
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if logs := e.logs.String(); !strings.Contains(logs, s) {
+			return fmt.Errorf("relay log does not say %q:\n%s", s, logs)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
