@@ -373,20 +373,17 @@ func (r *relayProc) readyz() int {
 // process exits first or timeout passes.
 func (r *relayProc) waitReady(timeout time.Duration) {
 	r.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if r.readyz() == http.StatusOK {
-			return
+	testenv.Eventually(r.t, timeout, func() error {
+		code := r.readyz()
+		if code == http.StatusOK {
+			return nil
 		}
 		if r.exited() {
 			code, _ := r.wait(0)
 			r.t.Fatalf("relay exited with code %d before it was ready", code)
 		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("relay not ready within %v (last /readyz: %d)", timeout, r.readyz())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("relay not ready (last /readyz: %d)", code)
+	})
 }
 
 // logLines returns the JSON log records of all runs; other lines (run

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/url"
 	"os"
@@ -97,27 +98,20 @@ func TestPostgresVerifyFull(t *testing.T) {
 	}
 
 	// status and replay over verify-full (that status verifies the certificate
-	// too shows in the untrusted-CA case above).
-	// The relay stores its checkpoint at its next --status-interval after Kafka
-	// acknowledged the events: wait for it instead of racing it.
-	var (
-		code           int
-		stdout, stderr string
-		st             cli.Status
-	)
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		code, stdout, stderr = runCommand(ctx, t, 20*time.Second, "status", "--pg-url", goodURL, "--slot", f.slot, "--json")
-		st = cli.Status{}
-		if code != 0 || json.Unmarshal([]byte(stdout), &st) != nil || st.Checkpoint != nil || time.Now().After(deadline) {
-			break
+	// too shows in the untrusted-CA case above). The relay stores its
+	// checkpoint up to --status-interval after Kafka acknowledged the events,
+	// so status is asked until it shows one.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		code, stdout, stderr := runCommand(ctx, t, 20*time.Second, "status", "--pg-url", goodURL, "--slot", f.slot, "--json")
+		var st cli.Status
+		if code != 0 || json.Unmarshal([]byte(stdout), &st) != nil || !st.SlotExists || !st.Active || st.Checkpoint == nil {
+			return fmt.Errorf("status over verify-full: exit %d, %+v; want exit 0, an active slot and a checkpoint\n%s%s", code, st, stdout, stderr)
 		}
-	}
-	if code != 0 || json.Unmarshal([]byte(stdout), &st) != nil || !st.SlotExists || !st.Active || st.Checkpoint == nil {
-		t.Errorf("status over verify-full: exit %d, %+v; want exit 0, an active slot and a checkpoint\n%s%s", code, st, stdout, stderr)
-	}
+		return nil
+	})
 
 	replayTopic := f.topic + ".replay"
-	code, stdout, stderr = runCommand(ctx, t, 20*time.Second, "replay", "--pg-url", goodURL,
+	code, stdout, stderr := runCommand(ctx, t, 20*time.Second, "replay", "--pg-url", goodURL,
 		"--kafka-brokers", strings.Join(f.brokers, ","), "--topic", replayTopic, "--since", "1h", "--rate", "0", "--actor", "tls-test")
 	if code != 0 || !strings.Contains(stdout, "published 20") {
 		t.Errorf("replay over verify-full: exit %d\n%s%s", code, stdout, stderr)
@@ -214,18 +208,17 @@ func TestLeastPrivilegeRole(t *testing.T) {
 
 	// The dead letter, stored by cdc_relay.
 	var code, relayName string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		err := queryRow(ctx, t, adminURL, "SELECT error_code, relay_name FROM cdc_relay_dead_letters WHERE event_id = $1",
 			[]any{bigID}, &code, &relayName)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, pgx.ErrNoRows) || time.Now().After(deadline) {
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatalf("dead letter of the poison event %s: %v", bigID, err)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if err != nil {
+			return fmt.Errorf("dead letter of the poison event %s: %w", bigID, err)
+		}
+		return nil
+	})
 	if code != "message_too_large" || relayName != "lp-relay" {
 		t.Errorf("dead letter: code %q relay %q, want message_too_large by lp-relay", code, relayName)
 	}
@@ -246,22 +239,26 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 
 	// The checkpoint, stored by cdc_relay, past the dead-lettered event.
-	for {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		var past bool
 		err := queryRow(ctx, t, adminURL, `SELECT lsn >= $2::pg_lsn FROM cdc_relay_checkpoints
 			WHERE slot_name = $1 AND relay_name = 'lp-relay'`, []any{slot, bigEnd}, &past)
-		if err == nil && past {
-			break
+		if err != nil || !past {
+			return fmt.Errorf("checkpoint of %s not stored past the poison event's transaction (%s): past %v, %v", slot, bigEnd, past, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checkpoint of %s not stored past the poison event's transaction (%s): past %v, %v", slot, bigEnd, past, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 
-	// Heartbeats (pg_logical_emit_message), as cdc_relay.
-	if ok, failed := r.metric(t, `cdc_relay_heartbeats_total{result="ok"}`), r.metric(t, `cdc_relay_heartbeats_total{result="error"}`); ok < 1 || failed != 0 {
-		t.Errorf("heartbeats as cdc_relay: %v ok, %v failed; want some ok and none failed", ok, failed)
+	// Heartbeats (pg_logical_emit_message), as cdc_relay: some succeed (the
+	// first one a --heartbeat-interval after the start), none fails.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if ok := r.metric(t, `cdc_relay_heartbeats_total{result="ok"}`); ok < 1 {
+			return fmt.Errorf("heartbeats as cdc_relay: %v ok; want some", ok)
+		}
+		return nil
+	})
+	if failed := r.metric(t, `cdc_relay_heartbeats_total{result="error"}`); failed != 0 {
+		t.Errorf("heartbeats as cdc_relay: %v failed; want none", failed)
 	}
 
 	// status, as cdc_relay.

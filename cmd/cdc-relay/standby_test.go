@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // TestTwoRelaysOneSlot: a second relay on the same slot waits as a standby (not
@@ -34,16 +38,15 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	primary.waitReady(30 * time.Second)
 	standby := newRelay(t, f.relayArgs())
 	standby.start()
-	deadline := time.Now().Add(20 * time.Second)
-	for !standby.hasLog("held by another process") {
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if standby.hasLog("held by another process") {
+			return nil
+		}
 		if standby.exited() {
 			t.Fatal("standby exited instead of waiting for the slot")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("standby never reported the slot as held")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return errors.New("standby never reported the slot as held")
+	})
 	if code := standby.readyz(); code != http.StatusServiceUnavailable {
 		t.Errorf("standby /readyz = %d, want 503 while the slot is held", code)
 	}
@@ -63,16 +66,17 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	// primary sent but had not confirmed come again first: count distinct
 	// events, not records.
 	seen := map[string]bool{}
-	for wait := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		for _, r := range f.read(ctx, t) {
 			seen[string(r.Value)] = true
 		}
-		if len(seen) >= 100 || time.Now().After(wait) {
-			break
+		if len(seen) < 100 {
+			return fmt.Errorf("%d distinct events in Kafka, want all 100", len(seen))
 		}
-	}
+		return nil
+	})
 	if len(seen) != 100 {
-		t.Errorf("%d distinct events in Kafka after 30 s, want all 100", len(seen))
+		t.Errorf("%d distinct events in Kafka, want exactly the 100 committed", len(seen))
 	}
 	if standby.exited() {
 		t.Error("standby exited")

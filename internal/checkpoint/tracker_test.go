@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // step is one call on a Tracker, or one check of its state, in a scripted scenario.
@@ -318,19 +320,21 @@ func TestTrackerWaitDrained(t *testing.T) {
 
 	seq := tr.Begin()
 	tr.Add(seq, 2)
+	done, waiting := startWaitDrained(t, tr)
+	tr.Ack(seq, 1)
+	// One event is still unacked: the waiter's channel stays open, so it
+	// has not returned, nor can it without another ack.
+	select {
+	case <-waiting:
+		t.Fatal("Ack with one event left woke WaitDrained")
+	case err := <-done:
+		t.Fatalf("WaitDrained returned %v with one event unacked", err)
+	default:
+	}
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
 	if err := tr.WaitDrained(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitDrained with unacked events = %v, want deadline exceeded", err)
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- tr.WaitDrained(ctx) }()
-	tr.Ack(seq, 1)
-	select {
-	case err := <-done:
-		t.Fatalf("WaitDrained returned %v with one event unacked", err)
-	case <-time.After(20 * time.Millisecond):
 	}
 	tr.Ack(seq, 1) // drained although the txn is still open
 	select {
@@ -343,8 +347,7 @@ func TestTrackerWaitDrained(t *testing.T) {
 	}
 
 	tr.Add(seq, 1)
-	go func() { done <- tr.WaitDrained(ctx) }()
-	time.Sleep(10 * time.Millisecond)
+	done, _ = startWaitDrained(t, tr)
 	tr.Reset(0)
 	select {
 	case err := <-done:
@@ -354,6 +357,32 @@ func TestTrackerWaitDrained(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("WaitDrained did not return after Reset")
 	}
+}
+
+// startWaitDrained calls WaitDrained on a new goroutine and returns once that
+// call waits: when it made the channel the tracker closes once drained (and
+// returns that channel), so what the caller does next wakes a waiter rather
+// than meeting a late call on a drained tracker.
+func startWaitDrained(t *testing.T, tr *Tracker) (<-chan error, <-chan struct{}) {
+	t.Helper()
+	tr.mu.Lock()
+	left := tr.drained != nil
+	tr.mu.Unlock()
+	if left {
+		t.Fatal("a WaitDrained channel is left over: a new waiter would not show")
+	}
+	done := make(chan error, 1)
+	go func() { done <- tr.WaitDrained(context.Background()) }()
+	var ch chan struct{}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if ch = tr.drained; ch == nil {
+			return errors.New("WaitDrained is not waiting yet")
+		}
+		return nil
+	})
+	return done, ch
 }
 
 // shadowTxn is the test's own record of one transaction, written before the Tracker

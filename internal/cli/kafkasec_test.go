@@ -414,16 +414,18 @@ func TestKafkaSecurityCommands(t *testing.T) {
 
 		// Rows inserted before the relay created its slot would be missed:
 		// wait until it is ready.
-		for deadline := time.Now().Add(20 * time.Second); rl.Load() == nil || !rl.Load().Ready(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("relay not ready after 20s:\n%s", log.String())
-			}
+		testenv.Eventually(t, 20*time.Second, func() error {
 			select {
 			case err := <-done:
+				stopped = true // stop must not wait for done again
 				t.Fatalf("relay stopped: %v\n%s", err, log.String())
-			case <-time.After(50 * time.Millisecond):
+			default:
 			}
-		}
+			if r := rl.Load(); r == nil || !r.Ready() {
+				return fmt.Errorf("relay not ready:\n%s", log.String())
+			}
+			return nil
+		})
 		insert(t, 3)
 		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 		defer wcancel()

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // smallDisk mounts a 64 KiB tmpfs for the test, or skips the test where
@@ -87,13 +89,12 @@ SELECT 't', 'k' || (g % 3), 'E', jsonb_build_object('seq', g) FROM generate_seri
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s\n%s", what, e.logs.String())
+		testenv.Eventually(t, 15*time.Second, func() error {
+			if !cond() {
+				return fmt.Errorf("waiting for %s\n%s", what, e.logs.String())
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 
 	insert(10)

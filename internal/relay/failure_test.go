@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,7 +53,8 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	e := newEnv(t)
 	var store *deadletter.Store
 	release := make(chan struct{})
-	var once sync.Once
+	var once, enterOnce sync.Once
+	entered := make(chan struct{}) // the relay is storing the dead letter
 	stored := make(chan struct{})
 	e.cfgHook = func(c *relay.Config) {
 		c.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
@@ -66,6 +68,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 			}
 			// Hold the dead letter back until the test has looked at the slot.
 			return func(ctx context.Context, ev *outbox.Event, cause error) error {
+				enterOnce.Do(func() { close(entered) })
 				<-release
 				err := rec(ctx, ev, cause)
 				once.Do(func() { close(stored) })
@@ -78,8 +81,16 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	e.start()
 	bigID, bigEnd := poison(t, e)
 
-	// While the dead letter is not committed, the slot stays before the event.
-	time.Sleep(1500 * time.Millisecond)
+	// While the dead letter is not committed, the slot stays before the event:
+	// once the relay is storing it (the event failed for good), let it send
+	// several status updates, any of which would confirm past the event if it
+	// were counted as done already.
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the big event was not handed to the dead-letter store")
+	}
+	pg.WaitStatusUpdates(t, e.db, e.slot, 5, 30*time.Second)
 	if got := e.slotConfirmed(); got >= bigEnd {
 		t.Fatalf("slot confirmed %s before the dead letter was committed; the big event's transaction ends at %s", got, bigEnd)
 	}
@@ -94,13 +105,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	if strings.Join(types, ",") != "Before,After,Other" && strings.Join(types, ",") != "Before,Other,After" && strings.Join(types, ",") != "Other,Before,After" {
 		t.Errorf("delivered %v, want Before and After (in that order) and Other", types)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for e.slotConfirmed() < bigEnd {
-		if time.Now().After(deadline) {
-			t.Fatalf("slot confirmed %s, want past the dead-lettered event (%s)", e.slotConfirmed(), bigEnd)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitSlotConfirmed(bigEnd) // past the dead-lettered event
 
 	letters, err := store.List(context.Background(), deadletter.Filter{})
 	if err != nil {
@@ -153,7 +158,11 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	if err != nil || again.Published != 0 || again.Skipped != 1 {
 		t.Errorf("second replay: %+v (%v), want nothing published, one skipped", again, err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Publish waits for Kafka's acknowledgements; once the publisher is closed
+	// nothing more can come from it.
+	if err := pub.Close(); err != nil {
+		t.Fatalf("close the replay publisher: %v", err)
+	}
 	if n := len(e.readAll()); n != 4 {
 		t.Errorf("%d records after the second replay, want 4", n)
 	}
@@ -186,10 +195,17 @@ func TestPoisonEventHalts(t *testing.T) {
 	}
 }
 
-// TestCircuitBreakerPausesReading: the broker fails every produce request for
-// 20 s. The circuit opens (metric), reading from the slot pauses, nothing is
-// confirmed past the first undelivered event; afterwards everything arrives in
-// per-key order, and the log has a handful of lines, not thousands.
+// outageRetries is how many produce retries the broker outage of
+// TestCircuitBreakerPausesReading lasts (with the sink's default backoff,
+// about as many as in 10-20 s): more than the log lines it may cause, so a
+// relay logging every retry fails.
+const outageRetries = 15
+
+// TestCircuitBreakerPausesReading: the broker fails every produce request
+// until the sink retried outageRetries times. The circuit opens (metric),
+// reading from the slot pauses, nothing is confirmed past the first
+// undelivered event; afterwards everything arrives in per-key order, and the
+// log has a handful of lines, not one per retry.
 func TestCircuitBreakerPausesReading(t *testing.T) {
 	e := newEnv(t)
 	testenv.RequireLocalKafka(t, e.kafka)
@@ -228,21 +244,47 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 		return resp, nil, true
 	})
 	failing.Unlock()
+	outage := time.Now()
 	insert(11, 20)
 	undelivered := e.currentLSN() // at or after the end of the first undelivered transaction
 	waitMetric(t, func() float64 { return testutil.ToFloat64(e.m.CircuitState) }, 1, 2)
-	// Reading pauses: while the circuit is open, new WAL is not received (the
-	// metric is refreshed with each status update; let the one message in hand
-	// when the circuit opened be counted first).
-	time.Sleep(time.Second)
+	// Reading pauses: while the circuit is open, new WAL is not received. The
+	// metric is refreshed with each status update: let the one message in hand
+	// when the circuit opened be counted first.
+	pg.WaitStatusUpdates(t, e.db, e.slot, 3, 30*time.Second)
 	received := testutil.ToFloat64(e.m.ReceivedLSN)
 	for i := 0; i < 20; i++ {
 		insert(21+i*10, 30+i*10)
 	}
-	time.Sleep(20 * time.Second)
+	// Proof that the relay would have received the new WAL if it were reading:
+	// the walsender sent it to the relay's socket, and (after the outage) the
+	// relay sent several status updates since, each of which sets the metric.
+	walEnd := e.currentLSN()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		var sent string
+		err := e.pool.QueryRow(context.Background(), `SELECT coalesce(r.sent_lsn::text, '0/0') FROM pg_replication_slots s
+			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1`, e.slot).Scan(&sent)
+		if err != nil {
+			return fmt.Errorf("read the walsender's sent_lsn: %w", err)
+		}
+		if lsn, _ := pglogrepl.ParseLSN(sent); lsn < walEnd {
+			return fmt.Errorf("walsender sent up to %s, not yet %s", sent, walEnd)
+		}
+		return nil
+	})
+	// The outage lasts until the sink retried outageRetries times, however
+	// long that takes.
+	testenv.Eventually(t, 2*time.Minute, func() error {
+		if retries := testutil.ToFloat64(e.m.ProduceRetries); retries < outageRetries {
+			return fmt.Errorf("produce_retries_total = %v, want %d for the outage", retries, outageRetries)
+		}
+		return nil
+	})
+	pg.WaitStatusUpdates(t, e.db, e.slot, 5, 30*time.Second)
 	if got := testutil.ToFloat64(e.m.ReceivedLSN); got != received {
 		t.Errorf("received_lsn moved from %v to %v while the circuit was open", received, got)
 	}
+	t.Logf("outage: %v produce retries in %v", testutil.ToFloat64(e.m.ProduceRetries), time.Since(outage).Round(time.Millisecond))
 	if got := e.slotConfirmed(); got >= undelivered {
 		t.Errorf("slot confirmed %s, at or past the undelivered transaction ending by %s", got, undelivered)
 	}
@@ -274,29 +316,19 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 		}
 	}
 	if lines > 10 {
-		t.Errorf("%d warning/error/circuit log lines for one 20 s outage, want a handful:\n%s", lines, e.logs.String())
-	}
-	if retries := testutil.ToFloat64(e.m.ProduceRetries); retries < 5 {
-		t.Errorf("produce_retries_total = %v, want the outage to show", retries)
+		t.Errorf("%d warning/error/circuit log lines for one outage of %d produce retries, want a handful:\n%s", lines, outageRetries, e.logs.String())
 	}
 }
 
 // waitMetric waits until get returns one of want.
 func waitMetric(t *testing.T, get func() float64, want ...float64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		v := get()
-		for _, w := range want {
-			if v == w {
-				return
-			}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := get(); !slices.Contains(want, v) {
+			return fmt.Errorf("metric is %v, want one of %v", v, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metric is %v, want one of %v", v, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // setTopicConfig changes a topic config with an IncrementalAlterConfigs request.

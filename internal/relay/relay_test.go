@@ -159,18 +159,17 @@ func (e *env) startNoWait() {
 
 func (e *env) waitReady() {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !e.relay.Ready() {
+	testenv.Eventually(e.t, 30*time.Second, func() error {
 		select {
 		case err := <-e.done:
 			e.t.Fatalf("relay stopped before it was ready: %v\n%s", err, e.logs.String())
 		default:
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("relay not ready after 30s\n%s", e.logs.String())
+		if !e.relay.Ready() {
+			return fmt.Errorf("relay not ready\n%s", e.logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // stop stops the relay cleanly and returns Run's error.
@@ -254,6 +253,36 @@ func (e *env) slotConfirmed() pglogrepl.LSN {
 	return lsn
 }
 
+// waitSlotConfirmed waits until the slot's confirmed_flush_lsn is at or past
+// target. The relay confirms only what Kafka acknowledged, with everything
+// before it, so this is also how a test knows the relay is done with all it
+// read below target.
+func (e *env) waitSlotConfirmed(target pglogrepl.LSN) {
+	e.t.Helper()
+	testenv.Eventually(e.t, 30*time.Second, func() error {
+		if got := e.slotConfirmed(); got < target {
+			return fmt.Errorf("slot confirmed %s, want >= %s", got, target)
+		}
+		return nil
+	})
+}
+
+// commitLSN returns the commit LSN of the record whose id header is id.
+func commitLSN(t *testing.T, recs []testenv.Record, id string) pglogrepl.LSN {
+	t.Helper()
+	for _, r := range recs {
+		if r.Headers["id"] == id {
+			lsn, err := pglogrepl.ParseLSN(r.Headers["commit_lsn"])
+			if err != nil {
+				t.Fatalf("record %s: commit_lsn header %q: %v", id, r.Headers["commit_lsn"], err)
+			}
+			return lsn
+		}
+	}
+	t.Fatalf("no record with id %s", id)
+	return 0
+}
+
 func (e *env) currentLSN() pglogrepl.LSN {
 	e.t.Helper()
 	var s string
@@ -334,8 +363,10 @@ func TestOnlyCommittedOutboxInsertsArePublished(t *testing.T) {
 		return err
 	})
 
-	e.waitRecords(len(want))
-	time.Sleep(300 * time.Millisecond) // give any wrongly published extra a chance to show up
+	// Once the slot is confirmed past the marker's transaction, Kafka has
+	// acknowledged everything the relay published before it: a wrongly
+	// published extra would be in the topic now.
+	e.waitSlotConfirmed(commitLSN(t, e.waitRecords(len(want)), want[len(want)-1]) + 1)
 	recs := e.readAll()
 	if len(recs) != len(want) {
 		for _, r := range recs {
@@ -497,13 +528,8 @@ func TestIdleOutboxAdvancesSlot(t *testing.T) {
 		e.exec("INSERT INTO busy (v) SELECT repeat('x', 1000) FROM generate_series(1, 20)")
 	}
 	target := e.currentLSN()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.slotConfirmed() < target {
-		if time.Now().After(deadline) {
-			t.Fatalf("confirmed_flush_lsn stuck at %s (was %s), want >= %s", e.slotConfirmed(), before, target)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	t.Logf("confirmed_flush_lsn %s before the writes, waiting for %s", before, target)
+	e.waitSlotConfirmed(target)
 	// The checkpoint store moves with it, and never behind the slot.
 	var stored string
 	if err := e.pool.QueryRow(context.Background(), "SELECT lsn::text FROM cdc_relay_checkpoints WHERE slot_name = $1", e.slot).Scan(&stored); err != nil {
@@ -540,9 +566,14 @@ func TestCleanStopThenRestartRedeliversNothing(t *testing.T) {
 		t.Fatalf("slot %s ahead of stored checkpoint %s: the store must be written first", slot, sl)
 	}
 	e.start()
-	e.exec("INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'after', 'E', '{}')")
-	e.waitRecords(201)
-	time.Sleep(500 * time.Millisecond)
+	var after string
+	e.tx(func(tx pgx.Tx) (err error) {
+		after, err = insert(tx, "t", "after", "E", "{}")
+		return err
+	})
+	// Redelivered events come before the new one in the stream: once the slot
+	// is confirmed past it, Kafka has acknowledged every one of them.
+	e.waitSlotConfirmed(commitLSN(t, e.waitRecords(201), after) + 1)
 	if recs := e.readAll(); len(recs) != 201 {
 		t.Fatalf("after restart: %d records, want exactly 201 (no redelivery)", len(recs))
 	}
@@ -623,17 +654,7 @@ func TestSlotGapIsLoud(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The walsender releases the slot a moment after the relay disconnects.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("drop slot: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	e.dropSlot()
 	e.exec("INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'k', 'LostInGap', '{}')")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -681,13 +702,12 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	if got := testutil.ToFloat64(e.m.Reconnects); got < 1 {
 		t.Errorf("replication_reconnects_total = %v, want >= 1", got)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !e.relay.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("relay not ready again after the restarts")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if !e.relay.Ready() {
+			return errors.New("relay not ready again after the restarts")
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestIdleDatabaseWhileAnotherWrites: another database on the server writes
@@ -722,13 +742,7 @@ func TestIdleDatabaseWhileAnotherWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	target, _ := pglogrepl.ParseLSN(s)
-	deadline := time.Now().Add(30 * time.Second)
-	for e.slotConfirmed() < target {
-		if time.Now().After(deadline) {
-			t.Fatalf("slot confirmed %s, want >= %s (other database's WAL)", e.slotConfirmed(), target)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitSlotConfirmed(target) // past the other database's WAL
 	// The slot may catch up through keepalives before the first heartbeat
 	// tick; the heartbeat must still run and succeed.
 	waitMetric(t, func() float64 { return min(testutil.ToFloat64(e.m.Heartbeats.WithLabelValues("ok")), 1) }, 1)

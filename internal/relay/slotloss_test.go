@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/cli"
@@ -16,42 +20,26 @@ import (
 )
 
 // runCLI runs "cdc-relay run" in process with the env's database, slot and
-// broker plus extra flags, until stop is closed or it fails; ready is closed
-// once the relay streams.
-func (e *env) runCLI(ctx context.Context, ready chan<- struct{}, extra ...string) error {
+// broker plus extra flags, until ctx is done or it fails; rl holds the relay
+// once it is made (see waitReady).
+func (e *env) runCLI(ctx context.Context, rl *atomic.Pointer[relay.Relay], extra ...string) error {
 	args := append([]string{"run",
 		"--pg-url", e.url, "--slot", e.slot, "--kafka-brokers", strings.Join(e.kafka.Brokers(), ","),
 		"--topic", e.topic, "--metrics-addr", "", "--log-format", "json", "--log-level", "info",
 		"--status-interval", "100ms", "--retry-base", "50ms", "--retry-cap", "500ms",
 	}, extra...)
-	return cli.Run(ctx, args, cli.Env{Stdout: e.logs, Stderr: e.logs, Version: "test", OnRelay: func(r *relay.Relay) {
-		go func() {
-			for !r.Ready() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-			close(ready)
-		}()
-	}})
+	return cli.Run(ctx, args, cli.Env{Stdout: e.logs, Stderr: e.logs, Version: "test", OnRelay: rl.Store})
 }
 
 // dropSlot drops the env's slot once its walsender let go of it.
 func (e *env) dropSlot() {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
-		if err == nil {
-			return
+	testenv.Eventually(e.t, 10*time.Second, func() error {
+		if _, err := e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot); err != nil {
+			return fmt.Errorf("drop slot: %w", err)
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("drop slot: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // loseSlotWAL makes Postgres invalidate the env's (inactive) slot: it caps the
@@ -113,13 +101,13 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 
 			// Before: delivered and checkpointed.
 			ctx, cancel := context.WithCancel(context.Background())
-			ready := make(chan struct{})
+			rl := new(atomic.Pointer[relay.Relay])
 			done := make(chan error, 1)
-			go func() { done <- e.runCLI(ctx, ready) }()
-			waitReady(t, e, ready, done)
+			go func(rl *atomic.Pointer[relay.Relay]) { done <- e.runCLI(ctx, rl) }(rl)
+			waitReady(t, e, rl, done)
 			insertBatch("before", 5)
-			e.waitRecords(5)
-			time.Sleep(300 * time.Millisecond) // a checkpoint save after the acks
+			// A checkpoint save after the acks: stored past the batch's commit.
+			e.waitStored(maxCommitLSN(t, e.waitRecords(5)) + 1)
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("first run: %v\n%s", err, e.logs.String())
@@ -136,7 +124,7 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 
 			// fail (the default) refuses, explains, and names the way out.
 			fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			err := e.runCLI(fctx, make(chan struct{}))
+			err := e.runCLI(fctx, new(atomic.Pointer[relay.Relay]))
 			fcancel()
 			var gap *checkpoint.GapError
 			if !errors.As(err, &gap) || gap.Kind != tt.kind {
@@ -149,10 +137,10 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			// backfill: the gap's rows arrive, marked; new rows stream after.
 			ctx, cancel = context.WithCancel(context.Background())
 			defer cancel()
-			ready = make(chan struct{})
+			rl = new(atomic.Pointer[relay.Relay])
 			done = make(chan error, 1)
-			go func() { done <- e.runCLI(ctx, ready, "--on-slot-loss", "backfill") }()
-			waitReady(t, e, ready, done)
+			go func(rl *atomic.Pointer[relay.Relay]) { done <- e.runCLI(ctx, rl, "--on-slot-loss", "backfill") }(rl)
+			waitReady(t, e, rl, done)
 			insertBatch("after", 3)
 			recs := e.waitRecords(5 + 5 + 4 + 3) // before, before again (backfill), gap, after
 			byType := map[string]int{}
@@ -180,15 +168,22 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 				t.Fatalf("backfill run: %v\n%s", err, e.logs.String())
 			}
 			ctx, cancel = context.WithCancel(context.Background())
-			ready = make(chan struct{})
+			rl = new(atomic.Pointer[relay.Relay])
 			done = make(chan error, 1)
-			go func() { done <- e.runCLI(ctx, ready, "--on-slot-loss", "backfill") }()
-			waitReady(t, e, ready, done)
+			go func(rl *atomic.Pointer[relay.Relay]) { done <- e.runCLI(ctx, rl, "--on-slot-loss", "backfill") }(rl)
+			waitReady(t, e, rl, done)
 			insertBatch("last", 1)
-			if recs := e.waitRecords(18); len(recs) != 18 {
+			recs = e.waitRecords(18)
+			if len(recs) != 18 {
 				t.Errorf("after a restart: %d records, want 18 (nothing backfilled again)", len(recs))
 			}
-			time.Sleep(300 * time.Millisecond)
+			// Once the slot is confirmed past the last event, Kafka has
+			// acknowledged all the relay sent before it.
+			i := slices.IndexFunc(recs, func(r testenv.Record) bool { return r.Headers["event_type"] == "last" })
+			if i < 0 {
+				t.Fatal("the event committed after the restart is not in Kafka")
+			}
+			e.waitSlotConfirmed(maxCommitLSN(t, recs[i:i+1]) + 1)
 			if n := len(e.readAll()); n != 18 {
 				t.Errorf("after a restart: %d records, want 18 (nothing backfilled again)", n)
 			}
@@ -200,13 +195,50 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 	}
 }
 
-func waitReady(t *testing.T, e *env, ready <-chan struct{}, done <-chan error) {
+// waitReady waits until the relay runCLI stored in rl is ready, failing t
+// when runCLI returns first.
+func waitReady(t *testing.T, e *env, rl *atomic.Pointer[relay.Relay], done <-chan error) {
 	t.Helper()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("relay stopped before it was ready: %v\n%s", err, e.logs.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("relay not ready after 60s\n%s", e.logs.String())
+	testenv.Eventually(t, 60*time.Second, func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("relay stopped before it was ready: %v\n%s", err, e.logs.String())
+		default:
+		}
+		if r := rl.Load(); r == nil || !r.Ready() {
+			return fmt.Errorf("relay not ready\n%s", e.logs.String())
+		}
+		return nil
+	})
+}
+
+// waitStored waits until the checkpoint table holds a position of the env's
+// slot at or past target.
+func (e *env) waitStored(target pglogrepl.LSN) {
+	e.t.Helper()
+	testenv.Eventually(e.t, 30*time.Second, func() error {
+		var stored string
+		err := e.pool.QueryRow(context.Background(), "SELECT lsn::text FROM cdc_relay_checkpoints WHERE slot_name = $1", e.slot).Scan(&stored)
+		if err != nil {
+			return fmt.Errorf("read the stored checkpoint: %w", err)
+		}
+		if lsn, _ := pglogrepl.ParseLSN(stored); lsn < target {
+			return fmt.Errorf("checkpoint stored at %s, want >= %s", stored, target)
+		}
+		return nil
+	})
+}
+
+// maxCommitLSN returns the highest commit_lsn header of recs.
+func maxCommitLSN(t *testing.T, recs []testenv.Record) pglogrepl.LSN {
+	t.Helper()
+	var top pglogrepl.LSN
+	for _, r := range recs {
+		lsn, err := pglogrepl.ParseLSN(r.Headers["commit_lsn"])
+		if err != nil {
+			t.Fatalf("record %s: commit_lsn header %q: %v", r.Headers["id"], r.Headers["commit_lsn"], err)
+		}
+		top = max(top, lsn)
 	}
+	return top
 }

@@ -704,9 +704,12 @@ func startTooLarge(t *testing.T, refuse error, wantAcks int) *tooLarge {
 	sendAll(t, r.k, topic, r.evs[:1], r.done)
 	// Once the partition took the warm-up event, the rest queues behind it.
 	part := r.k.topics[topic].parts[0]
-	if !waitFor(5*time.Second, func() bool { return part.queueLen() == 0 }) {
-		t.Fatal("warm-up event not taken")
-	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := part.queueLen(); n != 0 {
+			return fmt.Errorf("warm-up event not taken (%d queued)", n)
+		}
+		return nil
+	})
 	sendAll(t, r.k, topic, r.evs[1:], r.done)
 	release()
 	r.acks.wait(t, 15*time.Second)
@@ -723,10 +726,22 @@ func TestMessageTooLarge(t *testing.T) {
 	t.Run("dead-lettered", func(t *testing.T) {
 		t.Parallel()
 		r := startTooLarge(t, nil, 11)
-		if !waitFor(5*time.Second, func() bool { return len(r.permanentCalls()) > 0 }) {
-			t.Fatal("Done not called with the failure")
-		}
-		time.Sleep(100 * time.Millisecond) // would catch a second call
+		testenv.Eventually(t, 5*time.Second, func() error {
+			if len(r.permanentCalls()) == 0 {
+				return errors.New("Done not called with the failure")
+			}
+			return nil
+		})
+		// A later event of the partition, acknowledged: the partition went on
+		// past the big one, so a second call for it would have come by now.
+		marker := testEvent(string(r.big.AggregateID), 12, 12)
+		sendAll(t, r.k, topic, []*outbox.Event{marker}, r.done)
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if n := r.acks.count(); n < 12 {
+				return fmt.Errorf("%d of 12 events acknowledged", n)
+			}
+			return nil
+		})
 		// The broker refuses the 11 events, then 6 and 3 of them, then the
 		// big one alone; the others go out in halves.
 		t.Logf("records per produce request: %v", r.sizes())
@@ -751,8 +766,9 @@ func TestMessageTooLarge(t *testing.T) {
 		if r.k.Err() != nil {
 			t.Errorf("Err() = %v after Done accepted the failure", r.k.Err())
 		}
-		r.acks.checkExactlyOnce(t, append(r.evs[:6:6], r.evs[7:]...))
-		want := eventIDs(append(r.evs[:6:6], r.evs[7:]...))
+		delivered := append(append(r.evs[:6:6], r.evs[7:]...), marker)
+		r.acks.checkExactlyOnce(t, delivered)
+		want := eventIDs(delivered)
 		if got := kafkaIDs(t, r.kafka, topic); got != want {
 			t.Errorf("Kafka holds\n  %s\nwant\n  %s", got, want)
 		}
@@ -762,17 +778,30 @@ func TestMessageTooLarge(t *testing.T) {
 		t.Parallel()
 		refuse := errors.New("dead-letter store unavailable")
 		r := startTooLarge(t, refuse, 6) // the warm-up and the five before the big one
-		if !waitFor(10*time.Second, func() bool { return r.k.Err() != nil }) {
-			t.Fatal("the producer did not halt after Done refused the failure")
-		}
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if r.k.Err() == nil {
+				return errors.New("the producer did not halt after Done refused the failure")
+			}
+			return nil
+		})
 		if !errors.Is(r.k.Err(), refuse) {
 			t.Errorf("Err() = %v, want %v", r.k.Err(), refuse)
 		}
-		// Nothing more is taken once halted.
+		// Later events for the partition stay behind the failed one: once the
+		// sink's goroutines have ended, nothing more can be produced.
 		if err := r.k.Produce(topic, testEvent("agg-1", 12, 12), r.done); !errors.Is(err, refuse) {
 			t.Fatalf("Produce after halt = %v, want %v", err, refuse)
 		}
-		time.Sleep(300 * time.Millisecond)
+		stopped := make(chan struct{})
+		go func() {
+			r.k.wg.Wait()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the sink's goroutines still run 10s after it halted")
+		}
 		if n := len(r.permanentCalls()); n != 1 {
 			t.Errorf("Done called with a failure %d times, want once", n)
 		}
@@ -971,10 +1000,19 @@ func closeWhileRetrying(t *testing.T, hold func(), needRetries bool) (*Kafka, *m
 		t.Fatal(err)
 	}
 	sendAll(t, k, topic, stream(40, 400), newAckLog(400).ack)
-	if !waitFor(10*time.Second, func() bool { return held.Load() && (!needRetries || failed.Load() > 10 && k.Retrying()) }) {
-		k.Close()
-		t.Fatalf("no retries in progress: held %v, failed %d, Retrying %v", held.Load(), failed.Load(), k.Retrying())
-	}
+	retrying := false
+	defer func() {
+		if !retrying {
+			k.Close()
+		}
+	}()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !held.Load() || needRetries && (failed.Load() <= 10 || !k.Retrying()) {
+			return fmt.Errorf("no retries in progress: held %v, failed %d, Retrying %v", held.Load(), failed.Load(), k.Retrying())
+		}
+		return nil
+	})
+	retrying = true
 	return k, m, before
 }
 
@@ -998,10 +1036,12 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	if k.Retrying() {
 		t.Error("Retrying() = true after Close")
 	}
-	var after int
-	if !waitFor(5*time.Second, func() bool { after = runtime.NumGoroutine(); return after <= before }) {
-		t.Errorf("%d goroutines before Open, %d 5s after Close:\n\n%s", before, after, strings.Join(sinkGoroutines(), "\n\n"))
-	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if after := runtime.NumGoroutine(); after > before {
+			return fmt.Errorf("%d goroutines before Open, %d after Close:\n\n%s", before, after, strings.Join(sinkGoroutines(), "\n\n"))
+		}
+		return nil
+	})
 }
 
 // TestCloseAbandonsInFlightProduce closes a sink while the broker holds one
@@ -1018,11 +1058,13 @@ func TestCloseAbandonsInFlightProduce(t *testing.T) {
 	if err := k.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	var left []string
-	if !waitFor(2*time.Second, func() bool { left = sinkGoroutines(); return len(left) == 0 }) {
-		t.Errorf("%d goroutines of the sink or kafka-go still running 2s after Close returned, while the broker holds a produce request (RequestTimeout 20s):\n\n%s",
-			len(left), strings.Join(left, "\n\n"))
-	}
+	testenv.Eventually(t, 2*time.Second, func() error {
+		if left := sinkGoroutines(); len(left) > 0 {
+			return fmt.Errorf("%d goroutines of the sink or kafka-go still running after Close returned, while the broker holds a produce request (RequestTimeout 20s):\n\n%s",
+				len(left), strings.Join(left, "\n\n"))
+		}
+		return nil
+	})
 }
 
 // TestOpenMissingTopicSlowBroker lets the context of Open end while a
@@ -1089,19 +1131,6 @@ func sinkGoroutines() []string {
 		}
 	}
 	return out
-}
-
-// waitFor polls done until it returns true or timeout passed, and returns its
-// last answer.
-func waitFor(timeout time.Duration, done func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !done() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 // TestOpenWaitsForBroker starts the broker a moment after Open: Open keeps
@@ -1188,18 +1217,27 @@ func TestBrokerRejectsTemplatedTopic(t *testing.T) {
 		return nil
 	}))
 	acks.wait(t, 10*time.Second)
-	if !waitFor(5*time.Second, func() bool { return len(calls()) > 0 }) {
-		t.Fatal("Done not called with the failure of the event whose topic the broker refuses")
-	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if len(calls()) == 0 {
+			return errors.New("Done not called with the failure of the event whose topic the broker refuses")
+		}
+		return nil
+	})
 	if got, want := fmt.Sprint(calls()), fmt.Sprint([]string{string(bad.ID) + ":invalid_topic"}); got != want {
 		t.Errorf("failures reported %s, want %s", got, want)
 	}
 
-	n0 := lookups.Hits()
-	time.Sleep(time.Second)
-	// With 50ms..200ms backoff, a second holds at most a few dozen lookups.
-	if n := lookups.Hits() - n0; n > 40 {
-		t.Errorf("%d metadata requests for the refused topic t.bad within 1s after its events failed, with a retry policy of %v..%v: the sink retries without backoff", n, 50*time.Millisecond, 200*time.Millisecond)
+	// With 50ms..200ms backoff, a second holds at most a few dozen lookups:
+	// the 41st lookup from now comes a second or more later. Waiting for it
+	// (not for a second) also shows the sink does keep looking the topic up.
+	n0, start := lookups.Hits(), time.Now()
+	wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := lookups.Wait(wctx, n0+41); err != nil {
+		t.Fatalf("%d metadata requests for the refused topic t.bad within 30s after its events failed, want it looked up again with backoff: %v", lookups.Hits()-n0, err)
+	}
+	if d := time.Since(start); d < time.Second {
+		t.Errorf("41 metadata requests for the refused topic t.bad within %v after its events failed, with a retry policy of %v..%v: the sink retries without backoff", d.Round(time.Millisecond), 50*time.Millisecond, 200*time.Millisecond)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -266,7 +267,12 @@ func TestWaitForRecords(t *testing.T) {
 	brokers := k.Brokers()
 
 	t.Run("topic created later", func(t *testing.T) {
+		// The broker tells when WaitForRecords asked for the topic (and heard
+		// it does not exist), so the topic is created only after that.
+		RequireLocalKafka(t, k)
 		late := uniqueTopic("late")
+		asked := k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: late, Observe: true, Count: -1})
+		defer asked.Remove()
 		done := make(chan []Record, 1)
 		go func() {
 			got, err := WaitForRecords(ctx, brokers, 2, late)
@@ -275,7 +281,9 @@ func TestWaitForRecords(t *testing.T) {
 			}
 			done <- got
 		}()
-		time.Sleep(300 * time.Millisecond)
+		if err := asked.Wait(ctx, 1); err != nil {
+			t.Fatalf("WaitForRecords did not look the topic up: %v", err)
+		}
 		produce(ctx, t, brokers, &kgo.Record{Topic: late, Partition: 0, Value: []byte("a")},
 			&kgo.Record{Topic: late, Partition: 0, Value: []byte("b")})
 		got := <-done

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,20 +39,25 @@ func TestWriterRidesOutRestart(t *testing.T) {
 	w.Pad = 10
 	stop := make(chan struct{})
 	errc := w.GoRun(ctx, stop, 0, 2000)
-	for w.Count() < 200 {
-		time.Sleep(10 * time.Millisecond)
+	committedAtLeast := func(n int) func() error {
+		return func() error {
+			select {
+			case err := <-errc:
+				t.Fatalf("writer stopped: %v", err)
+			default:
+			}
+			if got := w.Count(); got < n {
+				return fmt.Errorf("writer committed %d events, want %d", got, n)
+			}
+			return nil
+		}
 	}
+	testenv.Eventually(t, 30*time.Second, committedAtLeast(200))
 	if err := pg.Restart("immediate"); err != nil {
 		t.Fatal(err)
 	}
 	before := w.Count()
-	for w.Count() < before+200 {
-		select {
-		case err := <-errc:
-			t.Fatalf("writer stopped: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, committedAtLeast(before+200))
 	close(stop)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
