@@ -66,7 +66,6 @@ type Tracker struct {
 	maxEnd    pglogrepl.LSN // highest end LSN of the stream since the last Reset, for the order check
 	events    int           // events added and not yet acknowledged
 
-	changed chan struct{}
 	drained chan struct{} // made by WaitDrained while events > 0, closed when events drops to 0
 
 	anomalies   uint64
@@ -80,7 +79,6 @@ func NewTracker(start pglogrepl.LSN) *Tracker {
 		ring:      make([]txn, 64),
 		watermark: start,
 		maxEnd:    start,
-		changed:   make(chan struct{}, 1),
 	}
 }
 
@@ -201,7 +199,6 @@ func (t *Tracker) Ack(seq uint64, n int) {
 // advance drops finished transactions from the head and moves the watermark to the
 // newest one's end. Called with mu held.
 func (t *Tracker) advance() {
-	moved := false
 	for t.n > 0 {
 		x := &t.ring[t.head]
 		if !x.done() {
@@ -209,7 +206,6 @@ func (t *Tracker) advance() {
 		}
 		if x.end > t.watermark {
 			t.watermark = x.end
-			moved = true
 		}
 		if x.added > 0 {
 			t.delivered++
@@ -220,9 +216,6 @@ func (t *Tracker) advance() {
 		t.n--
 		t.headSeq++
 	}
-	if moved {
-		t.notify()
-	}
 }
 
 // addEvents changes the count of unacknowledged events and wakes WaitDrained callers
@@ -232,14 +225,6 @@ func (t *Tracker) addEvents(n int) {
 	if t.events == 0 && t.drained != nil {
 		close(t.drained)
 		t.drained = nil
-	}
-}
-
-// notify signals Changed without blocking. Called with mu held.
-func (t *Tracker) notify() {
-	select {
-	case t.changed <- struct{}{}:
-	default:
 	}
 }
 
@@ -300,7 +285,6 @@ func (t *Tracker) Idle(serverWALEnd pglogrepl.LSN, serverTime time.Time) bool {
 	if serverWALEnd > t.maxEnd {
 		t.maxEnd = serverWALEnd
 	}
-	t.notify()
 	return true
 }
 
@@ -345,18 +329,10 @@ func (t *Tracker) Reset(start pglogrepl.LSN) {
 	}
 	if start > t.watermark {
 		t.watermark = start
-		t.notify()
 	}
 	// The stream restarts at start: transactions redelivered below the watermark are
 	// expected, not anomalies, and cannot move the watermark back anyway.
 	t.maxEnd = start
-}
-
-// Changed returns a channel that receives a value when the watermark advances. It is
-// buffered by one and never blocks the Tracker: several advances between two receives
-// arrive as one, so read Watermark after each receive.
-func (t *Tracker) Changed() <-chan struct{} {
-	return t.changed
 }
 
 // WaitDrained blocks until every added event has been acknowledged, or Reset is

@@ -117,22 +117,6 @@ func anomalies(want uint64) step {
 	}}
 }
 
-// changed checks whether the watermark advanced since the last check (Changed drained).
-func changed(want bool) step {
-	return step{"changed", func(t *testing.T, tr *Tracker) {
-		t.Helper()
-		got := false
-		select {
-		case <-tr.Changed():
-			got = true
-		default:
-		}
-		if got != want {
-			t.Fatalf("Changed() signalled = %v, want %v", got, want)
-		}
-	}}
-}
-
 func TestTracker(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -143,9 +127,9 @@ func TestTracker(t *testing.T) {
 			name:  "in-order acks",
 			start: 100,
 			steps: []step{
-				begin(0), add(0, 2), commit(0, 200), wm(100), changed(false),
-				ack(0, 1), wm(100), ack(0, 1), wm(200), changed(true),
-				begin(1), add(1, 1), commit(1, 300), ack(1, 1), wm(300), changed(true),
+				begin(0), add(0, 2), commit(0, 200), wm(100),
+				ack(0, 1), wm(100), ack(0, 1), wm(200),
+				begin(1), add(1, 1), commit(1, 300), ack(1, 1), wm(300),
 				inFlight(0, 0), anomalies(0),
 			},
 		},
@@ -156,8 +140,8 @@ func TestTracker(t *testing.T) {
 				begin(0), add(0, 1), commit(0, 200),
 				begin(1), add(1, 2), commit(1, 300),
 				begin(2), add(2, 1), commit(2, 400),
-				ack(1, 2), ack(2, 1), wm(100), changed(false), inFlight(3, 1),
-				ack(0, 1), wm(400), changed(true), inFlight(0, 0), anomalies(0),
+				ack(1, 2), ack(2, 1), wm(100), inFlight(3, 1),
+				ack(0, 1), wm(400), inFlight(0, 0), anomalies(0),
 			},
 		},
 		{
@@ -200,7 +184,7 @@ func TestTracker(t *testing.T) {
 			name:  "idle with open txn does nothing",
 			start: 100,
 			steps: []step{
-				begin(0), idle(500, false), wm(100), changed(false),
+				begin(0), idle(500, false), wm(100),
 			},
 		},
 		{
@@ -215,7 +199,7 @@ func TestTracker(t *testing.T) {
 			name:  "idle when drained advances",
 			start: 100,
 			steps: []step{
-				idle(100, false), idle(50, false), idle(500, true), wm(500), changed(true),
+				idle(100, false), idle(50, false), idle(500, true), wm(500),
 				begin(0), add(0, 1), commit(0, 600), ack(0, 1), wm(600),
 				idle(700, true), wm(700), idle(650, false), wm(700),
 			},
@@ -255,13 +239,13 @@ func TestTracker(t *testing.T) {
 			name:  "reset forgets in-flight, keeps seqs and the max watermark",
 			start: 100,
 			steps: []step{
-				begin(0), add(0, 1), commit(0, 200), ack(0, 1), wm(200), changed(true),
+				begin(0), add(0, 1), commit(0, 200), ack(0, 1), wm(200),
 				begin(1), add(1, 5), commit(1, 300), inFlight(1, 5),
-				reset(150), wm(200), inFlight(0, 0), changed(false),
+				reset(150), wm(200), inFlight(0, 0),
 				ack(1, 5), wm(200), anomalies(1),
 				begin(2), add(2, 1), commit(2, 180), ack(2, 1), wm(200), anomalies(1), // redelivered
 				begin(3), add(3, 1), commit(3, 250), ack(3, 1), wm(250),
-				reset(400), wm(400), changed(true),
+				reset(400), wm(400),
 				begin(4), commit(4, 450), wm(450), anomalies(1),
 			},
 		},
@@ -457,7 +441,6 @@ func TestTrackerConcurrent(t *testing.T) {
 			case <-stop:
 				observerErr <- nil
 				return
-			case <-tr.Changed():
 			case <-time.After(time.Millisecond):
 			}
 			w := tr.Watermark()
