@@ -443,14 +443,11 @@ func testCloseAbandons(t *testing.T, open Opener) {
 	if d := rec.close(t, p); d > closeBound {
 		t.Errorf("Close took %v while the broker held a produce request; want at most %v", d.Round(time.Millisecond), closeBound)
 	}
-	var left []string
-	deadline := time.Now().Add(time.Second) // for goroutines returning right now
-	for left = newGoroutines(before); len(left) > 0 && time.Now().Before(deadline); left = newGoroutines(before) {
-		time.Sleep(pollInterval)
-	}
-	if len(left) > 0 {
-		t.Errorf("%d goroutines started since before Open still run after Close returned:\n\n%s", len(left), strings.Join(left, "\n\n"))
-	}
+	// A second for goroutines returning right now.
+	waitFor(t, time.Second, func() (bool, string) {
+		left := newGoroutines(before)
+		return len(left) == 0, fmt.Sprintf("%d goroutines started since before Open still run after Close returned:\n\n%s", len(left), strings.Join(left, "\n\n"))
+	})
 
 	// Let the broker answer what it held (the producer's connections are
 	// gone, or should be), then see one more request through it: any

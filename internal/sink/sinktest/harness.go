@@ -24,26 +24,16 @@ import (
 // fastRetry keeps cases with many failed attempts short.
 var fastRetry = backoff.Policy{Base: time.Millisecond, Cap: 20 * time.Millisecond}
 
-// pollInterval is how often waitFor checks its condition.
-const pollInterval = 5 * time.Millisecond
-
-// waitFor polls cond until it reports true, and fails t with cond's
-// description of the state if timeout passes first. (testenv has no polling
-// helper yet; one is being added on the flakes branch, and this one can give
-// way to it.)
+// waitFor waits until cond reports true, failing t with cond's description
+// of the state if timeout passes first (testenv.Eventually).
 func waitFor(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
+	testenv.Eventually(t, timeout, func() error {
+		if ok, state := cond(); !ok {
+			return errors.New(state)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, state)
-		}
-		time.Sleep(pollInterval)
-	}
+		return nil
+	})
 }
 
 // broker is a case's in-process Kafka broker. It records the acks of every
@@ -587,17 +577,8 @@ func heapInUse() uint64 {
 
 // goroutineStacks returns the stack of every goroutine by its id.
 func goroutineStacks() map[int]string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	out := make(map[int]string)
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range testenv.GoroutineStacks() {
 		var id int
 		if _, err := fmt.Sscanf(g, "goroutine %d", &id); err == nil {
 			out[id] = g
