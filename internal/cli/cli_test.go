@@ -139,7 +139,7 @@ func TestHelpPlaceholders(t *testing.T) {
 // name flagError prints.
 func TestEveryFlagHasEnv(t *testing.T) {
 	var c CLI
-	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix))
+	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix), defaults)
 	if err != nil {
 		t.Fatal(err)
 	}
