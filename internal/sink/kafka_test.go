@@ -1115,17 +1115,8 @@ func TestOpenMissingTopicSlowBroker(t *testing.T) {
 // sinkGoroutines returns the stacks of goroutines running code of the sink or
 // of kafka-go, which the sink owns.
 func sinkGoroutines() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	var out []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range testenv.GoroutineStacks() {
 		if strings.Contains(g, "segmentio/kafka-go") || strings.Contains(g, "internal/sink.(*") {
 			out = append(out, g)
 		}
