@@ -31,10 +31,11 @@ type CommitterConfig struct {
 	// Start is the position streaming starts from: already persisted, so it is
 	// the first Flushed value and the Tracker's first watermark.
 	Start pglogrepl.LSN
-	// Every is how often the watermark is persisted when it moved; Idle how
-	// often an advance with no new events (keepalives on an idle outbox) is
-	// persisted, since each save writes WAL of its own. Both must be positive
-	// (the relay's configuration holds their defaults).
+	// Every bounds how long a watermark moved by acknowledged events waits to
+	// be persisted (saves are coalesced to one per Every); Idle how often an
+	// advance with no new events (keepalives on an idle outbox) is persisted,
+	// since each save writes WAL of its own. Both must be positive (the
+	// relay's configuration holds their defaults).
 	Every, Idle time.Duration
 	Logger      zerolog.Logger
 	Metrics     *metrics.Metrics
@@ -91,7 +92,7 @@ func (c *Committer) Flushed() pglogrepl.LSN { return pglogrepl.LSN(c.persisted.L
 // longer be persisted first, so the stream should leave.
 func (c *Committer) ServerDown() <-chan error { return c.serverDown }
 
-// Run persists the watermark every Every while it moves, until ctx is done,
+// Run persists the watermark within Every of its moving, until ctx is done,
 // and reports tracker anomalies as they appear.
 func (c *Committer) Run(ctx context.Context) {
 	t := time.NewTicker(c.every)

@@ -55,7 +55,7 @@ type RunCmd struct {
 	BatchMaxEvents    int           `default:"${default_batch_max_events}" help:"Most events in one produce request."`
 	BatchMaxBytes     int           `default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
-	StatusInterval    time.Duration `default:"${default_status_interval}" help:"How often the checkpoint is persisted and confirmed to the slot."`
+	StatusInterval    time.Duration `default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
 	ShutdownTimeout   time.Duration `default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
 	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
 	RetryBase         time.Duration `default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`

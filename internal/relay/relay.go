@@ -112,11 +112,16 @@ type Config struct {
 
 	RelayName        string
 	MaxInFlightBytes int64         // backpressure threshold (DefaultMaxInFlightBytes)
-	StatusInterval   time.Duration // standby status / checkpoint period (DefaultStatusInterval)
-	IdleCheckpoint   time.Duration // how often an idle advance is persisted (DefaultIdleCheckpoint)
-	ShutdownTimeout  time.Duration // bound on a clean stop (DefaultShutdownTimeout)
-	KafkaStartWait   time.Duration // how long to wait for Kafka at start (DefaultKafkaStartWait)
-	MonitorInterval  time.Duration // how often slot metrics are read (DefaultMonitorInterval)
+	StatusInterval   time.Duration // standby status period (DefaultStatusInterval)
+	// PersistInterval bounds how long a watermark moved by acknowledged events
+	// waits to be persisted; saves are coalesced to one per interval
+	// (DefaultPersistInterval). A restart after a crash starts from the store,
+	// so this is what bounds the redelivery.
+	PersistInterval time.Duration
+	IdleCheckpoint  time.Duration // how often an idle advance is persisted (DefaultIdleCheckpoint)
+	ShutdownTimeout time.Duration // bound on a clean stop (DefaultShutdownTimeout)
+	KafkaStartWait  time.Duration // how long to wait for Kafka at start (DefaultKafkaStartWait)
+	MonitorInterval time.Duration // how often slot metrics are read (DefaultMonitorInterval)
 	// Heartbeat, when positive, writes pg_logical_emit_message at that period so
 	// an idle database's slot keeps moving while others write WAL.
 	Heartbeat time.Duration
@@ -136,6 +141,7 @@ type Config struct {
 const (
 	DefaultMaxInFlightBytes = 16 << 20
 	DefaultStatusInterval   = time.Second
+	DefaultPersistInterval  = 100 * time.Millisecond
 	DefaultIdleCheckpoint   = 10 * time.Second
 	DefaultShutdownTimeout  = 10 * time.Second
 	DefaultKafkaStartWait   = 30 * time.Second
@@ -149,6 +155,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = DefaultStatusInterval
+	}
+	if c.PersistInterval <= 0 {
+		c.PersistInterval = DefaultPersistInterval
 	}
 	if c.IdleCheckpoint <= 0 {
 		c.IdleCheckpoint = DefaultIdleCheckpoint
@@ -306,7 +315,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	ck := checkpoint.NewCommitter(checkpoint.CommitterConfig{
 		Store: store, Start: start,
 		Base:  checkpoint.Checkpoint{Slot: cfg.Slot, SystemID: system.SystemID, RelayName: cfg.RelayName},
-		Every: cfg.StatusInterval, Idle: cfg.IdleCheckpoint, Logger: r.log, Metrics: r.m,
+		Every: cfg.PersistInterval, Idle: cfg.IdleCheckpoint, Logger: r.log, Metrics: r.m,
 	})
 	h.ck, h.tracker = ck, ck.Tracker()
 	bgCtx, stopBg := context.WithCancel(context.Background())

@@ -756,3 +756,33 @@ func TestIdleDatabaseWhileAnotherWrites(t *testing.T) {
 		t.Errorf("slot_retained_wal_bytes = %v, want > 0", got)
 	}
 }
+
+// TestCheckpointPersistedPromptly: the checkpoint is persisted within
+// PersistInterval of Kafka's acknowledgements, not at the (here 30 s) status
+// interval, so a crash redelivers at most that much.
+func TestCheckpointPersistedPromptly(t *testing.T) {
+	e := newEnv(t)
+	e.cfgHook = func(c *relay.Config) {
+		c.StatusInterval = 30 * time.Second
+		c.PersistInterval = 100 * time.Millisecond
+		c.IdleCheckpoint = time.Hour // only delivered events may move it
+	}
+	e.start()
+	e.tx(func(tx pgx.Tx) error {
+		_, err := insert(tx, "order", "o-1", "Placed", `{}`)
+		return err
+	})
+	recs := e.waitRecords(1)
+	end := maxCommitLSN(t, recs)
+	deadline := time.Now().Add(5 * time.Second) // far below the status interval
+	testenv.Eventually(t, time.Until(deadline), func() error {
+		var stored string
+		if err := e.pool.QueryRow(context.Background(), "SELECT lsn::text FROM cdc_relay_checkpoints WHERE slot_name = $1", e.slot).Scan(&stored); err != nil {
+			return fmt.Errorf("read the stored checkpoint: %w", err)
+		}
+		if lsn, _ := pglogrepl.ParseLSN(stored); lsn < end {
+			return fmt.Errorf("checkpoint stored at %s, want >= %s (the event's commit)", stored, end)
+		}
+		return nil
+	})
+}
