@@ -431,3 +431,40 @@ func TestRoutingFailureGoesToDeadLetters(t *testing.T) {
 		t.Errorf("dead_letters_total{invalid_topic} = %v, want 1", v)
 	}
 }
+
+// TestStopWhileDeadLetterStoreHangs: an event without a key fails inside
+// Produce, on the stream's goroutine, and its dead letter cannot be stored;
+// a stop still ends within the shutdown budget, confirming nothing past it.
+func TestStopWhileDeadLetterStoreHangs(t *testing.T) {
+	e := newEnv(t)
+	storing := make(chan struct{})
+	var once sync.Once
+	e.cfgHook = func(c *relay.Config) {
+		c.ShutdownTimeout = 2 * time.Second
+		c.OpenDeadLetters = func(context.Context, *pgxpool.Pool) (relay.DeadLetterFunc, error) {
+			return func(ctx context.Context, _ *outbox.Event, _ error) error {
+				once.Do(func() { close(storing) })
+				<-ctx.Done() // the store never answers
+				return ctx.Err()
+			}, nil
+		}
+	}
+	e.start()
+	e.exec("INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', '', 'NoKey', '{}')")
+	end := e.currentLSN()
+	select {
+	case <-storing:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the dead letter of the event without a key was never attempted")
+	}
+	began := time.Now()
+	if err := e.stop(); err != nil {
+		t.Errorf("Run = %v after a stop, want nil", err)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("Run returned %v after the stop (shutdown budget 2 s) while the dead-letter store hung", took.Round(time.Millisecond))
+	}
+	if got := e.slotConfirmed(); got >= end {
+		t.Errorf("slot confirmed %s, past the event whose dead letter was never stored (before %s)", got, end)
+	}
+}

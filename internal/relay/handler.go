@@ -35,8 +35,9 @@ type handler struct {
 	m        *metrics.Metrics
 	// deadLetter stores events that failed for good (--on-error=dlq); nil halts.
 	deadLetter DeadLetterFunc
-	// ctx bounds dead-letter writes made from the producer's goroutine.
-	ctx context.Context
+	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
+	ctx       context.Context
+	cutPolicy context.CancelFunc
 	// done is h.delivered, made once: a method value per event would allocate.
 	done sink.Done
 

@@ -300,11 +300,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	defer k.Close()
-	// Dead letters are stored from the producer's goroutine with this context,
-	// which ends when Run returns (before the producer closes).
+	// Dead letters are stored with this context, from the producer's goroutine
+	// or from the stream's (a failure Produce reports at once); it ends when
+	// the stream is cut at shutdown, or when Run returns (before the producer
+	// closes).
 	pctx, cancelPolicy := context.WithCancel(context.Background())
 	defer cancelPolicy()
-	h.ctx, h.relay, h.producer, h.pause = pctx, r, k, k
+	h.ctx, h.cutPolicy, h.relay, h.producer, h.pause = pctx, cancelPolicy, r, k, k
 	h.done = h.delivered
 
 	// Slot and stored checkpoint.

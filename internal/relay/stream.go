@@ -33,6 +33,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			select {
 			case <-time.After(r.cfg.ShutdownTimeout / 2):
 				cancelRun()
+				h.cutPolicy() // a dead letter still being retried must not hold the stop up
 			case <-runCtx.Done():
 			}
 		case <-runCtx.Done():
