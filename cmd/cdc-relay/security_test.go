@@ -76,7 +76,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	r.waitReady(30 * time.Second)
 	want := insertEvents(ctx, t, f.url, 20)
 	f.waitRecords(ctx, t, len(want), 30*time.Second)
-	if got := recordIDs(f.read(ctx, t)); !slices.Equal(got, want) {
+	if got := testenv.IDs(f.read(ctx, t)); !slices.Equal(got, want) {
 		t.Errorf("event ids in Kafka %v, want %v", got, want)
 	}
 
@@ -122,7 +122,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	if err != nil {
 		t.Fatalf("wait for replayed records: %v", err)
 	}
-	if got := recordIDs(replayed); !slices.Equal(got, want) {
+	if got := testenv.IDs(replayed); !slices.Equal(got, want) {
 		t.Errorf("replayed event ids %v, want %v", got, want)
 	}
 	r.stop(15 * time.Second)
@@ -234,7 +234,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if err != nil {
 		t.Fatalf("wait for records: %v", err)
 	}
-	if got := recordIDs(recs); !slices.Equal(got, want) {
+	if got := testenv.IDs(recs); !slices.Equal(got, want) {
 		t.Errorf("event ids in Kafka %v, want %v (and not the poison %s)", got, want, bigID)
 	}
 
@@ -400,16 +400,6 @@ func insertEvents(ctx context.Context, t *testing.T, dbURL string, n int) []stri
 			t.Fatalf("insert event: %v", err)
 		}
 		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
-
-// recordIDs returns the "id" headers of recs, sorted.
-func recordIDs(recs []testenv.Record) []string {
-	ids := make([]string, 0, len(recs))
-	for _, r := range recs {
-		ids = append(ids, r.Headers["id"])
 	}
 	slices.Sort(ids)
 	return ids

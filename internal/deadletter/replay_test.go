@@ -32,28 +32,6 @@ func newPublisher(t *testing.T) *deadletter.KafkaPublisher {
 	return p
 }
 
-// readTopic returns every record of topic.
-func readTopic(t *testing.T, topic string) []testenv.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	recs, err := testenv.ReadAll(ctx, kafka.Brokers(), topic)
-	if err != nil {
-		t.Fatalf("read %s: %v", topic, err)
-	}
-	return recs
-}
-
-// recordIDs returns the "id" headers of recs, sorted.
-func recordIDs(recs []testenv.Record) []string {
-	ids := make([]string, len(recs))
-	for i, r := range recs {
-		ids[i] = r.Headers[sink.HeaderID]
-	}
-	slices.Sort(ids)
-	return ids
-}
-
 // seed adds n letters e-0..e-(n-1) for topic to s, aggregate "A" for even and
 // "B" for odd numbers.
 func seed(t *testing.T, s *deadletter.Store, topic string, n int) {
@@ -92,9 +70,9 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "first replay", res, deadletter.Counts{Selected: 6, Published: 6})
-	recs := readTopic(t, topic)
-	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(recordIDs(recs), want) {
-		t.Fatalf("Kafka has %v, want %v", recordIDs(recs), want)
+	recs := kafka.MustReadAll(t, topic)
+	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(testenv.IDs(recs), want) {
+		t.Fatalf("Kafka has %v, want %v", testenv.IDs(recs), want)
 	}
 	lastOf := map[string]int{} // per key, the last event number seen: order within a key
 	for _, r := range recs {
@@ -146,7 +124,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "second replay", res2, deadletter.Counts{Selected: 6, Skipped: 6})
-	if n := len(readTopic(t, topic)); n != 6 {
+	if n := len(kafka.MustReadAll(t, topic)); n != 6 {
 		t.Errorf("second replay published: %d records, want still 6", n)
 	}
 	if events, _ := s.ListReplayEvents(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != deadletter.ResultSkipped {
@@ -162,7 +140,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	if res3.DryRun != 6 {
 		t.Errorf("dry run would publish %d, want 6", res3.DryRun)
 	}
-	if n := len(readTopic(t, topic)); n != 6 {
+	if n := len(kafka.MustReadAll(t, topic)); n != 6 {
 		t.Errorf("dry run published: %d records, want still 6", n)
 	}
 	if events, _ := s.ListReplayEvents(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != deadletter.ResultDryRun {
@@ -175,7 +153,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "forced replay", res4, deadletter.Counts{Selected: 3, Published: 3})
-	recs = readTopic(t, topic)
+	recs = kafka.MustReadAll(t, topic)
 	var again []string
 	for _, r := range recs {
 		if r.Headers[deadletter.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
@@ -279,7 +257,7 @@ func TestReplayFailures(t *testing.T) {
 			t.Errorf("failed letter %s is %s, want still pending", e, l.Status)
 		}
 	}
-	if got := recordIDs(readTopic(t, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
+	if got := testenv.IDs(kafka.MustReadAll(t, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
 		t.Errorf("Kafka has %v", got)
 	}
 	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
@@ -316,7 +294,7 @@ func TestReplayRate(t *testing.T) {
 	if got > rate*1.1 || got < rate/2 || elapsed < 1500*time.Millisecond || elapsed > 4*time.Second {
 		t.Errorf("replay ran at %.1f events/s (%v for 40), want about %g", got, elapsed, rate)
 	}
-	if n := len(readTopic(t, topic)); n != 40 {
+	if n := len(kafka.MustReadAll(t, topic)); n != 40 {
 		t.Errorf("Kafka has %d records, want 40", n)
 	}
 }

@@ -60,28 +60,6 @@ func newPublisher(t *testing.T, k *testenv.Kafka) *deadletter.KafkaPublisher {
 	return p
 }
 
-// readTopic returns every record of topic in k.
-func readTopic(t *testing.T, k *testenv.Kafka, topic string) []testenv.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	recs, err := k.ReadAll(ctx, topic)
-	if err != nil {
-		t.Fatalf("read %s: %v", topic, err)
-	}
-	return recs
-}
-
-// recordIDs returns the "id" headers of recs, sorted.
-func recordIDs(recs []testenv.Record) []string {
-	ids := make([]string, len(recs))
-	for i, r := range recs {
-		ids[i] = r.Headers[sink.HeaderID]
-	}
-	slices.Sort(ids)
-	return ids
-}
-
 func checkResult(t *testing.T, what string, got deadletter.ReplayResult, want deadletter.Counts) {
 	t.Helper()
 	if got.Counts != want {
@@ -156,11 +134,11 @@ func TestReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "outbox replay", res, deadletter.Counts{Selected: 4, Published: 4})
-	orders, users := readTopic(t, kafka, prefix+".order"), readTopic(t, kafka, prefix+".user")
+	orders, users := kafka.MustReadAll(t, prefix+".order"), kafka.MustReadAll(t, prefix+".user")
 	want := []string{ids[1], ids[2], ids[4]}
 	slices.Sort(want)
-	if !slices.Equal(recordIDs(orders), want) || len(users) != 1 || users[0].Headers["id"] != ids[3] {
-		t.Fatalf("replayed: orders %v, users %v; want orders %v, users [%s]", recordIDs(orders), recordIDs(users), want, ids[3])
+	if !slices.Equal(testenv.IDs(orders), want) || len(users) != 1 || users[0].Headers["id"] != ids[3] {
+		t.Fatalf("replayed: orders %v, users %v; want orders %v, users [%s]", testenv.IDs(orders), testenv.IDs(users), want, ids[3])
 	}
 	var keyA []string
 	for _, r := range orders {

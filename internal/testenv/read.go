@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -450,4 +451,27 @@ func (ep endpoint) client(opts ...kgo.Opt) (*kgo.Client, error) {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
 	return cl, nil
+}
+
+// MustReadAll is ReadAll for a test: it fails t when the records cannot be
+// read within 30 s.
+func (k *Kafka) MustReadAll(t testing.TB, topics ...string) []Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs, err := k.ReadAll(ctx, topics...)
+	if err != nil {
+		t.Fatalf("read %v: %v", topics, err)
+	}
+	return recs
+}
+
+// IDs returns the "id" headers (the event ids) of recs, sorted.
+func IDs(recs []Record) []string {
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = r.Headers["id"]
+	}
+	slices.Sort(ids)
+	return ids
 }
