@@ -179,7 +179,7 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 			return nil, fmt.Errorf("column %q is listed twice (as %q and %q)", col, prev, hdr)
 		}
 		switch hdr {
-		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime:
+		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime, sink.HeaderSource:
 			return nil, fmt.Errorf("%q: header %q is set by the relay itself; map the column to another header name", hc, hdr)
 		}
 		m[col] = hdr

@@ -120,7 +120,7 @@ func (l *Letter) event(replayID int64) *outbox.Event {
 	for _, k := range slices.Sorted(maps.Keys(l.Headers)) {
 		switch k {
 		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN,
-			sink.HeaderCommitTime, HeaderReplay:
+			sink.HeaderCommitTime, sink.HeaderSource, HeaderReplay:
 			continue // set by the sink from the event's fields, or replaced below
 		}
 		ev.Headers = append(ev.Headers, outbox.Header{Key: k, Value: []byte(l.Headers[k])})

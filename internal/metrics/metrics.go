@@ -62,8 +62,21 @@ type Metrics struct {
 	CheckpointErrors  prometheus.Counter
 	// TrackerAnomalies counts acknowledgement-accounting misuse the tracker
 	// ignored (checkpoint.Tracker.Anomalies): non-zero is a relay bug.
-	TrackerAnomalies  prometheus.Counter
-	SlotProblems      *prometheus.CounterVec // by kind
+	TrackerAnomalies prometheus.Counter
+	SlotProblems     *prometheus.CounterVec // by kind
+	// DuplicatesSuppressed counts replayed events not sent again because the
+	// same event from the same stream position is verifiably in Kafka.
+	DuplicatesSuppressed prometheus.Counter
+	// UnknownFateResent counts events re-sent after an attempt whose outcome is
+	// unknown (timeout, connection lost): the idempotent producer makes the
+	// broker drop the copy when the first attempt was appended.
+	UnknownFateResent prometheus.Counter
+	// DeliveryFallbacks counts, by reason, the times effectively-once delivery
+	// fell back to sending events it could not prove are in Kafka.
+	DeliveryFallbacks *prometheus.CounterVec
+	// ReconcileDuration is how long reading the partitions took before
+	// (re)starting the stream.
+	ReconcileDuration prometheus.Histogram
 	BackfilledEvents  *prometheus.CounterVec // by kind of slot loss
 	CircuitState      prometheus.Gauge       // 0 closed, 1 open, 2 half-open
 	SlotRetainedWAL   prometheus.Gauge
@@ -162,6 +175,23 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "tracker_anomalies_total",
 			Help: "Acknowledgement-accounting misuse the checkpoint tracker ignored; non-zero is a relay bug (the watermark never moved past it).",
 		}),
+		DuplicatesSuppressed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "duplicates_suppressed_total",
+			Help: "Replayed events not sent again: the same event from the same source position is already in Kafka.",
+		}),
+		UnknownFateResent: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "unknown_fate_resent_total",
+			Help: "Events re-sent after a produce attempt whose outcome was unknown (timeout, connection lost); the idempotent producer lets the broker drop a copy.",
+		}),
+		DeliveryFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "delivery_fallbacks_total",
+			Help: "Times effectively-once delivery fell back to at-least-once (sending events it could not prove are in Kafka), by reason.",
+		}, []string{"reason"}),
+		ReconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "reconciliation_duration_seconds",
+			Help:    "Time spent reading Kafka partitions to find events already delivered, before (re)starting the stream.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
 		SlotProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "slot_problems_total",
 			Help: "Slot/checkpoint mismatches found at start (slot missing, lost, ahead, system changed).",
@@ -212,7 +242,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.ProduceLatency, m.EndToEndLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
-		m.CheckpointErrors, m.TrackerAnomalies, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
+		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
+		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
 	)

@@ -35,6 +35,21 @@ type Event struct {
 	// Seq identifies the transaction for acknowledgement accounting. The relay sets
 	// it; sinks hand it back untouched.
 	Seq uint64
+
+	// Origin and Index say where in the source the event was read: the stream
+	// it came from and its position among the outbox events of its transaction.
+	// The relay sets them only on events it reads from the replication stream;
+	// a sink stamps them on the message (see Origin.AppendPosition) so that a
+	// restarted relay can recognise its own records. Replays and backfills
+	// leave Origin nil: their messages are never taken for the stream's.
+	Origin *Origin
+	Index  uint32
+
+	// Partition and Offset are where Kafka stored the event: the sink sets them
+	// before it reports the event acknowledged (Offset -1 when the broker did
+	// not say).
+	Partition int32
+	Offset    int64
 }
 
 // Size is the number of bytes the event holds, used for in-flight accounting.

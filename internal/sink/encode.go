@@ -19,6 +19,10 @@ const (
 	HeaderAggregateType = "aggregate_type"
 	HeaderCommitLSN     = "commit_lsn"
 	HeaderCommitTime    = "commit_time"
+	// HeaderSource is the event's source position (outbox.Origin.AppendPosition),
+	// set only on events read from the replication stream: with the id, it is
+	// how a restarted relay recognises records it already delivered.
+	HeaderSource = "source_position"
 )
 
 // encoder turns batches into a produce request. It keeps the formatted commit
