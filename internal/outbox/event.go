@@ -45,6 +45,8 @@ type Event struct {
 	Origin *Origin
 	Index  uint32
 
+	// Topic is where the relay routes the event; it sets it before producing.
+	Topic string
 	// Partition and Offset are where Kafka stored the event: the sink sets them
 	// before it reports the event acknowledged (Offset -1 when the broker did
 	// not say).

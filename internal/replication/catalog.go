@@ -7,6 +7,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"github.com/jackc/pglogrepl"
 	"time"
 )
 
@@ -64,6 +65,21 @@ func ServerClock(ctx context.Context, db QueryRower) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("read the server clock: %w", err)
 	}
 	return t, nil
+}
+
+// CurrentWAL returns the server's current WAL write position
+// (pg_current_wal_lsn()): every transaction committing later has a higher
+// commit LSN.
+func CurrentWAL(ctx context.Context, db QueryRower) (pglogrepl.LSN, error) {
+	var text string
+	if err := db.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&text); err != nil {
+		return 0, fmt.Errorf("read the current WAL position: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return 0, fmt.Errorf("parse the current WAL position %q: %w", text, err)
+	}
+	return lsn, nil
 }
 
 // DropSlot drops the replication slot named slot.

@@ -1,0 +1,279 @@
+package dedup
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// Reader reads what Kafka holds (the sink's producer implements it).
+type Reader interface {
+	// PartitionCount returns how many partitions the producer maps keys of
+	// topic onto, waiting until they are known.
+	PartitionCount(ctx context.Context, topic string) (int, error)
+	// Ranges returns the offsets each of the first n partitions holds.
+	Ranges(ctx context.Context, topic string, n int) ([]sink.Range, error)
+	// Scan calls fn for each record of the partition in [from, to) with its
+	// offset, id header and source position header (nil when absent).
+	Scan(ctx context.Context, topic string, partition int, from, to int64, fn func(offset int64, id, source []byte) error) error
+}
+
+// GateConfig configures a Gate.
+type GateConfig struct {
+	Reader Reader
+	Ledger *Ledger
+	// Origin is this relay's stream: only records stamped with it count.
+	Origin *outbox.Origin
+	// Persist saves a checkpoint now (with the Ledger's offsets). The Gate
+	// calls it after registering a topic, before the relay first writes to
+	// it, so a crash never leaves records of a topic without stored offsets.
+	Persist func(ctx context.Context) error
+	// Stored reports whether the checkpoint the relay started from had
+	// offsets at all (false after --delivery at-least-once or an older relay).
+	Stored      bool
+	Concurrency int // partitions read at once (default 16)
+	Logger      zerolog.Logger
+	Metrics     *metrics.Metrics
+}
+
+// Summary is what arming found.
+type Summary struct {
+	Partitions int           // partitions read
+	Found      int           // replayed events found already in Kafka
+	Took       time.Duration // time spent reading them
+}
+
+// Gate decides, for each event a (re)started stream replays, whether Kafka
+// already holds it. It is used from the stream's goroutine only.
+type Gate struct {
+	cfg GateConfig
+	log zerolog.Logger
+
+	armed     bool
+	start     pglogrepl.LSN // the stream's start: replayed events commit at or after it
+	cutoff    pglogrepl.LSN // events committed at or after it were never sent
+	stored    checkpoint.Offsets
+	topics    map[string]bool // prepared since Arm
+	lastTopic string          // of the previous Check, prepared
+	found     map[position]record
+	noted     map[string]bool // fallbacks logged, by reason and topic
+}
+
+type position struct {
+	lsn   pglogrepl.LSN
+	index uint32
+}
+
+type record struct {
+	id        []byte
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// NewGate returns a disarmed Gate.
+func NewGate(cfg GateConfig) *Gate {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.Discard()
+	}
+	return &Gate{cfg: cfg, log: cfg.Logger.With().Str("component", "dedup").Logger(), noted: map[string]bool{}}
+}
+
+// Arm prepares the Gate for a stream starting at start, when events that
+// commit before cutoff may have been sent by an earlier run or connection
+// (cutoff is the server's WAL position once this stream holds the slot:
+// nothing committed after it was ever read). topics are reconciled at once;
+// any other topic when its first replayed event comes.
+func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []string) (Summary, error) {
+	g.armed = start < cutoff
+	g.start, g.cutoff = start, cutoff
+	g.stored = g.cfg.Ledger.At(start)
+	g.topics = map[string]bool{}
+	g.lastTopic = ""
+	g.found = map[position]record{}
+	if !g.armed {
+		return Summary{}, nil
+	}
+	if !g.cfg.Stored {
+		g.fallback("no_stored_offsets", "", "the checkpoint has no Kafka offsets (an at-least-once run or an older relay wrote it): events after it are sent again")
+	}
+	t0 := time.Now()
+	var sum Summary
+	for _, t := range topics {
+		n, err := g.reconcile(ctx, t, true)
+		if err != nil {
+			return Summary{}, err
+		}
+		sum.Partitions += n
+	}
+	sum.Found = len(g.found)
+	sum.Took = time.Since(t0)
+	g.cfg.Metrics.ReconcileDuration.Observe(sum.Took.Seconds())
+	return sum, nil
+}
+
+// Check reports whether ev, routed to topic, is verifiably in Kafka already;
+// then it sets ev.Partition and ev.Offset to where it is. The first event of
+// a topic in this run prepares the topic: while replaying, its partitions are
+// read; either way its offsets are stored before the relay writes to it.
+func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool, error) {
+	if ev.Origin == nil {
+		return false, nil
+	}
+	if g.armed && ev.CommitLSN >= g.cutoff {
+		g.disarm()
+	}
+	if topic != g.lastTopic {
+		if !g.topics[topic] {
+			t0 := time.Now()
+			n, err := g.reconcile(ctx, topic, g.armed)
+			if err != nil {
+				return false, err
+			}
+			if n > 0 {
+				took := time.Since(t0)
+				g.cfg.Metrics.ReconcileDuration.Observe(took.Seconds())
+				g.log.Info().Str("topic", topic).Int("partitions", n).Int64("duration_ms", took.Milliseconds()).
+					Msg("reconciled a topic on its first replayed event")
+			}
+		}
+		g.lastTopic = topic
+	}
+	if !g.armed {
+		return false, nil
+	}
+	pos := position{ev.CommitLSN, ev.Index}
+	r, ok := g.found[pos]
+	if !ok || r.topic != topic || !bytes.Equal(r.id, ev.ID) {
+		return false, nil
+	}
+	delete(g.found, pos)
+	ev.Partition, ev.Offset = r.partition, r.offset
+	g.cfg.Metrics.DuplicatesSuppressed.Inc()
+	return true, nil
+}
+
+// disarm ends the replay: every later event is new.
+func (g *Gate) disarm() {
+	g.armed = false
+	if n := len(g.found); n > 0 {
+		// Records of ours no replayed event matched: older copies, or events
+		// the stream no longer replays (a changed publication or filter).
+		g.log.Debug().Int("unmatched", n).Msg("replay passed the cutoff")
+	}
+	g.found = nil
+}
+
+// reconcile prepares topic for this run. Its offsets are registered (and
+// persisted) unless stored ones still fit its partition count; when scan is
+// set and they fit, its partitions are read from them to their ends and the
+// records of this origin's replayed events remembered. It returns the number
+// of partitions read.
+func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, error) {
+	n, err := g.cfg.Reader.PartitionCount(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
+	}
+	stored, ok := g.stored[topic]
+	if ok && stored.Partitions == n && !scan {
+		g.topics[topic] = true
+		return 0, nil
+	}
+	ranges, err := g.cfg.Reader.Ranges(ctx, topic, n)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
+	}
+	if !ok || stored.Partitions != n {
+		if ok && scan {
+			g.fallback("partitions_changed", topic, fmt.Sprintf(
+				"topic %q had %d partitions when written and has %d now: keys map elsewhere, so events after the checkpoint are sent again",
+				topic, stored.Partitions, n))
+		}
+		// Nothing of ours can be there yet in this layout: record where the
+		// partitions end, durably, before the relay first writes to them.
+		ends := make([]int64, n)
+		for p, r := range ranges {
+			ends[p] = r.End
+		}
+		g.cfg.Ledger.Register(topic, ends)
+		if err := g.cfg.Persist(ctx); err != nil {
+			return 0, fmt.Errorf("reconcile topic %q: persist its offsets: %w", topic, err)
+		}
+		g.topics[topic] = true
+		return 0, nil
+	}
+	var mu sync.Mutex
+	eg, ectx := errgroup.WithContext(ctx)
+	eg.SetLimit(g.cfg.Concurrency)
+	for p := 0; p < n; p++ {
+		from, ok := stored.Next[int32(p)]
+		r := ranges[p]
+		switch {
+		case !ok:
+			g.fallback("no_stored_offsets", topic, fmt.Sprintf("partition %s/%d has no stored offset: its events after the checkpoint are sent again", topic, p))
+			continue
+		case from > r.End:
+			g.fallback("partition_reset", topic, fmt.Sprintf(
+				"partition %s/%d ends at %d, before the stored offset %d: it was re-created or truncated, so its events after the checkpoint are sent again",
+				topic, p, r.End, from))
+			continue
+		case from < r.Start:
+			g.fallback("records_deleted", topic, fmt.Sprintf(
+				"partition %s/%d starts at %d, after the stored offset %d: records were deleted; events whose records are gone are sent again",
+				topic, p, r.Start, from))
+			from = r.Start
+		}
+		if from >= r.End {
+			continue
+		}
+		part := p
+		eg.Go(func() error {
+			return g.cfg.Reader.Scan(ectx, topic, part, from, r.End, func(off int64, id, src []byte) error {
+				if id == nil || src == nil {
+					return nil // not ours: a replay, a backfill or another producer
+				}
+				pos, ok, err := g.cfg.Origin.ParsePosition(src)
+				if err != nil || !ok || pos.CommitLSN < g.start || pos.CommitLSN >= g.cutoff {
+					return nil
+				}
+				k := position{pos.CommitLSN, pos.Index}
+				mu.Lock()
+				if _, dup := g.found[k]; !dup {
+					g.found[k] = record{id: bytes.Clone(id), topic: topic, partition: int32(part), offset: off}
+				}
+				mu.Unlock()
+				return nil
+			})
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
+	}
+	g.topics[topic] = true
+	return n, nil
+}
+
+// fallback counts a fallback to sending and logs it once per reason and topic.
+func (g *Gate) fallback(reason, topic, msg string) {
+	g.cfg.Metrics.DeliveryFallbacks.WithLabelValues(reason).Inc()
+	key := reason + "\x00" + topic
+	if g.noted[key] {
+		return
+	}
+	g.noted[key] = true
+	g.log.Warn().Str("reason", reason).Str("topic", topic).Msg(msg)
+}
