@@ -161,6 +161,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 // sink.Default*, backoff.Default), so each is written once.
 var defaults = kong.Vars{
 	"default_max_in_flight_mib":   strconv.Itoa(relay.DefaultMaxInFlightBytes >> 20),
+	"default_delivery":            relay.DeliveryEffectivelyOnce,
 	"default_batch_max_events":    strconv.Itoa(sink.DefaultBatchMaxEvents),
 	"default_batch_max_bytes":     strconv.Itoa(sink.DefaultBatchMaxBytes),
 	"default_status_interval":     shortDuration(relay.DefaultStatusInterval),

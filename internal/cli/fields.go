@@ -13,6 +13,7 @@ var runFlags = map[string]string{
 	"PGURL":                         "pg-url",
 	"Slot":                          "slot",
 	"Publication":                   "publication",
+	"Delivery":                      "delivery",
 	"Topic":                         "topic",
 	"Sink.Brokers":                  "kafka-brokers",
 	"Decoder.Schema":                "table",

@@ -39,6 +39,7 @@ type RunCmd struct {
 	outboxColumnFlags `embed:""`
 	headerColumnFlags `embed:""`
 
+	Delivery      string `default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
 	OnError       string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
 	dlqStoreFlags `embed:"" set:"dlq_table_note= (on-error=dlq)"`
 	DLQRetention  time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
@@ -180,6 +181,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			HeaderColumns: headers,
 		},
 		Topic:             r.Topic,
+		Delivery:          r.Delivery,
 		CreateSlot:        r.CreateSlot,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{

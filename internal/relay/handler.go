@@ -12,6 +12,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/dedup"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -43,6 +44,14 @@ type handler struct {
 
 	seq   uint64
 	inTxn bool
+	index uint32 // of the next outbox event in the transaction
+
+	// Effectively-once delivery (nil with --delivery at-least-once): origin
+	// stamps stream events, gate skips replayed ones already in Kafka, ledger
+	// records where Kafka stored each one for the checkpoints.
+	origin *outbox.Origin
+	gate   *dedup.Gate
+	ledger *dedup.Ledger
 
 	max      int64
 	inFlight atomic.Int64
@@ -66,12 +75,15 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 	case decoder.KindBegin:
 		h.seq = h.tracker.Begin()
 		h.inTxn = true
+		h.index = 0
 	case decoder.KindEvent:
 		if !h.inTxn {
 			return errors.New("decode pgoutput message: insert outside a transaction")
 		}
 		ev := msg.Event
 		ev.Seq = h.seq
+		ev.Origin, ev.Index = h.origin, h.index
+		h.index++
 		h.tracker.Add(h.seq, 1)
 		n := h.inFlight.Add(int64(ev.Size()))
 		h.m.InFlightBytes.Set(float64(n))
@@ -80,6 +92,18 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
 			h.m.PermanentFailures.WithLabelValues(sink.Code(err)).Inc()
 			return h.settle(ctx, ev, err)
+		}
+		ev.Topic = topic
+		if h.gate != nil {
+			present, err := h.gate.Check(ctx, topic, ev)
+			if err != nil {
+				return err
+			}
+			if present {
+				h.ledger.Acked(ev)
+				h.ack(ev)
+				return nil
+			}
 		}
 		if err := h.producer.Produce(topic, ev, h.done); err != nil {
 			return err
@@ -106,6 +130,8 @@ func (h *handler) settle(ctx context.Context, ev *outbox.Event, err error) error
 			h.halt(err)
 			return err
 		}
+	} else if h.ledger != nil {
+		h.ledger.Acked(ev) // before the ack can move the watermark past it
 	}
 	h.ack(ev)
 	return nil

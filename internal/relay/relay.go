@@ -13,6 +13,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/dedup"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -82,7 +84,9 @@ type Config struct {
 	// Topic is the topic template, e.g. "outbox.events" or
 	// "outbox.{aggregate_type}" (internal/route); a fixed topic must exist (or
 	// be auto-created) before the relay starts.
-	Topic      string
+	Topic string
+	// Delivery is DeliveryEffectivelyOnce (the default) or DeliveryAtLeastOnce.
+	Delivery   string
 	CreateSlot bool
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool
@@ -137,6 +141,16 @@ type Config struct {
 	Metrics *metrics.Metrics
 }
 
+// Delivery modes (Config.Delivery).
+const (
+	// DeliveryEffectivelyOnce produces idempotently, stamps every message with
+	// its source position, stores Kafka offsets with each checkpoint and skips
+	// replayed events already in Kafka (internal/dedup).
+	DeliveryEffectivelyOnce = "effectively-once"
+	// DeliveryAtLeastOnce sends everything the slot replays.
+	DeliveryAtLeastOnce = "at-least-once"
+)
+
 // Defaults of Config, stated once: the command line's flag defaults are these.
 const (
 	DefaultMaxInFlightBytes = 16 << 20
@@ -177,6 +191,9 @@ func (c *Config) setDefaults() {
 	if c.Retry.Base <= 0 {
 		c.Retry = backoff.Default
 	}
+	if c.Delivery == "" {
+		c.Delivery = DeliveryEffectivelyOnce
+	}
 	if c.Metrics == nil {
 		c.Metrics = metrics.Discard()
 	}
@@ -201,6 +218,11 @@ func (c Config) Validate() error {
 	if _, err := route.New(c.Topic); err != nil {
 		return config.Errorf("Topic", "%w", err)
 	}
+	switch c.Delivery {
+	case "", DeliveryEffectivelyOnce, DeliveryAtLeastOnce:
+	default:
+		return config.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
+	}
 	if len(c.Sink.Brokers) == 0 {
 		return config.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
@@ -218,6 +240,8 @@ type Relay struct {
 	ready atomic.Bool
 	// eventLog logs per-event failures: at most 10 lines a minute.
 	eventLog zerolog.Logger
+	// pool reaches the source database (set by Run).
+	pool *pgxpool.Pool
 	// fatal carries a problem found while streaming that only an operator can
 	// fix (pubWatch); the relay stops with it.
 	fatal chan error
@@ -290,6 +314,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = r.log
 	sinkCfg.Metrics = r.m
+	sinkCfg.Idempotent = cfg.Delivery == DeliveryEffectivelyOnce
 	if topic, fixed := router.Fixed(); fixed {
 		sinkCfg.Topics = []string{topic}
 	}
@@ -314,12 +339,33 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ck := checkpoint.NewCommitter(checkpoint.CommitterConfig{
+	ckCfg := checkpoint.CommitterConfig{
 		Store: store, Start: start,
 		Base:  checkpoint.Checkpoint{Slot: cfg.Slot, SystemID: system.SystemID, RelayName: cfg.RelayName},
 		Every: cfg.PersistInterval, Idle: cfg.IdleCheckpoint, Logger: r.log, Metrics: r.m,
-	})
+	}
+	var stored bool
+	if cfg.Delivery == DeliveryEffectivelyOnce {
+		cp, have, err := store.Load(ctx, cfg.Slot)
+		if err != nil {
+			return fmt.Errorf("load the Kafka offsets stored with the checkpoint of slot %q: %w", cfg.Slot, err)
+		}
+		// With no checkpoint nothing was sent from this slot yet; one without
+		// offsets was written by an at-least-once run or an older relay.
+		stored = !have || cp.Offsets != nil
+		h.ledger = dedup.NewLedger(cp.Offsets)
+		h.origin = outbox.NewOrigin(system.SystemID, system.Timeline, cfg.Slot)
+		ckCfg.Offsets = h.ledger.Covered
+	}
+	ck := checkpoint.NewCommitter(ckCfg)
 	h.ck, h.tracker = ck, ck.Tracker()
+	if h.ledger != nil {
+		h.gate = dedup.NewGate(dedup.GateConfig{
+			Reader: k, Ledger: h.ledger, Origin: h.origin, Persist: ck.Persist, Stored: stored,
+			Logger: r.log, Metrics: r.m,
+		})
+	}
+	r.pool = pool
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	mon := &monitor{
 		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,

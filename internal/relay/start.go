@@ -197,7 +197,7 @@ func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn
 			slot, since.UTC().Format(time.RFC3339), n, err)
 	}
 	cp := checkpoint.Checkpoint{Slot: slot, SystemID: stored.SystemID, LSN: state.ConfirmedFlush,
-		UpdatedAt: time.Now(), RelayName: r.cfg.RelayName, CommitTime: markTime}
+		UpdatedAt: time.Now(), RelayName: r.cfg.RelayName, CommitTime: markTime, Offsets: stored.Offsets}
 	if err := store.Save(ctx, cp); err != nil {
 		return 0, fmt.Errorf("backfill slot %q: store the new position %s: %w", slot, state.ConfirmedFlush, err)
 	}

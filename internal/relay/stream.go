@@ -49,7 +49,13 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 		if err := h.err(); err != nil {
 			return r.finish(nil, ck, err)
 		}
-		s, err := replication.Open(runCtx, streamCfg, h.tracker.Watermark())
+		from := h.tracker.Watermark()
+		s, err := replication.Open(runCtx, streamCfg, from)
+		if err == nil {
+			if err = r.arm(runCtx, h, from, !connected); err != nil {
+				s.Close(context.Background())
+			}
+		}
 		if err == nil {
 			if failing && connected {
 				r.log.Info().Msg("replication connection re-established")
@@ -111,6 +117,34 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			return r.finish(nil, ck, nil)
 		}
 	}
+}
+
+// arm prepares effectively-once delivery for a stream that starts at from:
+// events committed before the server's current WAL position may be in Kafka
+// already (sent by an earlier run, or before a reconnect), so the gate reads
+// the partitions first. The first arm of a run logs what it found.
+func (r *Relay) arm(ctx context.Context, h *handler, from pglogrepl.LSN, first bool) error {
+	if h.gate == nil {
+		return nil
+	}
+	cutoff, err := replication.CurrentWAL(ctx, r.pool)
+	if err != nil {
+		return fmt.Errorf("reconcile with Kafka: %w", err)
+	}
+	var topics []string
+	if t, fixed := h.router.Fixed(); fixed {
+		topics = []string{t}
+	}
+	sum, err := h.gate.Arm(ctx, from, cutoff, topics)
+	if err != nil {
+		return err
+	}
+	if first || sum.Partitions > 0 {
+		r.log.Info().Int("partitions", sum.Partitions).Int64("duration_ms", sum.Took.Milliseconds()).
+			Int("already_in_kafka", sum.Found).Str("lsn", from.String()).Str("cutoff", cutoff.String()).
+			Msgf("reconciled %d partitions in %d ms, %d events already in Kafka", sum.Partitions, sum.Took.Milliseconds(), sum.Found)
+	}
+	return nil
 }
 
 // runStream runs one connection, marking the relay ready while it streams and
