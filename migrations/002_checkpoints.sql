@@ -18,11 +18,13 @@ CREATE TABLE IF NOT EXISTS public.cdc_relay_checkpoints (
     lsn        pg_lsn      NOT NULL,
     relay_name text        NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now(),
-    commit_time timestamptz
+    commit_time timestamptz,
+    kafka_offsets jsonb
 );
 
 -- Added after the first version of this table: run this file again on an older table.
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS commit_time timestamptz;
+ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS kafka_offsets jsonb;
 
 COMMENT ON TABLE public.cdc_relay_checkpoints IS
     'cdc-relay checkpoints: per replication slot, the LSN up to which all events were acknowledged by Kafka. Written by the relay; do not edit while it runs.';
@@ -38,3 +40,5 @@ COMMENT ON COLUMN public.cdc_relay_checkpoints.updated_at IS
     'Time of the last write; doubles as a heartbeat.';
 COMMENT ON COLUMN public.cdc_relay_checkpoints.commit_time IS
     'Commit time of the transaction lsn ends (no later than any commit after it); --on-slot-loss=backfill republishes outbox rows from it, less --backfill-margin.';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.kafka_offsets IS
+    'Effectively-once delivery: per Kafka topic, its partition count and per partition the offset after the relay''s last record of an event at or before lsn, e.g. {"orders": {"partitions": 8, "next": {"0": 123}}}. NULL when none are stored (--delivery at-least-once).';

@@ -26,8 +26,19 @@ type Saver interface {
 type CommitterConfig struct {
 	Store Saver
 	// Base is copied into every saved checkpoint (slot, system id, relay name);
-	// the Committer sets LSN, CommitTime and UpdatedAt.
+	// the Committer sets LSN, CommitTime, UpdatedAt and Offsets.
 	Base Checkpoint
+	// Offsets, when set, is called by every save once it has chosen the LSN to
+	// persist, with that LSN, and its result is stored with it; nil stores none
+	// (at-least-once delivery). It must return offsets valid for lsn: per
+	// partition, the offset after the last record of an event at or before lsn,
+	// none of a later event. It is called from the goroutine of Run or of
+	// whoever calls Save or Finish, never concurrently with itself (saves are
+	// serialised), with the Committer's lock held: it must not call Save or
+	// Finish. The Committer keeps the returned value only until the store has
+	// written it, but it must not be changed meanwhile (return a copy, e.g.
+	// with Offsets.Clone).
+	Offsets func(lsn pglogrepl.LSN) Offsets
 	// Start is the position streaming starts from: already persisted, so it is
 	// the first Flushed value and the Tracker's first watermark.
 	Start pglogrepl.LSN
@@ -51,6 +62,7 @@ type Committer struct {
 	tracker   *Tracker
 	store     Saver
 	base      Checkpoint
+	offsets   func(pglogrepl.LSN) Offsets
 	log       zerolog.Logger
 	m         *metrics.Metrics
 	every     time.Duration
@@ -71,7 +83,7 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 		cfg.Metrics = metrics.Discard()
 	}
 	c := &Committer{
-		tracker: NewTracker(cfg.Start), store: cfg.Store, base: cfg.Base,
+		tracker: NewTracker(cfg.Start), store: cfg.Store, base: cfg.Base, offsets: cfg.Offsets,
 		log: cfg.Logger, m: cfg.Metrics, every: cfg.Every, idle: cfg.Idle,
 		serverDown: make(chan error, 1),
 	}
@@ -138,7 +150,8 @@ func (c *Committer) reportAnomalies() {
 }
 
 // Save persists the current watermark, when it is ahead of what was
-// persisted, and returns the persisted LSN.
+// persisted, with the offsets CommitterConfig.Offsets returns for it, and
+// returns the persisted LSN.
 func (c *Committer) Save(ctx context.Context) (pglogrepl.LSN, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -150,6 +163,10 @@ func (c *Committer) Save(ctx context.Context) (pglogrepl.LSN, error) {
 	cp := c.base
 	cp.LSN, cp.CommitTime = w, at
 	cp.UpdatedAt = time.Now()
+	cp.Offsets = nil // never Base's: offsets are only valid for the LSN they were taken at
+	if c.offsets != nil {
+		cp.Offsets = c.offsets(w)
+	}
 	if err := c.store.Save(ctx, cp); err != nil {
 		c.m.CheckpointErrors.Inc()
 		if !c.failing {

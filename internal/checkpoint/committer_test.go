@@ -3,8 +3,13 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,5 +143,125 @@ func TestCommitterFinish(t *testing.T) {
 		case fail && (lsn != 100 || len(confirmed) != 0):
 			t.Errorf("Finish with a failing store = %s, confirmed %v; want the start, nothing confirmed", lsn, confirmed)
 		}
+	}
+}
+
+// offsetsAt are the offsets a test's CommitterConfig.Offsets returns for lsn:
+// derived from it, so a stored checkpoint shows whether its offsets were
+// taken at its own LSN.
+func offsetsAt(lsn pglogrepl.LSN) Offsets {
+	return Offsets{"orders": {Partitions: 2, Next: map[int32]int64{0: int64(lsn), 1: int64(lsn) + 1}}}
+}
+
+// TestCommitterOffsets: with CommitterConfig.Offsets every save stores what it
+// returns for the LSN being saved, called only when there is something to
+// save and never concurrently with itself; without it, none are stored, even
+// when Base carries some.
+func TestCommitterOffsets(t *testing.T) {
+	_, dbURL := newTestDB(t)
+	pool := newPool(t, dbURL)
+	newStore := func(t *testing.T) *TableStore {
+		s := NewTableStore(pool, "public.ckpt_"+strings.ToLower(strings.NewReplacer("/", "_", " ", "_", ",", "").Replace(t.Name())))
+		if err := s.Ensure(t.Context()); err != nil {
+			t.Fatalf("Ensure: %v", err)
+		}
+		return s
+	}
+	// ack commits one transaction of one event ending at lsn and acknowledges it.
+	ack := func(tr *Tracker, lsn pglogrepl.LSN) {
+		seq := tr.Begin()
+		tr.Add(seq, 1)
+		tr.Commit(seq, lsn, time.Now())
+		tr.Ack(seq, 1)
+	}
+	base := Checkpoint{Slot: "s", SystemID: "1", RelayName: "r",
+		Offsets: Offsets{"stale": {Partitions: 1, Next: map[int32]int64{0: 1}}}}
+
+	tests := []struct {
+		name string
+		run  func(t *testing.T, s *TableStore)
+	}{
+		{"each save stores the offsets of its LSN", func(t *testing.T, s *TableStore) {
+			ctx := t.Context()
+			var calls []pglogrepl.LSN
+			c := NewCommitter(CommitterConfig{Store: s, Base: base, Start: 100, Every: time.Hour, Idle: time.Hour,
+				Offsets: func(lsn pglogrepl.LSN) Offsets {
+					calls = append(calls, lsn)
+					return offsetsAt(lsn)
+				}})
+			if _, err := c.Save(ctx); err != nil || len(calls) != 0 {
+				t.Fatalf("Save with nothing to save = %v, Offsets called with %v; want no call", err, calls)
+			}
+			for _, lsn := range []pglogrepl.LSN{200, 300} {
+				ack(c.Tracker(), lsn)
+				if got, err := c.Save(ctx); err != nil || got != lsn {
+					t.Fatalf("Save = %s, %v; want %s", got, err, lsn)
+				}
+				want := base
+				want.LSN, want.Offsets = lsn, offsetsAt(lsn)
+				stored, ok, err := s.Load(ctx, "s")
+				if err != nil || !ok || stored.LSN != lsn || !reflect.DeepEqual(stored.Offsets, want.Offsets) {
+					t.Fatalf("stored %+v, %v, %v; want LSN %s with offsets %v", stored, ok, err, lsn, want.Offsets)
+				}
+			}
+			if !slices.Equal(calls, []pglogrepl.LSN{200, 300}) {
+				t.Errorf("Offsets called with %v, want [0/C8 0/12C]", calls)
+			}
+		}},
+		{"nil stores none", func(t *testing.T, s *TableStore) {
+			ctx := t.Context()
+			c := NewCommitter(CommitterConfig{Store: s, Base: base, Start: 100, Every: time.Hour, Idle: time.Hour})
+			ack(c.Tracker(), 200)
+			if _, err := c.Save(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if stored, ok, err := s.Load(ctx, "s"); err != nil || !ok || stored.LSN != 200 || stored.Offsets != nil {
+				t.Fatalf("stored %+v, %v, %v; want LSN 0/C8 and no offsets", stored, ok, err)
+			}
+		}},
+		{"never called concurrently", func(t *testing.T, s *TableStore) {
+			ctx, cancel := context.WithCancel(t.Context())
+			var inside, overlaps, calls atomic.Int64
+			c := NewCommitter(CommitterConfig{Store: s, Base: base, Start: 100, Every: time.Millisecond, Idle: time.Hour,
+				Offsets: func(lsn pglogrepl.LSN) Offsets {
+					if inside.Add(1) > 1 {
+						overlaps.Add(1)
+					}
+					defer inside.Add(-1)
+					calls.Add(1)
+					return offsetsAt(lsn)
+				}})
+			var wg sync.WaitGroup
+			wg.Go(func() { c.Run(ctx) })
+			const savers, acks = 4, 50
+			for range savers {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						_, _ = c.Save(ctx)
+					}
+				})
+			}
+			for i := range acks {
+				ack(c.Tracker(), pglogrepl.LSN(1000+i))
+			}
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if f := c.Flushed(); f != 1000+acks-1 {
+					return fmt.Errorf("flushed %s, want the last LSN acknowledged", f)
+				}
+				return nil
+			})
+			cancel()
+			wg.Wait()
+			if n := overlaps.Load(); n != 0 {
+				t.Errorf("Offsets entered %d times while already running (of %d calls)", n, calls.Load())
+			}
+			stored, _, err := s.Load(t.Context(), "s")
+			if err != nil || !reflect.DeepEqual(stored.Offsets, offsetsAt(stored.LSN)) {
+				t.Fatalf("stored %+v, %v; want the offsets of its own LSN", stored, err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.run(t, newStore(t)) })
 	}
 }

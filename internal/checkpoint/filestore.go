@@ -33,6 +33,9 @@ type fileEntry struct {
 	RelayName string    `json:"relay_name"`
 	// CommitTime is Checkpoint.CommitTime; absent when unknown.
 	CommitTime *time.Time `json:"commit_time,omitempty"`
+	// KafkaOffsets is Checkpoint.Offsets; absent when none are stored (files
+	// of older relays lack it), {} when stored but empty.
+	KafkaOffsets *Offsets `json:"kafka_offsets,omitempty"`
 }
 
 // FileStore keeps checkpoints in a local JSON file, one entry per slot. Every Save
@@ -73,6 +76,9 @@ func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, erro
 	if e.CommitTime != nil {
 		c.CommitTime = *e.CommitTime
 	}
+	if e.KafkaOffsets != nil {
+		c.Offsets = *e.KafkaOffsets
+	}
 	return c, true, nil
 }
 
@@ -98,6 +104,9 @@ func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
 	if !c.CommitTime.IsZero() {
 		t := c.CommitTime.UTC()
 		e.CommitTime = &t
+	}
+	if c.Offsets != nil {
+		e.KafkaOffsets = &c.Offsets
 	}
 	doc.Checkpoints[c.Slot] = e
 	data, err := json.MarshalIndent(doc, "", "  ")

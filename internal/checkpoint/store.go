@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,11 @@ type Checkpoint struct {
 	// the slot was moved past nothing). Zero when unknown (older checkpoints).
 	// A backfill after a slot loss republishes outbox rows from it, less a margin.
 	CommitTime time.Time
+	// Offsets are the Kafka offsets the relay had written up to LSN, for
+	// effectively-once delivery after a restart. Nil when none are stored
+	// (--delivery at-least-once, or saved by an older relay); empty when the
+	// relay stores them but had written no record yet.
+	Offsets Offsets
 }
 
 // DefaultTable is the checkpoint table TableStore uses when given no name.
@@ -45,14 +51,29 @@ func TableDDL(table string) string {
     lsn        pg_lsn      NOT NULL,
     relay_name text        NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now(),
-    commit_time timestamptz
+    commit_time timestamptz,
+    kafka_offsets jsonb
 )`
 }
 
-// addCommitTimeDDL adds the commit_time column to a checkpoint table made before
-// it existed.
-func addCommitTimeDDL(table string) string {
-	return "ALTER TABLE " + quoteTable(table) + " ADD COLUMN IF NOT EXISTS commit_time timestamptz"
+// addedColumns are the columns of TableDDL added after the table's first
+// version, in the order they were added; Ensure adds the missing ones to an
+// older table, and MigrationFile has an ALTER TABLE for each.
+var addedColumns = []struct{ name, typ string }{
+	{"commit_time", "timestamptz"},
+	{"kafka_offsets", "jsonb"},
+}
+
+// addColumnsDDL adds the columns named (of addedColumns) to a checkpoint table
+// made before they existed, in one statement.
+func addColumnsDDL(table string, names []string) string {
+	var adds []string
+	for _, c := range addedColumns {
+		if slices.Contains(names, c.name) {
+			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+c.name+" "+c.typ)
+		}
+	}
+	return "ALTER TABLE " + quoteTable(table) + " " + strings.Join(adds, ", ")
 }
 
 // quoteTable quotes a "table" or "schema.table" name as one SQL identifier.
@@ -92,7 +113,7 @@ func (s *TableStore) Ensure(ctx context.Context) error {
 		return fmt.Errorf("look up checkpoint table %s: %w", s.name, err)
 	}
 	if exists {
-		return s.ensureCommitTime(ctx)
+		return s.ensureColumns(ctx)
 	}
 	if _, err := s.pool.Exec(ctx, TableDDL(s.name)); err != nil {
 		var pgErr *pgconn.PgError
@@ -106,25 +127,39 @@ func (s *TableStore) Ensure(ctx context.Context) error {
 	return nil
 }
 
-// ensureCommitTime adds the commit_time column to a table created before it
-// existed; a role that may not alter the table is told to run the migration.
-func (s *TableStore) ensureCommitTime(ctx context.Context) error {
-	var has bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = 'commit_time' AND NOT attisdropped)`, s.table).Scan(&has)
+// ensureColumns adds the columns of addedColumns that a table created before
+// them lacks; a role that may not alter the table is told to run the migration.
+func (s *TableStore) ensureColumns(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `SELECT attname FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, s.table)
 	if err != nil {
-		return fmt.Errorf("look up column commit_time of checkpoint table %s: %w", s.name, err)
+		return fmt.Errorf("look up columns of checkpoint table %s: %w", s.name, err)
 	}
-	if has {
-		return nil
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("look up columns of checkpoint table %s: %w", s.name, err)
 	}
-	if _, err := s.pool.Exec(ctx, addCommitTimeDDL(s.name)); err != nil {
+	var missing []string
+	for _, c := range addedColumns {
+		if !slices.Contains(have, c.name) {
+			missing = append(missing, c.name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil // the usual case: no ALTER, so no ownership needed
+	}
+	noun := "column"
+	if len(missing) > 1 {
+		noun = "columns"
+	}
+	what := fmt.Sprintf("add %s %s to checkpoint table %s", noun, strings.Join(missing, ", "), s.name)
+	if _, err := s.pool.Exec(ctx, addColumnsDDL(s.name, missing)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return fmt.Errorf("add column commit_time to checkpoint table %s: the relay's role may not alter it; "+
-				"run %s again (with the table name %s) as the table's owner: %w", s.name, MigrationFile, s.name, err)
+			return fmt.Errorf("%s: the relay's role may not alter it; "+
+				"run %s again (with the table name %s) as the table's owner: %w", what, MigrationFile, s.name, err)
 		}
-		return fmt.Errorf("add column commit_time to checkpoint table %s: %w", s.name, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
@@ -134,9 +169,10 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	c := Checkpoint{Slot: slot}
 	var lsn string
 	var commit *time.Time
+	var offsets []byte
 	err := s.pool.QueryRow(ctx,
-		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time FROM "+s.table+" WHERE slot_name = $1", slot,
-	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit)
+		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets FROM "+s.table+" WHERE slot_name = $1", slot,
+	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, false, nil
 	}
@@ -148,6 +184,9 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	}
 	if commit != nil {
 		c.CommitTime = *commit
+	}
+	if c.Offsets, err = decodeOffsets(offsets); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("decode kafka_offsets of slot %q in %s: %w", slot, s.name, err)
 	}
 	return c, true, nil
 }
@@ -163,15 +202,22 @@ func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
 	if !c.CommitTime.IsZero() {
 		commit = c.CommitTime
 	}
-	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time)
-VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz)
+	var offsets any // NULL: none stored
+	if enc, err := encodeOffsets(c.Offsets); err != nil {
+		return fmt.Errorf("save checkpoint of slot %q at %s to %s: encode kafka offsets: %w", c.Slot, c.LSN, s.name, err)
+	} else if enc != nil {
+		offsets = string(enc)
+	}
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time, kafka_offsets)
+VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz, $7::jsonb)
 ON CONFLICT (slot_name) DO UPDATE SET
     system_id = excluded.system_id,
     lsn = excluded.lsn,
     relay_name = excluded.relay_name,
     updated_at = excluded.updated_at,
-    commit_time = excluded.commit_time`,
-		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit)
+    commit_time = excluded.commit_time,
+    kafka_offsets = excluded.kafka_offsets`,
+		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit, offsets)
 	if err != nil {
 		return fmt.Errorf("save checkpoint of slot %q at %s to %s: %w", c.Slot, c.LSN, s.name, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -58,9 +59,40 @@ func testStoreContract(t *testing.T, newStore func(t *testing.T) store) {
 			mustSave(t, ctx, s, c)
 			mustLoad(t, ctx, s, "orders", c, true)
 		}},
+		{"kafka offsets round-trip", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0x500)
+			c.Offsets = Offsets{
+				"orders":       {Partitions: 12, Next: map[int32]int64{0: 123, 2: 0, 10: 1 << 62, 11: 456}},
+				"payments.v1":  {Partitions: 1, Next: map[int32]int64{0: 9223372036854775807}},
+				`q'uote"d-ü`:   {Partitions: 3, Next: map[int32]int64{1: 7}},
+				"not-yet-used": {Partitions: 4, Next: map[int32]int64{}},
+			}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
+		{"nil offsets are none stored, empty ones stay empty", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0x600)
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+			c.Offsets = Offsets{}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
+		{"offsets are overwritten, also by none", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0x700)
+			c.Offsets = Offsets{"orders": {Partitions: 8, Next: map[int32]int64{0: 10, 7: 70}}, "audit": {Partitions: 1, Next: map[int32]int64{0: 1}}}
+			mustSave(t, ctx, s, c)
+			c.LSN, c.Offsets = 0x800, Offsets{"orders": {Partitions: 16, Next: map[int32]int64{3: 30}}}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+			c.LSN, c.Offsets = 0x900, nil
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
 		{"two slots are independent", func(t *testing.T, ctx context.Context, s store) {
 			a, b := cp("orders", 0x100), cp("payments", 0x200)
 			b.SystemID, b.RelayName = "99", "relay-b"
+			b.Offsets = Offsets{"payments": {Partitions: 2, Next: map[int32]int64{1: 5}}}
 			mustSave(t, ctx, s, a)
 			mustSave(t, ctx, s, b)
 			a.LSN = 0x300
@@ -121,7 +153,8 @@ func mustLoad(t *testing.T, ctx context.Context, s store, slot string, want Chec
 		t.Fatalf("Load(%q) found = %v, want %v", slot, ok, wantOK)
 	}
 	if got.Slot != want.Slot || got.SystemID != want.SystemID || got.LSN != want.LSN ||
-		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) || !got.CommitTime.Equal(want.CommitTime) {
+		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) || !got.CommitTime.Equal(want.CommitTime) ||
+		!reflect.DeepEqual(got.Offsets, want.Offsets) {
 		t.Fatalf("Load(%q) = %+v, want %+v", slot, got, want)
 	}
 }
@@ -334,5 +367,68 @@ func TestTableDDL(t *testing.T) {
 				t.Errorf("TableDDL(%q) lacks column %q", tt.table, col)
 			}
 		}
+		for _, c := range addedColumns { // Ensure adds them to older tables
+			if col := c.name + " " + c.typ; !strings.Contains(got, col) {
+				t.Errorf("TableDDL(%q) lacks added column %q", tt.table, col)
+			}
+		}
+	}
+}
+
+// TestFileStoreKafkaOffsets: files written before kafka_offsets existed load
+// with none stored and keep their entries, and the field is readable JSON.
+func TestFileStoreKafkaOffsets(t *testing.T) {
+	ctx := t.Context()
+	tests := []struct {
+		name string
+		old  string // file content written by an older relay
+	}{
+		{"file from before commit_time", `{
+  "version": 1,
+  "checkpoints": {
+    "old": {"system_id": "1", "lsn": "0/10", "updated_at": "2024-05-17T08:30:00Z", "relay_name": "r"}
+  }
+}`},
+		{"file from before kafka_offsets", `{
+  "version": 1,
+  "checkpoints": {
+    "old": {"system_id": "1", "lsn": "0/10", "updated_at": "2024-05-17T08:30:00Z", "relay_name": "r",
+            "commit_time": "2024-05-17T08:29:00Z"}
+  }
+}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "ckpt.json")
+			writeFile(t, path, tt.old)
+			s := NewFileStore(path)
+			old, ok, err := s.Load(ctx, "old")
+			if err != nil || !ok || old.LSN != 0x10 || old.Offsets != nil {
+				t.Fatalf("Load of the old entry = %+v, %v, %v; want LSN 0/10 with no offsets", old, ok, err)
+			}
+			c := Checkpoint{Slot: "new", SystemID: "1", LSN: 0x20, UpdatedAt: time.Unix(1700000000, 0),
+				Offsets: Offsets{"orders": {Partitions: 11, Next: map[int32]int64{10: 1000, 2: 200, 0: 0}}}}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "new", c, true)
+			mustLoad(t, ctx, s, "old", old, true)
+
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := string(data)
+			if n := strings.Count(text, `"kafka_offsets"`); n != 1 {
+				t.Errorf("file has %d kafka_offsets fields, want 1 (only the new entry's):\n%s", n, text)
+			}
+			// Partitions in numeric order, one per line: readable and diffable.
+			want := `"next": {
+            "0": 0,
+            "2": 200,
+            "10": 1000
+          }`
+			if !strings.Contains(text, `"partitions": 11`) || !strings.Contains(text, want) {
+				t.Errorf("file does not show the offsets as\n%s\nin:\n%s", want, text)
+			}
+		})
 	}
 }

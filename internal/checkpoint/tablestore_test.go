@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -56,37 +59,74 @@ func TestTableStore(t *testing.T) {
 		})
 	})
 
-	t.Run("ensure adds commit_time to a table made before it existed", func(t *testing.T) {
+	t.Run("ensure adds the columns a table made before them lacks", func(t *testing.T) {
+		for _, tt := range oldTables {
+			t.Run(tt.version, func(t *testing.T) {
+				ctx := t.Context()
+				table := "public.ckpt_old_" + tt.version
+				if _, err := admin.Exec(ctx, tt.ddl(table)); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := admin.Exec(ctx, `INSERT INTO `+table+` (slot_name, system_id, lsn) VALUES ('old', '1', '0/10')`); err != nil {
+					t.Fatal(err)
+				}
+				s := NewTableStore(admin, table)
+				if _, _, err := s.Load(ctx, "old"); err == nil {
+					t.Fatal("Load before Ensure on an old table succeeded; the test does not exercise the upgrade")
+				}
+				if err := s.Ensure(ctx); err != nil {
+					t.Fatalf("Ensure: %v", err)
+				}
+				if got, want := columns(t, admin, table), referenceColumns(t, admin); !slices.Equal(got, want) {
+					t.Errorf("columns after Ensure:\n%s\nwant those of TableDDL:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+				}
+				got, ok, err := s.Load(ctx, "old")
+				if err != nil || !ok || got.LSN != 0x10 || !got.CommitTime.IsZero() || got.Offsets != nil {
+					t.Fatalf("Load of the old row = %+v, %v, %v; want LSN 0/10 with no commit time and no offsets", got, ok, err)
+				}
+				want := Checkpoint{Slot: "old", SystemID: "1", LSN: 0x20, UpdatedAt: time.Now().Truncate(time.Microsecond),
+					CommitTime: time.Now().Add(-time.Hour).Truncate(time.Microsecond),
+					Offsets:    Offsets{"orders": {Partitions: 2, Next: map[int32]int64{0: 3, 1: 4}}}}
+				mustSave(t, ctx, s, want)
+				mustLoad(t, ctx, s, "old", want, true)
+			})
+		}
+	})
+
+	t.Run("migration file makes the table of TableDDL, also from an old one", func(t *testing.T) {
 		ctx := t.Context()
-		if _, err := admin.Exec(ctx, `CREATE TABLE public.ckpt_old (
-    slot_name  text        PRIMARY KEY,
-    system_id  text        NOT NULL,
-    lsn        pg_lsn      NOT NULL,
-    relay_name text        NOT NULL DEFAULT '',
-    updated_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		sql, err := os.ReadFile(filepath.Join("..", "..", MigrationFile))
+		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.Exec(ctx, `INSERT INTO public.ckpt_old (slot_name, system_id, lsn) VALUES ('old', '1', '0/10')`); err != nil {
-			t.Fatal(err)
+		for _, c := range addedColumns {
+			stmt := "ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS " + c.name + " " + c.typ + ";"
+			if !strings.Contains(string(sql), stmt) {
+				t.Errorf("%s lacks %q, which upgrades older tables", MigrationFile, stmt)
+			}
 		}
-		s := NewTableStore(admin, "public.ckpt_old")
-		if _, _, err := s.Load(ctx, "old"); err == nil {
-			t.Fatal("Load before Ensure on a table without commit_time succeeded; the test does not exercise the upgrade")
-		}
-		if err := s.Ensure(ctx); err != nil {
-			t.Fatalf("Ensure: %v", err)
-		}
-		got, ok, err := s.Load(ctx, "old")
-		if err != nil || !ok || got.LSN != 0x10 || !got.CommitTime.IsZero() {
-			t.Fatalf("Load of the old row = %+v, %v, %v; want LSN 0/10 with no commit time", got, ok, err)
-		}
-		want := Checkpoint{Slot: "old", SystemID: "1", LSN: 0x20, UpdatedAt: time.Now().Truncate(time.Microsecond),
-			CommitTime: time.Now().Add(-time.Hour).Truncate(time.Microsecond)}
-		if err := s.Save(ctx, want); err != nil {
-			t.Fatalf("Save: %v", err)
-		}
-		if got, _, err := s.Load(ctx, "old"); err != nil || !got.CommitTime.Equal(want.CommitTime) {
-			t.Fatalf("Load = %+v, %v; want commit time %s", got, err, want.CommitTime)
+		starts := append([]oldTable{{version: "none"}}, oldTables...)
+		for i, start := range starts {
+			db := fmt.Sprintf("%s_mig_%d", testDB, i)
+			dbURL, err := p.CreateDatabase(ctx, db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if start.ddl != nil {
+				if err := p.Exec(ctx, db, start.ddl(DefaultTable)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 2 { // it must be safe to run again
+				if err := p.Exec(ctx, db, string(sql)); err != nil {
+					t.Fatalf("run %s on %s: %v", MigrationFile, start.version, err)
+				}
+			}
+			pool := newPool(t, dbURL)
+			if got, want := columns(t, pool, DefaultTable), referenceColumns(t, pool); !slices.Equal(got, want) {
+				t.Errorf("%s on %s makes columns\n%s\nwant those of TableDDL:\n%s",
+					MigrationFile, start.version, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
 		}
 	})
 
@@ -175,11 +215,19 @@ GRANT SELECT, INSERT, UPDATE ON public.ckpt_premigrated TO %s`, role, TableDDL("
 		u.User = url.UserPassword(role, "secret")
 		limited := newPool(t, u.String())
 
+		// An old table the role may use but not alter: Ensure says to migrate.
+		if err := p.Exec(ctx, testDB, oldTables[0].ddl("public.ckpt_unupgraded")+
+			"; GRANT SELECT, INSERT, UPDATE ON public.ckpt_unupgraded TO "+role); err != nil {
+			t.Fatal(err)
+		}
+		err = NewTableStore(limited, "public.ckpt_unupgraded").Ensure(ctx)
+		checkErr(t, "Ensure on an old table without privilege", err,
+			[]string{"migrations/002_checkpoints.sql", "public.ckpt_unupgraded", "commit_time, kafka_offsets", "may not alter"})
+
 		// Public has no CREATE for other roles since Postgres 15.
 		err = NewTableStore(limited, "public.ckpt_unmigrated").Ensure(ctx)
 		checkErr(t, "Ensure without privilege", err, []string{"migrations/002_checkpoints.sql", "public.ckpt_unmigrated"})
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 			t.Errorf("Ensure error does not wrap the insufficient_privilege PgError: %v", err)
 		}
 
@@ -209,4 +257,59 @@ GRANT SELECT, INSERT, UPDATE ON public.ckpt_premigrated TO %s`, role, TableDDL("
 			t.Errorf("error leaks a password: %v", err)
 		}
 	})
+}
+
+// oldTable is a version of the checkpoint table before some of addedColumns.
+type oldTable struct {
+	version string
+	ddl     func(table string) string
+}
+
+// oldTables are the checkpoint tables earlier relays made, oldest first.
+var oldTables = []oldTable{
+	{"v1", func(table string) string {
+		return "CREATE TABLE " + quoteTable(table) + ` (
+    slot_name  text        PRIMARY KEY,
+    system_id  text        NOT NULL,
+    lsn        pg_lsn      NOT NULL,
+    relay_name text        NOT NULL DEFAULT '',
+    updated_at timestamptz NOT NULL DEFAULT now())`
+	}},
+	{"v2_commit_time", func(table string) string {
+		return "CREATE TABLE " + quoteTable(table) + ` (
+    slot_name  text        PRIMARY KEY,
+    system_id  text        NOT NULL,
+    lsn        pg_lsn      NOT NULL,
+    relay_name text        NOT NULL DEFAULT '',
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    commit_time timestamptz)`
+	}},
+}
+
+// columns describes the columns of table as "name type [not null] [default]",
+// sorted by name, to compare tables made different ways.
+func columns(t *testing.T, pool *pgxpool.Pool, table string) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT concat_ws(' ', a.attname, format_type(a.atttypid, a.atttypmod),
+       CASE WHEN a.attnotnull THEN 'not null' END, 'default ' || pg_get_expr(d.adbin, d.adrelid))
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attname`, quoteTable(table))
+	if err != nil {
+		t.Fatalf("describe %s: %v", table, err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(cols) == 0 {
+		t.Fatalf("describe %s: %q, %v", table, cols, err)
+	}
+	return cols
+}
+
+// referenceColumns are the columns of a table made by TableDDL.
+func referenceColumns(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), TableDDL("public.ckpt_reference")); err != nil {
+		t.Fatalf("create reference table: %v", err)
+	}
+	return columns(t, pool, "public.ckpt_reference")
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,6 +50,9 @@ type StatusCheckpoint struct {
 	UpdatedAt  time.Time `json:"updated_at"`
 	AgeSeconds float64   `json:"age_seconds"`
 	RelayName  string    `json:"relay_name,omitempty"`
+	// KafkaOffsets are the per-partition Kafka offsets stored with it, in the
+	// store's JSON form; null when none are stored, {} when stored but empty.
+	KafkaOffsets checkpoint.Offsets `json:"kafka_offsets"`
 }
 
 // StatusDLQ counts dead letters.
@@ -115,7 +120,8 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		}
 	}
 	if cp, ok, err := checkpoint.NewTableStore(pool, c.CheckpointTable).Load(ctx, c.Slot); err == nil && ok {
-		st.Checkpoint = &StatusCheckpoint{LSN: cp.LSN.String(), UpdatedAt: cp.UpdatedAt, AgeSeconds: time.Since(cp.UpdatedAt).Seconds(), RelayName: cp.RelayName}
+		st.Checkpoint = &StatusCheckpoint{LSN: cp.LSN.String(), UpdatedAt: cp.UpdatedAt, AgeSeconds: time.Since(cp.UpdatedAt).Seconds(),
+			RelayName: cp.RelayName, KafkaOffsets: cp.Offsets}
 	}
 	if codes, err := deadletter.NewStore(pool, c.DLQTable).Summary(ctx, deadletter.Filter{}); err == nil {
 		d := &StatusDLQ{ByCode: map[string]int64{}}
@@ -163,6 +169,13 @@ func printStatus(w io.Writer, st Status) {
 	} else {
 		fmt.Fprintf(tw, "stored checkpoint\tnone\n")
 	}
+	var offsets checkpoint.Offsets
+	if st.Checkpoint != nil {
+		offsets = st.Checkpoint.KafkaOffsets
+	}
+	for _, l := range offsetLines(offsets) {
+		fmt.Fprintf(tw, "kafka offsets\t%s\n", l)
+	}
 	if st.DeadLetters != nil {
 		parts := []string{}
 		for code, n := range st.DeadLetters.ByCode {
@@ -174,6 +187,47 @@ func printStatus(w io.Writer, st Status) {
 		fmt.Fprintf(tw, "PROBLEM\t%s\n", p)
 	}
 	tw.Flush()
+}
+
+// maxOffsetsShown bounds the partitions a text line lists per topic, so that a
+// topic of hundreds of partitions stays one readable line; --json shows all.
+const maxOffsetsShown = 16
+
+// offsetLines renders stored Kafka offsets as one line per topic, by name:
+// "orders (8 partitions): 0=123 1=456 …", partitions in numeric order.
+func offsetLines(o checkpoint.Offsets) []string {
+	if o == nil {
+		return []string{"none stored (at-least-once delivery, or no checkpoint with offsets yet)"}
+	}
+	if len(o) == 0 {
+		return []string{"stored, no records written yet"}
+	}
+	var lines []string
+	for _, topic := range slices.Sorted(maps.Keys(o)) {
+		t := o[topic]
+		head := fmt.Sprintf("%s (%d partitions", topic, t.Partitions)
+		if t.Partitions == 1 {
+			head = strings.TrimSuffix(head, "s")
+		}
+		if len(t.Next) < t.Partitions {
+			head += fmt.Sprintf(", %d written", len(t.Next))
+		}
+		parts := slices.Sorted(maps.Keys(t.Next))
+		var b strings.Builder
+		b.WriteString(head + "):")
+		if len(parts) == 0 {
+			b.WriteString(" no records written")
+		}
+		for i, p := range parts {
+			if i == maxOffsetsShown {
+				fmt.Fprintf(&b, " … %d more (--json shows all)", len(parts)-i)
+				break
+			}
+			fmt.Fprintf(&b, " %d=%d", p, t.Next[p])
+		}
+		lines = append(lines, b.String())
+	}
+	return lines
 }
 
 // bytesHuman formats n bytes in binary units: 512 B, 1.5 KiB, 3.0 GiB.

@@ -5,9 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -28,8 +34,24 @@ func TestStatus(t *testing.T) {
 	if err := pg.Exec(ctx, "status_db", "CREATE TABLE w AS SELECT repeat('x', 1000) AS v FROM generate_series(1, 200)"); err != nil {
 		t.Fatal(err)
 	}
+	ckStore := checkpoint.NewTableStore(pool(t, url), "")
+	if err := ckStore.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	offsets := checkpoint.Offsets{
+		"orders":   {Partitions: 8, Next: map[int32]int64{0: 123, 1: 456, 7: 9}},
+		"payments": {Partitions: 1, Next: map[int32]int64{0: 42}},
+	}
+	saveCheckpoint := func(o checkpoint.Offsets) func(t *testing.T) {
+		return func(t *testing.T) {
+			if err := ckStore.Save(ctx, checkpoint.Checkpoint{Slot: "st_slot", SystemID: "1", LSN: 0x100, RelayName: "r", Offsets: o}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	tests := []struct {
 		name     string
+		setup    func(t *testing.T) // runs before status, in the order of the cases
 		args     []string
 		wantCode int // 0: no error
 		check    func(t *testing.T, st Status, out string)
@@ -63,9 +85,66 @@ func TestStatus(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "no checkpoint, text",
+			check: func(t *testing.T, _ Status, out string) {
+				wantLines(t, out, `stored checkpoint\s+none`,
+					`kafka offsets\s+none stored \(at-least-once delivery, or no checkpoint with offsets yet\)`)
+			},
+		},
+		{
+			name:  "checkpoint without offsets, text",
+			setup: saveCheckpoint(nil),
+			check: func(t *testing.T, _ Status, out string) {
+				wantLines(t, out, `stored checkpoint\s+0/100 \(.* ago, by r\)`,
+					`kafka offsets\s+none stored \(at-least-once delivery, or no checkpoint with offsets yet\)`)
+			},
+		},
+		{
+			name: "checkpoint without offsets, json",
+			args: []string{"--json"},
+			check: func(t *testing.T, st Status, out string) {
+				if st.Checkpoint == nil || st.Checkpoint.KafkaOffsets != nil || !strings.Contains(out, `"kafka_offsets": null`) {
+					t.Errorf("status %+v: want a checkpoint with kafka_offsets null\n%s", st.Checkpoint, out)
+				}
+			},
+		},
+		{
+			name:  "checkpoint with offsets, text",
+			setup: saveCheckpoint(offsets),
+			check: func(t *testing.T, _ Status, out string) {
+				wantLines(t, out, `kafka offsets\s+orders \(8 partitions, 3 written\): 0=123 1=456 7=9`,
+					`kafka offsets\s+payments \(1 partition\): 0=42`)
+				if strings.Contains(out, "none stored") {
+					t.Errorf("output says none stored:\n%s", out)
+				}
+			},
+		},
+		{
+			name: "checkpoint with offsets, json",
+			args: []string{"--json"},
+			check: func(t *testing.T, st Status, out string) {
+				if st.Checkpoint == nil || !reflect.DeepEqual(st.Checkpoint.KafkaOffsets, offsets) {
+					t.Errorf("kafka_offsets = %+v, want %+v\n%s", st.Checkpoint, offsets, out)
+				}
+				if want := `"orders": {
+        "partitions": 8,
+        "next": {
+          "0": 123,
+          "1": 456,
+          "7": 9
+        }
+      }`; !strings.Contains(out, want) {
+					t.Errorf("JSON output lacks\n%s\nin\n%s", want, out)
+				}
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.setup != nil {
+				tt.setup(t)
+			}
 			var out, errb bytes.Buffer
 			args := append([]string{"status", "--pg-url", url, "--slot", "st_slot"}, tt.args...)
 			err := Run(ctx, args, Env{Stdout: &out, Stderr: &errb, Version: "test"})
@@ -85,4 +164,65 @@ func TestStatus(t *testing.T) {
 			tt.check(t, st, out.String())
 		})
 	}
+}
+
+// TestOffsetLines: how status prints stored Kafka offsets, one line per topic.
+func TestOffsetLines(t *testing.T) {
+	many := map[int32]int64{}
+	for p := range int32(256) {
+		many[p] = int64(p) * 1000
+	}
+	tests := []struct {
+		name string
+		in   checkpoint.Offsets
+		want []string
+	}{
+		{"none stored", nil, []string{"none stored (at-least-once delivery, or no checkpoint with offsets yet)"}},
+		{"stored empty", checkpoint.Offsets{}, []string{"stored, no records written yet"}},
+		{"topics by name, partitions in numeric order", checkpoint.Offsets{
+			"payments": {Partitions: 1, Next: map[int32]int64{0: 42}},
+			"orders":   {Partitions: 12, Next: map[int32]int64{10: 1, 2: 20, 0: 0, 11: 3, 1: 5, 3: 4, 4: 4, 5: 5, 6: 6, 7: 7, 8: 8, 9: 9}},
+		}, []string{
+			"orders (12 partitions): 0=0 1=5 2=20 3=4 4=4 5=5 6=6 7=7 8=8 9=9 10=1 11=3",
+			"payments (1 partition): 0=42",
+		}},
+		{"partitions not written", checkpoint.Offsets{
+			"orders": {Partitions: 8, Next: map[int32]int64{5: 50}},
+			"quiet":  {Partitions: 3},
+		}, []string{
+			"orders (8 partitions, 1 written): 5=50",
+			"quiet (3 partitions, 0 written): no records written",
+		}},
+		{"many partitions stay one short line", checkpoint.Offsets{"orders": {Partitions: 256, Next: many}}, []string{
+			"orders (256 partitions): 0=0 1=1000 2=2000 3=3000 4=4000 5=5000 6=6000 7=7000 8=8000 9=9000 " +
+				"10=10000 11=11000 12=12000 13=13000 14=14000 15=15000 … 240 more (--json shows all)",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := offsetLines(tt.in); !slices.Equal(got, tt.want) {
+				t.Errorf("offsetLines =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
+			}
+		})
+	}
+}
+
+// wantLines fails unless each pattern matches a whole line of out.
+func wantLines(t *testing.T, out string, patterns ...string) {
+	t.Helper()
+	for _, p := range patterns {
+		if !regexp.MustCompile(`(?m)^` + p + `$`).MatchString(out) {
+			t.Errorf("no line matches %q in:\n%s", p, out)
+		}
+	}
+}
+
+func pool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }
