@@ -26,7 +26,9 @@ type Saver interface {
 type CommitterConfig struct {
 	Store Saver
 	// Base is copied into every saved checkpoint (slot, system id, relay name);
-	// the Committer sets LSN, CommitTime, UpdatedAt and Offsets.
+	// the Committer sets LSN, CommitTime, UpdatedAt and Offsets. Base's
+	// CommitTime is that of the checkpoint at Start: Persist stores it again
+	// while the watermark has not moved.
 	Base Checkpoint
 	// Offsets, when set, is called by every save once it has chosen the LSN to
 	// persist, with that LSN, and its result is stored with it; nil stores none
@@ -59,15 +61,18 @@ type CommitterConfig struct {
 // to the slot, so the store is never behind the slot and nothing is confirmed
 // past an event Kafka has not acknowledged.
 type Committer struct {
-	tracker   *Tracker
-	store     Saver
-	base      Checkpoint
-	offsets   func(pglogrepl.LSN) Offsets
-	log       zerolog.Logger
-	m         *metrics.Metrics
-	every     time.Duration
-	idle      time.Duration
-	persisted atomic.Uint64
+	tracker *Tracker
+	store   Saver
+	base    Checkpoint
+	offsets func(pglogrepl.LSN) Offsets
+	// commitTime is the CommitTime of the persisted checkpoint (Base's at
+	// first), which Persist stores again when the watermark has not moved.
+	commitTime time.Time
+	log        zerolog.Logger
+	m          *metrics.Metrics
+	every      time.Duration
+	idle       time.Duration
+	persisted  atomic.Uint64
 
 	mu            sync.Mutex // serializes saves
 	lastSave      time.Time
@@ -84,7 +89,8 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 	}
 	c := &Committer{
 		tracker: NewTracker(cfg.Start), store: cfg.Store, base: cfg.Base, offsets: cfg.Offsets,
-		log: cfg.Logger, m: cfg.Metrics, every: cfg.Every, idle: cfg.Idle,
+		commitTime: cfg.Base.CommitTime,
+		log:        cfg.Logger, m: cfg.Metrics, every: cfg.Every, idle: cfg.Idle,
 		serverDown: make(chan error, 1),
 	}
 	c.persisted.Store(uint64(cfg.Start))
@@ -153,12 +159,27 @@ func (c *Committer) reportAnomalies() {
 // persisted, with the offsets CommitterConfig.Offsets returns for it, and
 // returns the persisted LSN.
 func (c *Committer) Save(ctx context.Context) (pglogrepl.LSN, error) {
+	return c.save(ctx, false)
+}
+
+// Persist saves a checkpoint now, even when the watermark has not moved, so
+// that what CommitterConfig.Offsets returns is durable (a topic's offsets
+// registered before the relay first writes to it).
+func (c *Committer) Persist(ctx context.Context) error {
+	_, err := c.save(ctx, true)
+	return err
+}
+
+func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delivered := c.tracker.Delivered()
 	w, at := c.tracker.Position()
 	if w <= c.Flushed() {
-		return c.Flushed(), nil
+		if !force {
+			return c.Flushed(), nil
+		}
+		w, at = c.Flushed(), c.commitTime
 	}
 	cp := c.base
 	cp.LSN, cp.CommitTime = w, at
@@ -187,6 +208,7 @@ func (c *Committer) Save(ctx context.Context) (pglogrepl.LSN, error) {
 	}
 	c.m.CheckpointSaves.Inc()
 	c.persisted.Store(uint64(w))
+	c.commitTime = cp.CommitTime
 	c.lastSave = cp.UpdatedAt
 	c.lastDelivered = delivered
 	return w, nil

@@ -353,6 +353,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		// With no checkpoint nothing was sent from this slot yet; one without
 		// offsets was written by an at-least-once run or an older relay.
 		stored = !have || cp.Offsets != nil
+		if cp.LSN == start {
+			ckCfg.Base.CommitTime = cp.CommitTime
+		}
 		h.ledger = dedup.NewLedger(cp.Offsets)
 		h.origin = outbox.NewOrigin(system.SystemID, system.Timeline, cfg.Slot)
 		ckCfg.Offsets = h.ledger.Covered
