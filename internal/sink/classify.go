@@ -58,6 +58,12 @@ func Classify(err error) Class {
 			kafka.UnsupportedCompressionType, kafka.PolicyViolation,
 			kafka.TransactionalIDAuthorizationFailed, kafka.SecurityDisabled:
 			return Configuration
+		case kafka.OutOfOrderSequenceNumber, kafka.UnknownProducerId, kafka.InvalidProducerEpoch,
+			kafka.InvalidProducerIDMapping, kafka.ProducerFenced, kafka.DuplicateSequenceNumber:
+			// The producer session or its sequence, not the event: a new
+			// session (see sessionError) delivers it, so it is never
+			// dead-lettered.
+			return Transient
 		}
 		return Transient
 	}

@@ -19,10 +19,12 @@ import (
 type request struct {
 	broker  int32
 	parts   []*partition
-	batches [][]item
+	batches []batch
+	buf     *wireBuf // the encoded batches
 	start   time.Time
 	res     *produceAPI.Response
 	err     error
+	unsent  bool // err came before the request was sent
 }
 
 // dispatch is the sink's state machine: it builds requests for idle brokers,
@@ -79,11 +81,16 @@ func (k *Kafka) dispatch() {
 			for b, r := range reqs {
 				byBroker[b] = true
 				inFlight++
-				req := enc.build(k, r)
+				req, err := enc.build(k, r)
 				r.start = time.Now()
 				k.wg.Add(1)
 				go func() {
 					defer k.wg.Done()
+					if err != nil {
+						r.err, r.unsent = err, true
+						done <- r
+						return
+					}
 					ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
 					m, err := k.transport.RoundTrip(ctx, k.addr, req)
 					cancel()
@@ -111,10 +118,14 @@ func (k *Kafka) dispatch() {
 			inFlight--
 			byBroker[r.broker] = false
 			refresh, ok := k.apply(r)
+			enc.release(r.buf)
 			if refresh && !refreshing {
 				refreshing = k.refresh(parts, refreshed)
 			}
 			k.breaker(ok, inFlight > 0)
+		case s := <-k.sessions:
+			// Partitions join the new session as they build their next batch.
+			k.sess, k.resetting = s, false
 		case leaders := <-refreshed:
 			refreshing = false
 			for _, p := range parts {
@@ -132,6 +143,11 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 	var wakeAt time.Time
 	reqs := map[int32]*request{}
 	reqBytes := map[int32]int{}
+	if k.resetting {
+		// Nothing is sent until the new producer session is there; its
+		// arrival wakes the dispatcher.
+		return reqs, wakeAt
+	}
 	for _, p := range parts {
 		if p.inFlight || byBroker[p.leader] && reqs[p.leader] == nil {
 			continue
@@ -144,7 +160,7 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		}
 		if p.leader < 0 {
 			// No leader known (yet): look again after a backoff.
-			if p.hasQueued() || p.retry != nil {
+			if p.hasQueued() || p.retry.items != nil {
 				p.notBefore = now.Add(k.cfg.Retry.Delay(p.attempt))
 				p.attempt++
 				if !*refreshing {
@@ -157,9 +173,16 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		if room <= 0 {
 			continue
 		}
-		batch := p.next(room)
-		if batch == nil {
+		b := p.next(room)
+		if b.items == nil {
 			continue
+		}
+		k.stamp(p, &b, now)
+		if b.unknown {
+			// The last attempt may have been appended: with idempotence the
+			// broker drops this copy, without it Kafka may hold two.
+			k.cfg.Metrics.UnknownFateResent.Add(float64(len(b.items)))
+			b.unknown = false
 		}
 		r := reqs[p.leader]
 		if r == nil {
@@ -167,8 +190,8 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 			reqs[p.leader] = r
 		}
 		r.parts = append(r.parts, p)
-		r.batches = append(r.batches, batch)
-		for _, it := range batch {
+		r.batches = append(r.batches, b)
+		for _, it := range b.items {
 			reqBytes[p.leader] += it.ev.Size()
 		}
 		p.inFlight = true
@@ -187,7 +210,7 @@ func (k *Kafka) gate(now time.Time, parts []*partition, busy map[int32]bool) (wa
 		if p.inFlight || busy[p.leader] || now.Before(p.notBefore) {
 			continue
 		}
-		if p.retry != nil {
+		if p.retry.items != nil {
 			return time.Time{}, true
 		}
 		n, since := p.queued()
@@ -236,23 +259,35 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 		if k.ctx.Err() != nil { // closed, or halted by a Done: the rest is abandoned
 			return false, ok
 		}
-		batch := r.batches[i]
+		b := r.batches[i]
+		n := len(b.items)
 		p.inFlight = false
 		p.sending.Store(false)
-		var err error
+		var (
+			err      error
+			code     kafka.Error
+			rp       produceAPI.ResponsePartition
+			answered bool
+		)
 		if r.err != nil {
-			err = fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, r.err)
-		} else if rp, ok := byPart[key{p.topic, int32(p.id)}]; !ok {
-			err = fmt.Errorf("produce %d events to %s/%d: no answer for the partition", len(batch), p.topic, p.id)
-		} else if rp.ErrorCode != 0 {
-			err = fmt.Errorf("produce %d events to %s/%d: %w", len(batch), p.topic, p.id, kafka.Error(rp.ErrorCode))
+			err = fmt.Errorf("produce %d events to %s/%d: %w", n, p.topic, p.id, r.err)
+		} else if rp, answered = byPart[key{p.topic, int32(p.id)}]; !answered {
+			err = fmt.Errorf("produce %d events to %s/%d: no answer for the partition", n, p.topic, p.id)
+		} else if code = kafka.Error(rp.ErrorCode); code == kafka.DuplicateSequenceNumber && b.pf.id >= 0 {
+			// The broker already holds the batch: an earlier attempt was
+			// appended. It may not say at which offset.
+			if rp.BaseOffset < 0 {
+				rp.BaseOffset = -1
+			}
+		} else if code != 0 {
+			err = fmt.Errorf("produce %d events to %s/%d: %w", n, p.topic, p.id, code)
 			if rp.ErrorMessage != "" {
 				err = fmt.Errorf("%w (%s)", err, rp.ErrorMessage)
 			}
 		}
 		if err == nil {
 			ok = true
-			k.acked(p, batch, r.start)
+			k.acked(p, b, rp.BaseOffset, r.start)
 			continue
 		}
 		if k.ctx.Err() != nil {
@@ -261,15 +296,17 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 		if Classify(err) == Permanent {
 			p.attempt = 0
 			ok = true // the broker answered: Kafka itself works
-			if len(batch) > 1 {
-				// The batch as a whole may be what is too large: halve it, in order.
-				half := len(batch) / 2
-				p.retry = batch[:half:half]
-				p.unshift(batch[half:])
+			if n > 1 {
+				// The batch as a whole may be what is too large: halve it, in
+				// order. Nothing of it was appended, so the halves are new
+				// batches, the first taking the sequence this one had.
+				half := n / 2
+				p.retry = batch{items: b.items[:half:half]}
+				p.unshift(b.items[half:])
 				p.limit = half
 				continue
 			}
-			if k.fail(batch[0], &outbox.EventError{Code: Code(err), Err: err}) != nil {
+			if k.fail(b.items[0], &outbox.EventError{Code: Code(err), Err: err}) != nil {
 				return false, ok
 			}
 			continue
@@ -280,7 +317,16 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 			p.failing = true
 			k.setFailing(true, err, p)
 		}
-		p.retry = batch
+		if !r.unsent && unknownFate(r.err, code, answered) {
+			b.unknown, b.everUnknown = true, true
+		}
+		if sessionError(code) && b.pf.id >= 0 && b.gen == k.sess.gen && !k.resetting {
+			k.log.Warn().Err(err).Int64("producer_id", b.pf.id).
+				Msg("broker rejects the producer session; getting a new producer id, partitions restart their sequences")
+			k.resetting = true
+			k.renewSession(k.sess.gen+1, k.sessions)
+		}
+		p.retry = b
 		p.notBefore = time.Now().Add(k.cfg.Retry.Delay(p.attempt))
 		p.attempt++
 		var ke kafka.Error
@@ -310,7 +356,13 @@ func (k *Kafka) setFailing(on bool, err error, p *partition) {
 	}
 }
 
-func (k *Kafka) acked(p *partition, batch []item, start time.Time) {
+// acked reports a batch acknowledged at baseOffset (-1: unknown) and advances
+// the partition's sequence past it.
+func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start time.Time) {
+	batch := b.items
+	if b.pf.id >= 0 {
+		p.seq = nextSeq(b.pf.seq, len(batch))
+	}
 	if p.failing {
 		p.failing = false
 		k.setFailing(false, nil, p)
@@ -332,7 +384,12 @@ func (k *Kafka) acked(p *partition, batch []item, start time.Time) {
 	}
 	p.events.Add(float64(len(batch)))
 	p.bytes.Add(float64(bytes))
-	for _, it := range batch {
+	for i, it := range batch {
+		it.ev.Partition = int32(p.id)
+		it.ev.Offset = -1
+		if baseOffset >= 0 {
+			it.ev.Offset = baseOffset + int64(i)
+		}
 		if k.report(it, nil) != nil {
 			return // halted: the rest is abandoned
 		}

@@ -3,13 +3,14 @@ package sink
 // Encoding: events to Kafka records and produce requests.
 
 import (
-	"io"
+	"encoding/binary"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
-	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/protocol/rawproduce"
 )
 
 // Header keys the sink sets on every message.
@@ -25,71 +26,102 @@ const (
 	HeaderSource = "source_position"
 )
 
-// encoder turns batches into a produce request. It keeps the formatted commit
-// LSN and time of the last event, which consecutive events mostly share.
+// encoder turns batches into produce requests (see batch.go for the wire
+// format). It runs on the dispatcher goroutine only. It keeps the formatted
+// commit LSN and time of the last event, which consecutive events mostly
+// share, and the buffers of finished requests for reuse.
 type encoder struct {
 	lsn     pglogrepl.LSN
 	lsnText []byte
 	ts      time.Time
 	tsText  []byte
+	pos     []byte     // the last source_position header value
+	raw     []byte     // uncompressed records, when compressing
+	free    []*wireBuf // buffers of finished requests
 }
 
-func (e *encoder) build(k *Kafka, r *request) *produceAPI.Request {
-	attrs := protocol.Attributes(k.cfg.Compression) & 0x7
-	topics := make([]produceAPI.RequestTopic, 0, 1)
-	index := map[string]int{}
-	now := time.Now()
+// maxFreeBufs bounds the buffers kept for reuse: about one per broker with a
+// request in flight.
+const maxFreeBufs = 8
+
+// build encodes r's batches, already stamped (see Kafka.stamp), into one
+// produce request.
+func (e *encoder) build(k *Kafka, r *request) (*rawproduce.Request, error) {
+	buf := e.buffer()
+	codec := k.cfg.Compression.Codec()
+	topics := make([]rawproduce.RequestTopic, 0, 1)
+	readers := make([]batchReader, len(r.parts))
+	ends := make([]int, len(r.parts))
+	var err error
+	for i := range r.parts {
+		b := &r.batches[i]
+		// kafka-go copies a raw record set as it is: with its int32 size.
+		at := len(buf.b)
+		buf.b = append(buf.b, 0, 0, 0, 0)
+		if buf.b, err = e.appendBatch(buf.b, b.items, b.ts, b.pf, codec); err != nil {
+			e.free = append(e.free, buf)
+			return nil, fmt.Errorf("encode %d events for %s/%d: %w", len(b.items), r.parts[i].topic, r.parts[i].id, err)
+		}
+		binary.BigEndian.PutUint32(buf.b[at:], uint32(len(buf.b)-at-4))
+		ends[i] = len(buf.b)
+	}
+	// Slices into buf.b are taken once it no longer grows.
+	buf.readers.Store(int32(len(r.parts)))
+	r.buf = buf
 	for i, p := range r.parts {
-		batch := r.batches[i]
-		nh := 0
-		for _, it := range batch {
-			nh += 5 + len(it.ev.Headers)
+		start := 0
+		if i > 0 {
+			start = ends[i-1]
 		}
-		headers := make([]kafka.Header, nh)
-		records := make([]kafka.Record, len(batch))
-		views := make([]byteView, 2*len(batch))
-		for j, it := range batch {
-			ev := it.ev
-			h := headers[: 0 : 5+len(ev.Headers)]
-			headers = headers[5+len(ev.Headers):]
-			h = append(h,
-				kafka.Header{Key: HeaderID, Value: ev.ID},
-				kafka.Header{Key: HeaderEventType, Value: ev.EventType},
-				kafka.Header{Key: HeaderAggregateType, Value: ev.AggregateType},
-				kafka.Header{Key: HeaderCommitLSN, Value: e.lsnBytes(ev.CommitLSN)},
-				kafka.Header{Key: HeaderCommitTime, Value: e.timeBytes(ev.CommitTime)},
-			)
-			for _, x := range ev.Headers {
-				h = append(h, kafka.Header{Key: x.Key, Value: x.Value})
+		readers[i] = batchReader{buf: buf, b: buf.b[start:ends[i]:ends[i]]}
+		ti := -1
+		for j := range topics {
+			if topics[j].Topic == p.topic {
+				ti = j
+				break
 			}
-			views[2*j].b = ev.AggregateID
-			views[2*j+1].b = ev.Payload
-			records[j] = kafka.Record{Time: now, Key: &views[2*j], Value: &views[2*j+1], Headers: h}
 		}
-		ti, ok := index[p.topic]
-		if !ok {
+		if ti < 0 {
 			ti = len(topics)
-			index[p.topic] = ti
-			topics = append(topics, produceAPI.RequestTopic{Topic: p.topic})
+			topics = append(topics, rawproduce.RequestTopic{Topic: p.topic})
 		}
-		topics[ti].Partitions = append(topics[ti].Partitions, produceAPI.RequestPartition{
+		topics[ti].Partitions = append(topics[ti].Partitions, rawproduce.RequestPartition{
 			Partition: int32(p.id),
-			RecordSet: protocol.RecordSet{Attributes: attrs, Records: &recordReader{records: records}},
+			RecordSet: protocol.RawRecordSet{Reader: &readers[i]},
 		})
 	}
-	return &produceAPI.Request{
+	return &rawproduce.Request{
 		Acks:    int16(kafka.RequireAll),
 		Timeout: int32(k.cfg.RequestTimeout / time.Millisecond),
 		Topics:  topics,
+	}, nil
+}
+
+// buffer returns a buffer for a new request.
+func (e *encoder) buffer() *wireBuf {
+	if n := len(e.free); n > 0 {
+		buf := e.free[n-1]
+		e.free = e.free[:n-1]
+		buf.b = buf.b[:0]
+		return buf
+	}
+	return &wireBuf{}
+}
+
+// release takes back the buffer of a finished request. One kafka-go has not
+// read to the end (the request was abandoned before it was written) may still
+// be read: it is left to the garbage collector.
+func (e *encoder) release(buf *wireBuf) {
+	if buf != nil && buf.readers.Load() == 0 && len(e.free) < maxFreeBufs {
+		e.free = append(e.free, buf)
 	}
 }
 
 // lsnBytes formats lsn, reusing the last result for events of one transaction.
-// A new slice is made per LSN, so earlier records keep theirs.
 func (e *encoder) lsnBytes(lsn pglogrepl.LSN) []byte {
 	if lsn != e.lsn || e.lsnText == nil {
 		e.lsn = lsn
-		e.lsnText = []byte(lsn.String())
+		e.lsnText = append(e.lsnText[:0], lsn.String()...)
 	}
 	return e.lsnText
 }
@@ -98,53 +130,7 @@ func (e *encoder) lsnBytes(lsn pglogrepl.LSN) []byte {
 func (e *encoder) timeBytes(t time.Time) []byte {
 	if !t.Equal(e.ts) || e.tsText == nil {
 		e.ts = t
-		e.tsText = []byte(t.UTC().Format(time.RFC3339Nano))
+		e.tsText = t.UTC().AppendFormat(e.tsText[:0], time.RFC3339Nano)
 	}
 	return e.tsText
-}
-
-// recordReader reads records from a slice without copying it.
-type recordReader struct {
-	records []kafka.Record
-	i       int
-}
-
-func (r *recordReader) ReadRecord() (*kafka.Record, error) {
-	if r.i >= len(r.records) {
-		return nil, io.EOF
-	}
-	r.i++
-	return &r.records[r.i-1], nil
-}
-
-// byteView is a kafka.Bytes over a slice it does not own.
-type byteView struct {
-	b   []byte
-	off int
-}
-
-func (v *byteView) Len() int { return len(v.b) - v.off }
-
-func (v *byteView) Read(p []byte) (int, error) {
-	if v.off >= len(v.b) {
-		return 0, io.EOF
-	}
-	n := copy(p, v.b[v.off:])
-	v.off += n
-	return n, nil
-}
-
-func (v *byteView) Close() error { return nil }
-
-// WriteTo writes the rest of the slice in one call. io.Copy prefers it to the
-// destination's ReadFrom, which matters for compression: lz4's writer rejects
-// ReadFrom after a Write ("lz4: unhandled state[writeState]"), and kafka-go
-// writes a record's other fields with Write before copying its key and value.
-func (v *byteView) WriteTo(w io.Writer) (int64, error) {
-	if v.off >= len(v.b) {
-		return 0, nil
-	}
-	n, err := w.Write(v.b[v.off:])
-	v.off += n
-	return int64(n), err
 }

@@ -18,6 +18,23 @@
 // partition that broker leads, so under load requests grow instead of multiplying,
 // and with nothing queued an event goes out at once (no linger).
 //
+// With Config.Idempotent the producer is idempotent, as Kafka's own clients
+// are: Open gets a producer id (InitProducerId), every batch carries it with
+// the partition's next sequence number, and a batch re-sent after an attempt
+// whose fate is unknown (timeout, connection lost) carries the same ones, so
+// the broker drops the copy when the first attempt was appended after all. The
+// sequence advances only when a batch is acknowledged. When the broker loses
+// or rejects the session (UNKNOWN_PRODUCER_ID, OUT_OF_ORDER_SEQUENCE_NUMBER,
+// a fenced epoch), the sink gets a new producer id in the background, and
+// every partition restarts at sequence 0 with it, re-sending its failed batch
+// first, unchanged, so no key is reordered; a batch with an unknown earlier
+// attempt may then be duplicated, which the sink logs and counts
+// (cdc_relay_delivery_fallbacks_total{reason="producer_reset"}). A broker
+// that gives no producer id makes the sink produce without idempotence
+// ({reason="producer_id_unavailable"}); Idempotent says which. The sink writes
+// the RecordBatch v2 format itself (batch.go), because kafka-go's encoder
+// cannot carry a producer id.
+//
 // Retries are owned here and only here: requests go through kafka-go's Transport,
 // which does not retry, instead of kafka-go's Writer, whose own MaxAttempts would
 // multiply ours and whose next batch for a partition goes out after an earlier
@@ -53,6 +70,10 @@ type Config struct {
 	BatchMaxBytes   int
 	MaxRequestBytes int
 	Compression     kafka.Compression
+	// Idempotent makes the producer idempotent (see the package doc): a
+	// batch re-sent after a lost answer is not appended twice. Open falls
+	// back to producing without it when the broker gives no producer id.
+	Idempotent bool
 	// RequestTimeout bounds one produce attempt.
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
@@ -170,9 +191,16 @@ type Kafka struct {
 	failedRun int          // produce requests failed in a row (dispatcher-owned)
 	circuitMu sync.Mutex
 	closing   chan struct{} // closed when an open circuit closes
-	errOnce   sync.Once
-	err       error
-	halted    chan struct{}
+	// Producer sessions (dispatcher-owned once Open returns).
+	sess        session
+	resetting   bool // a new session is being asked for
+	resetWarned int  // the session whose reset was last warned about
+	idempotent  atomic.Bool
+	sessions    chan session
+
+	errOnce sync.Once
+	err     error
+	halted  chan struct{}
 }
 
 // Open validates cfg, waits (within ctx) until the brokers answer and until each
@@ -213,8 +241,14 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 		topics:    make(map[string]*topicState),
 		wake:      make(chan struct{}, 1),
 		halted:    make(chan struct{}),
+		sess:      session{gen: 1, id: -1, epoch: -1},
+		sessions:  make(chan session),
 	}
-	if err := k.check(ctx); err != nil {
+	err := k.check(ctx)
+	if err == nil && cfg.Idempotent {
+		err = k.openSession(ctx)
+	}
+	if err != nil {
 		cancel()
 		transport.CloseIdleConnections()
 		conns.closeAll()

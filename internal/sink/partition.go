@@ -16,6 +16,20 @@ type item struct {
 	done Done
 }
 
+// batch is one partition's batch of events and how it was sent. A re-send
+// repeats its producer fields and timestamp, so the broker can recognise a
+// copy it already appended.
+type batch struct {
+	items []item
+	built bool           // pf, gen and ts are set (see Kafka.stamp)
+	pf    producerFields // producer id, epoch and base sequence
+	gen   int            // the producer session pf belongs to
+	ts    int64          // the records' timestamp, Unix ms
+	// unknown: the last attempt ended without an answer, so the broker may
+	// have appended it; everUnknown: some attempt in this session did.
+	unknown, everUnknown bool
+}
+
 // partition is one topic-partition: its queue (filled by Produce) and its delivery
 // state (owned by the dispatcher).
 type partition struct {
@@ -36,12 +50,16 @@ type partition struct {
 	// Dispatcher-owned.
 	leader    int32
 	inFlight  bool
-	retry     []item // the batch to send next, ahead of the queue
-	limit     int    // event limit while splitting a rejected batch
+	retry     batch // the batch to send next, ahead of the queue (items nil: none)
+	limit     int   // event limit while splitting a rejected batch
 	attempt   int
 	notBefore time.Time
 	failing   bool
 	spare     []item
+	// The producer session the partition's sequence belongs to, and the
+	// base sequence of its next batch in that session.
+	sess session
+	seq  int32
 }
 
 // prometheusCounter is the part of a Prometheus counter the partition uses.
@@ -71,18 +89,19 @@ func (p *partition) push(it item) {
 	}
 }
 
-// next returns the partition's next batch within maxBytes (at least one event),
-// or nil when it has nothing to send.
-func (p *partition) next(maxBytes int) []item {
-	if p.retry != nil {
+// next returns the partition's next batch within maxBytes (at least one event):
+// the one to retry if any, else a new one from the queue. Its items are nil
+// when it has nothing to send.
+func (p *partition) next(maxBytes int) batch {
+	if p.retry.items != nil {
 		b := p.retry
-		p.retry = nil
+		p.retry = batch{}
 		return b
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.queue) == 0 {
-		return nil
+		return batch{}
 	}
 	maxEvents := p.k.cfg.BatchMaxEvents
 	if p.limit > 0 && p.limit < maxEvents {
@@ -101,17 +120,17 @@ func (p *partition) next(maxBytes int) []item {
 		n++
 	}
 	if n == len(p.queue) {
-		batch := p.queue
+		items := p.queue
 		p.queue = p.spare[:0]
 		p.spare = nil
-		return batch
+		return batch{items: items}
 	}
-	batch := make([]item, n)
-	copy(batch, p.queue)
+	items := make([]item, n)
+	copy(items, p.queue)
 	rest := copy(p.queue, p.queue[n:])
 	clear(p.queue[rest:])
 	p.queue = p.queue[:rest]
-	return batch
+	return batch{items: items}
 }
 
 // unshift puts events back at the front of the queue (the later half of a split

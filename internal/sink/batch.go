@@ -1,0 +1,223 @@
+package sink
+
+// RecordBatch v2: the wire format of one partition's batch. The sink writes it
+// itself because kafka-go's encoder always writes producer id, epoch and base
+// sequence as -1, which rules out idempotent produce.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"sync/atomic"
+
+	"github.com/segmentio/kafka-go/compress"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+)
+
+var crc32c = crc32.MakeTable(crc32.Castagnoli)
+
+// Offsets into a RecordBatch v2 header (KIP-98): baseOffset int64, batchLength
+// int32, partitionLeaderEpoch int32, magic int8, crc uint32, then the part the
+// CRC covers: attributes int16, lastOffsetDelta int32, baseTimestamp int64,
+// maxTimestamp int64, producerId int64, producerEpoch int16, baseSequence
+// int32, record count int32.
+const (
+	batchLengthAt    = 8
+	batchCRCAt       = 17
+	batchAttrsAt     = 21
+	batchHeaderBytes = 61
+)
+
+// producerFields are a batch's idempotence fields; noProducer (all -1) when
+// the producer is not idempotent.
+type producerFields struct {
+	id    int64
+	epoch int16
+	seq   int32
+}
+
+var noProducer = producerFields{id: -1, epoch: -1, seq: -1}
+
+// appendBatch appends the RecordBatch v2 of items to dst: every record stamped
+// with ts (Unix ms), offset deltas 0..n-1, the records section compressed
+// with codec unless it is nil.
+func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFields, codec compress.Codec) ([]byte, error) {
+	start := len(dst)
+	var attrs int16
+	if codec != nil {
+		attrs = int16(codec.Code()) & 0x7
+	}
+	dst = binary.BigEndian.AppendUint64(dst, 0)                    // baseOffset: the broker assigns offsets
+	dst = binary.BigEndian.AppendUint32(dst, 0)                    // batchLength, set below
+	dst = binary.BigEndian.AppendUint32(dst, 0xffffffff)           // partitionLeaderEpoch -1: the broker sets it
+	dst = append(dst, 2)                                           // magic
+	dst = binary.BigEndian.AppendUint32(dst, 0)                    // crc, set below
+	dst = binary.BigEndian.AppendUint16(dst, uint16(attrs))        // compression codec; not transactional, not control
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(items)-1)) // lastOffsetDelta
+	dst = binary.BigEndian.AppendUint64(dst, uint64(ts))           // baseTimestamp
+	dst = binary.BigEndian.AppendUint64(dst, uint64(ts))           // maxTimestamp
+	dst = binary.BigEndian.AppendUint64(dst, uint64(pf.id))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(pf.epoch))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(pf.seq))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(items)))
+	if codec == nil {
+		for i, it := range items {
+			dst = e.appendRecord(dst, i, it.ev)
+		}
+	} else {
+		// Records go to a scratch buffer, then through the codec into dst.
+		raw := e.raw[:0]
+		for i, it := range items {
+			raw = e.appendRecord(raw, i, it.ev)
+		}
+		e.raw = raw
+		w := &appendWriter{b: dst}
+		cw := codec.NewWriter(w)
+		if _, err := cw.Write(raw); err != nil {
+			cw.Close()
+			return dst[:start], fmt.Errorf("compress records with %s: %w", codec.Name(), err)
+		}
+		if err := cw.Close(); err != nil {
+			return dst[:start], fmt.Errorf("compress records with %s: %w", codec.Name(), err)
+		}
+		dst = w.b
+	}
+	b := dst[start:]
+	binary.BigEndian.PutUint32(b[batchLengthAt:], uint32(len(b)-batchLengthAt-4))
+	binary.BigEndian.PutUint32(b[batchCRCAt:], crc32.Checksum(b[batchAttrsAt:], crc32c))
+	return dst, nil
+}
+
+// appendRecord appends ev as the i-th record of a batch. Its headers are the
+// sink's (id, event_type, aggregate_type, commit_lsn, commit_time, then
+// source_position for events of the replication stream) followed by the
+// event's own.
+func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
+	lsn := e.lsnBytes(ev.CommitLSN)
+	ct := e.timeBytes(ev.CommitTime)
+	var pos []byte
+	nh := 5 + len(ev.Headers)
+	if ev.Origin != nil {
+		e.pos = ev.Origin.AppendPosition(e.pos[:0], ev.CommitLSN, ev.Index)
+		pos = e.pos
+		nh++
+	}
+	size := 1 + 1 + varintLen(int64(i)) + // attributes, timestampDelta 0, offsetDelta
+		bytesLen(ev.AggregateID) + bytesLen(ev.Payload) + varintLen(int64(nh)) +
+		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
+		headerLen(HeaderAggregateType, ev.AggregateType) + headerLen(HeaderCommitLSN, lsn) +
+		headerLen(HeaderCommitTime, ct)
+	if pos != nil {
+		size += headerLen(HeaderSource, pos)
+	}
+	for _, h := range ev.Headers {
+		size += headerLen(h.Key, h.Value)
+	}
+	dst = binary.AppendVarint(dst, int64(size))
+	dst = append(dst, 0, 0) // attributes; timestampDelta: every record has the batch's timestamp
+	dst = binary.AppendVarint(dst, int64(i))
+	dst = appendBytes(dst, ev.AggregateID)
+	dst = appendBytes(dst, ev.Payload)
+	dst = binary.AppendVarint(dst, int64(nh))
+	dst = appendHeader(dst, HeaderID, ev.ID)
+	dst = appendHeader(dst, HeaderEventType, ev.EventType)
+	dst = appendHeader(dst, HeaderAggregateType, ev.AggregateType)
+	dst = appendHeader(dst, HeaderCommitLSN, lsn)
+	dst = appendHeader(dst, HeaderCommitTime, ct)
+	if pos != nil {
+		dst = appendHeader(dst, HeaderSource, pos)
+	}
+	for _, h := range ev.Headers {
+		dst = appendHeader(dst, h.Key, h.Value)
+	}
+	return dst
+}
+
+// Kafka's varints are zigzag-encoded, as encoding/binary's signed varints are.
+
+func varintLen(v int64) int {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}
+
+// bytesLen is the encoded size of b: its varint length (-1 for nil) and bytes.
+func bytesLen(b []byte) int {
+	if b == nil {
+		return 1
+	}
+	return varintLen(int64(len(b))) + len(b)
+}
+
+func headerLen(key string, value []byte) int {
+	return varintLen(int64(len(key))) + len(key) + bytesLen(value)
+}
+
+func appendBytes(dst, b []byte) []byte {
+	if b == nil {
+		return binary.AppendVarint(dst, -1)
+	}
+	dst = binary.AppendVarint(dst, int64(len(b)))
+	return append(dst, b...)
+}
+
+func appendHeader(dst []byte, key string, value []byte) []byte {
+	dst = binary.AppendVarint(dst, int64(len(key)))
+	dst = append(dst, key...)
+	return appendBytes(dst, value)
+}
+
+// appendWriter is an io.Writer appending to a slice.
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+// wireBuf holds the encoded batches of one request. It is reused for a later
+// request only once kafka-go has read every batch (readers counts those not
+// read yet) and the request is over.
+type wireBuf struct {
+	b       []byte
+	readers atomic.Int32
+}
+
+// batchReader is one batch of a wireBuf, read once by kafka-go while it
+// encodes the request.
+type batchReader struct {
+	buf  *wireBuf
+	b    []byte
+	done bool
+}
+
+func (r *batchReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		r.finish()
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// WriteTo writes the batch in one call; io.Copy prefers it to Read.
+func (r *batchReader) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(r.b)
+	r.b = r.b[n:]
+	r.finish()
+	return int64(n), err
+}
+
+func (r *batchReader) finish() {
+	if !r.done {
+		r.done = true
+		r.buf.readers.Add(-1)
+	}
+}

@@ -1,0 +1,157 @@
+package sink
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+)
+
+// decodeBatch parses one RecordBatch v2 with franz-go and returns it with its
+// records, failing t on any mismatch of the framing.
+func decodeBatch(t *testing.T, raw []byte) (kmsg.RecordBatch, []kmsg.Record) {
+	t.Helper()
+	var b kmsg.RecordBatch
+	if err := b.ReadFrom(raw); err != nil {
+		t.Fatalf("read record batch: %v", err)
+	}
+	if int(b.Length) != len(raw)-12 {
+		t.Fatalf("batchLength %d, want %d", b.Length, len(raw)-12)
+	}
+	if b.Magic != 2 || b.FirstOffset != 0 || b.PartitionLeaderEpoch != -1 {
+		t.Fatalf("magic %d, baseOffset %d, leader epoch %d; want 2, 0, -1", b.Magic, b.FirstOffset, b.PartitionLeaderEpoch)
+	}
+	if want := int32(crc32.Checksum(raw[21:], crc32.MakeTable(crc32.Castagnoli))); b.CRC != want {
+		t.Fatalf("crc %x, want %x", b.CRC, want)
+	}
+	records, err := kgo.DefaultDecompressor().Decompress(b.Records, kgo.CompressionCodecType(b.Attributes&0x7))
+	if err != nil {
+		t.Fatalf("decompress records (attributes %#x): %v", b.Attributes, err)
+	}
+	var recs []kmsg.Record
+	for len(records) > 0 {
+		l, n := binary.Varint(records)
+		if n <= 0 || int(l)+n > len(records) {
+			t.Fatalf("record %d: bad length prefix", len(recs))
+		}
+		var r kmsg.Record
+		if err := r.ReadFrom(records[:n+int(l)]); err != nil {
+			t.Fatalf("record %d: %v", len(recs), err)
+		}
+		recs = append(recs, r)
+		records = records[n+int(l):]
+	}
+	if len(recs) != int(b.NumRecords) || b.LastOffsetDelta != b.NumRecords-1 {
+		t.Fatalf("%d records, count %d, lastOffsetDelta %d", len(recs), b.NumRecords, b.LastOffsetDelta)
+	}
+	return b, recs
+}
+
+// TestBatchEncoding encodes batches with every codec, idempotent and not, and
+// decodes them with franz-go: the framing, producer fields and every record's
+// key, value and headers come back as written.
+func TestBatchEncoding(t *testing.T) {
+	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
+	evs := stream(7, 40)
+	for i, ev := range evs {
+		switch i % 4 {
+		case 0:
+			ev.Origin, ev.Index = origin, uint32(i)
+		case 1:
+			ev.Headers = []outbox.Header{{Key: "tenant", Value: []byte("acme")}, {Key: "null", Value: nil}}
+		case 2:
+			ev.Payload = nil // a NULL payload is a null value, not an empty one
+		case 3:
+			ev.Payload = []byte(strings.Repeat("x", 300)) // lengths past one varint byte
+		}
+	}
+	items := make([]item, len(evs))
+	for i, ev := range evs {
+		items[i] = item{ev: ev}
+	}
+	ts := time.Date(2025, 1, 2, 3, 4, 5, 6e6, time.UTC).UnixMilli()
+	for _, c := range []kafkago.Compression{0, kafkago.Gzip, kafkago.Snappy, kafkago.Lz4, kafkago.Zstd} {
+		for _, pf := range []producerFields{noProducer, {id: 4242, epoch: 3, seq: math.MaxInt32 - 10}} {
+			t.Run(fmt.Sprintf("%s/pid=%d", c, pf.id), func(t *testing.T) {
+				var e encoder
+				prefix := []byte("earlier batch")
+				raw, err := e.appendBatch(prefix, items, ts, pf, c.Codec())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(raw[:len(prefix)], prefix) {
+					t.Fatal("appendBatch overwrote what dst held")
+				}
+				b, recs := decodeBatch(t, raw[len(prefix):])
+				if b.ProducerID != pf.id || b.ProducerEpoch != pf.epoch || b.FirstSequence != pf.seq {
+					t.Errorf("producer %d/%d/%d, want %d/%d/%d", b.ProducerID, b.ProducerEpoch, b.FirstSequence, pf.id, pf.epoch, pf.seq)
+				}
+				if b.FirstTimestamp != ts || b.MaxTimestamp != ts {
+					t.Errorf("timestamps %d..%d, want %d", b.FirstTimestamp, b.MaxTimestamp, ts)
+				}
+				if int(b.Attributes&0x7) != int(c) || b.Attributes&^0x7 != 0 {
+					t.Errorf("attributes %#x, want codec %d only", b.Attributes, c)
+				}
+				for i, r := range recs {
+					ev := evs[i]
+					if r.OffsetDelta != int32(i) || r.TimestampDelta64 != 0 || r.Attributes != 0 {
+						t.Errorf("record %d: offsetDelta %d, timestampDelta %d, attributes %d", i, r.OffsetDelta, r.TimestampDelta64, r.Attributes)
+					}
+					if !bytes.Equal(r.Key, ev.AggregateID) || !bytes.Equal(r.Value, ev.Payload) || (r.Value == nil) != (ev.Payload == nil) {
+						t.Errorf("record %d: key %q value %q, want %q %q", i, r.Key, r.Value, ev.AggregateID, ev.Payload)
+					}
+					want := []kmsg.Header{
+						{Key: HeaderID, Value: ev.ID},
+						{Key: HeaderEventType, Value: ev.EventType},
+						{Key: HeaderAggregateType, Value: ev.AggregateType},
+						{Key: HeaderCommitLSN, Value: []byte(ev.CommitLSN.String())},
+						{Key: HeaderCommitTime, Value: []byte(ev.CommitTime.UTC().Format(time.RFC3339Nano))},
+					}
+					if ev.Origin != nil {
+						want = append(want, kmsg.Header{Key: HeaderSource, Value: ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index)})
+					}
+					for _, h := range ev.Headers {
+						want = append(want, kmsg.Header{Key: h.Key, Value: h.Value})
+					}
+					if got, want := fmt.Sprintf("%q", r.Headers), fmt.Sprintf("%q", want); got != want {
+						t.Errorf("record %d headers\n got %s\nwant %s", i, got, want)
+					}
+					for j, h := range r.Headers {
+						if j < len(want) && (h.Value == nil) != (want[j].Value == nil) {
+							t.Errorf("record %d header %s: null %v, want %v", i, h.Key, h.Value == nil, want[j].Value == nil)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestNextSeq checks that sequences wrap from MaxInt32 to 0, as Kafka's do.
+func TestNextSeq(t *testing.T) {
+	for _, c := range []struct {
+		seq  int32
+		n    int
+		want int32
+	}{
+		{0, 1, 1},
+		{5, 10, 15},
+		{math.MaxInt32 - 1, 1, math.MaxInt32},
+		{math.MaxInt32, 1, 0},
+		{math.MaxInt32 - 2, 5, 2},
+	} {
+		if got := nextSeq(c.seq, c.n); got != c.want {
+			t.Errorf("nextSeq(%d, %d) = %d, want %d", c.seq, c.n, got, c.want)
+		}
+	}
+}
