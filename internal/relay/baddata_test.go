@@ -337,6 +337,10 @@ func checkRecord(t *testing.T, tag string, r *kgo.Record, w want) {
 	}
 	delete(got, "commit_lsn")
 	delete(got, "commit_time")
+	if _, ok := got["source_position"]; !ok {
+		t.Errorf("%s: no source_position header (effectively-once is the default)", tag)
+	}
+	delete(got, "source_position")
 	for k, v := range w.headers {
 		if !bytes.Equal(got[k], v) {
 			t.Errorf("%s: header %s = %q, want %q", tag, k, got[k], v)

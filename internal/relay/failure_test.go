@@ -311,7 +311,7 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 	waitMetric(t, func() float64 { return testutil.ToFloat64(e.m.CircuitState) }, 0)
 	lines := 0
 	for _, l := range strings.Split(e.logs.String(), "\n") {
-		if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) || strings.Contains(l, "circuit") {
+		if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) || strings.Contains(l, `"message":"circuit`) {
 			lines++
 		}
 	}

@@ -105,7 +105,7 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 		nh++
 	}
 	size := 1 + 1 + varintLen(int64(i)) + // attributes, timestampDelta 0, offsetDelta
-		bytesLen(ev.AggregateID) + bytesLen(ev.Payload) + varintLen(int64(nh)) +
+		bytesLen(ev.AggregateID) + varintLen(int64(len(ev.Payload))) + len(ev.Payload) + varintLen(int64(nh)) +
 		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
 		headerLen(HeaderAggregateType, ev.AggregateType) + headerLen(HeaderCommitLSN, lsn) +
 		headerLen(HeaderCommitTime, ct)
@@ -119,7 +119,10 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 	dst = append(dst, 0, 0) // attributes; timestampDelta: every record has the batch's timestamp
 	dst = binary.AppendVarint(dst, int64(i))
 	dst = appendBytes(dst, ev.AggregateID)
-	dst = appendBytes(dst, ev.Payload)
+	// A NULL payload is an empty value, never a null one: that would be a
+	// tombstone, which deletes the key from a compacted topic.
+	dst = binary.AppendVarint(dst, int64(len(ev.Payload)))
+	dst = append(dst, ev.Payload...)
 	dst = binary.AppendVarint(dst, int64(nh))
 	dst = appendHeader(dst, HeaderID, ev.ID)
 	dst = appendHeader(dst, HeaderEventType, ev.EventType)
