@@ -33,7 +33,7 @@ func TestKillNineLoopEffectivelyOnce(t *testing.T) {
 		switch i % 3 {
 		case 0:
 			// During start-up: checks, slot, reconciliation with Kafka.
-			time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
+			time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 		case 1:
 			// Soon after it streams again, while it catches up.
 			r.waitReady(30 * time.Second)
