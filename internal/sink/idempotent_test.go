@@ -426,3 +426,53 @@ func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
 		t.Errorf("%d events with an unknown offset; the duplicate batches had %v records", unknown, dupBatch)
 	}
 }
+
+// TestIdempotentUnavailableFallsBack: a broker that refuses a producer id
+// (here: not authorised) leaves the producer working without idempotence,
+// with one warning and a metric saying so.
+func TestIdempotentUnavailableFallsBack(t *testing.T) {
+	t.Parallel()
+	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
+	testenv.RequireLocalKafka(t, kf)
+	c := kf.Cluster()
+	c.ControlKey(int16(kmsg.InitProducerID), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		resp := kreq.ResponseKind().(*kmsg.InitProducerIDResponse)
+		resp.ErrorCode = kerr.ClusterAuthorizationFailed.Code
+		return resp, nil, true
+	})
+	var mu sync.Mutex
+	pids := map[int64]bool{}
+	onProduce(c, func(_ int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err == nil {
+			mu.Lock()
+			pids[b.ProducerID] = true
+			mu.Unlock()
+		}
+		return nil, nil, false
+	})
+	m := metrics.New(prometheus.NewRegistry())
+	logs := &testenv.Buffer{}
+	k := openSink(t, Config{Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: true, Retry: fastRetry, Logger: zerolog.New(logs), Metrics: m})
+	if k.Idempotent() {
+		t.Fatal("Idempotent() = true although the broker refused a producer id")
+	}
+	evs := stream(5, 50)
+	acks := newAckLog(len(evs))
+	sendAll(t, k, idemTopic, evs, acks.ack)
+	acks.wait(t, 8*time.Second)
+	acks.checkExactlyOnce(t, evs)
+	checkOrder(t, kf.MustReadAll(t, idemTopic))
+	if got := testutil.ToFloat64(m.DeliveryFallbacks.WithLabelValues("producer_id_unavailable")); got != 1 {
+		t.Errorf("delivery_fallbacks_total{producer_id_unavailable} = %v, want 1", got)
+	}
+	if n := strings.Count(logs.String(), "idempotence unavailable"); n != 1 {
+		t.Errorf("%d warnings about idempotence being unavailable, want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(pids) != 1 || !pids[-1] {
+		t.Errorf("batches carried producer ids %v, want only -1", pids)
+	}
+}
