@@ -93,7 +93,7 @@ func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFie
 // appendRecord appends ev as the i-th record of a batch. Its headers are the
 // sink's (id, event_type, aggregate_type, commit_lsn, commit_time, then
 // source_position for events of the replication stream) followed by the
-// event's own.
+// event's own; a nil header value is null.
 func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 	lsn := e.lsnBytes(ev.CommitLSN)
 	ct := e.timeBytes(ev.CommitTime)
@@ -105,7 +105,7 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 		nh++
 	}
 	size := 1 + 1 + varintLen(int64(i)) + // attributes, timestampDelta 0, offsetDelta
-		bytesLen(ev.AggregateID) + varintLen(int64(len(ev.Payload))) + len(ev.Payload) + varintLen(int64(nh)) +
+		valueLen(ev.AggregateID) + valueLen(ev.Payload) + varintLen(int64(nh)) +
 		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
 		headerLen(HeaderAggregateType, ev.AggregateType) + headerLen(HeaderCommitLSN, lsn) +
 		headerLen(HeaderCommitTime, ct)
@@ -118,11 +118,10 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 	dst = binary.AppendVarint(dst, int64(size))
 	dst = append(dst, 0, 0) // attributes; timestampDelta: every record has the batch's timestamp
 	dst = binary.AppendVarint(dst, int64(i))
-	dst = appendBytes(dst, ev.AggregateID)
-	// A NULL payload is an empty value, never a null one: that would be a
-	// tombstone, which deletes the key from a compacted topic.
-	dst = binary.AppendVarint(dst, int64(len(ev.Payload)))
-	dst = append(dst, ev.Payload...)
+	// Key and value are never null: a NULL payload is an empty value, not a
+	// tombstone that log compaction would act on.
+	dst = appendValue(dst, ev.AggregateID)
+	dst = appendValue(dst, ev.Payload)
 	dst = binary.AppendVarint(dst, int64(nh))
 	dst = appendHeader(dst, HeaderID, ev.ID)
 	dst = appendHeader(dst, HeaderEventType, ev.EventType)
@@ -158,6 +157,9 @@ func bytesLen(b []byte) int {
 	return varintLen(int64(len(b))) + len(b)
 }
 
+// valueLen is the encoded size of b as a non-null field.
+func valueLen(b []byte) int { return varintLen(int64(len(b))) + len(b) }
+
 func headerLen(key string, value []byte) int {
 	return varintLen(int64(len(key))) + len(key) + bytesLen(value)
 }
@@ -166,6 +168,12 @@ func appendBytes(dst, b []byte) []byte {
 	if b == nil {
 		return binary.AppendVarint(dst, -1)
 	}
+	dst = binary.AppendVarint(dst, int64(len(b)))
+	return append(dst, b...)
+}
+
+// appendValue appends b as a non-null field, empty when b is nil.
+func appendValue(dst, b []byte) []byte {
 	dst = binary.AppendVarint(dst, int64(len(b)))
 	return append(dst, b...)
 }

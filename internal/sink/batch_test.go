@@ -70,7 +70,7 @@ func TestBatchEncoding(t *testing.T) {
 		case 1:
 			ev.Headers = []outbox.Header{{Key: "tenant", Value: []byte("acme")}, {Key: "null", Value: nil}}
 		case 2:
-			ev.Payload = nil // a NULL payload is a null value, not an empty one
+			ev.Payload = nil // a NULL payload is an empty value, not a null one (a tombstone)
 		case 3:
 			ev.Payload = []byte(strings.Repeat("x", 300)) // lengths past one varint byte
 		}
@@ -107,7 +107,7 @@ func TestBatchEncoding(t *testing.T) {
 					if r.OffsetDelta != int32(i) || r.TimestampDelta64 != 0 || r.Attributes != 0 {
 						t.Errorf("record %d: offsetDelta %d, timestampDelta %d, attributes %d", i, r.OffsetDelta, r.TimestampDelta64, r.Attributes)
 					}
-					if !bytes.Equal(r.Key, ev.AggregateID) || !bytes.Equal(r.Value, ev.Payload) || (r.Value == nil) != (ev.Payload == nil) {
+					if !bytes.Equal(r.Key, ev.AggregateID) || !bytes.Equal(r.Value, ev.Payload) || r.Key == nil || r.Value == nil {
 						t.Errorf("record %d: key %q value %q, want %q %q", i, r.Key, r.Value, ev.AggregateID, ev.Payload)
 					}
 					want := []kmsg.Header{

@@ -16,7 +16,13 @@ import (
 
 // BenchmarkSinkThroughput sends b.N events of about 300 bytes over 1,000 keys
 // into a 4-partition kfake topic and waits until Kafka acknowledged all of them.
-func BenchmarkSinkThroughput(b *testing.B) {
+func BenchmarkSinkThroughput(b *testing.B) { benchThroughput(b, false) }
+
+// BenchmarkSinkThroughputIdempotent is BenchmarkSinkThroughput with an
+// idempotent producer.
+func BenchmarkSinkThroughputIdempotent(b *testing.B) { benchThroughput(b, true) }
+
+func benchThroughput(b *testing.B, idempotent bool) {
 	const topic = "outbox.bench"
 	kafka := testenv.NewKafka(b, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	evs := make([]*outbox.Event, b.N)
@@ -30,7 +36,7 @@ func BenchmarkSinkThroughput(b *testing.B) {
 	}
 	acks := newAckLog(b.N)
 	m := metrics.New(prometheus.NewRegistry())
-	k := openSink(b, Config{Brokers: kafka.Brokers(), Topics: []string{topic}, Retry: fastRetry, Logger: zerolog.Nop(), Metrics: m})
+	k := openSink(b, Config{Brokers: kafka.Brokers(), Topics: []string{topic}, Retry: fastRetry, Idempotent: idempotent, Logger: zerolog.Nop(), Metrics: m})
 	b.SetBytes(int64(size / max(b.N, 1)))
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -150,10 +150,11 @@ func (c *Config) setDefaults() {
 }
 
 // Done reports the fate of one event given to Produce: err is nil once Kafka
-// acknowledged the event with acks=all, and otherwise the permanent failure (an
-// *outbox.EventError whose Code says why, e.g. "message_too_large",
-// "empty_key", "invalid_topic"); transient failures are retried, never
-// reported. It is called exactly once per event, unless the producer was closed
+// acknowledged the event with acks=all (ev.Partition and ev.Offset then say
+// where Kafka stored it, Offset -1 when the broker did not say), and otherwise
+// the permanent failure (an *outbox.EventError whose Code says why, e.g.
+// "message_too_large", "empty_key", "invalid_topic"); transient failures are
+// retried, never reported. It is called exactly once per event, unless the producer was closed
 // or halted first; events of one partition are reported in the order they were
 // produced. It runs on the producer's dispatcher goroutine (or inside Produce,
 // for a failure known at once), so no later event of the partition is sent

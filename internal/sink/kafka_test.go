@@ -1232,20 +1232,29 @@ func TestBrokerRejectsTemplatedTopic(t *testing.T) {
 	}
 }
 
-// TestCompression produces with every codec --compression offers and reads the
-// records back with franz-go: nothing is lost, reordered or altered.
+// TestCompression produces with every codec --compression offers, plain and
+// idempotent, and reads the records back with franz-go: nothing is lost,
+// reordered or altered, and events of the replication stream carry their
+// source position.
 func TestCompression(t *testing.T) {
 	t.Parallel()
+	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
 	for _, c := range []kafkago.Compression{kafkago.Gzip, kafkago.Snappy, kafkago.Lz4, kafkago.Zstd} {
-		t.Run(c.String(), func(t *testing.T) {
+		idempotent := c == kafkago.Snappy || c == kafkago.Zstd
+		t.Run(fmt.Sprintf("%s/idempotent=%v", c, idempotent), func(t *testing.T) {
 			t.Parallel()
 			const topic = "outbox.compressed"
 			kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 			evs := stream(20, 600)
+			for i, ev := range evs {
+				if i%2 == 0 {
+					ev.Origin, ev.Index = origin, uint32(i%7)
+				}
+			}
 			acks := newAckLog(len(evs))
 			k := openSink(t, Config{
 				Brokers: kf.Brokers(), Topics: []string{topic}, Retry: fastRetry, BatchMaxEvents: 100,
-				Compression: c, Logger: zerolog.Nop(),
+				Compression: c, Idempotent: idempotent, Logger: zerolog.Nop(),
 			})
 			sendAll(t, k, topic, evs, acks.ack)
 			acks.wait(t, 30*time.Second)
@@ -1263,6 +1272,13 @@ func TestCompression(t *testing.T) {
 				ev := byID[r.Headers[HeaderID]]
 				if ev == nil || string(r.Key) != string(ev.AggregateID) || string(r.Value) != string(ev.Payload) {
 					t.Fatalf("record %s/%d: key %q value %q does not match its event", r.Topic, r.Offset, r.Key, r.Value)
+				}
+				pos, ok := r.Headers[HeaderSource]
+				if ev.Origin == nil && ok || ev.Origin != nil && pos != string(ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index)) {
+					t.Fatalf("record %s/%d: %s header %q (present %v) for origin %v", r.Topic, r.Offset, HeaderSource, pos, ok, ev.Origin)
+				}
+				if ev.Partition != r.Partition || ev.Offset != r.Offset {
+					t.Fatalf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, ev.Partition, ev.Offset, r.Partition, r.Offset)
 				}
 			}
 		})

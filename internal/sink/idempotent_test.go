@@ -1,0 +1,478 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+const idemTopic = "outbox.idem"
+
+// idemRun is one producer on a kfake broker, for the delivery tests below.
+type idemRun struct {
+	kf   *testenv.Kafka
+	k    *Kafka
+	m    *metrics.Metrics
+	logs *testenv.Buffer
+	evs  []*outbox.Event
+	acks *ackLog
+}
+
+// startIdem starts a broker with partitions partitions and a producer with
+// small batches, so a stream takes many requests; evs events over 20 keys
+// are to be sent.
+func startIdem(t *testing.T, idempotent bool, partitions, events int, tweak func(*Config)) *idemRun {
+	t.Helper()
+	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: partitions, Topics: []string{idemTopic}})
+	testenv.RequireLocalKafka(t, kf)
+	r := &idemRun{kf: kf, m: metrics.New(prometheus.NewRegistry()), logs: &testenv.Buffer{}, evs: stream(20, events)}
+	r.acks = newAckLog(len(r.evs))
+	cfg := Config{
+		Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: idempotent,
+		Retry: fastRetry, RequestTimeout: 5 * time.Second, BatchMaxEvents: 10,
+		Logger: zerolog.New(r.logs), Metrics: r.m,
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	r.k = openSink(t, cfg)
+	if r.k.Idempotent() != idempotent {
+		t.Fatalf("Idempotent() = %v, want %v", r.k.Idempotent(), idempotent)
+	}
+	return r
+}
+
+// send produces evs in bursts, so that many requests go out.
+func (r *idemRun) send(t *testing.T, evs []*outbox.Event) {
+	t.Helper()
+	for i := 0; i < len(evs); i += 25 {
+		sendAll(t, r.k, idemTopic, evs[i:min(i+25, len(evs))], r.acks.ack)
+	}
+}
+
+// finish waits for every acknowledgement and reads the topic back. It fails t
+// when an event is missing from Kafka or was acknowledged other than once,
+// and returns the records and how many of them repeat an earlier id.
+func (r *idemRun) finish(t *testing.T) ([]testenv.Record, int) {
+	t.Helper()
+	r.acks.wait(t, 8*time.Second)
+	r.acks.checkExactlyOnce(t, r.evs)
+	recs := r.kf.MustReadAll(t, idemTopic)
+	seen := map[string]bool{}
+	dupes := 0
+	for _, rec := range recs {
+		id := rec.Headers[HeaderID]
+		if seen[id] {
+			dupes++
+		}
+		seen[id] = true
+	}
+	for _, ev := range r.evs {
+		if !seen[string(ev.ID)] {
+			t.Errorf("event %s acknowledged but not in Kafka", ev.ID)
+		}
+	}
+	return recs, dupes
+}
+
+// checkClean fails t unless Kafka holds every event exactly once, in order
+// per key, and each acknowledged event says where Kafka stored it.
+func (r *idemRun) checkClean(t *testing.T, recs []testenv.Record, dupes int) {
+	t.Helper()
+	if dupes != 0 || len(recs) != len(r.evs) {
+		t.Errorf("%d records for %d events, %d duplicates; want none", len(recs), len(r.evs), dupes)
+	}
+	checkOrder(t, recs)
+	at := map[string]testenv.Record{}
+	for _, rec := range recs {
+		at[rec.Headers[HeaderID]] = rec
+	}
+	for _, ev := range r.evs {
+		rec := at[string(ev.ID)]
+		if ev.Partition != rec.Partition || ev.Offset != rec.Offset {
+			t.Errorf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, ev.Partition, ev.Offset, rec.Partition, rec.Offset)
+		}
+	}
+}
+
+// cut closes the producer's connections, like a network failure, without
+// stopping new ones.
+func (t *connTracker) cut() {
+	t.mu.Lock()
+	conns := make([]net.Conn, 0, len(t.conns))
+	for c := range t.conns {
+		conns = append(conns, c.(*trackedConn).Conn)
+	}
+	t.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// onProduce makes fn see every produce request c gets, numbered from 1; fn
+// answers like a kfake control function.
+func onProduce(c *kfake.Cluster, fn func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool)) {
+	var mu sync.Mutex
+	n := 0
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		return fn(i, kreq.(*kmsg.ProduceRequest))
+	})
+}
+
+// every reports whether request n is one of the faulted ones: the 3rd,
+// 8th, 13th, ... up to the count-th.
+func every(n, count int) bool { return n >= 3 && (n-3)%5 == 0 && (n-3)/5 < count }
+
+// loseAnswers makes the broker append the chosen produce requests and the
+// producer lose their answers: its connections are cut while the broker
+// handles the request.
+func loseAnswers(r *idemRun, count int) {
+	onProduce(r.kf.Cluster(), func(n int, _ *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		if every(n, count) {
+			r.k.conns.cut()
+		}
+		return nil, nil, false // the broker handles (appends) it
+	})
+}
+
+// TestIdempotentResponseLost: the broker appends a batch but the producer
+// never gets the answer. The re-sent batch carries the same producer id and
+// sequence, so the broker acknowledges it without a second copy.
+func TestIdempotentResponseLost(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 4, 600, nil)
+	loseAnswers(r, 3)
+	r.send(t, r.evs)
+	recs, dupes := r.finish(t)
+	r.checkClean(t, recs, dupes)
+	if got := testutil.ToFloat64(r.m.UnknownFateResent); got == 0 {
+		t.Error("unknown_fate_resent_total = 0 after lost answers")
+	}
+	if got := testutil.ToFloat64(r.m.DeliveryFallbacks.WithLabelValues("producer_reset")); got != 0 {
+		t.Errorf("delivery_fallbacks_total{producer_reset} = %v, want 0", got)
+	}
+}
+
+// TestPlainResponseLostDuplicates is the positive control of
+// TestIdempotentResponseLost: without idempotence the same faults leave
+// duplicates in Kafka, so the test above can tell.
+func TestPlainResponseLostDuplicates(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, false, 4, 600, nil)
+	loseAnswers(r, 3)
+	r.send(t, r.evs)
+	_, dupes := r.finish(t)
+	if dupes == 0 {
+		t.Error("no duplicates without idempotence after lost answers: the fault did not happen")
+	}
+	if got := testutil.ToFloat64(r.m.UnknownFateResent); got == 0 {
+		t.Error("unknown_fate_resent_total = 0 after lost answers")
+	}
+}
+
+// TestIdempotentConnectionCut cuts the connection with a request in flight,
+// alternately before the broker looked at it (nothing appended) and while it
+// appends it.
+func TestIdempotentConnectionCut(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 4, 600, nil)
+	onProduce(r.kf.Cluster(), func(n int, _ *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		switch {
+		case !every(n, 6):
+		case n%2 == 0:
+			return nil, errors.New("cut"), true // kfake closes the connection unhandled
+		default:
+			r.k.conns.cut()
+		}
+		return nil, nil, false
+	})
+	r.send(t, r.evs)
+	recs, dupes := r.finish(t)
+	r.checkClean(t, recs, dupes)
+}
+
+// TestIdempotentSlowAcks holds chosen produce requests in the broker until
+// the producer has given up on them (its request timeout) and retried, and
+// only then lets the broker append them: the late copy and the retry are one.
+func TestIdempotentSlowAcks(t *testing.T) {
+	t.Parallel()
+	for _, idempotent := range []bool{true, false} {
+		t.Run(fmt.Sprint("idempotent=", idempotent), func(t *testing.T) {
+			t.Parallel()
+			r := startIdem(t, idempotent, 4, 400, func(c *Config) { c.RequestTimeout = 300 * time.Millisecond })
+			c := r.kf.Cluster()
+			onProduce(c, func(n int, _ *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+				if every(n, 2) {
+					retries := testutil.ToFloat64(r.m.ProduceRetries)
+					c.SleepControl(func() {
+						// Until the producer counted this attempt as failed.
+						for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+							if testutil.ToFloat64(r.m.ProduceRetries) > retries {
+								return
+							}
+						}
+					})
+				}
+				return nil, nil, false
+			})
+			r.send(t, r.evs)
+			recs, dupes := r.finish(t)
+			if idempotent {
+				r.checkClean(t, recs, dupes)
+			} else if dupes == 0 {
+				t.Error("no duplicates without idempotence after acks slower than the timeout: the fault did not happen")
+			}
+			if got := testutil.ToFloat64(r.m.UnknownFateResent); got == 0 {
+				t.Error("unknown_fate_resent_total = 0 after timeouts")
+			}
+		})
+	}
+}
+
+// TestIdempotentBrokerRestart loses the answer to a request the broker
+// appended, then restarts the broker on its data directory before the
+// re-send: the producer state the broker persisted recognises the batch.
+func TestIdempotentBrokerRestart(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 4, 600, nil)
+	chunk := len(r.evs) / 4
+	for round := 0; round < 3; round++ {
+		took := make(chan struct{})
+		var once sync.Once
+		onProduce(r.kf.Cluster(), func(int, *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+			once.Do(func() {
+				r.k.conns.cut()
+				close(took)
+			})
+			return nil, nil, false
+		})
+		r.send(t, r.evs[round*chunk:(round+1)*chunk])
+		select {
+		case <-took:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no produce request reached the broker")
+		}
+		r.kf.Stop()
+		if err := r.kf.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.send(t, r.evs[3*chunk:])
+	recs, dupes := r.finish(t)
+	r.checkClean(t, recs, dupes)
+	if got := testutil.ToFloat64(r.m.UnknownFateResent); got == 0 {
+		t.Error("unknown_fate_resent_total = 0: no answer was lost")
+	}
+}
+
+// TestIdempotentLeadershipMoves moves partition leaders between three brokers
+// while events flow: the producer follows them and the sequences stay valid.
+func TestIdempotentLeadershipMoves(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 4, 800, func(c *Config) {
+		c.Transport = &kafkago.Transport{MetadataTTL: 50 * time.Millisecond}
+	})
+	c := r.kf.Cluster()
+	for range 2 {
+		if _, _, err := c.AddNode(-1, 0); err != nil {
+			t.Fatalf("add broker: %v", err)
+		}
+	}
+	chunk := len(r.evs) / 8
+	for i := 0; i < 8; i++ {
+		r.send(t, r.evs[i*chunk:(i+1)*chunk])
+		if i%2 == 0 {
+			c.ShufflePartitionLeaders()
+		} else if err := c.MoveTopicPartition(idemTopic, int32(i%4), int32(i%3)); err != nil {
+			t.Fatalf("move partition: %v", err)
+		}
+	}
+	recs, dupes := r.finish(t)
+	r.checkClean(t, recs, dupes)
+	if got := testutil.ToFloat64(r.m.ProduceRetries); got == 0 {
+		t.Log("no retries: leadership moved between requests only")
+	}
+}
+
+// TestIdempotentSessionErrors answers a produce request with
+// UNKNOWN_PRODUCER_ID and a later one with OUT_OF_ORDER_SEQUENCE_NUMBER
+// (nothing appended): the producer gets a new producer id each time and
+// re-sends first what failed, so nothing is lost, duplicated or reordered.
+func TestIdempotentSessionErrors(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 4, 600, nil)
+	first := r.k.sess.id
+	var mu sync.Mutex
+	pids := map[int64]bool{}
+	onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err == nil {
+			mu.Lock()
+			pids[b.ProducerID] = true
+			mu.Unlock()
+		}
+		switch n {
+		case 3:
+			return produceError(req, kerr.UnknownProducerID.Code), nil, true
+		case 12:
+			return produceError(req, kerr.OutOfOrderSequenceNumber.Code), nil, true
+		}
+		return nil, nil, false
+	})
+	r.send(t, r.evs)
+	recs, dupes := r.finish(t)
+	r.checkClean(t, recs, dupes)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(pids) != 3 || !pids[first] {
+		t.Errorf("batches carried producer ids %v; want the first, %d, and two new ones", pids, first)
+	}
+	if n := strings.Count(r.logs.String(), "new idempotent producer session"); n != 2 {
+		t.Errorf("%d new sessions, want 2", n)
+	}
+	if got := testutil.ToFloat64(r.m.DeliveryFallbacks.WithLabelValues("producer_reset")); got != 0 {
+		t.Errorf("delivery_fallbacks_total{producer_reset} = %v, want 0: no batch had an unknown fate", got)
+	}
+}
+
+// TestIdempotentResetAfterUnknownFate: a batch's answer is lost after the
+// broker appended it, and its re-send meets UNKNOWN_PRODUCER_ID. The new
+// session cannot recognise the first copy, so the batch lands twice; the
+// producer says so in a warning and a metric.
+func TestIdempotentResetAfterUnknownFate(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 1, 100, nil)
+	onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		switch n {
+		case 3:
+			r.k.conns.cut()
+		case 4: // the re-send: one partition, one batch in flight
+			return produceError(req, kerr.UnknownProducerID.Code), nil, true
+		}
+		return nil, nil, false
+	})
+	r.send(t, r.evs)
+	_, dupes := r.finish(t)
+	if dupes == 0 {
+		t.Error("no duplicates: the fault did not happen")
+	}
+	if got := testutil.ToFloat64(r.m.DeliveryFallbacks.WithLabelValues("producer_reset")); got != 1 {
+		t.Errorf("delivery_fallbacks_total{producer_reset} = %v, want 1", got)
+	}
+	if n := strings.Count(r.logs.String(), "events may be duplicated"); n != 1 {
+		t.Errorf("%d warnings about duplicates, want 1", n)
+	}
+}
+
+// TestIdempotentDuplicateSequenceIsAck: when the broker answers a re-send
+// with DUPLICATE_SEQUENCE_NUMBER it holds the batch; the events are
+// acknowledged (offset unknown), not re-sent.
+func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
+	t.Parallel()
+	r := startIdem(t, true, 1, 100, nil)
+	var mu sync.Mutex
+	var dupBatch []string
+	onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		switch n {
+		case 3:
+			r.k.conns.cut()
+		case 4:
+			var b kmsg.RecordBatch
+			if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err == nil {
+				mu.Lock()
+				dupBatch = append(dupBatch, fmt.Sprint(b.NumRecords))
+				mu.Unlock()
+			}
+			return produceError(req, kerr.DuplicateSequenceNumber.Code), nil, true
+		}
+		return nil, nil, false
+	})
+	r.send(t, r.evs)
+	recs, dupes := r.finish(t)
+	if dupes != 0 || len(recs) != len(r.evs) {
+		t.Errorf("%d records for %d events, %d duplicates", len(recs), len(r.evs), dupes)
+	}
+	checkOrder(t, recs)
+	unknown := 0
+	for _, ev := range r.evs {
+		if ev.Offset < 0 {
+			unknown++
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dupBatch) != 1 || fmt.Sprint(unknown) != dupBatch[0] {
+		t.Errorf("%d events with an unknown offset; the duplicate batches had %v records", unknown, dupBatch)
+	}
+}
+
+// TestIdempotentUnavailableFallsBack: a broker that refuses a producer id
+// (here: not authorised) leaves the producer working without idempotence,
+// with one warning and a metric saying so.
+func TestIdempotentUnavailableFallsBack(t *testing.T) {
+	t.Parallel()
+	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
+	testenv.RequireLocalKafka(t, kf)
+	c := kf.Cluster()
+	c.ControlKey(int16(kmsg.InitProducerID), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		resp := kreq.ResponseKind().(*kmsg.InitProducerIDResponse)
+		resp.ErrorCode = kerr.ClusterAuthorizationFailed.Code
+		return resp, nil, true
+	})
+	var mu sync.Mutex
+	pids := map[int64]bool{}
+	onProduce(c, func(_ int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err == nil {
+			mu.Lock()
+			pids[b.ProducerID] = true
+			mu.Unlock()
+		}
+		return nil, nil, false
+	})
+	m := metrics.New(prometheus.NewRegistry())
+	logs := &testenv.Buffer{}
+	k := openSink(t, Config{Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: true, Retry: fastRetry, Logger: zerolog.New(logs), Metrics: m})
+	if k.Idempotent() {
+		t.Fatal("Idempotent() = true although the broker refused a producer id")
+	}
+	evs := stream(5, 50)
+	acks := newAckLog(len(evs))
+	sendAll(t, k, idemTopic, evs, acks.ack)
+	acks.wait(t, 8*time.Second)
+	acks.checkExactlyOnce(t, evs)
+	checkOrder(t, kf.MustReadAll(t, idemTopic))
+	if got := testutil.ToFloat64(m.DeliveryFallbacks.WithLabelValues("producer_id_unavailable")); got != 1 {
+		t.Errorf("delivery_fallbacks_total{producer_id_unavailable} = %v, want 1", got)
+	}
+	if n := strings.Count(logs.String(), "idempotence unavailable"); n != 1 {
+		t.Errorf("%d warnings about idempotence being unavailable, want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(pids) != 1 || !pids[-1] {
+		t.Errorf("batches carried producer ids %v, want only -1", pids)
+	}
+}
