@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 )
@@ -59,9 +60,7 @@ func (k *Kafka) producerID(ctx context.Context) (int64, int16, error) {
 	if !supported {
 		return 0, 0, &errNoProducerID{errors.New("the broker does not support InitProducerId (Kafka < 0.11)")}
 	}
-	// kafka-go sends a request with a transactional id through the
-	// coordinator of that id; an empty one reaches any broker.
-	m, err := k.transport.RoundTrip(ctx, k.addr, &initproducerid.Request{
+	m, err := k.transport.RoundTrip(ctx, k.addr, &anyBrokerInit{
 		TransactionTimeoutMs: -1, ProducerID: -1, ProducerEpoch: -1,
 	})
 	if err != nil {
@@ -211,3 +210,46 @@ func unknownFate(reqErr error, code kafka.Error, answered bool) bool {
 	}
 	return code == kafka.RequestTimedOut || code == kafka.NotEnoughReplicasAfterAppend
 }
+
+// anyBrokerInit is an InitProducerId request without a transactional id,
+// sent to any broker. kafka-go routes its own initproducerid.Request, which
+// has a Transaction method, through a FindCoordinator lookup, here with an
+// empty key, which a real broker may answer with COORDINATOR_NOT_AVAILABLE
+// (while it creates __transaction_state) or refuse under ACLs; an idempotent
+// producer's id comes from any broker. It is registered as an override type
+// of the API (as kafka-go's rawproduce is), with initproducerid.Request's
+// fields, so kafka-go encodes it by its own layout.
+type anyBrokerInit struct {
+	_                    struct{} `kafka:"min=v2,max=v4,tag"`
+	TransactionalID      string   `kafka:"min=v0,max=v4,nullable"`
+	TransactionTimeoutMs int32    `kafka:"min=v0,max=v4"`
+	ProducerID           int64    `kafka:"min=v3,max=v4"`
+	ProducerEpoch        int16    `kafka:"min=v3,max=v4"`
+}
+
+// anyBrokerInitOverride is anyBrokerInit's override key; kafka-go uses 0
+// for rawproduce, of another API.
+const anyBrokerInitOverride protocol.OverrideTypeKey = 1
+
+func init() {
+	protocol.RegisterOverride(&anyBrokerInit{}, &initproducerid.Response{}, anyBrokerInitOverride)
+}
+
+// ApiKey is InitProducerId's.
+func (r *anyBrokerInit) ApiKey() protocol.ApiKey { return protocol.InitProducerId }
+
+// TypeKey selects the override type.
+func (r *anyBrokerInit) TypeKey() protocol.OverrideTypeKey { return anyBrokerInitOverride }
+
+// Broker routes the request to any known broker.
+func (r *anyBrokerInit) Broker(c protocol.Cluster) (protocol.Broker, error) {
+	for _, b := range c.Brokers {
+		return b, nil
+	}
+	return protocol.Broker{}, errors.New("no broker known yet")
+}
+
+var (
+	_ protocol.BrokerMessage       = (*anyBrokerInit)(nil)
+	_ protocol.OverrideTypeMessage = (*anyBrokerInit)(nil)
+)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -474,5 +475,37 @@ func TestIdempotentUnavailableFallsBack(t *testing.T) {
 	defer mu.Unlock()
 	if len(pids) != 1 || !pids[-1] {
 		t.Errorf("batches carried producer ids %v, want only -1", pids)
+	}
+}
+
+// TestIdempotentNoCoordinatorLookup: the producer id of an idempotent
+// (non-transactional) producer comes from any broker; a FindCoordinator for
+// a transactional id, which a real broker may refuse or answer with
+// COORDINATOR_NOT_AVAILABLE, is never asked.
+func TestIdempotentNoCoordinatorLookup(t *testing.T) {
+	t.Parallel()
+	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
+	testenv.RequireLocalKafka(t, kf)
+	c := kf.Cluster()
+	var lookups, inits atomic.Int32
+	c.ControlKey(int16(kmsg.FindCoordinator), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lookups.Add(1)
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		inits.Add(1)
+		return nil, nil, false
+	})
+	k := openSink(t, Config{Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: true, Retry: fastRetry})
+	if !k.Idempotent() {
+		t.Fatal("Idempotent() = false")
+	}
+	if inits.Load() == 0 {
+		t.Fatal("no InitProducerId request reached the broker")
+	}
+	if n := lookups.Load(); n != 0 {
+		t.Fatalf("%d FindCoordinator requests for a producer id", n)
 	}
 }
