@@ -31,7 +31,8 @@ bench:
 
 # Fault injection: the built relay under SIGKILLs, Postgres restarts, network faults
 # (toxiproxy) and broker faults (kfake); prints faults, committed, lost, duplicated and
-# order violations per scenario and fails on any loss or order violation. Flags, e.g.
+# order violations per scenario and fails on any loss, order violation or duplicate the
+# scenario gives no reason for (effectively-once is the default). Flags, e.g.
 # `make chaos CHAOSFLAGS='-only sigkill -kills 50'`; `-list` names the scenarios.
 chaos:
 	$(GO) run ./cmd/cdc-relay-chaos $(CHAOSFLAGS)
