@@ -24,7 +24,8 @@ test:
 demo:
 	$(GO) run ./cmd/cdc-relay-demo
 
-# Throughput/latency benchmark: bare reader vs relay vs poller, in one run.
+# Throughput/latency benchmark: bare reader vs relay (effectively-once and at-least-once,
+# alternating) vs poller, in one run, plus start-up reconciliation after kill -9.
 # Results go to bench/results/; e.g. `make bench BENCHFLAGS=-quick` for a smoke check.
 bench:
 	$(GO) run ./bench/cmd/bench $(BENCHFLAGS)
