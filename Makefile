@@ -24,14 +24,16 @@ test:
 demo:
 	$(GO) run ./cmd/cdc-relay-demo
 
-# Throughput/latency benchmark: bare reader vs relay vs poller, in one run.
+# Throughput/latency benchmark: bare reader vs relay (effectively-once and at-least-once,
+# alternating) vs poller, in one run, plus start-up reconciliation after kill -9.
 # Results go to bench/results/; e.g. `make bench BENCHFLAGS=-quick` for a smoke check.
 bench:
 	$(GO) run ./bench/cmd/bench $(BENCHFLAGS)
 
 # Fault injection: the built relay under SIGKILLs, Postgres restarts, network faults
 # (toxiproxy) and broker faults (kfake); prints faults, committed, lost, duplicated and
-# order violations per scenario and fails on any loss or order violation. Flags, e.g.
+# order violations per scenario and fails on any loss, order violation or duplicate the
+# scenario gives no reason for (effectively-once is the default). Flags, e.g.
 # `make chaos CHAOSFLAGS='-only sigkill -kills 50'`; `-list` names the scenarios.
 chaos:
 	$(GO) run ./cmd/cdc-relay-chaos $(CHAOSFLAGS)

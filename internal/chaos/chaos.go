@@ -1,6 +1,9 @@
 // Package chaos runs the built cdc-relay binary through injected faults and
 // checks the delivery guarantee after each: nothing committed lost, per-key
-// order kept (duplicates are allowed after a fault, and counted).
+// order kept, and no duplicates unless the scenario names why the guarantee
+// lets it have some (Scenario.DuplicatesReason: it runs --delivery
+// at-least-once, or injects a fault the README's guarantee names as
+// degrading effectively-once to at-least-once).
 //
 // Every scenario gets its own database, slot, topic and Kafka broker(s) on a
 // Postgres cluster the Env shares between scenarios. It starts the relay,
@@ -109,6 +112,9 @@ type Result struct {
 	Duration   time.Duration
 	// Notes say what happened: timings, reconnects, the writer's view.
 	Notes []string
+	// DuplicatesReason is the scenario's: why duplicates are expected, or ""
+	// when there must be none.
+	DuplicatesReason string
 	// Samples are the first problems found, for diagnosis.
 	Samples []string
 	// Err is set when the scenario could not run to the end or the relay
@@ -121,13 +127,23 @@ type Result struct {
 	LogFile string
 }
 
-// Failed reports whether the scenario broke the delivery guarantee, did not
-// inject its faults, or did not run to the end.
+// Failed reports whether the scenario broke the delivery guarantee (lost an
+// event, broke per-key order, delivered something not committed, or
+// delivered duplicates it has no DuplicatesReason for), did not inject its
+// faults, or did not run to the end.
 func (r Result) Failed() bool {
 	if r.Skipped != "" {
 		return false
 	}
-	return r.Err != nil || r.Lost > 0 || r.OrderViolations > 0 || r.Unexpected > 0 || r.Faults < r.MinFaults
+	return r.Err != nil || r.Lost > 0 || r.OrderViolations > 0 || r.Unexpected > 0 || r.Faults < r.MinFaults ||
+		r.UnexplainedDuplicates()
+}
+
+// UnexplainedDuplicates reports whether the scenario delivered duplicates
+// though it has no reason to: with the default effectively-once delivery and
+// a fault the guarantee covers, every event is in Kafka once.
+func (r Result) UnexplainedDuplicates() bool {
+	return r.Duplicated > 0 && r.DuplicatesReason == ""
 }
 
 // Scenario is one kind of fault, injected while the load runs.
@@ -137,6 +153,11 @@ type Scenario struct {
 	Fault string
 	// MinFaults is how many faults a run injects at least.
 	MinFaults int
+	// DuplicatesReason says why this scenario may deliver an event more than
+	// once: it runs --delivery at-least-once, or its fault is one the
+	// README's "The delivery guarantee" names as degrading effectively-once
+	// to at-least-once. Empty means duplicates fail the scenario.
+	DuplicatesReason string
 
 	size       size
 	kafka      kafkaKind
@@ -236,7 +257,7 @@ func BuildRelay(ctx context.Context, dir string, race bool) (string, error) {
 // Result (Err, Lost, …).
 func (e *Env) Run(ctx context.Context, s Scenario) Result {
 	start := time.Now()
-	res := Result{Scenario: s.Name, MinFaults: s.MinFaults, Seed: e.opts.Seed}
+	res := Result{Scenario: s.Name, MinFaults: s.MinFaults, DuplicatesReason: s.DuplicatesReason, Seed: e.opts.Seed}
 	switch {
 	case s.localPG && e.pg.External():
 		res.Skipped = "needs a local Postgres it can restart (" + testenv.EnvPGURL + " is set)"
@@ -291,7 +312,9 @@ func (r Result) RelayLog(n int) string {
 }
 
 // WriteTable prints results as an aligned table: scenario, faults,
-// committed, lost, duplicated, order violations, time and notes.
+// committed, lost, duplicated, order violations, time and notes. The notes
+// start with why duplicates are expected, for a scenario that says so, or
+// with UNEXPLAINED DUPLICATES when it has some and no reason.
 func WriteTable(w io.Writer, results []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tfaults\tcommitted\tlost\tduplicated\torder violations\ttime\tnotes")
@@ -301,6 +324,12 @@ func WriteTable(w io.Writer, results []Result) error {
 			continue
 		}
 		notes := strings.Join(r.Notes, "; ")
+		switch {
+		case r.DuplicatesReason != "":
+			notes = "duplicates expected: " + r.DuplicatesReason + "; " + notes
+		case r.Duplicated > 0:
+			notes = fmt.Sprintf("%d UNEXPLAINED DUPLICATES (effectively-once); %s", r.Duplicated, notes)
+		}
 		if r.Faults < r.MinFaults {
 			notes = fmt.Sprintf("FEWER FAULTS THAN PLANNED (%d); %s", r.MinFaults, notes)
 		}

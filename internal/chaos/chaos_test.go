@@ -82,8 +82,10 @@ func testMain(m *testing.M) int {
 }
 
 // TestScenarios runs every scenario against the built relay: no committed
-// event may be lost, per-key order must hold, and each scenario must have
-// injected the faults it planned (and seen them take effect).
+// event may be lost, per-key order must hold, no event may be duplicated
+// unless the scenario names why (Scenario.DuplicatesReason), and each
+// scenario must have injected the faults it planned (and seen them take
+// effect).
 func TestScenarios(t *testing.T) {
 	t.Logf("seed %d (rerun with %s=%d)", env.Options().Seed, EnvSeed, env.Options().Seed)
 	for _, s := range chaos.Scenarios(env.Options()) {
@@ -107,6 +109,9 @@ func TestScenarios(t *testing.T) {
 			}
 			if res.OrderViolations != 0 {
 				t.Errorf("%d per-key order violations", res.OrderViolations)
+			}
+			if res.UnexplainedDuplicates() {
+				t.Errorf("%d duplicates with effectively-once delivery and no reason the guarantee names", res.Duplicated)
 			}
 			if res.Unexpected != 0 {
 				t.Errorf("%d records not committed or not as committed", res.Unexpected)

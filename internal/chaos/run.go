@@ -212,6 +212,7 @@ func (r *run) relayArgs() []string {
 		{"--status-interval", "200ms"},
 		{"--retry-cap", "1s"},
 		{"--relay-name", "chaos"},
+		{"--delivery", "effectively-once"}, // the default, named so the log says it
 	}
 	extra := r.sc.relayArgs
 	for i := 0; i+1 < len(extra); i += 2 {

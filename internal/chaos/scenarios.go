@@ -47,6 +47,14 @@ func Scenarios(opts Options) []Scenario {
 			inject:    injectKills,
 		},
 		{
+			Name:             "sigkill-loop-at-least-once",
+			Fault:            fmt.Sprintf("as sigkill-loop, with --delivery at-least-once: SIGKILL the relay %d times, 100-600ms after each start", o.Kills),
+			MinFaults:        o.Kills,
+			DuplicatesReason: "--delivery at-least-once: after each kill, events sent but not yet checkpointed are sent again",
+			relayArgs:        []string{"--delivery", "at-least-once"},
+			inject:           injectKills,
+		},
+		{
 			Name:      "pg-restart-immediate",
 			Fault:     fmt.Sprintf("restart Postgres with pg_ctl -m immediate (a crash) %d times mid-stream", n),
 			MinFaults: n, localPG: true,

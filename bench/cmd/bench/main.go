@@ -72,6 +72,8 @@ func runBench(ctx context.Context, args []string) error {
 	pollerBatch := fs.Int("poller-batch", 1000, "rows per poller round")
 	pollerIdle := fs.Duration("poller-idle", 100*time.Millisecond, "poller sleep after a round that found nothing")
 	partitions := fs.Int("partitions", 8, "partitions of every topic")
+	rounds := fs.Int("delivery-rounds", 2, "relay drains and latency runs per --delivery mode (effectively-once and at-least-once, alternating)")
+	reconcile := fs.String("reconcile-partitions", "8,256", "partition counts of the topics the relay drains into, is killed -9 mid-drain and restarted (start-up reconciliation); \"\" skips it")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 2s; 0: never wait)")
 	chartOnly := fs.String("chart-only", "", "only redraw the chart of this results JSON (next to it, as .png)")
@@ -107,6 +109,12 @@ func runBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	var reconcileList []int
+	if strings.TrimSpace(*reconcile) != "" {
+		if reconcileList, err = parseCounts("-reconcile-partitions", *reconcile); err != nil {
+			return err
+		}
+	}
 	switch {
 	case *events <= 0:
 		return errors.New("-events must be positive")
@@ -120,6 +128,8 @@ func runBench(ctx context.Context, args []string) error {
 		return errors.New("-poller-batch must be positive")
 	case *partitions <= 0:
 		return errors.New("-partitions must be positive")
+	case *rounds <= 0:
+		return errors.New("-delivery-rounds must be positive")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -134,6 +144,7 @@ func runBench(ctx context.Context, args []string) error {
 	res, err := runner.Run(ctx, runner.Config{
 		Events: *events, Aggregates: *aggregates, TxnSize: *txnSize, Payload: *payload,
 		Rates: rateList, Duration: *duration, Quick: *quick,
+		DeliveryRounds: *rounds, ReconcilePartitions: reconcileList,
 		PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, Partitions: *partitions, QuietWait: *quietWait,
 		RelayBin: *relayBin, Self: self, Out: os.Stdout,
 	})
@@ -173,6 +184,23 @@ func parseRates(s string) ([]int, error) {
 	}
 	if len(out) == 0 {
 		return nil, errors.New("-rates: give at least one rate")
+	}
+	return out, nil
+}
+
+// parseCounts parses the comma-separated positive numbers of flag.
+func parseCounts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%s: %q is not a positive number", flag, f)
+		}
+		out = append(out, n)
 	}
 	return out, nil
 }

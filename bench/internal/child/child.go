@@ -40,6 +40,10 @@ type Options struct {
 	Path string   // executable
 	Args []string // without the program name
 	Dir  string   // working directory; "" is the current one
+	// Stderr, when set, also receives everything the child writes to its
+	// stderr (the last lines are kept for errors either way). It is written
+	// from one goroutine at a time.
+	Stderr io.Writer
 }
 
 // Process is a started child. Its stdout is delivered line by line on Lines;
@@ -70,6 +74,9 @@ func Start(opts Options) (*Process, error) {
 		done:   make(chan struct{}),
 	}
 	cmd.Stderr = p.stderr
+	if opts.Stderr != nil {
+		cmd.Stderr = io.MultiWriter(p.stderr, opts.Stderr)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", opts.Name, err)
@@ -203,6 +210,22 @@ func (p *Process) Stop(grace time.Duration) (Usage, error) {
 	_ = p.cmd.Process.Kill()
 	<-p.done
 	return p.Usage(), fmt.Errorf("%s did not stop within %s of SIGTERM and was killed%s", p.name, grace, p.quoteStderr())
+}
+
+// Kill sends SIGKILL (kill -9) and waits until the child was reaped; it
+// returns the child's usage. Killing an exited child only reports.
+func (p *Process) Kill() (Usage, error) {
+	select {
+	case <-p.done:
+		return p.Usage(), nil
+	default:
+	}
+	p.readHWM()
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return Usage{}, fmt.Errorf("kill %s: %w", p.name, err)
+	}
+	<-p.done
+	return p.Usage(), nil
 }
 
 // Wait waits up to timeout for the child to exit by itself, then stops it as

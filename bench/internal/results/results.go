@@ -15,6 +15,12 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
 )
 
+// The relay's --delivery modes the benchmark compares.
+const (
+	EffectivelyOnce = "effectively-once"
+	AtLeastOnce     = "at-least-once"
+)
+
 // Results is one run.
 type Results struct {
 	Started time.Time `json:"started"`
@@ -29,8 +35,17 @@ type Results struct {
 	// faster of them.
 	LimitRuns []Drain `json:"limit_runs"`
 	Limit     Drain   `json:"limit"`
+	// RelayRuns are the relay's drains in the order they ran: each round
+	// drains once with --delivery effectively-once, then at-least-once.
+	// Relay is the faster effectively-once drain (the default mode).
+	RelayRuns []Drain `json:"relay_runs,omitempty"`
 	Relay     Drain   `json:"relay"`
 	Poller    Drain   `json:"poller"`
+	// Delivery compares the relay's two delivery modes (Evaluate fills it).
+	Delivery Delivery `json:"delivery"`
+	// Reconcile is the relay's start-up reconciliation after a kill -9 in
+	// the middle of a drain, per topic partition count.
+	Reconcile []Reconcile `json:"reconcile,omitempty"`
 
 	Latency []Latency `json:"latency"`
 	Verify  []Verify  `json:"verify"`
@@ -66,11 +81,19 @@ type Config struct {
 	// measurement.
 	QuietWaitSeconds float64           `json:"quiet_wait_seconds"`
 	PGSettings       map[string]string `json:"pg_settings"`
+	// DeliveryRounds is how often the relay's drain and latency runs ran in
+	// each delivery mode, alternating (ABAB).
+	DeliveryRounds int `json:"delivery_rounds"`
+	// ReconcilePartitions are the partition counts of the kill -9 runs.
+	ReconcilePartitions []int `json:"reconcile_partitions,omitempty"`
 }
 
 // Drain is one drain of the backlog by one consumer of it.
 type Drain struct {
-	Name          string  `json:"name"`
+	Name string `json:"name"`
+	// Delivery and Round name a relay drain's --delivery mode and round.
+	Delivery      string  `json:"delivery,omitempty"`
+	Round         int     `json:"round,omitempty"`
 	Events        int     `json:"events"`
 	Seconds       float64 `json:"seconds"` // process start → last event done
 	Rate          float64 `json:"rate"`    // events per second
@@ -120,7 +143,10 @@ func (d *Drain) Fill() {
 
 // Latency is one steady-load run.
 type Latency struct {
-	System       string  `json:"system"` // reader, relay or poller
+	System string `json:"system"` // reader, relay or poller
+	// Delivery and Round name a relay run's --delivery mode and round.
+	Delivery     string  `json:"delivery,omitempty"`
+	Round        int     `json:"round,omitempty"`
 	Rate         int     `json:"offered_rate"`
 	TxnSize      int     `json:"txn_size"`
 	Committed    int     `json:"committed"`
@@ -157,6 +183,55 @@ type Verify struct {
 	Missing         int    `json:"missing"`
 	OrderViolations int    `json:"order_violations"`
 	OK              bool   `json:"ok"`
+}
+
+// Delivery compares the relay's --delivery modes. Each mode's figure is its
+// best of the rounds (the faster drain, the latency run with the lower p99),
+// as the limit is the faster of the two bare-reader runs: noise from the
+// machine only ever slows a run down.
+type Delivery struct {
+	Rounds int `json:"rounds"`
+	// Drain rates, events/s, of each mode's best drain and every round's.
+	EffectivelyOnceRate  float64           `json:"effectively_once_rate"`
+	AtLeastOnceRate      float64           `json:"at_least_once_rate"`
+	EffectivelyOnceRates []float64         `json:"effectively_once_rates"`
+	AtLeastOnceRates     []float64         `json:"at_least_once_rates"`
+	RateRatio            float64           `json:"rate_ratio"` // effectively-once / at-least-once
+	Latency              []DeliveryLatency `json:"latency"`
+}
+
+// DeliveryLatency compares the modes at one offered load.
+type DeliveryLatency struct {
+	Rate int `json:"offered_rate"`
+	// p50 and p99 of each mode's run with the lower p99, in ms, and every
+	// round's p99.
+	EffectivelyOnceP50  float64   `json:"effectively_once_p50_ms"`
+	EffectivelyOnceP99  float64   `json:"effectively_once_p99_ms"`
+	AtLeastOnceP50      float64   `json:"at_least_once_p50_ms"`
+	AtLeastOnceP99      float64   `json:"at_least_once_p99_ms"`
+	EffectivelyOnceP99s []float64 `json:"effectively_once_p99s_ms"`
+	AtLeastOnceP99s     []float64 `json:"at_least_once_p99s_ms"`
+	// P99DiffMs is effectively-once p99 − at-least-once p99.
+	P99DiffMs float64 `json:"p99_diff_ms"`
+}
+
+// Reconcile is one kill -9 of the relay (effectively-once) in the middle of
+// a drain into a topic of TopicPartitions partitions, and its restart.
+type Reconcile struct {
+	TopicPartitions int `json:"topic_partitions"`
+	Events          int `json:"events"`
+	// KilledAfter is how many events Kafka had acknowledged when the relay
+	// was killed (its metric, read just before the kill).
+	KilledAfter int `json:"killed_after_acked"`
+	// From the restarted relay's "reconciled N partitions in X ms, K events
+	// already in Kafka" log line.
+	Partitions     int   `json:"partitions"`
+	DurationMs     int64 `json:"duration_ms"`
+	AlreadyInKafka int   `json:"already_in_kafka"`
+	// ReadySeconds is restart → /readyz answered 200 (polled every 50 ms).
+	ReadySeconds float64 `json:"ready_seconds"`
+	// Verify is the topic after the restarted relay finished the drain.
+	Verify Verify `json:"verify"`
 }
 
 // Ratios compare the systems.
@@ -214,12 +289,11 @@ func (r *Results) Evaluate() {
 	peak := max(r.Relay.PeakRSSBytes, q.RelayLatencyPeakRSS)
 	p99 := "not measured (no 1000/s rate)"
 	p99ok, p99na := false, true
-	for _, l := range r.Latency {
-		if l.System == "relay" && l.Rate == 1000 {
-			p99 = fmt.Sprintf("p99 %.2f ms", l.P99)
-			p99ok, p99na = l.Samples > 0 && l.P99 <= 10, false
-		}
+	if l, ok := r.LatencyOf("relay", 1000); ok {
+		p99 = fmt.Sprintf("p99 %.2f ms", l.P99)
+		p99ok, p99na = l.Samples > 0 && l.P99 <= 10, false
 	}
+	r.evaluateDelivery()
 	r.Targets = []Target{
 		{Name: "drain ≥ 0.7 × limit", Got: fmt.Sprintf("relay/limit %.2f", q.RelayOverLimitRate), Pass: q.RelayOverLimitRate >= 0.7},
 		{Name: "relay CPU/event ≤ 1.3 × reader's", Got: fmt.Sprintf("ratio %.2f (%.2f vs %.2f µs)", q.RelayOverReaderCPU, r.Relay.CPUPerEventUS, r.Limit.CPUPerEventUS), Pass: q.RelayOverReaderCPU > 0 && q.RelayOverReaderCPU <= 1.3},
@@ -229,6 +303,101 @@ func (r *Results) Evaluate() {
 		{Name: "≤ 0.5 × poller PG CPU per event", Got: fmt.Sprintf("relay/poller %.2f (%.2f vs %.2f µs; the bare reader's walsender alone: %.2f)", q.RelayOverPollerPGCPU, r.Relay.PGCPUPerEventUS, r.Poller.PGCPUPerEventUS, q.LimitOverPollerPGCPU), Pass: r.Poller.PGCPUPerEventUS > 0 && q.RelayOverPollerPGCPU <= 0.5},
 		{Name: "no extra WAL for the relay", Got: fmt.Sprintf("%s during the drain, allowance %s (%d checkpoint saves)", bytesStr(r.Relay.WALBytes), bytesStr(q.RelayWALAllowance), r.Relay.CheckpointSaves), Pass: r.Relay.WALBytes <= q.RelayWALAllowance},
 	}
+	r.Targets = append(r.Targets, r.deliveryTargets()...)
+}
+
+// evaluateDelivery fills Delivery from RelayRuns and the relay's latency runs.
+func (r *Results) evaluateDelivery() {
+	d := Delivery{Rounds: r.Config.DeliveryRounds}
+	for _, run := range r.RelayRuns {
+		switch run.Delivery {
+		case EffectivelyOnce:
+			d.EffectivelyOnceRates = append(d.EffectivelyOnceRates, run.Rate)
+		case AtLeastOnce:
+			d.AtLeastOnceRates = append(d.AtLeastOnceRates, run.Rate)
+		}
+	}
+	eo, _ := r.BestDrain(EffectivelyOnce)
+	alo, _ := r.BestDrain(AtLeastOnce)
+	d.EffectivelyOnceRate, d.AtLeastOnceRate = eo.Rate, alo.Rate
+	if alo.Rate > 0 {
+		d.RateRatio = eo.Rate / alo.Rate
+	}
+	for _, rate := range r.Config.Rates {
+		e, eok := r.BestLatency("relay", EffectivelyOnce, rate)
+		a, aok := r.BestLatency("relay", AtLeastOnce, rate)
+		if !eok || !aok {
+			continue
+		}
+		dl := DeliveryLatency{Rate: rate, EffectivelyOnceP50: e.P50, EffectivelyOnceP99: e.P99,
+			AtLeastOnceP50: a.P50, AtLeastOnceP99: a.P99, P99DiffMs: e.P99 - a.P99}
+		for _, l := range r.Latency {
+			if l.System != "relay" || l.Rate != rate || l.Samples == 0 {
+				continue
+			}
+			switch l.Delivery {
+			case EffectivelyOnce:
+				dl.EffectivelyOnceP99s = append(dl.EffectivelyOnceP99s, l.P99)
+			case AtLeastOnce:
+				dl.AtLeastOnceP99s = append(dl.AtLeastOnceP99s, l.P99)
+			}
+		}
+		d.Latency = append(d.Latency, dl)
+	}
+	r.Delivery = d
+}
+
+// deliveryTargets are the issue's targets for effectively-once against
+// at-least-once: drain rate ≥ 0.95 ×, p99 within 1 ms at every load.
+func (r *Results) deliveryTargets() []Target {
+	d := r.Delivery
+	if d.AtLeastOnceRate == 0 {
+		return []Target{{Name: "eo drain ≥ 0.95 × at-least-once", Got: "not measured (no at-least-once drain)", NA: true}}
+	}
+	out := []Target{{
+		Name: "eo drain ≥ 0.95 × at-least-once",
+		Got:  fmt.Sprintf("ratio %.3f (%.0f vs %.0f ev/s)", d.RateRatio, d.EffectivelyOnceRate, d.AtLeastOnceRate),
+		Pass: d.RateRatio >= 0.95,
+	}}
+	for _, l := range d.Latency {
+		out = append(out, Target{
+			Name: "eo p99 ≤ at-least-once + 1 ms @" + rateLabel(l.Rate),
+			Got:  fmt.Sprintf("%+.2f ms (p99 %.2f vs %.2f ms)", l.P99DiffMs, l.EffectivelyOnceP99, l.AtLeastOnceP99),
+			Pass: l.P99DiffMs <= 1,
+		})
+	}
+	return out
+}
+
+// BestDrain returns the faster relay drain in the delivery mode.
+func (r *Results) BestDrain(delivery string) (Drain, bool) {
+	var best Drain
+	found := false
+	for _, d := range r.RelayRuns {
+		if d.Delivery == delivery && (!found || d.Rate > best.Rate) {
+			best, found = d, true
+		}
+	}
+	return best, found
+}
+
+// BestLatency returns, of system's runs at rate in the delivery mode, the one
+// with the lowest p99 among those with samples (or the first, when none has
+// any). A run without a mode (the reader, the poller, the relay of results
+// from before the modes were compared) matches any mode.
+func (r *Results) BestLatency(system, delivery string, rate int) (Latency, bool) {
+	var best Latency
+	found := false
+	for _, l := range r.Latency {
+		if l.System != system || l.Rate != rate || (l.Delivery != "" && l.Delivery != delivery) {
+			continue
+		}
+		better := !found || (l.Samples > 0 && (best.Samples == 0 || l.P99 < best.P99))
+		if better {
+			best, found = l, true
+		}
+	}
+	return best, found
 }
 
 // Save writes r as indented JSON to path.
@@ -256,14 +425,10 @@ func Load(path string) (*Results, error) {
 	return &r, nil
 }
 
-// LatencyOf returns the run of system at rate.
+// LatencyOf returns the run of system at rate; for the relay, the best
+// effectively-once run (see BestLatency), the default mode's.
 func (r *Results) LatencyOf(system string, rate int) (Latency, bool) {
-	for _, l := range r.Latency {
-		if l.System == system && l.Rate == rate {
-			return l, true
-		}
-	}
-	return Latency{}, false
+	return r.BestLatency(system, EffectivelyOnce, rate)
 }
 
 // Print writes the table, the ratios, the verification and the targets.
@@ -277,11 +442,11 @@ func (r *Results) Print(w io.Writer) {
 		header = append(header, label)
 	}
 	header = append(header, "peak RSS")
-	row := func(name, system string, d Drain) []string {
+	row := func(name, system, delivery string, d Drain) []string {
 		cells := []string{name, fmt.Sprintf("%.0f", d.Rate), fmt.Sprintf("%.2f", d.CPUPerEventUS),
 			fmt.Sprintf("%.2f", d.PGCPUPerEventUS), fmt.Sprintf("%.1f", d.WALPerEvent)}
 		for _, rate := range r.Config.Rates {
-			l, ok := r.LatencyOf(system, rate)
+			l, ok := r.BestLatency(system, delivery, rate)
 			if !ok || l.Samples == 0 {
 				cells = append(cells, "-")
 				continue
@@ -290,19 +455,23 @@ func (r *Results) Print(w io.Writer) {
 		}
 		return append(cells, mib(d.PeakRSSBytes))
 	}
-	writeTable(w, [][]string{
-		header,
-		row("bare reader (limit)", "reader", r.Limit),
-		row("relay", "relay", r.Relay),
-		row("poller", "poller", r.Poller),
-	})
+	rows := [][]string{header, row("bare reader (limit)", "reader", "", r.Limit)}
+	if alo, ok := r.BestDrain(AtLeastOnce); ok {
+		rows = append(rows, row("relay effectively-once", "relay", EffectivelyOnce, r.Relay),
+			row("relay at-least-once", "relay", AtLeastOnce, alo))
+	} else {
+		rows = append(rows, row("relay", "relay", EffectivelyOnce, r.Relay))
+	}
+	writeTable(w, append(rows, row("poller", "poller", "", r.Poller)))
 	q := r.Ratios
 	fmt.Fprintf(w, "relay/limit = %.2f   relay CPU/reader CPU = %.2f   relay vs poller (relay/poller): rate %.2f×, PG CPU/ev %.2f×, WAL/ev %.4f×, own CPU/ev %.2f×\n",
 		q.RelayOverLimitRate, q.RelayOverReaderCPU, q.RelayOverPollerRate, q.RelayOverPollerPGCPU, q.RelayOverPollerWAL, q.RelayOverPollerCPU)
 
+	r.printDelivery(w)
+
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "drains (process start → last event done; CPU = the process's utime+stime; PG = all server processes):")
-	for _, d := range append(append([]Drain{}, r.LimitRuns...), r.Relay, r.Poller) {
+	for _, d := range r.drains() {
 		extra := ""
 		if d.CheckpointSaves > 0 {
 			extra = fmt.Sprintf(", %d checkpoint saves, %d produce requests of %.1f events", d.CheckpointSaves, d.ProduceRequests, d.MeanBatch)
@@ -315,8 +484,12 @@ func (r *Results) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w, "latency (relay, poller: commit_time header → record received by a kgo consumer, i.e. commit → consumer-visible, ≥ commit → ack; reader: commit → decoded, alone):")
 	for _, l := range r.Latency {
+		system := l.System
+		if l.Delivery != "" {
+			system = fmt.Sprintf("%s %s #%d", l.System, l.Delivery, l.Round)
+		}
 		fmt.Fprintf(w, "  %-6s offered %6d ev/s (%2d ev/txn): achieved %8.0f ev/s, %7d committed, %7d received, %d missing; p50 %s p99 %s max %s ms over %d samples\n",
-			l.System, l.Rate, l.TxnSize, l.AchievedRate, l.Committed, l.Received, l.Missing, ms(l.P50), ms(l.P99), ms(l.Max), l.Samples)
+			system, l.Rate, l.TxnSize, l.AchievedRate, l.Committed, l.Received, l.Missing, ms(l.P50), ms(l.P99), ms(l.Max), l.Samples)
 		fmt.Fprintf(w, "         CPU %.2f µs/ev (%s process), Postgres %.2f µs/ev (%s; backends do the inserts); other processes took %.0f%% of the machine\n",
 			l.CPUPerEventUS, l.System, l.PGCPUPerEventUS, byProcess(l.PGByProcess), 100*l.ForeignShare)
 		if l.ProduceRequests > 0 {
@@ -330,7 +503,7 @@ func (r *Results) Print(w io.Writer) {
 		if !v.OK {
 			status = "FAILED"
 		}
-		fmt.Fprintf(w, "  %-6s %-14s %s: %d records, %d unique, %d duplicates, %d missing, %d per-key order violations\n",
+		fmt.Fprintf(w, "  %-29s %-18s %s: %d records, %d unique, %d duplicates, %d missing, %d per-key order violations\n",
 			v.System, v.Topic, status, v.Records, v.Unique, v.Duplicates, v.Missing, v.OrderViolations)
 	}
 	fmt.Fprintln(w, "targets:")
@@ -345,7 +518,7 @@ func (r *Results) Print(w io.Writer) {
 		fmt.Fprintf(w, "  %s  %-34s %s\n", mark, t.Name, t.Got)
 	}
 	var foreign, capacity float64
-	for _, d := range append(append([]Drain{}, r.LimitRuns...), r.Relay, r.Poller) {
+	for _, d := range r.drains() {
 		foreign += d.ForeignCPUSeconds
 		capacity += d.WindowSeconds * float64(r.Host.CPUs)
 	}
@@ -359,6 +532,63 @@ func (r *Results) Print(w io.Writer) {
 			fmt.Fprintf(w, "  - %s\n", n)
 		}
 	}
+}
+
+// drains are every drain of the run in the order they ran: the bare reader
+// before, the relay's runs, the reader after, the poller. Results from
+// before the delivery modes were compared have Relay only.
+func (r *Results) drains() []Drain {
+	var out []Drain
+	if len(r.LimitRuns) > 0 {
+		out = append(out, r.LimitRuns[0])
+	}
+	if len(r.RelayRuns) > 0 {
+		out = append(out, r.RelayRuns...)
+	} else {
+		out = append(out, r.Relay)
+	}
+	if len(r.LimitRuns) > 1 {
+		out = append(out, r.LimitRuns[1:]...)
+	}
+	return append(out, r.Poller)
+}
+
+// printDelivery prints the delivery modes side by side and the start-up
+// reconciliation after kill -9.
+func (r *Results) printDelivery(w io.Writer) {
+	d := r.Delivery
+	if d.AtLeastOnceRate > 0 {
+		fmt.Fprintf(w, "\ndelivery modes (the relay drained and ran the loads %d× per mode, alternating effectively-once, at-least-once; each mode's best run):\n", d.Rounds)
+		fmt.Fprintf(w, "  drain           effectively-once %6.0f ev/s (runs %s)   at-least-once %6.0f ev/s (runs %s)   ratio %.3f (target ≥ 0.95: %s)\n",
+			d.EffectivelyOnceRate, floats(d.EffectivelyOnceRates, "%.0f"), d.AtLeastOnceRate, floats(d.AtLeastOnceRates, "%.0f"), d.RateRatio, holds(d.RateRatio >= 0.95))
+		for _, l := range d.Latency {
+			fmt.Fprintf(w, "  latency @%-6s effectively-once p50/p99 %s/%s ms (p99 runs %s)   at-least-once %s/%s ms (p99 runs %s)   p99 difference %+.2f ms (target ≤ +1 ms: %s)\n",
+				rateLabel(l.Rate), ms(l.EffectivelyOnceP50), ms(l.EffectivelyOnceP99), floats(l.EffectivelyOnceP99s, "%.2f"),
+				ms(l.AtLeastOnceP50), ms(l.AtLeastOnceP99), floats(l.AtLeastOnceP99s, "%.2f"), l.P99DiffMs, holds(l.P99DiffMs <= 1))
+		}
+	}
+	if len(r.Reconcile) > 0 {
+		fmt.Fprintln(w, "start-up reconciliation after kill -9 mid-drain (effectively-once; from the restarted relay's \"reconciled …\" log line):")
+		for _, c := range r.Reconcile {
+			fmt.Fprintf(w, "  %3d-partition topic: killed after %d of %d events acknowledged; restart reconciled %d partitions in %d ms, %d events already in Kafka; ready %.2fs after the restart; Kafka afterwards: %d records, %d duplicates, %d missing\n",
+				c.TopicPartitions, c.KilledAfter, c.Events, c.Partitions, c.DurationMs, c.AlreadyInKafka, c.ReadySeconds, c.Verify.Records, c.Verify.Duplicates, c.Verify.Missing)
+		}
+	}
+}
+
+func holds(ok bool) string {
+	if ok {
+		return "holds"
+	}
+	return "MISSED"
+}
+
+func floats(vs []float64, format string) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = fmt.Sprintf(format, v)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // byProcess formats a Postgres CPU breakdown, largest first.

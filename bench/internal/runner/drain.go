@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/child"
@@ -26,15 +27,22 @@ func (b *bench) drainPhase(ctx context.Context) error {
 	if err := pgload.ApplyMigrations(ctx, b.relayURL, filepath.Join(b.root, "migrations"), "001_outbox.sql", "002_checkpoints.sql", "005_dead_letters.sql"); err != nil {
 		return err
 	}
-	if err := pgload.CreatePublicationAndSlots(ctx, b.relayURL, publication, relaySlot, "reader_a", "reader_b"); err != nil {
+	slots := []string{"reader_a", "reader_b"}
+	for _, run := range b.relayRuns() {
+		slots = append(slots, run.drainSlot())
+	}
+	for _, n := range b.cfg.ReconcilePartitions {
+		slots = append(slots, reconcileSlot(n))
+	}
+	if err := pgload.CreatePublicationAndSlots(ctx, b.relayURL, publication, slots...); err != nil {
 		return err
 	}
 	b.res.Host.Postgres, err = serverVersion(ctx, b.relayURL)
 	if err != nil {
 		return err
 	}
-	b.say("slots %s, reader_a, reader_b created together; committing the backlog: %d events, %d per transaction, %d aggregates, ~%d B payload",
-		relaySlot, b.cfg.Events, b.cfg.TxnSize, b.cfg.Aggregates, b.cfg.Payload)
+	b.say("slots %s created together; committing the backlog: %d events, %d per transaction, %d aggregates, ~%d B payload",
+		strings.Join(slots, ", "), b.cfg.Events, b.cfg.TxnSize, b.cfg.Aggregates, b.cfg.Payload)
 	secs, err := b.loadBacklog(ctx, b.relayURL)
 	if err != nil {
 		return err
@@ -45,9 +53,12 @@ func (b *bench) drainPhase(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	relay, err := b.relayDrain(ctx)
-	if err != nil {
-		return err
+	for _, run := range b.relayRuns() {
+		d, err := b.relayDrain(ctx, run)
+		if err != nil {
+			return err
+		}
+		b.res.RelayRuns = append(b.res.RelayRuns, d)
 	}
 	bb, err := b.readerDrain(ctx, "reader_b")
 	if err != nil {
@@ -59,14 +70,16 @@ func (b *bench) drainPhase(ctx context.Context) error {
 	if bb.Rate > a.Rate {
 		b.res.Limit = bb
 	}
-	b.res.Relay = relay
+	b.res.Relay, _ = b.res.BestDrain(results.EffectivelyOnce)
 
 	b.say("verifying the relay's Kafka records")
-	v, err := verifyDrain(ctx, b.brokers, "relay", relayTopicPrefix+drainAggType, b.cfg.Events)
-	if err != nil {
-		return err
+	for _, run := range b.relayRuns() {
+		v, err := verifyDrain(ctx, b.brokers, "relay "+run.tag(), run.topicPrefix()+drainAggType, b.cfg.Events)
+		if err != nil {
+			return err
+		}
+		b.res.Verify = append(b.res.Verify, v)
 	}
-	b.res.Verify = append(b.res.Verify, v)
 	return nil
 }
 
@@ -139,17 +152,18 @@ func (b *bench) readerDrain(ctx context.Context, slot string) (results.Drain, er
 	return d, nil
 }
 
-// relayDrain runs the relay binary until Kafka acknowledged the backlog, then
-// stops it with SIGTERM.
-func (b *bench) relayDrain(ctx context.Context) (results.Drain, error) {
-	b.say("relay (built binary) on slot %s: until Kafka acknowledged %d events", relaySlot, b.cfg.Events)
-	d := results.Drain{Name: "relay", Events: b.cfg.Events}
+// relayDrain runs the relay binary in run's delivery mode on its slot until
+// Kafka acknowledged the backlog, then stops it with SIGTERM.
+func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, error) {
+	b.say("relay (built binary, --delivery %s, round %d) on slot %s: until Kafka acknowledged %d events",
+		run.delivery, run.round, run.drainSlot(), b.cfg.Events)
+	d := results.Drain{Name: "relay " + run.tag(), Events: b.cfg.Events, Delivery: run.delivery, Round: run.round}
 	w, err := b.beginWindow(ctx, b.relayURL)
 	if err != nil {
 		return d, err
 	}
 	defer w.close()
-	r, err := b.startRelay()
+	r, err := b.startRelay(relayOptions{slot: run.drainSlot(), topicPrefix: run.topicPrefix(), delivery: run.delivery})
 	if err != nil {
 		return d, err
 	}

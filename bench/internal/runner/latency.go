@@ -19,10 +19,23 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 )
 
-// relayLatencyPhase runs the steady loads through a freshly started relay.
+// relayLatencyPhase runs the steady loads through the relay once per
+// delivery mode and round, alternating the modes (ABAB): each run is a
+// freshly started relay on a slot of its own, created at the end of the WAL,
+// writing topics of its own; the slot is dropped after the run.
 func (b *bench) relayLatencyPhase(ctx context.Context) error {
-	b.say("relay latency: starting the relay")
-	r, err := b.startRelay()
+	for _, run := range b.relayRuns() {
+		if err := b.relayLatencyRun(ctx, run); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// relayLatencyRun is one relay process through every offered load.
+func (b *bench) relayLatencyRun(ctx context.Context, run relayRun) error {
+	b.say("relay latency (--delivery %s, round %d): starting the relay on slot %s", run.delivery, run.round, run.latSlot())
+	r, err := b.startRelay(relayOptions{slot: run.latSlot(), topicPrefix: run.topicPrefix(), delivery: run.delivery})
 	if err != nil {
 		return err
 	}
@@ -30,23 +43,33 @@ func (b *bench) relayLatencyPhase(ctx context.Context) error {
 	if err := r.waitReady(ctx, time.Minute); err != nil {
 		return err
 	}
-	if err := b.latencyRuns(ctx, "relay", b.relayURL, relayTopicPrefix, r.Process, r.exited, r); err != nil {
+	if err := b.latencyRuns(ctx, "relay", run, b.relayURL, run.topicPrefix(), r.Process, r.exited, r); err != nil {
 		return err
 	}
 	usage, err := r.Stop(stopGrace)
 	if err != nil {
-		return fmt.Errorf("stop relay after the latency runs: %w", err)
+		return fmt.Errorf("stop relay after the latency runs (%s): %w", run, err)
 	}
-	b.res.Ratios.RelayLatencyPeakRSS = usage.MaxRSS
-	b.res.Ratios.RelayLatencyCPUSecond = usage.CPU().Seconds()
+	if err := waitQuiet(ctx, b.relayURL); err != nil {
+		return err
+	}
+	if err := execSQL(ctx, b.relayURL, fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", run.latSlot())); err != nil {
+		return err
+	}
+	if run.delivery == results.EffectivelyOnce {
+		// The targets are the default mode's: its largest peak, its CPU.
+		b.res.Ratios.RelayLatencyPeakRSS = max(b.res.Ratios.RelayLatencyPeakRSS, usage.MaxRSS)
+		b.res.Ratios.RelayLatencyCPUSecond += usage.CPU().Seconds()
+	}
 	return nil
 }
 
 // latencyRuns offers each rate for the configured duration to system, which
 // reads url and writes topics topicPrefix+"lat<rate>"; alive reports whether
-// the system under test, proc, still runs. With relay set, the relay's own
+// the system under test, proc, still runs. run names the relay's delivery
+// mode and round (zero for other systems). With relay set, the relay's own
 // metrics (commit → ack histogram, produce requests) are read around each run.
-func (b *bench) latencyRuns(ctx context.Context, system, url, topicPrefix string, proc *child.Process, alive func() error, relay *relayProc) error {
+func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, url, topicPrefix string, proc *child.Process, alive func() error, relay *relayProc) error {
 	for _, rate := range b.cfg.Rates {
 		agg := latAggType(rate)
 		topic := topicPrefix + agg
@@ -99,7 +122,8 @@ func (b *bench) latencyRuns(ctx context.Context, system, url, topicPrefix string
 			return fmt.Errorf("%s latency at %d/s: %w", system, rate, err)
 		}
 		l := results.Latency{System: system, Rate: rate, TxnSize: sr.TxnSize, Committed: sr.Committed,
-			AchievedRate: sr.Rate(), Missing: max(0, sr.Committed-got), Summary: sum}
+			AchievedRate: sr.Rate(), Missing: max(0, sr.Committed-got), Summary: sum,
+			Delivery: run.delivery, Round: run.round}
 		if sr.Committed > 0 {
 			n := float64(sr.Committed)
 			l.CPUPerEventUS = float64(m1.proc-m0.proc) / float64(time.Microsecond) / n
@@ -125,8 +149,12 @@ func (b *bench) latencyRuns(ctx context.Context, system, url, topicPrefix string
 			}
 		}
 		b.res.Latency = append(b.res.Latency, l)
+		name := system
+		if run.delivery != "" {
+			name = fmt.Sprintf("%s (%s)", system, run)
+		}
 		b.say("  %s @%d/s: achieved %.0f ev/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples, %d missing)",
-			system, rate, l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
+			name, rate, l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
 	}
 	return nil
 }

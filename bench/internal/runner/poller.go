@@ -83,7 +83,7 @@ func (b *bench) pollerPhase(ctx context.Context) error {
 			return nil
 		}
 	}
-	if err := b.latencyRuns(ctx, "poller", b.pollerURL, pollerTopicPrfx, lp, alive, nil); err != nil {
+	if err := b.latencyRuns(ctx, "poller", relayRun{}, b.pollerURL, pollerTopicPrfx, lp, alive, nil); err != nil {
 		return err
 	}
 	if _, err := lp.Stop(stopGrace); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -21,9 +22,25 @@ type relayProc struct {
 	base string // http://127.0.0.1:PORT
 }
 
-// startRelay starts the built relay on the relay database, publishing to
-// topics "bench.{aggregate_type}".
-func (b *bench) startRelay() (*relayProc, error) {
+// relayOptions say how to start one relay process.
+type relayOptions struct {
+	slot        string
+	topicPrefix string    // topics are topicPrefix + "{aggregate_type}"
+	topic       string    // a fixed topic instead, when set
+	delivery    string    // --delivery
+	logLevel    string    // --log-level; "" is warn
+	stderr      io.Writer // also receives the relay's log, when set
+}
+
+// startRelay starts the built relay on the relay database.
+func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
+	if o.logLevel == "" {
+		o.logLevel = "warn"
+	}
+	topic := o.topicPrefix + "{aggregate_type}"
+	if o.topic != "" {
+		topic = o.topic
+	}
 	port, err := testenv.FreePort()
 	if err != nil {
 		return nil, fmt.Errorf("pick metrics port: %w", err)
@@ -36,13 +53,15 @@ func (b *bench) startRelay() (*relayProc, error) {
 		Args: []string{"run",
 			"--pg-url", b.relayURL,
 			"--kafka-brokers", strings.Join(b.brokers, ","),
-			"--slot", relaySlot,
+			"--slot", o.slot,
 			"--publication", publication,
-			"--topic", relayTopicPrefix + "{aggregate_type}",
+			"--topic", topic,
+			"--delivery", o.delivery,
 			"--metrics-addr", addr,
 			"--log-format", "json",
-			"--log-level", "warn",
+			"--log-level", o.logLevel,
 		},
+		Stderr: o.stderr,
 	})
 	if err != nil {
 		return nil, err

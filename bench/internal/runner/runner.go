@@ -29,7 +29,6 @@ import (
 const (
 	modulePath       = "github.com/cdc-relay/cdc-relay"
 	publication      = "cdc_relay_outbox"
-	relaySlot        = "cdc_relay"
 	relayTopicPrefix = "bench."
 	pollerTopicPrfx  = "poller."
 	drainAggType     = "drain" // aggregate_type, and so topic suffix, of the backlog
@@ -52,6 +51,14 @@ type Config struct {
 	Rates      []int         // offered loads for the latency runs, events/s
 	Duration   time.Duration // of each latency run
 	Quick      bool          // recorded only
+	// DeliveryRounds is how many times the relay's drain and latency runs
+	// are repeated in each --delivery mode, alternating
+	// effectively-once, at-least-once, effectively-once, … (ABAB).
+	DeliveryRounds int
+	// ReconcilePartitions are the partition counts of the topics the relay
+	// drains into, is killed -9 and restarted, for the start-up
+	// reconciliation figures; empty skips that phase.
+	ReconcilePartitions []int
 
 	PollerBatch int
 	PollerIdle  time.Duration
@@ -112,6 +119,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 			Rates: cfg.Rates, LatencySeconds: cfg.Duration.Seconds(), WarmupSeconds: b.warmup().Seconds(),
 			Quick: cfg.Quick, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
 			Partitions: cfg.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
+			DeliveryRounds: cfg.DeliveryRounds, ReconcilePartitions: cfg.ReconcilePartitions,
 		},
 	}
 	var err error
@@ -168,6 +176,9 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	if err := b.drainPhase(ctx); err != nil {
 		return nil, err
 	}
+	if err := b.reconcilePhase(ctx); err != nil {
+		return nil, err
+	}
 	if err := b.relayLatencyPhase(ctx); err != nil {
 		return nil, err
 	}
@@ -194,16 +205,71 @@ func (b *bench) say(format string, args ...any) {
 // warmup is the start of each latency run whose samples are not kept.
 func (b *bench) warmup() time.Duration { return min(time.Second, b.cfg.Duration/5) }
 
-// topics are all topics of the run, created up front with the partition count.
+// topics are the run's topics created up front with the partition count:
+// each relay run (delivery mode and round) has its own, so every drain and
+// latency consumer reads only that run's records. The reconciliation phase
+// creates its own topics with their partition counts.
 func (b *bench) topics() []string {
-	ts := []string{relayTopicPrefix + drainAggType, pollerTopicPrfx + drainAggType}
+	ts := []string{pollerTopicPrfx + drainAggType}
 	for _, r := range b.cfg.Rates {
-		ts = append(ts, relayTopicPrefix+latAggType(r), pollerTopicPrfx+latAggType(r))
+		ts = append(ts, pollerTopicPrfx+latAggType(r))
+	}
+	for _, run := range b.relayRuns() {
+		ts = append(ts, run.topicPrefix()+drainAggType)
+		for _, r := range b.cfg.Rates {
+			ts = append(ts, run.topicPrefix()+latAggType(r))
+		}
 	}
 	return ts
 }
 
 func latAggType(rate int) string { return "lat" + strconv.Itoa(rate) }
+
+// deliveries are the relay's --delivery modes the benchmark compares, in the
+// order each round runs them.
+var deliveries = []string{results.EffectivelyOnce, results.AtLeastOnce}
+
+// relayRun is one of the relay's measured runs: a delivery mode in a round.
+type relayRun struct {
+	delivery string
+	round    int
+}
+
+// relayRuns lists the relay's drain and latency runs in the order they run:
+// each round runs every delivery mode (ABAB), so machine noise hits both.
+func (b *bench) relayRuns() []relayRun {
+	var out []relayRun
+	for round := 1; round <= max(1, b.cfg.DeliveryRounds); round++ {
+		for _, d := range deliveries {
+			out = append(out, relayRun{delivery: d, round: round})
+		}
+	}
+	return out
+}
+
+// tag is a short name of the run for slots and topics: eo1, alo1, eo2, …
+func (r relayRun) tag() string {
+	short := "eo"
+	if r.delivery == results.AtLeastOnce {
+		short = "alo"
+	}
+	return short + strconv.Itoa(r.round)
+}
+
+// String names the run in progress lines and results.
+func (r relayRun) String() string { return fmt.Sprintf("%s #%d", r.delivery, r.round) }
+
+// drainSlot is the slot the run drains the backlog from, created before the
+// backlog was committed.
+func (r relayRun) drainSlot() string { return "relay_" + r.tag() }
+
+// latSlot is the slot of the run's latency loads; the relay creates it when it
+// starts, at the end of the WAL.
+func (r relayRun) latSlot() string { return "relay_lat_" + r.tag() }
+
+// topicPrefix starts the names of the run's topics: its drain and latency
+// loads go to topicPrefix + aggregate_type.
+func (r relayRun) topicPrefix() string { return relayTopicPrefix + r.tag() + "." }
 
 // moduleRoot finds the repository root from the working directory.
 func moduleRoot() (string, error) {
