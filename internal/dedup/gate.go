@@ -49,6 +49,9 @@ type GateConfig struct {
 
 // Summary is what arming found.
 type Summary struct {
+	// Replay is set when the stream replays events that may be in Kafka
+	// (its start is before the cutoff).
+	Replay     bool
 	Partitions int           // partitions read
 	Found      int           // replayed events found already in Kafka
 	Took       time.Duration // time spent reading them
@@ -67,6 +70,7 @@ type Gate struct {
 	topics    map[string]bool // prepared since Arm
 	lastTopic string          // of the previous Check, prepared
 	found     map[position]record
+	skipped   int             // replayed events skipped since Arm
 	noted     map[string]bool // fallbacks logged, by reason and topic
 }
 
@@ -105,6 +109,7 @@ func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []st
 	g.topics = map[string]bool{}
 	g.lastTopic = ""
 	g.found = map[position]record{}
+	g.skipped = 0
 	if !g.armed {
 		return Summary{}, nil
 	}
@@ -120,6 +125,7 @@ func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []st
 		}
 		sum.Partitions += n
 	}
+	sum.Replay = true
 	sum.Found = len(g.found)
 	sum.Took = time.Since(t0)
 	g.cfg.Metrics.ReconcileDuration.Observe(sum.Took.Seconds())
@@ -140,15 +146,18 @@ func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool,
 	if topic != g.lastTopic {
 		if !g.topics[topic] {
 			t0 := time.Now()
+			before := len(g.found)
 			n, err := g.reconcile(ctx, topic, g.armed)
 			if err != nil {
 				return false, err
 			}
 			if n > 0 {
-				took := time.Since(t0)
+				took, found := time.Since(t0), len(g.found)-before
 				g.cfg.Metrics.ReconcileDuration.Observe(took.Seconds())
 				g.log.Info().Str("topic", topic).Int("partitions", n).Int64("duration_ms", took.Milliseconds()).
-					Msg("reconciled a topic on its first replayed event")
+					Int("already_in_kafka", found).
+					Msgf("reconciled topic %s on its first replayed event: %d partitions in %d ms, %d events already in Kafka",
+						topic, n, took.Milliseconds(), found)
 			}
 		}
 		g.lastTopic = topic
@@ -164,12 +173,17 @@ func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool,
 	delete(g.found, pos)
 	ev.Partition, ev.Offset = r.partition, r.offset
 	g.cfg.Metrics.DuplicatesSuppressed.Inc()
+	g.skipped++
 	return true, nil
 }
 
 // disarm ends the replay: every later event is new.
 func (g *Gate) disarm() {
 	g.armed = false
+	if g.skipped > 0 || len(g.topics) > 0 {
+		g.log.Info().Int("skipped", g.skipped).Int("topics", len(g.topics)).Str("cutoff", g.cutoff.String()).
+			Msgf("replay done: %d replayed events were already in Kafka and not sent again", g.skipped)
+	}
 	if n := len(g.found); n > 0 {
 		// Records of ours no replayed event matched: older copies, or events
 		// the stream no longer replays (a changed publication or filter).

@@ -140,9 +140,13 @@ func (r *Relay) arm(ctx context.Context, h *handler, from pglogrepl.LSN, first b
 		return err
 	}
 	if first || sum.Partitions > 0 {
+		later := ""
+		if topics == nil && sum.Replay {
+			later = "; the template's topics are read when their first replayed event comes"
+		}
 		r.log.Info().Int("partitions", sum.Partitions).Int64("duration_ms", sum.Took.Milliseconds()).
 			Int("already_in_kafka", sum.Found).Str("lsn", from.String()).Str("cutoff", cutoff.String()).
-			Msgf("reconciled %d partitions in %d ms, %d events already in Kafka", sum.Partitions, sum.Took.Milliseconds(), sum.Found)
+			Msgf("reconciled %d partitions in %d ms, %d events already in Kafka%s", sum.Partitions, sum.Took.Milliseconds(), sum.Found, later)
 	}
 	return nil
 }
