@@ -120,10 +120,7 @@ func (l *Ledger) Covered(lsn pglogrepl.LSN) checkpoint.Offsets {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, q := range l.parts {
-		i := 0
-		for i < len(q.entries) && q.entries[i].lsn < lsn {
-			i++
-		}
+		i := q.before(lsn)
 		if i == 0 {
 			continue
 		}
@@ -140,10 +137,7 @@ func (l *Ledger) At(lsn pglogrepl.LSN) checkpoint.Offsets {
 	defer l.mu.Unlock()
 	out := l.base.Clone()
 	for k, q := range l.parts {
-		i := 0
-		for i < len(q.entries) && q.entries[i].lsn < lsn {
-			i++
-		}
+		i := q.before(lsn)
 		if i == 0 {
 			continue
 		}
@@ -156,6 +150,16 @@ func (l *Ledger) At(lsn pglogrepl.LSN) checkpoint.Offsets {
 		}
 	}
 	return out
+}
+
+// before returns how many of q's entries are of transactions that commit
+// before lsn.
+func (q *queue) before(lsn pglogrepl.LSN) int {
+	i := 0
+	for i < len(q.entries) && q.entries[i].lsn < lsn {
+		i++
+	}
+	return i
 }
 
 // raise moves the base offset of a partition of a registered topic forward.

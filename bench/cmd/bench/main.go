@@ -170,17 +170,9 @@ func runBench(ctx context.Context, args []string) error {
 }
 
 func parseRates(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("-rates: %q is not a positive number of events per second", f)
-		}
-		out = append(out, n)
+	out, err := parseCounts("-rates", s)
+	if err != nil {
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, errors.New("-rates: give at least one rate")
