@@ -123,6 +123,10 @@ func (k *Kafka) dispatch() {
 				refreshing = k.refresh(parts, refreshed)
 			}
 			k.breaker(ok, inFlight > 0)
+		case v := <-k.verified:
+			if k.settleVerdict(v) {
+				return
+			}
 		case s := <-k.sessions:
 			// Partitions join the new session as they build their next batch.
 			k.sess, k.resetting = s, false
@@ -175,6 +179,12 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		}
 		b := p.next(room)
 		if b.items == nil {
+			continue
+		}
+		if k.mustVerify(p, b) {
+			// Its last attempt may be in the log under a producer id the
+			// broker no longer knows: read the partition before re-sending.
+			k.verify(p, b)
 			continue
 		}
 		k.stamp(p, &b, now)
@@ -362,6 +372,9 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start time.Time) 
 	batch := b.items
 	if b.pf.id >= 0 {
 		p.seq = nextSeq(b.pf.seq, len(batch))
+	}
+	if baseOffset >= 0 {
+		p.end = baseOffset + int64(len(batch))
 	}
 	if p.failing {
 		p.failing = false

@@ -358,31 +358,77 @@ func TestIdempotentSessionErrors(t *testing.T) {
 }
 
 // TestIdempotentResetAfterUnknownFate: a batch's answer is lost after the
-// broker appended it, and its re-send meets UNKNOWN_PRODUCER_ID. The new
-// session cannot recognise the first copy, so the batch lands twice; the
-// producer says so in a warning and a metric.
+// broker appended it, and the re-send is refused with UNKNOWN_PRODUCER_ID, so
+// the new producer session cannot deduplicate it. Events of the replication
+// stream (with a source position) are looked up in the partition and not sent
+// again; others are re-sent, counted as a producer_reset fallback, with one
+// warning.
 func TestIdempotentResetAfterUnknownFate(t *testing.T) {
 	t.Parallel()
-	r := startIdem(t, true, 1, 100, nil)
-	onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
-		switch n {
-		case 3:
-			r.k.conns.cut()
-		case 4: // the re-send: one partition, one batch in flight
-			return produceError(req, kerr.UnknownProducerID.Code), nil, true
-		}
-		return nil, nil, false
-	})
-	r.send(t, r.evs)
-	_, dupes := r.finish(t)
-	if dupes == 0 {
-		t.Error("no duplicates: the fault did not happen")
-	}
-	if got := testutil.ToFloat64(r.m.DeliveryFallbacks.WithLabelValues("producer_reset")); got != 1 {
-		t.Errorf("delivery_fallbacks_total{producer_reset} = %v, want 1", got)
-	}
-	if n := strings.Count(r.logs.String(), "events may be duplicated"); n != 1 {
-		t.Errorf("%d warnings about duplicates, want 1", n)
+	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
+	for _, tc := range []struct{ stamped, appended bool }{{true, true}, {true, false}, {false, true}} {
+		stamped := tc.stamped
+		t.Run(fmt.Sprintf("source position %v, appended %v", tc.stamped, tc.appended), func(t *testing.T) {
+			t.Parallel()
+			r := startIdem(t, true, 1, 100, nil)
+			if stamped {
+				for i, ev := range r.evs {
+					ev.Origin, ev.Index = origin, uint32(i)
+				}
+			}
+			onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+				switch n {
+				case 3:
+					if !tc.appended {
+						// The connection drops before the broker reads the request.
+						return nil, errors.New("connection lost"), true
+					}
+					r.k.conns.cut()
+				case 4: // the re-send: one partition, one batch in flight
+					return produceError(req, kerr.UnknownProducerID.Code), nil, true
+				}
+				return nil, nil, false
+			})
+			r.send(t, r.evs)
+			recs, dupes := r.finish(t)
+			if !tc.appended {
+				checkOrder(t, recs)
+				if dupes != 0 || testutil.ToFloat64(r.m.DeliveryFallbacks.WithLabelValues("producer_reset")) != 0 ||
+					testutil.ToFloat64(r.m.DuplicatesSuppressed) != 0 {
+					t.Errorf("%d duplicates, or a fallback or a suppression for a batch verifiably not in Kafka", dupes)
+				}
+				if testutil.ToFloat64(r.m.UnknownFateResent) == 0 {
+					t.Error("no unknown-fate re-send: the fault did not happen")
+				}
+				return
+			}
+			fallbacks := testutil.ToFloat64(r.m.DeliveryFallbacks.WithLabelValues("producer_reset"))
+			warned := strings.Count(r.logs.String(), "events may be duplicated")
+			if stamped {
+				checkOrder(t, recs)
+				if dupes != 0 || fallbacks != 0 || warned != 0 {
+					t.Errorf("%d duplicates, %v fallbacks, %d warnings; want none: the batch is in Kafka and was looked up", dupes, fallbacks, warned)
+				}
+				if n := testutil.ToFloat64(r.m.DuplicatesSuppressed); n == 0 {
+					t.Error("no duplicate suppressed: the fault did not happen")
+				}
+				for _, ev := range r.evs {
+					if ev.Offset < 0 {
+						t.Fatalf("event %s acknowledged without its offset", ev.ID)
+					}
+				}
+				return
+			}
+			if dupes == 0 {
+				t.Error("no duplicates: the fault did not happen")
+			}
+			if fallbacks != 1 {
+				t.Errorf("delivery_fallbacks_total{producer_reset} = %v, want 1", fallbacks)
+			}
+			if warned != 1 {
+				t.Errorf("%d warnings about duplicates, want 1", warned)
+			}
+		})
 	}
 }
 

@@ -198,6 +198,7 @@ type Kafka struct {
 	resetWarned int  // the session whose reset was last warned about
 	idempotent  atomic.Bool
 	sessions    chan session
+	verified    chan verdict // batches of unknown fate looked up in their partition
 
 	errOnce sync.Once
 	err     error
@@ -244,6 +245,7 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 		halted:    make(chan struct{}),
 		sess:      session{gen: 1, id: -1, epoch: -1},
 		sessions:  make(chan session),
+		verified:  make(chan verdict),
 	}
 	err := k.check(ctx)
 	if err == nil && cfg.Idempotent {

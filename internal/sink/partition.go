@@ -48,6 +48,9 @@ type partition struct {
 	sending atomic.Bool
 
 	// Dispatcher-owned.
+	// end is the offset after the partition's last acknowledged batch (-1
+	// before one): where a batch of unknown fate would be if it was appended.
+	end       int64
 	leader    int32
 	inFlight  bool
 	retry     batch // the batch to send next, ahead of the queue (items nil: none)
@@ -67,7 +70,7 @@ type prometheusCounter interface{ Add(float64) }
 
 func newPartition(k *Kafka, topic string, id int, leader int32) *partition {
 	return &partition{
-		topic: topic, id: id, k: k, leader: leader,
+		topic: topic, id: id, k: k, leader: leader, end: -1,
 		events: k.cfg.Metrics.EventsPublished.WithLabelValues(topic),
 		bytes:  k.cfg.Metrics.BytesPublished.WithLabelValues(topic),
 	}
