@@ -29,12 +29,15 @@ const EnvPrefix = "CDC_RELAY"
 
 // CLI is the command tree.
 type CLI struct {
+	ConfigFile string `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
+
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
 	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"List, show, replay and purge dead letters (events that failed permanently)."`
 	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again (e.g. for consumers rebuilding state)."`
 	Prune   PruneCmd   `cmd:"" help:"Delete old rows from the outbox table, in batches."`
 	Status  StatusCmd  `cmd:"" help:"Show the slot, lag, retained WAL, stored checkpoint and dead letters, read from the database (works while the relay is down; exits 2 on a problem)."`
+	Config  ConfigCmd  `cmd:"" name:"config" help:"Show the effective configuration."`
 }
 
 // Env holds what the process gives a command.
@@ -78,6 +81,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 // parse fills c from args and the environment, running every Validate hook.
 // exit is called instead of os.Exit after --help.
 func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*kong.Context, error) {
+	var config configLoader
 	parser, err := kong.New(c,
 		kong.Name("cdc-relay"),
 		kong.Description("Relays committed outbox INSERTs from Postgres logical replication to Kafka, at least once, in per-aggregate order."),
@@ -85,13 +89,14 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),
 		defaults,
+		kong.WithBeforeResolve(config.beforeResolve),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("build command line: %w", err)
 	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		return nil, parseError(err)
+		return nil, parseError(err, config.file)
 	}
 	return kctx, nil
 }
@@ -99,12 +104,21 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 var leadingFlag = regexp.MustCompile(`^--([a-z0-9-]+)`)
 
 // parseError adds the environment variable to kong's errors about a flag, since
-// the bad value may have come from there.
-func parseError(err error) error {
+// the bad value may have come from there, and the config file's key and line
+// when the value came from the file (cf, nil without one). Errors about the
+// file itself name it and pass unchanged.
+func parseError(err error, cf *configFile) error {
+	var ce *configError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	if flag, where := cf.fromFile(err.Error()); flag != "" {
+		return fmt.Errorf("%w (set by %s; --%s or %s override it)", err, where, flag, envName(flag))
+	}
 	if m := leadingFlag.FindStringSubmatch(err.Error()); m != nil {
 		return fmt.Errorf("%w (set by --%s or %s)", err, m[1], envName(m[1]))
 	}
-	return fmt.Errorf("%w (every flag can also be set as a %s_* environment variable; see --help)", err, EnvPrefix)
+	return fmt.Errorf("%w (every flag can also be set as a %s_* environment variable or in the --config file; see --help)", err, EnvPrefix)
 }
 
 func envName(flag string) string {

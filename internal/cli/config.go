@@ -1,0 +1,314 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// The configuration file (--config FILE, CDC_RELAY_CONFIG): a YAML mapping
+// whose keys are flag names without the dashes. It is a kong.Resolver, so
+// kong applies it like any other source: a flag on the command line wins,
+// then its environment variable, then the file, then the flag's default.
+// Kong itself applies environment variables before resolvers and lets a
+// resolver override them, so Resolve steps aside for a flag whose variable is
+// set.
+//
+// One file serves every command: a key is an error only when no command has
+// that flag; a command ignores the keys of flags it does not take.
+
+// configFlag is the name of the global flag that names the file.
+const configFlag = "config"
+
+// configFile is a loaded configuration file and the kong.Resolver over it.
+type configFile struct {
+	path   string
+	values map[string]*yaml.Node // key → value node
+	lines  map[string]int        // key → line of the key
+	// used records the keys Resolve supplied a value for, so errors about
+	// those flags can point at the file.
+	used map[string]bool
+}
+
+var _ kong.Resolver = (*configFile)(nil)
+
+// configError is a problem with the configuration file, its line included
+// where there is one. Its message stands alone: it names the file and key.
+type configError struct {
+	path string
+	line int // 0: the whole file
+	msg  string
+}
+
+func (e *configError) Error() string {
+	if e.line > 0 {
+		return fmt.Sprintf("config file %s, line %d: %s", e.path, e.line, e.msg)
+	}
+	return fmt.Sprintf("config file %s: %s", e.path, e.msg)
+}
+
+// loadConfigFile reads and checks path against the flags of every command in
+// app: an unknown key is an error that names the closest known one.
+func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &configError{path: path, msg: fmt.Sprintf("cannot be read (check --config / %s): %v", envName(configFlag), err)}
+	}
+	cf := &configFile{path: path, values: map[string]*yaml.Node{}, lines: map[string]int{}, used: map[string]bool{}}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return cf, nil // an empty file sets nothing
+		}
+		return nil, &configError{path: path, msg: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	if len(doc.Content) == 0 {
+		return cf, nil // comments only
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return cf, nil
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, &configError{path: path, line: root.Line, msg: "want a mapping of flag names (without the dashes) to values, e.g. \"pg-url: postgres://relay@db:5432/app\""}
+	}
+	known := knownKeys(app)
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return nil, &configError{path: path, line: k.Line, msg: "a key must be a flag name such as pg-url"}
+		}
+		key := k.Value
+		if prev, dup := cf.lines[key]; dup {
+			return nil, &configError{path: path, line: k.Line, msg: fmt.Sprintf("key %q is set twice (first on line %d)", key, prev)}
+		}
+		switch {
+		case key == configFlag:
+			return nil, &configError{path: path, line: k.Line, msg: "key \"config\" cannot be set in a config file (use --config or CDC_RELAY_CONFIG)"}
+		case strings.HasPrefix(key, "-"):
+			return nil, &configError{path: path, line: k.Line, msg: fmt.Sprintf("key %q: write flag names without the dashes, e.g. %q", key, strings.TrimLeft(key, "-"))}
+		case !known[key]:
+			msg := fmt.Sprintf("unknown key %q", key)
+			if s := closest(key, known); s != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", s)
+			}
+			return nil, &configError{path: path, line: k.Line, msg: msg + "; keys are the flag names of cdc-relay's commands without the dashes (see cdc-relay <command> --help)"}
+		}
+		cf.values[key], cf.lines[key] = v, k.Line
+	}
+	return cf, nil
+}
+
+// knownKeys are the flags of every command, the keys a file may have.
+func knownKeys(app *kong.Application) map[string]bool {
+	known := map[string]bool{}
+	var walk func(n *kong.Node)
+	walk = func(n *kong.Node) {
+		for _, f := range n.Flags {
+			if f.Name != "help" && f.Name != configFlag {
+				known[f.Name] = true
+			}
+		}
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(app.Node)
+	return known
+}
+
+// closest returns the known key nearest to key by edit distance, or "" when
+// none is near enough to be a likely typo. A known key that ends with key
+// ("brokers" for "kafka-brokers") counts as near.
+func closest(key string, known map[string]bool) string {
+	best, bestD := "", -1
+	for k := range known {
+		d := levenshtein(key, k)
+		if strings.HasSuffix(k, "-"+key) {
+			d = min(d, 2)
+		}
+		if bestD < 0 || d < bestD || (d == bestD && k < best) {
+			best, bestD = k, d
+		}
+	}
+	if bestD < 0 || bestD > max(2, len(key)/3) {
+		return ""
+	}
+	return best
+}
+
+// levenshtein is the edit distance between a and b (insertions, deletions
+// and substitutions of bytes; flag names are ASCII).
+func levenshtein(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// Validate is part of kong.Resolver; the keys were checked when the file was
+// loaded, before any command's own checks.
+func (cf *configFile) Validate(*kong.Application) error { return nil }
+
+// Resolve returns the file's value for flag, or nil when the file has none
+// or the flag's environment variable is set (the environment wins over the
+// file; kong has already applied it). Values are checked against the flag's
+// type here, so an error names the line.
+func (cf *configFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
+	v, ok := cf.values[flag.Name]
+	if !ok || (v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
+		return nil, nil
+	}
+	for _, env := range flag.Envs {
+		if _, set := os.LookupEnv(env); set {
+			return nil, nil
+		}
+	}
+	val, err := yamlValue(v, flag.Target.Type())
+	if err != nil {
+		return nil, &configError{path: cf.path, line: v.Line, msg: flag.Name + ": " + err.Error()}
+	}
+	cf.used[flag.Name] = true
+	return val, nil
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// yamlValue converts a YAML value to what kong parses for a flag of type t:
+// a Go duration string, a YAML boolean, a number, a string, or for a list a
+// YAML sequence or a comma-separated string.
+func yamlValue(v *yaml.Node, t reflect.Type) (any, error) {
+	if t.Kind() == reflect.Slice {
+		if v.Kind == yaml.SequenceNode {
+			items := make([]any, 0, len(v.Content))
+			for _, item := range v.Content {
+				if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
+					return nil, fmt.Errorf("line %d: want a list of values such as [kafka-1:9092, kafka-2:9092]", item.Line)
+				}
+				items = append(items, item.Value)
+			}
+			return items, nil
+		}
+		if v.Kind != yaml.ScalarNode {
+			return nil, errors.New("want a list: a YAML sequence such as [a, b] or a comma-separated string")
+		}
+		return v.Value, nil
+	}
+	if v.Kind != yaml.ScalarNode {
+		return nil, fmt.Errorf("want a single value, not a %s", kindName(v.Kind))
+	}
+	switch {
+	case t == durationType:
+		if _, err := time.ParseDuration(v.Value); err != nil {
+			return nil, fmt.Errorf("want a Go duration such as 250ms, 10s or 5m, got %q", v.Value)
+		}
+		return v.Value, nil
+	case t.Kind() == reflect.Bool:
+		if v.Tag != "!!bool" {
+			return nil, fmt.Errorf("want true or false, got %q", v.Value)
+		}
+		b, err := strconv.ParseBool(v.Value)
+		if err != nil { // YAML 1.1 spellings yaml.v3 also tags !!bool
+			return nil, fmt.Errorf("want true or false, got %q", v.Value)
+		}
+		return b, nil
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
+		if _, err := strconv.ParseInt(v.Value, 10, 64); err != nil {
+			return nil, fmt.Errorf("want a whole number, got %q", v.Value)
+		}
+	case t.Kind() == reflect.Float64 || t.Kind() == reflect.Float32:
+		if _, err := strconv.ParseFloat(v.Value, 64); err != nil {
+			return nil, fmt.Errorf("want a number, got %q", v.Value)
+		}
+	}
+	return v.Value, nil
+}
+
+func kindName(k yaml.Kind) string {
+	switch k {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	case yaml.AliasNode:
+		return "alias"
+	}
+	return "value"
+}
+
+// fromFile returns the first flag named in msg whose value came from the
+// file, and where: "key delivery in config file relay.yaml, line 4". It
+// returns "", "" when none did (cf may be nil: no file).
+func (cf *configFile) fromFile(msg string) (flag, where string) {
+	if cf == nil {
+		return "", ""
+	}
+	for _, m := range anyFlag.FindAllStringSubmatch(msg, -1) {
+		if cf.used[m[1]] {
+			return m[1], fmt.Sprintf("key %s in config file %s, line %d", m[1], cf.path, cf.lines[m[1]])
+		}
+	}
+	return "", ""
+}
+
+var anyFlag = regexp.MustCompile(`--([a-z0-9-]+)`)
+
+// configLoader loads the file --config or CDC_RELAY_CONFIG names and adds it
+// to the parse as a resolver. Kong calls a BeforeResolve hook once per
+// element of the parsed path, so it loads the file the first time only.
+type configLoader struct {
+	loaded bool
+	file   *configFile // nil: no file
+}
+
+// beforeResolve is the kong.WithBeforeResolve hook.
+func (l *configLoader) beforeResolve(ctx *kong.Context) error {
+	if l.loaded {
+		return nil
+	}
+	l.loaded = true
+	var flag *kong.Flag
+	for _, f := range ctx.Model.Flags {
+		if f.Name == configFlag {
+			flag = f
+		}
+	}
+	if flag == nil {
+		return errors.New("no --config flag in the command line model")
+	}
+	path, _ := ctx.FlagValue(flag).(string)
+	if path == "" {
+		return nil
+	}
+	cf, err := loadConfigFile(kong.ExpandPath(path), ctx.Model)
+	if err != nil {
+		return err
+	}
+	l.file = cf
+	ctx.AddResolver(cf)
+	return nil
+}
