@@ -21,9 +21,10 @@ type AdminFlags struct {
 	MetricsOpenProbes bool   `help:"With a token, serve /healthz and /readyz without it (for probes that cannot send a secret header); /metrics still needs it."`
 }
 
-// Validate reads --metrics-token-file and checks the token (kong calls it for
-// the embedded flags, besides RunCmd.Validate). Errors never show the token.
-func (a *AdminFlags) Validate() error {
+// validate reads --metrics-token-file and checks the token (RunCmd.Validate
+// calls it last; it is no kong Validate hook, so config print, which embeds
+// run's flags, reads no token file). Errors never show the token.
+func (a *AdminFlags) validate() error {
 	if a.MetricsTokenFile != "" {
 		if a.MetricsToken != "" {
 			return flagError("metrics-token-file", "and --metrics-token (CDC_RELAY_METRICS_TOKEN) are both set: use one")
@@ -65,7 +66,7 @@ func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log
 	if a.MetricsAddr == "" {
 		return nil, nil
 	}
-	if err := a.Validate(); err != nil { // done by the parser already; a no-op then
+	if err := a.validate(); err != nil { // done by the parser already; a no-op then
 		return nil, err
 	}
 	srv, err := admin.Start(admin.Config{

@@ -124,7 +124,7 @@ func (r *RunCmd) Validate() error {
 	if r.CheckpointStore == "file" && strings.TrimSpace(r.CheckpointFile) == "" {
 		return flagError("checkpoint-file", "is required with --checkpoint-store=file")
 	}
-	return nil
+	return r.AdminFlags.validate()
 }
 
 func compression(name string) kafka.Compression {
