@@ -204,6 +204,9 @@ type relayProc struct {
 	env  []string
 	logs *testenv.Buffer
 	runs int
+	// metricsAddr, when set, is the metrics address the arguments (or a
+	// config file they name) already set: start adds no --metrics-addr.
+	metricsAddr string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -249,14 +252,20 @@ func (r *relayProc) start() {
 			r.t.Fatalf("relay started twice")
 		}
 	}
-	port, err := testenv.FreePort()
-	if err != nil {
-		r.t.Fatalf("free port: %v", err)
+	args := append([]string(nil), r.args...)
+	if r.metricsAddr != "" {
+		r.metrics = r.metricsAddr
+	} else {
+		port, err := testenv.FreePort()
+		if err != nil {
+			r.t.Fatalf("free port: %v", err)
+		}
+		r.metrics = "127.0.0.1:" + strconv.Itoa(port)
+		args = append(args, "--metrics-addr", r.metrics)
 	}
-	r.metrics = "127.0.0.1:" + strconv.Itoa(port)
 	r.runs++
 	fmt.Fprintf(r.logs, "----- run %d: %s -----\n", r.runs, time.Now().Format(time.TimeOnly+".000"))
-	cmd := exec.Command(relayBin, append(append([]string(nil), r.args...), "--metrics-addr", r.metrics)...)
+	cmd := exec.Command(relayBin, args...)
 	cmd.Env = r.env
 	cmd.Stdout = r.logs
 	cmd.Stderr = r.logs
