@@ -59,7 +59,7 @@ func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pg
 	if r.cfg.Snapshot == nil {
 		return 0, &replication.ConfigError{Msg: fmt.Sprintf("the initial snapshot of replication slot %q (started by relay %q at %s) did not complete, so rows already in the outbox may be missing downstream: "+
 			"restart with --snapshot initial (CDC_RELAY_SNAPSHOT=initial) to drop the slot and take the snapshot again; "+
-			"or, to give it up, drop the slot with SELECT pg_drop_replication_slot('%s'); and delete the checkpoint with DELETE FROM <checkpoint table> WHERE slot_name = '%s'; then restart",
+			"or, to give it up, drop the slot with SELECT pg_drop_replication_slot('%s'); and delete its checkpoint (the row slot_name = '%s' of the checkpoint table, or the checkpoint file), then restart",
 			slot, stored.RelayName, stored.UpdatedAt.UTC().Format(time.RFC3339), slot, slot)}
 	}
 	if state.Exists {
