@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -34,12 +35,41 @@ func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
 		return
 	}
 	cfg.BackfillMargin = r.BackfillMargin
-	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns}
-	table, dlqTable, topic, actor := r.Table, r.DLQTable, r.Topic, "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)"
-	sinkCfg := cfg.Sink
-	sinkCfg.Logger = log.With().Str("component", "backfill").Logger()
-	wait := r.KafkaStartTimeout
+	replay := r.outboxReplayer(cfg, log, "backfill", "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)")
 	cfg.Backfill = func(ctx context.Context, pool *pgxpool.Pool, since time.Time, kind string) (int, error) {
+		return replay(ctx, pool, pool, since, outbox.Header{Key: deadletter.HeaderBackfill, Value: []byte(kind)})
+	}
+}
+
+// setSnapshot installs --snapshot initial in cfg: when the relay creates its
+// slot, publish the rows of the exported snapshot through a replay (recorded
+// like a backfill's) marked with the header deadletter.HeaderSnapshot.
+func (r *RunCmd) setSnapshot(cfg *relay.Config, log zerolog.Logger) {
+	if r.Snapshot != "initial" {
+		return
+	}
+	replay := r.outboxReplayer(cfg, log, "snapshot", "cdc-relay run "+cfg.RelayName+" (snapshot=initial)")
+	cfg.Snapshot = func(ctx context.Context, pool *pgxpool.Pool, tx pgx.Tx) (int, error) {
+		return replay(ctx, pool, tx, time.Time{}, outbox.Header{Key: deadletter.HeaderSnapshot, Value: []byte("initial")})
+	}
+}
+
+// replayFunc republishes the outbox rows db reads that were created at or
+// after since (zero: all), in created_at, id order, each with header mark, and
+// returns how many Kafka acknowledged; pool records the replay history.
+type replayFunc func(ctx context.Context, pool *pgxpool.Pool, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error)
+
+// outboxReplayer returns the replay the relay's backfill and initial snapshot
+// share: rows read with outboxtable.Replay, recorded in the replay history of
+// the dead-letter tables (migration 005), produced through a producer of
+// cfg's sink configuration as the relay produces.
+func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component, actor string) replayFunc {
+	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns}
+	table, dlqTable, topic := r.Table, r.DLQTable, r.Topic
+	sinkCfg := cfg.Sink
+	sinkCfg.Logger = log.With().Str("component", component).Logger()
+	wait := r.KafkaStartTimeout
+	return func(ctx context.Context, pool *pgxpool.Pool, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error) {
 		store := deadletter.NewStore(pool, dlqTable)
 		if err := store.Ensure(ctx); err != nil {
 			return 0, fmt.Errorf("open the replay history (--dlq-table %s): %w", dlqTable, err)
@@ -52,18 +82,18 @@ func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
 		}
 		defer p.Close()
 		p.TopicWait = wait
-		res, err := outboxtable.Replay(ctx, pool, store, table, cols, p, outboxtable.ReplayOptions{
+		res, err := outboxtable.Replay(ctx, db, store, table, cols, p, outboxtable.ReplayOptions{
 			Since:   since,
 			Topic:   topic,
 			Actor:   actor,
-			Headers: []outbox.Header{{Key: deadletter.HeaderBackfill, Value: []byte(kind)}},
+			Headers: []outbox.Header{mark},
 		})
 		if err != nil {
 			return res.Published, err
 		}
 		if res.Failed > 0 {
 			log.Error().Int64("replay_id", res.ReplayID).Int("failed", res.Failed).
-				Msg("backfill: some rows could not be published (they stay in the outbox table); see cdc-relay dlq history")
+				Msgf("%s: some rows could not be published (they stay in the outbox table); see cdc-relay dlq history", component)
 		}
 		return res.Published, nil
 	}

@@ -203,6 +203,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "topic empty", set: map[string]string{"topic": ""}, want: []string{"--topic", "CDC_RELAY_TOPIC", "empty"}},
 		{name: "on-slot-loss unknown", set: map[string]string{"on-slot-loss": "ignore"}, want: []string{"--on-slot-loss", "fail", "backfill"}},
 		{name: "backfill without margin", set: map[string]string{"on-slot-loss": "backfill", "backfill-margin": "0s"}, want: []string{"--backfill-margin", "CDC_RELAY_BACKFILL_MARGIN", "more than 0"}},
+		{name: "snapshot unknown", set: map[string]string{"snapshot": "always"}, want: []string{"--snapshot", "initial", "never", `"always"`}},
 		{name: "empty created-at column", set: map[string]string{"column-created-at": ""}, want: []string{"--column-created-at", "CDC_RELAY_COLUMN_CREATED_AT"}},
 		{name: "table a.b.c", set: map[string]string{"table": "a.b.c"}, want: []string{"--table", "CDC_RELAY_TABLE", `"a.b.c" is not a table name`}},
 		{name: "table without name", set: map[string]string{"table": "public."}, want: []string{"--table", "CDC_RELAY_TABLE"}},

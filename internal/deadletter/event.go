@@ -32,6 +32,12 @@ const HeaderReplay = "cdc_relay_replay"
 // carry HeaderReplay, and may repeat events consumers already have.
 const HeaderBackfill = "cdc_relay_backfill"
 
+// HeaderSnapshot marks events published from the snapshot the relay exported
+// when it created its slot (cdc-relay run --snapshot initial); its value is
+// "initial". Such events also carry HeaderReplay and no source position, and
+// may be sent again if the relay stops before the snapshot completes.
+const HeaderSnapshot = "cdc_relay_snapshot"
+
 // FromEvent returns the dead letter of ev, which failed permanently with cause
 // on its way to topic. Headers holds every header the message carries (the
 // sink's id, event_type, aggregate_type, commit_lsn and commit_time, and the

@@ -82,17 +82,27 @@ func quoteTable(table string) string {
 
 func quoteColumn(c string) string { return pgx.Identifier{c}.Sanitize() }
 
+// Querier runs a query: *pgxpool.Pool, *pgx.Conn, pgx.Tx. A transaction that
+// imported a snapshot makes Replay read the table as of that snapshot (the
+// relay's initial snapshot).
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+var _ Querier = (*pgxpool.Pool)(nil)
+
 // Replay publishes rows still present in the outbox table again, for
 // consumers that rebuild their state, ordered by created_at then id: each as the
 // relay publishes it (key aggregate_id, value payload, the same "id" header and
 // header columns) plus the header deadletter.HeaderReplay, to the topic o.Topic
 // renders. commit_lsn is 0/0 (unknown) and commit_time carries created_at,
-// since a row read from the table has no commit position. The rows are read
-// through pool; the replay is recorded in history's replay history as kind
-// "outbox"; outbox rows are not marked. Rows are read in pages, so the table is
-// not locked or held in memory. p may be nil for a dry run. On ctx's end it
-// behaves as deadletter.Store.ReplayDeadLetters.
-func Replay(ctx context.Context, pool *pgxpool.Pool, history *deadletter.Store, table string, cols Columns, p deadletter.Publisher, o ReplayOptions) (deadletter.ReplayResult, error) {
+// since a row read from the table has no commit position. The replay is
+// recorded in history's replay history as kind "outbox"; outbox rows are not
+// marked. Rows are read through db (usually the pool; a transaction for a
+// snapshot) in pages, so the table is not locked or held in memory. p may be
+// nil for a dry run. On ctx's end it behaves as
+// deadletter.Store.ReplayDeadLetters.
+func Replay(ctx context.Context, db Querier, history *deadletter.Store, table string, cols Columns, p deadletter.Publisher, o ReplayOptions) (deadletter.ReplayResult, error) {
 	if cols.CreatedAt == "" {
 		cols.CreatedAt = "created_at"
 	}
@@ -123,7 +133,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, history *deadletter.Store, 
 				break
 			}
 		}
-		page, last, err := q.page(ctx, pool, after, limit)
+		page, last, err := q.page(ctx, db, after, limit)
 		if err != nil {
 			return r.Finish(ctx, err)
 		}
@@ -165,7 +175,7 @@ type outboxQuery struct {
 	o           ReplayOptions
 }
 
-func (q outboxQuery) page(ctx context.Context, pool *pgxpool.Pool, after *cursor, limit int) ([]*outbox.Event, cursor, error) {
+func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit int) ([]*outbox.Event, cursor, error) {
 	c := q.cols
 	created, id := quoteColumn(c.CreatedAt), quoteColumn(c.ID)
 	headerCols := slices.Sorted(maps.Keys(c.Headers))
@@ -206,7 +216,7 @@ func (q outboxQuery) page(ctx context.Context, pool *pgxpool.Pool, after *cursor
 		sql += " WHERE " + strings.Join(conds, " AND ")
 	}
 	sql += fmt.Sprintf(" ORDER BY %s, %s::text LIMIT %d", created, id, limit)
-	rows, err := pool.Query(ctx, sql, args...)
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, cursor{}, outboxErr(err, q.name)
 	}

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -109,6 +110,16 @@ type Config struct {
 	// (Kafka acknowledged every one). When nil the relay refuses to start with
 	// the explanation (on-slot-loss=fail).
 	Backfill func(ctx context.Context, pool *pgxpool.Pool, since time.Time, kind string) (int, error)
+	// Snapshot, when set, is --snapshot initial: when the relay creates its
+	// slot (there is no stored checkpoint and no slot), it creates it with
+	// EXPORT_SNAPSHOT and calls Snapshot with a transaction that imported the
+	// snapshot, to publish every outbox row tx sees, marked as snapshot rows
+	// and without a source position, before it streams from the slot's
+	// consistent point. Snapshot returns how many rows it published, once
+	// Kafka acknowledged every one. A slot that already exists takes no
+	// snapshot. See snapshot.go for restarts during the snapshot.
+	Snapshot func(ctx context.Context, pool *pgxpool.Pool, tx pgx.Tx) (int, error)
+
 	// BackfillMargin is subtracted from the stored commit time: it covers
 	// transactions that inserted their rows (created_at) that long before they
 	// committed, and clock differences. Default 10 minutes.

@@ -83,6 +83,9 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 	if state.Exists && state.Database != dbName {
 		return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: choose another --slot / CDC_RELAY_SLOT or connect to %q", slot, state.Database, dbName, state.Database)}
 	}
+	if haveStored && snapshotPending(stored, systemID) {
+		return r.retakeSnapshot(ctx, pool, conn, store, systemID, stored, state)
+	}
 	dec, err := checkpoint.Reconcile(slot, systemID, stored, haveStored, state)
 	if err != nil {
 		var gap *checkpoint.GapError
@@ -108,6 +111,9 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 		if !r.cfg.CreateSlot {
 			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, slot)}
 		}
+		if r.cfg.Snapshot != nil {
+			return r.initialSnapshot(ctx, pool, conn, store, systemID)
+		}
 		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
 			return 0, err
 		}
@@ -115,6 +121,9 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 			return 0, err
 		}
 		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
+	}
+	if r.cfg.Snapshot != nil {
+		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (--snapshot initial applies only when the relay creates the slot)")
 	}
 	start := state.ConfirmedFlush
 	// The store is written before the slot is confirmed, so a stored LSN ahead of

@@ -197,9 +197,8 @@ func deref(s *string) string {
 	return *s
 }
 
-// CreateSlot creates a pgoutput logical slot through a replication connection and
-// returns its consistent point. A slot created concurrently by another relay is
-// not an error.
+// CreateSlot creates a pgoutput logical slot through a replication connection.
+// A slot created concurrently by another relay is not an error.
 func CreateSlot(ctx context.Context, url, slot string) error {
 	conn, err := ConnectReplication(ctx, url)
 	if err != nil {
@@ -214,12 +213,77 @@ func CreateSlot(ctx context.Context, url, slot string) error {
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
 			return nil
 		}
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return configErr("create replication slot %q: %s: grant the relay's role REPLICATION (ALTER ROLE <role> REPLICATION;) or create the slot as a superuser: SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, pgErr.Message, slot)
-		}
-		return fmt.Errorf("create replication slot %q: %w", slot, err)
+		return createSlotErr(slot, err)
 	}
 	return nil
+}
+
+func createSlotErr(slot string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return configErr("create replication slot %q: %s: grant the relay's role REPLICATION (ALTER ROLE <role> REPLICATION;) or create the slot as a superuser: SELECT pg_create_logical_replication_slot('%s', 'pgoutput');", slot, pgErr.Message, slot)
+	}
+	return fmt.Errorf("create replication slot %q: %w", slot, err)
+}
+
+// ErrSlotExists is returned by CreateSlotWithSnapshot when the slot was created
+// by someone else meanwhile: no snapshot was exported; the caller should read
+// the slot again and treat it as one that already existed.
+var ErrSlotExists = errors.New("replication slot already exists")
+
+// CreateSlotWithSnapshot creates a pgoutput logical slot through a replication
+// connection with EXPORT_SNAPSHOT and, while that connection stays open (the
+// exported snapshot lives only that long), calls read with a REPEATABLE READ,
+// READ ONLY transaction on a normal connection that imported the snapshot: it
+// sees exactly the transactions committed before the slot's consistent point,
+// which is returned, so every later commit is streamed by the slot and every
+// earlier one is in the snapshot. Both connections are closed on return; the
+// slot stays whether read succeeds or not.
+func CreateSlotWithSnapshot(ctx context.Context, url, slot string, read func(ctx context.Context, tx pgx.Tx) error) (pglogrepl.LSN, error) {
+	repl, err := ConnectReplication(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer repl.Close(context.Background())
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		SnapshotAction: "EXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+			return 0, fmt.Errorf("create replication slot %q: %w", slot, ErrSlotExists)
+		}
+		return 0, createSlotErr(slot, err)
+	}
+	point, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, fmt.Errorf("create replication slot %q: parse its consistent point %q: %w", slot, res.ConsistentPoint, err)
+	}
+	if res.SnapshotName == "" {
+		return point, fmt.Errorf("create replication slot %q: the server exported no snapshot", slot)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return point, ConnectError(url, err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return point, fmt.Errorf("begin the snapshot transaction of slot %q: %w", slot, err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }() // read only; a no-op after Commit
+	// SET TRANSACTION SNAPSHOT takes no parameters: quote the name as a literal.
+	lit := "'" + strings.ReplaceAll(res.SnapshotName, "'", "''") + "'"
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+lit); err != nil {
+		return point, fmt.Errorf("import snapshot %s of slot %q: %w", res.SnapshotName, slot, err)
+	}
+	if err := read(ctx, tx); err != nil {
+		return point, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return point, fmt.Errorf("end the snapshot transaction of slot %q: %w", slot, err)
+	}
+	return point, nil
 }
 
 // IdentifySystem returns the server's system identifier through a replication

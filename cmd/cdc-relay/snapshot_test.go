@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
+)
+
+// TestInitialSnapshot starts a relay with --snapshot initial on a database
+// whose outbox already holds rows, while a writer keeps committing through
+// the start, and requires every row, old and new, in Kafka in per-key order:
+// exactly once after an uninterrupted start; at least once (nothing lost)
+// when the first relay is killed or stopped during the snapshot and a second
+// one takes it again. Rows of the snapshot carry cdc_relay_snapshot: initial.
+func TestInitialSnapshot(t *testing.T) {
+	tests := []struct {
+		name string
+		// env sets --snapshot through CDC_RELAY_SNAPSHOT instead of the flag.
+		env bool
+		// interrupt, when set, is sent to the first relay once part of the
+		// snapshot is in Kafka; produce requests are slowed until then so the
+		// snapshot is still running.
+		interrupt syscall.Signal
+		// neverFirst starts a relay with --snapshot never after the
+		// interruption, which must refuse to start.
+		neverFirst bool
+	}{
+		{name: "uninterrupted"},
+		{name: "env", env: true},
+		{name: "sigkill mid-snapshot", interrupt: syscall.SIGKILL, neverFirst: true},
+		{name: "sigterm mid-snapshot", interrupt: syscall.SIGTERM},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			f := newFixture(t, sharedPG, t.Name(), true)
+			w := verify.NewWriter(f.url, "agg-", 20, 1)
+
+			// Rows in the outbox before the relay ever ran.
+			const before = 1500
+			conn, err := pgx.Connect(ctx, f.url)
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer conn.Close(context.Background())
+			for i := range before {
+				// One row per transaction: rows of one transaction share
+				// created_at, so only separate ones have a created_at order.
+				if err := w.CommitTxn(ctx, conn, []string{fmt.Sprintf("agg-%d", i%20)}); err != nil {
+					t.Fatalf("insert row %d: %v", i, err)
+				}
+			}
+
+			var slow atomic.Bool
+			if tt.interrupt != 0 {
+				slowProduce(f.kafka, &slow)
+			}
+			stop := make(chan struct{})
+			werr := goWriteSingles(ctx, w, f.url, stop)
+
+			args := f.relayArgs("--batch-max-events", "20")
+			if !tt.env {
+				args = append(args, "--snapshot", "initial")
+			}
+			r := newRelay(t, args)
+			if tt.env {
+				r.env = append(r.env, "CDC_RELAY_SNAPSHOT=initial")
+			}
+			r.start()
+			if tt.interrupt != 0 {
+				f.waitRecords(ctx, t, 100, 30*time.Second)
+				if r.hasLog("initial snapshot done") {
+					t.Fatalf("the snapshot completed before the relay was interrupted; the test no longer interrupts it")
+				}
+				if tt.interrupt == syscall.SIGKILL {
+					r.kill()
+				} else {
+					r.signal(tt.interrupt)
+					if code, ok := r.wait(15 * time.Second); !ok || code != 0 {
+						t.Fatalf("relay stopped mid-snapshot with code %d (in time: %v), want 0", code, ok)
+					}
+				}
+				slow.Store(false)
+				if r.hasLog("initial snapshot done") {
+					t.Fatalf("the snapshot completed before the relay was interrupted; the test no longer interrupts it")
+				}
+				if tt.neverFirst {
+					never := newRelay(t, f.relayArgs("--snapshot", "never"))
+					never.start()
+					if code, ok := never.wait(30 * time.Second); !ok || code == 0 {
+						t.Fatalf("relay with --snapshot never after an incomplete snapshot: exit code %d (exited: %v), want non-zero", code, ok)
+					}
+					if !strings.Contains(never.logs.String(), "restart with --snapshot initial") {
+						t.Errorf("relay with --snapshot never did not say how to take the snapshot again")
+					}
+				}
+				r.start()
+			}
+			r.waitReady(60 * time.Second)
+			// Keep writing for a while after the relay streams.
+			readyAt := w.Count()
+			testenv.Eventually(t, 30*time.Second, func() error {
+				if n := w.Count(); n < readyAt+200 {
+					return fmt.Errorf("%d rows committed since the relay was ready, want 200", n-readyAt)
+				}
+				return nil
+			})
+			close(stop)
+			if err := <-werr; err != nil {
+				t.Fatal(err)
+			}
+
+			res, recs := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
+			t.Logf("%s: %s", tt.name, res)
+			requireComplete(t, res)
+			if tt.interrupt == 0 && res.Duplicates > 0 {
+				t.Errorf("%d duplicates after an uninterrupted snapshot, want none", res.Duplicates)
+			}
+			if tt.interrupt != 0 && !r.hasLog("the initial snapshot did not complete") {
+				t.Errorf("the restarted relay did not say it takes the snapshot again")
+			}
+			snap := checkSnapshotHeaders(t, w.Committed()[:before], recs)
+			t.Logf("%d records from the snapshot (%d rows were there before the writer started), %d streamed", snap, before, len(recs)-snap)
+
+			// A restart finds the slot: no new snapshot, nothing sent twice.
+			r.stop(10 * time.Second)
+			n := len(recs)
+			r.start()
+			r.waitReady(30 * time.Second)
+			if !r.hasLog("replication slot exists: no initial snapshot is taken") {
+				t.Errorf("the restarted relay did not log that the slot exists")
+			}
+			if err := w.CommitTxn(ctx, conn, []string{"agg-0"}); err != nil {
+				t.Fatal(err)
+			}
+			res, recs = f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
+			requireComplete(t, res)
+			if got := len(recs); got != n+1 {
+				t.Errorf("after a restart with an existing slot: %d records, want %d (one new row)", got, n+1)
+			}
+			r.stop(10 * time.Second)
+		})
+	}
+}
+
+// checkSnapshotHeaders requires every row in pre (committed before the relay
+// first started) to have arrived first with the header cdc_relay_snapshot:
+// initial and no commit position, and every record without the header to
+// carry one. It returns how many records carry the header.
+func checkSnapshotHeaders(t *testing.T, pre []verify.Event, recs []testenv.Record) int {
+	t.Helper()
+	n := 0
+	first := map[string]testenv.Record{}
+	for _, rec := range recs { // in offset order per partition; a key stays on one
+		if _, ok := first[rec.Headers["id"]]; !ok {
+			first[rec.Headers["id"]] = rec
+		}
+		snap, marked := rec.Headers["cdc_relay_snapshot"]
+		if marked {
+			n++
+		}
+		switch {
+		case marked && (snap != "initial" || rec.Headers["commit_lsn"] != "0/0"):
+			t.Errorf("snapshot record %s: cdc_relay_snapshot %q, commit_lsn %q; want initial, 0/0", rec.Headers["id"], snap, rec.Headers["commit_lsn"])
+		case !marked && rec.Headers["commit_lsn"] == "0/0":
+			t.Errorf("streamed record %s has no commit position", rec.Headers["id"])
+		}
+	}
+	for _, ev := range pre {
+		if rec := first[ev.ID]; rec.Headers["cdc_relay_snapshot"] != "initial" {
+			t.Fatalf("row %s, in the outbox before the first start, arrived without cdc_relay_snapshot: initial (headers %v)", ev.ID, rec.Headers)
+		}
+	}
+	return n
+}
+
+// goWriteSingles commits one-row transactions on random aggregates of w, a
+// few milliseconds apart, until stop is closed, and reports the first error.
+func goWriteSingles(ctx context.Context, w *verify.Writer, url string, stop <-chan struct{}) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		errc <- func() error {
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				return fmt.Errorf("writer: connect: %w", err)
+			}
+			defer conn.Close(context.Background())
+			tick := time.NewTicker(3 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-tick.C:
+				}
+				if err := w.CommitTxn(ctx, conn, []string{fmt.Sprintf("agg-%d", rand.IntN(20))}); err != nil {
+					return fmt.Errorf("writer: %w", err)
+				}
+			}
+		}()
+	}()
+	return errc
+}
+
+// slowProduce delays every produce request of k by 50ms while slow is set
+// (it is set here), so a snapshot takes seconds.
+func slowProduce(k *testenv.Kafka, slow *atomic.Bool) {
+	c := k.Cluster()
+	slow.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if slow.Load() {
+			c.SleepControl(func() { time.Sleep(50 * time.Millisecond) })
+		}
+		return nil, nil, false
+	})
+}
