@@ -34,7 +34,8 @@ func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
 		return
 	}
 	cfg.BackfillMargin = r.BackfillMargin
-	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns}
+	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns,
+		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn}
 	table, dlqTable, topic, actor := r.Table, r.DLQTable, r.Topic, "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)"
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", "backfill").Logger()
