@@ -87,9 +87,9 @@ type Metrics struct {
 	// TraceContextInvalid counts events whose tracing column held no valid
 	// trace context: they went out without traceparent/tracestate headers.
 	TraceContextInvalid prometheus.Counter
-	Replays           *prometheus.CounterVec // by kind, result
-	State             *prometheus.GaugeVec   // by state, 1 for the current one
-	BuildInfo         *prometheus.GaugeVec   // by version, goversion
+	Replays             *prometheus.CounterVec // by kind, result
+	State               *prometheus.GaugeVec   // by state, 1 for the current one
+	BuildInfo           *prometheus.GaugeVec   // by version, goversion
 }
 
 // New creates the collectors and registers them on reg.
