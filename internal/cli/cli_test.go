@@ -432,7 +432,10 @@ func TestHeaderColumns(t *testing.T) {
 		{in: nil, want: nil},
 		{in: []string{"correlation_id", "tenant=x-tenant"}, want: map[string]string{"correlation_id": "correlation_id", "tenant": "x-tenant"}},
 		{in: []string{" tenant=x-tenant "}, want: map[string]string{"tenant": "x-tenant"}},
-		{in: []string{"trace=traceparent"}, want: map[string]string{"trace": "traceparent"}},
+		// Reserved since issue 12: --column-tracing and --content-type set them.
+		{in: []string{"trace=traceparent"}, wantErr: `header "traceparent" is set by the relay itself`},
+		{in: []string{"state=tracestate"}, wantErr: `--column-tracing`},
+		{in: []string{"mime=content-type"}, wantErr: `--content-type`},
 		{in: []string{"id=event-id"}, want: map[string]string{"id": "event-id"}}, // the column may be "id" under another header
 		{in: []string{"=x"}, wantErr: "use column or column=header"},
 		{in: []string{"x="}, wantErr: "use column or column=header"},

@@ -24,6 +24,7 @@ var runFlags = map[string]string{
 	"Decoder.Columns.EventType":     "column-event-type",
 	"Decoder.Columns.Payload":       "column-payload",
 	"Decoder.HeaderColumns":         "header-columns",
+	"Decoder.ContentType":           "content-type",
 	"OpenStore":                     "checkpoint-store",
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
@@ -179,12 +180,27 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 			return nil, fmt.Errorf("column %q is listed twice (as %q and %q)", col, prev, hdr)
 		}
 		switch hdr {
-		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime, sink.HeaderSource:
-			return nil, fmt.Errorf("%q: header %q is set by the relay itself; map the column to another header name", hc, hdr)
+		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime, sink.HeaderSource,
+			outbox.HeaderContentType, outbox.HeaderTraceParent, outbox.HeaderTraceState:
+			return nil, fmt.Errorf("%q: header %q is set by the relay itself (content-type by --content-type, traceparent and tracestate from --column-tracing); map the column to another header name", hc, hdr)
 		}
 		m[col] = hdr
 	}
 	return m, nil
+}
+
+// payloadFormatFlags say what the relay derives from the payload column's type
+// and the tracing column (run, replay; see the README's Formats).
+type payloadFormatFlags struct {
+	ContentType   string `default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
+	ColumnTracing string `default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
+}
+
+func (f *payloadFormatFlags) validate() error {
+	if err := decoder.CheckContentType(f.ContentType); err != nil {
+		return flagError("content-type", err.Error())
+	}
+	return nil
 }
 
 // checkpointTableFlag names the checkpoint table (run, status).

@@ -13,13 +13,14 @@ import (
 
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
 type ReplayCmd struct {
-	PGFlags           `embed:""`
-	KafkaFlags        `embed:""`
-	outboxColumnFlags `embed:""`
-	createdAtFlag     `embed:"" set:"created_at_note= (for --since, --until and the order)"`
-	headerColumnFlags `embed:""`
-	dlqStoreFlags     `embed:""`
-	publishFlags      `embed:""`
+	PGFlags            `embed:""`
+	KafkaFlags         `embed:""`
+	outboxColumnFlags  `embed:""`
+	createdAtFlag      `embed:"" set:"created_at_note= (for --since, --until and the order)"`
+	headerColumnFlags  `embed:""`
+	payloadFormatFlags `embed:""` // --content-type, --column-tracing
+	dlqStoreFlags      `embed:""`
+	publishFlags       `embed:""`
 
 	Since       string   `help:"Replay rows created at or after this time (required): RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)." placeholder:"TIME"`
 	Until       string   `help:"Replay rows created before this time (same forms as --since; default: now)." placeholder:"TIME"`
@@ -57,6 +58,9 @@ func (r *ReplayCmd) Validate() error {
 		return flagError("header-columns", err.Error())
 	}
 	r.headers = headers
+	if err := r.payloadFormatFlags.validate(); err != nil {
+		return err
+	}
 	if strings.TrimSpace(r.Since) == "" {
 		return flagError("since", "is required: the time to replay from, "+timeHelp)
 	}
@@ -92,7 +96,8 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 		return err
 	}
 	defer done()
-	cols := outboxtable.Columns{Columns: r.columns(), CreatedAt: r.ColumnCreatedAt, Headers: r.headers}
+	cols := outboxtable.Columns{Columns: r.columns(), CreatedAt: r.ColumnCreatedAt, Headers: r.headers,
+		ContentType: r.ContentType, Tracing: r.ColumnTracing}
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),

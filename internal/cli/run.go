@@ -36,8 +36,9 @@ type RunCmd struct {
 	CreateSlot        bool `default:"true" negatable:"" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
 	CreatePublication bool `default:"true" negatable:"" help:"Create the publication when it is missing."`
 
-	outboxColumnFlags `embed:""`
-	headerColumnFlags `embed:""`
+	outboxColumnFlags  `embed:""`
+	headerColumnFlags  `embed:""`
+	payloadFormatFlags `embed:""` // --content-type, --column-tracing
 
 	Delivery      string `default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
 	OnError       string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
@@ -93,6 +94,9 @@ func (r *RunCmd) Validate() error {
 	}
 	if _, err := r.headerColumns(); err != nil {
 		return flagError("header-columns", err.Error())
+	}
+	if err := r.payloadFormatFlags.validate(); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		flag string
@@ -181,6 +185,8 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 				EventType: r.ColumnEventType, Payload: r.ColumnPayload,
 			},
 			HeaderColumns: headers,
+			ContentType:   r.ContentType,
+			TracingColumn: r.ColumnTracing,
 		},
 		Topic:             r.Topic,
 		Delivery:          r.Delivery,

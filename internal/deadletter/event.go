@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
@@ -64,7 +66,7 @@ func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 	l := Letter{
 		EventID:       id,
 		AggregateType: string(ev.AggregateType),
-		AggregateID:   string(ev.AggregateID),
+		AggregateID:   textOf(ev.AggregateID),
 		EventType:     string(ev.EventType),
 		Key:           bytes.Clone(ev.AggregateID),
 		Payload:       bytes.Clone(ev.Payload),
@@ -80,6 +82,17 @@ func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 		l.ErrorMessage = cause.Error()
 	}
 	return l
+}
+
+// textOf returns b as the text of a text column: b itself when it is valid
+// UTF-8 without NUL bytes, otherwise (a bytea key's raw bytes) Postgres's hex
+// form "\x…", which text accepts and operators can read and filter by. The
+// message key itself is stored as bytes (Letter.Key) and replayed as such.
+func textOf(b []byte) string {
+	if utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 {
+		return string(b)
+	}
+	return `\x` + hex.EncodeToString(b)
 }
 
 // Recorder returns the function the relay's dlq failure policy calls for each

@@ -1,6 +1,7 @@
 package deadletter_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -324,5 +326,57 @@ func TestReplayCanceled(t *testing.T) {
 	events, _ := s.ListReplayEvents(t.Context(), res.ReplayID)
 	if len(events) != res.Selected {
 		t.Errorf("%d results recorded for %d selected letters", len(events), res.Selected)
+	}
+}
+
+// TestReplayKeepsRawBytesAndFormatHeaders: a dead-lettered event with a bytea
+// payload and key (raw bytes, not valid UTF-8) and the content-type and trace
+// headers replays as the same bytes with the same headers.
+func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	topic := unique("replay.bytea")
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	key := []byte{0xca, 0xfe, 0x00, 0xff}
+	payload := []byte{0x00, 0x00, 0x00, 0x00, 0x2a, 0x0a, 0x03, 0xc3, 0x28, 0x00}
+	ev := &outbox.Event{
+		ID: []byte("bin-1"), AggregateType: []byte("order"), AggregateID: key, EventType: []byte("OrderPlaced"),
+		Payload: payload, CommitLSN: 0x10,
+		Headers: []outbox.Header{
+			{Key: outbox.HeaderContentType, Value: []byte("application/x-protobuf")},
+			{Key: outbox.HeaderTraceParent, Value: []byte(tp)},
+			{Key: outbox.HeaderTraceState, Value: []byte("rojo=00f067aa0ba902b7")},
+		},
+	}
+	rec, err := s.Recorder("relay-a", topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec(ctx, ev, &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}); err != nil {
+		t.Fatalf("record the dead letter of a binary event: %v", err)
+	}
+	if l := byEventID(t, s, "bin-1"); l.AggregateID != `\xcafe00ff` {
+		t.Errorf("aggregate_id column = %q, want the hex form of the binary key", l.AggregateID)
+	}
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "replay", res, deadletter.Counts{Selected: 1, Published: 1})
+	recs := kafka.MustReadAll(t, topic)
+	if len(recs) != 1 {
+		t.Fatalf("Kafka has %d records, want 1", len(recs))
+	}
+	r := recs[0]
+	if !bytes.Equal(r.Key, key) || !bytes.Equal(r.Value, payload) {
+		t.Errorf("replayed key %x, value %x; want %x, %x", r.Key, r.Value, key, payload)
+	}
+	for k, want := range map[string]string{
+		outbox.HeaderContentType: "application/x-protobuf", outbox.HeaderTraceParent: tp, outbox.HeaderTraceState: "rojo=00f067aa0ba902b7",
+	} {
+		if got, ok := r.Headers[k]; !ok || got != want {
+			t.Errorf("replayed header %s = %q (present %v), want %q", k, got, ok, want)
+		}
 	}
 }

@@ -30,6 +30,7 @@ const (
 	fieldSchema        = "Schema"
 	fieldTable         = "Table"
 	fieldHeaderColumns = "HeaderColumns"
+	fieldContentType   = "ContentType"
 )
 
 // columnFields names the Config field of each required column, in field order
@@ -96,7 +97,18 @@ type Config struct {
 	Columns       Columns
 	// HeaderColumns maps extra outbox columns to Kafka header keys, e.g.
 	// "correlation_id" -> "correlation_id". NULL values produce no header.
+	// The headers the relay sets itself cannot be targets (see New).
 	HeaderColumns map[string]string
+	// ContentType says when events carry a content-type header:
+	// ContentTypeAuto (application/json for a json or jsonb payload column,
+	// none otherwise; the CLI's default), "" or ContentTypeNone (never), or a
+	// MIME type for every event.
+	ContentType string
+	// TracingColumn names the column holding a trace context (see
+	// ParseTraceContext), sent as traceparent and tracestate headers; e.g.
+	// DefaultTracingColumn. A table without it is no error: events then carry
+	// no trace headers. "" means none.
+	TracingColumn string
 }
 
 // Kind says what a decoded Message carries.
@@ -151,6 +163,20 @@ type Message struct {
 	// Event is set for KindEvent only, with XID, CommitLSN and CommitTime of the
 	// current transaction. It does not share memory with the decoded buffer.
 	Event *outbox.Event
+	// BadTrace is set for KindEvent when the tracing column held a value that
+	// is not a trace context (see ParseTraceContext): the event carries no
+	// trace headers and is published all the same. The caller counts and logs it.
+	BadTrace error
+}
+
+// reservedHeader reports whether key is a header the relay derives from the
+// row itself, which a header column cannot set.
+func reservedHeader(key string) bool {
+	switch key {
+	case outbox.HeaderContentType, outbox.HeaderTraceParent, outbox.HeaderTraceState:
+		return true
+	}
+	return false
 }
 
 // headerCol is one configured header column.
@@ -168,6 +194,8 @@ type outboxRel struct {
 	fields  [numFields]int // column index of each required column
 	headers []int          // column index of each Decoder.headers entry
 	keep    []int          // distinct column indexes copied into an event, ascending
+	tracing int            // column index of the tracing column, -1 when absent
+	format  Format
 }
 
 // span locates one column value of the tuple being decoded.
@@ -189,6 +217,9 @@ type Decoder struct {
 	out   outboxRel
 	spans []span // scratch, one per column of the outbox table
 
+	contentType   string
+	tracingColumn string
+
 	inTxn      bool
 	xid        uint32
 	commitLSN  pglogrepl.LSN
@@ -209,13 +240,20 @@ func New(cfg Config) (*Decoder, error) {
 			return nil, config.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
-	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{})}
+	if err := CheckContentType(cfg.ContentType); err != nil {
+		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
+	}
+	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
+		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
 			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
 		}
 		if key == "" {
 			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
+		}
+		if reservedHeader(key) {
+			return nil, config.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
 		}
 		d.headers = append(d.headers, headerCol{column: column, key: key})
 	}
@@ -367,7 +405,8 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		d.out = outboxRel{}
 	}
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols}
+	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1}
+	var types [numFields]uint32
 	if isOutbox {
 		for i := range rel.fields {
 			rel.fields[i] = -1
@@ -380,7 +419,8 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 	for col := range ncols {
 		r.skip(1) // flags
 		colName := r.cstring()
-		r.skip(8) // type oid, type modifier
+		typ := r.uint32()
+		r.skip(4) // type modifier
 		if r.err != nil {
 			return Message{}, fmt.Errorf("column %d of %d: %w", col, ncols, r.err)
 		}
@@ -390,7 +430,11 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		for f, want := range d.columns {
 			if string(colName) == want {
 				rel.fields[f] = col
+				types[f] = typ
 			}
+		}
+		if d.tracingColumn != "" && string(colName) == d.tracingColumn {
+			rel.tracing = col
 		}
 		for h, hc := range d.headers {
 			if string(colName) == hc.column {
@@ -416,6 +460,13 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 			}
 			rel.keep = append(rel.keep, col)
 		}
+		if rel.tracing >= 0 {
+			rel.keep = append(rel.keep, rel.tracing)
+		}
+		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
+		// keep lists each column once; a column that is both the payload or key
+		// and another field shows up as fewer keep entries than fields.
+		rel.format.shared = len(slices.Compact(slices.Sorted(slices.Values(rel.keep)))) < len(rel.keep)
 		slices.Sort(rel.keep)
 		rel.keep = slices.Compact(rel.keep)
 		d.out = rel
@@ -510,7 +561,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 
 	var ev *outbox.Event
 	var hdr []outbox.Header
-	switch nh := len(d.headers); {
+	switch nh := len(d.headers) + d.out.format.extraHeaders(); {
 	case nh == 0:
 		ev = new(outbox.Event)
 	case nh <= inlineHeaders:
@@ -531,13 +582,22 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			hdr = append(hdr, outbox.Header{Key: d.headers[h].key, Value: value(buf, s)})
 		}
 	}
-	if len(hdr) > 0 {
-		ev.Headers = hdr
+	ev.Headers = hdr
+	var trace []byte
+	if d.out.tracing >= 0 {
+		trace = value(buf, spans[d.out.tracing])
+	}
+	badTrace, err := d.out.format.Apply(ev, trace)
+	if err != nil {
+		return Message{}, err
+	}
+	if len(ev.Headers) == 0 {
+		ev.Headers = nil
 	}
 	ev.XID = d.xid
 	ev.CommitLSN = d.commitLSN
 	ev.CommitTime = d.commitTime
-	return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev}, nil
+	return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev, BadTrace: badTrace}, nil
 }
 
 // value returns the column's bytes in buf, nil for NULL. The capacity is clipped so

@@ -84,9 +84,12 @@ type Metrics struct {
 	Heartbeats        *prometheus.CounterVec // by result
 	DeadLetters       *prometheus.CounterVec // by code
 	DeadLetterBacklog prometheus.Gauge
-	Replays           *prometheus.CounterVec // by kind, result
-	State             *prometheus.GaugeVec   // by state, 1 for the current one
-	BuildInfo         *prometheus.GaugeVec   // by version, goversion
+	// TraceContextInvalid counts events whose tracing column held no valid
+	// trace context: they went out without traceparent/tracestate headers.
+	TraceContextInvalid prometheus.Counter
+	Replays             *prometheus.CounterVec // by kind, result
+	State               *prometheus.GaugeVec   // by state, 1 for the current one
+	BuildInfo           *prometheus.GaugeVec   // by version, goversion
 }
 
 // New creates the collectors and registers them on reg.
@@ -224,6 +227,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "dead_letter_backlog",
 			Help: "Dead letters not replayed yet (pending), read from the dead-letter table.",
 		}),
+		TraceContextInvalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "trace_context_invalid_total",
+			Help: "Events whose tracing column (--column-tracing) was neither a W3C traceparent nor Debezium's properties text; they were published without trace headers.",
+		}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "replayed_events_total",
 			Help: "Events republished by replays, by kind (dlq, outbox) and result.",
@@ -245,7 +252,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
-		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
+		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid,
 	)
 	for _, s := range States {
 		m.State.WithLabelValues(s).Set(0)

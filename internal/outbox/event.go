@@ -9,6 +9,18 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
+// Headers the relay derives from the outbox row itself (decoder.Format): they
+// are reserved, as the sink's own headers are, and cannot be the target of a
+// header column.
+const (
+	// HeaderContentType is the payload's MIME type (--content-type).
+	HeaderContentType = "content-type"
+	// HeaderTraceParent and HeaderTraceState carry the W3C trace context of
+	// the tracing column (--column-tracing).
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
 // Header is one extra Kafka header taken from an outbox column.
 type Header struct {
 	Key   string
@@ -17,15 +29,16 @@ type Header struct {
 
 // Event is one committed INSERT into the outbox table.
 //
-// The byte slices hold the text form of each column as Postgres sent it; nil means
-// SQL NULL. They usually share one backing allocation owned by the Event, so a
+// The byte slices hold the text form of each column as Postgres sent it, except
+// that a bytea payload or aggregate id holds its raw bytes (decoder.Format);
+// nil means SQL NULL. They usually share one backing allocation owned by the Event, so a
 // consumer must not append to them.
 type Event struct {
 	ID            []byte // event id: the downstream idempotency key
 	AggregateType []byte
 	AggregateID   []byte // Kafka message key
 	EventType     []byte
-	Payload       []byte // Kafka message value, as stored (JSON text for jsonb)
+	Payload       []byte // Kafka message value, as stored (JSON text for jsonb, raw bytes for bytea)
 	Headers       []Header
 
 	XID        uint32

@@ -31,6 +31,13 @@ type Columns struct {
 	// Headers maps extra columns to Kafka headers, as the relay's
 	// --header-columns (decoder.Config.HeaderColumns); NULL columns send none.
 	Headers map[string]string
+	// ContentType and Tracing are the relay's --content-type and
+	// --column-tracing (decoder.Config.ContentType, TracingColumn): rows are
+	// published in the stream's format (decoder.Format), a bytea payload or key
+	// as raw bytes. A Tracing column the table lacks is ignored, as the relay
+	// ignores it.
+	ContentType string
+	Tracing     string
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -125,6 +132,9 @@ func Replay(ctx context.Context, db Querier, history *deadletter.Store, table st
 		return deadletter.ReplayResult{}, err
 	}
 	q := outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
+	if err := q.describe(ctx, db); err != nil {
+		return r.Finish(ctx, err)
+	}
 	var after *cursor
 	for {
 		limit := r.BatchSize()
@@ -173,6 +183,42 @@ type outboxQuery struct {
 	table, name string
 	cols        Columns
 	o           ReplayOptions
+	format      decoder.Format // set by describe
+	tracing     bool           // the table has cols.Tracing
+}
+
+// describe reads the types of the payload and key columns and whether the
+// tracing column exists from the catalog, as the relay learns them from the
+// Relation message (pg_attribute.atttypid is the type OID pgoutput sends).
+func (q *outboxQuery) describe(ctx context.Context, db Querier) error {
+	rows, err := db.Query(ctx, `SELECT attname, atttypid::int8 FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
+	if err != nil {
+		return outboxErr(err, q.name)
+	}
+	defer rows.Close()
+	var payloadType, keyType uint32
+	for rows.Next() {
+		var name string
+		var oid int64
+		if err := rows.Scan(&name, &oid); err != nil {
+			return fmt.Errorf("read columns of outbox table %s: %w", q.name, err)
+		}
+		switch name {
+		case q.cols.Payload:
+			payloadType = uint32(oid)
+		case q.cols.AggregateID:
+			keyType = uint32(oid)
+		}
+		if q.cols.Tracing != "" && name == q.cols.Tracing {
+			q.tracing = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return outboxErr(err, q.name)
+	}
+	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
+	return nil
 }
 
 func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit int) ([]*outbox.Event, cursor, error) {
@@ -183,6 +229,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		quoteColumn(c.EventType) + "::text", quoteColumn(c.Payload) + "::text", created}
 	for _, h := range headerCols {
 		sel = append(sel, quoteColumn(h)+"::text")
+	}
+	if q.tracing {
+		sel = append(sel, quoteColumn(c.Tracing)+"::text")
 	}
 	var conds []string
 	var args []any
@@ -226,9 +275,13 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	for rows.Next() {
 		vals := make([]*string, 5+len(headerCols))
 		var createdAt time.Time
+		var trace *string
 		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
 		for i := range headerCols {
 			dest = append(dest, &vals[5+i])
+		}
+		if q.tracing {
+			dest = append(dest, &trace)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
@@ -245,6 +298,11 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 			if v := vals[5+i]; v != nil {
 				ev.Headers = append(ev.Headers, outbox.Header{Key: c.Headers[col], Value: []byte(*v)})
 			}
+		}
+		// A bad trace context goes out without trace headers, as from the
+		// stream (whose relay counts and logs it).
+		if _, err := q.format.Apply(ev, b(trace)); err != nil {
+			return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
 		}
 		out = append(out, ev)
 		last = cursor{createdAt: createdAt, id: string(ev.ID)}

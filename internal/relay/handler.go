@@ -81,6 +81,9 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 			return errors.New("decode pgoutput message: insert outside a transaction")
 		}
 		ev := msg.Event
+		if msg.BadTrace != nil {
+			h.badTrace(ev, msg.BadTrace)
+		}
 		ev.Seq = h.seq
 		ev.Origin, ev.Index = h.origin, h.index
 		h.index++
@@ -113,6 +116,14 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		h.inTxn = false
 	}
 	return nil
+}
+
+// badTrace counts and logs (sampled) an event whose tracing column held no
+// trace context; the event goes out without trace headers.
+func (h *handler) badTrace(ev *outbox.Event, err error) {
+	h.m.TraceContextInvalid.Inc()
+	h.relay.eventLog.Warn().Err(err).Str("event_id", string(ev.ID)).Str("lsn", ev.CommitLSN.String()).
+		Msg("tracing column holds no valid trace context; the event is published without traceparent/tracestate headers")
 }
 
 // delivered is the producer's Done (see settle); dead letters it stores are
