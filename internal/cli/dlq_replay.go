@@ -14,6 +14,7 @@ type DLQReplayCmd struct {
 	dlqStoreFlags     `embed:""`
 	letterFilterFlags `embed:""`
 	publishFlags      `embed:""`
+	formatFlags       `embed:"" set:"cloudevents_source_note=; required here"`
 
 	// Not KafkaFlags: a dead letter goes back to the topic stored with it, so
 	// --topic would mean nothing here.
@@ -56,7 +57,11 @@ func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
 		if err := s.Ensure(ctx); err != nil {
 			return err
 		}
-		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, env.Stderr)
+		ceSource, err := c.ceSource(c.PGURL, "")
+		if err != nil {
+			return err
+		}
+		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, ceSource, env.Stderr)
 		if err != nil {
 			return err
 		}

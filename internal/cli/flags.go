@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/user"
 	"regexp"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
@@ -203,6 +205,42 @@ func (f *payloadFormatFlags) validate() error {
 	return nil
 }
 
+// formatFlags choose the record format (run, replay, dlq replay).
+type formatFlags struct {
+	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also the CloudEvents Kafka binding's binary content mode (ce_specversion, ce_id, ce_source, ce_type, ce_time; content-type from --content-type), the value unchanged."`
+	CloudEventsSource string `name:"cloudevents-source" help:"ce_source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
+}
+
+// ceSource returns the sink's CloudEventsSource: "" unless --format
+// cloudevents, else --cloudevents-source or the default naming the database
+// of pgURL and the outbox table (table "" when the command has none).
+func (f *formatFlags) ceSource(pgURL, table string) (string, error) {
+	if f.Format != "cloudevents" {
+		if f.CloudEventsSource != "" {
+			return "", flagError("cloudevents-source", "applies only with --format cloudevents")
+		}
+		return "", nil
+	}
+	if f.CloudEventsSource != "" {
+		if strings.ContainsAny(f.CloudEventsSource, " \t\n") {
+			return "", flagError("cloudevents-source", fmt.Sprintf("%q is not a URI reference (no spaces)", f.CloudEventsSource))
+		}
+		return f.CloudEventsSource, nil
+	}
+	if table == "" {
+		return "", flagError("cloudevents-source", "is required with --format cloudevents here: give the ce_source the relay used, e.g. /cdc-relay/app/public.outbox_events")
+	}
+	cfg, err := pgconn.ParseConfig(pgURL)
+	if err != nil || cfg.Database == "" {
+		return "", flagError("cloudevents-source", "cannot be derived: no database name in --pg-url; set it")
+	}
+	schema, tbl, err := splitTable(table)
+	if err != nil {
+		return "", err
+	}
+	return "/cdc-relay/" + url.PathEscape(cfg.Database) + "/" + url.PathEscape(schema+"."+tbl), nil
+}
+
 // checkpointTableFlag names the checkpoint table (run, status).
 type checkpointTableFlag struct {
 	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table${checkpoint_table_note=}."`
@@ -321,7 +359,7 @@ func (f *publishFlags) actor() string {
 }
 
 // publisher connects to Kafka for a replay, or returns nil for a dry run.
-func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, ceSource string, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
 	if f.DryRun {
 		return nil, nil
 	}
@@ -334,9 +372,10 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
 	p, err := deadletter.NewKafkaPublisher(octx, sink.Config{
-		Brokers:   brokers,
-		Logger:    log,
-		Transport: transport,
+		Brokers:           brokers,
+		Logger:            log,
+		Transport:         transport,
+		CloudEventsSource: ceSource,
 	})
 	if err != nil {
 		return nil, sec.explainKafkaError(err)
@@ -348,8 +387,8 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 // replayPublisher is publisher as the deadletter.Publisher a replay takes:
 // nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
 // and done, which closes it.
-func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
-	p, err := f.publisher(ctx, brokers, sec, stderr)
+func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, ceSource string, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
+	p, err := f.publisher(ctx, brokers, sec, ceSource, stderr)
 	if err != nil || p == nil {
 		return nil, func() {}, err
 	}

@@ -18,6 +18,7 @@ type ReplayCmd struct {
 	outboxColumnFlags  `embed:""`
 	createdAtFlag      `embed:"" set:"created_at_note= (for --since, --until and the order)"`
 	headerColumnFlags  `embed:""`
+	formatFlags        `embed:""`
 	payloadFormatFlags `embed:""` // --content-type, --column-tracing
 	dlqStoreFlags      `embed:""`
 	publishFlags       `embed:""`
@@ -91,7 +92,11 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err := store.Ensure(ctx); err != nil {
 		return err
 	}
-	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, env.Stderr)
+	ceSource, err := r.ceSource(r.PGURL, r.Table)
+	if err != nil {
+		return err
+	}
+	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, ceSource, env.Stderr)
 	if err != nil {
 		return err
 	}

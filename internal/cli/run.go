@@ -38,6 +38,7 @@ type RunCmd struct {
 
 	outboxColumnFlags  `embed:""`
 	headerColumnFlags  `embed:""`
+	formatFlags        `embed:""`
 	payloadFormatFlags `embed:""` // --content-type, --column-tracing
 
 	Delivery      string `default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
@@ -174,6 +175,10 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
+	ceSource, err := r.ceSource(r.PGURL, r.Table)
+	if err != nil {
+		return relay.Config{}, err
+	}
 	cfg := relay.Config{
 		PGURL:       r.PGURL,
 		Slot:        r.Slot,
@@ -193,12 +198,13 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		CreateSlot:        r.CreateSlot,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{
-			Brokers:        r.KafkaBrokers,
-			BatchMaxEvents: r.BatchMaxEvents,
-			BatchMaxBytes:  r.BatchMaxBytes,
-			Compression:    compression(r.Compression),
-			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
-			Transport:      transport,
+			Brokers:           r.KafkaBrokers,
+			BatchMaxEvents:    r.BatchMaxEvents,
+			BatchMaxBytes:     r.BatchMaxBytes,
+			Compression:       compression(r.Compression),
+			Retry:             backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+			Transport:         transport,
+			CloudEventsSource: ceSource,
 		},
 		RelayName:        relayName(r.RelayName),
 		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,

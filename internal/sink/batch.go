@@ -104,6 +104,14 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 		pos = e.pos
 		nh++
 	}
+	ce := e.ceSource != nil
+	ceTime := ce && !ev.CommitTime.IsZero()
+	if ce {
+		nh += 4
+		if ceTime {
+			nh++
+		}
+	}
 	size := 1 + 1 + varintLen(int64(i)) + // attributes, timestampDelta 0, offsetDelta
 		valueLen(ev.AggregateID) + valueLen(ev.Payload) + varintLen(int64(nh)) +
 		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
@@ -111,6 +119,13 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 		headerLen(HeaderCommitTime, ct)
 	if pos != nil {
 		size += headerLen(HeaderSource, pos)
+	}
+	if ce {
+		size += headerLen(HeaderCESpecVersion, ceSpecVersion) + headerLen(HeaderCEID, ev.ID) +
+			headerLen(HeaderCESource, e.ceSource) + headerLen(HeaderCEType, ev.EventType)
+		if ceTime {
+			size += headerLen(HeaderCETime, ct)
+		}
 	}
 	for _, h := range ev.Headers {
 		size += headerLen(h.Key, h.Value)
@@ -130,6 +145,17 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 	dst = appendHeader(dst, HeaderCommitTime, ct)
 	if pos != nil {
 		dst = appendHeader(dst, HeaderSource, pos)
+	}
+	if ce {
+		// CloudEvents' Kafka binding, binary content mode: the attributes as
+		// ce_ headers, the payload as the data, unchanged.
+		dst = appendHeader(dst, HeaderCESpecVersion, ceSpecVersion)
+		dst = appendHeader(dst, HeaderCEID, ev.ID)
+		dst = appendHeader(dst, HeaderCESource, e.ceSource)
+		dst = appendHeader(dst, HeaderCEType, ev.EventType)
+		if ceTime {
+			dst = appendHeader(dst, HeaderCETime, ct) // RFC 3339, as the spec's time attribute
+		}
 	}
 	for _, h := range ev.Headers {
 		dst = appendHeader(dst, h.Key, h.Value)

@@ -26,6 +26,19 @@ const (
 	HeaderSource = "source_position"
 )
 
+// CloudEvents attributes (Kafka protocol binding, binary content mode) the
+// sink sets with Config.CloudEventsSource; content-type, when set, comes
+// from the event's headers (decoder.Format).
+const (
+	HeaderCESpecVersion = "ce_specversion"
+	HeaderCEID          = "ce_id"
+	HeaderCESource      = "ce_source"
+	HeaderCEType        = "ce_type"
+	HeaderCETime        = "ce_time"
+)
+
+var ceSpecVersion = []byte("1.0")
+
 // encoder turns batches into produce requests (see batch.go for the wire
 // format). It runs on the dispatcher goroutine only. It keeps the formatted
 // commit LSN and time of the last event, which consecutive events mostly
@@ -35,9 +48,11 @@ type encoder struct {
 	lsnText []byte
 	ts      time.Time
 	tsText  []byte
-	pos     []byte     // the last source_position header value
-	raw     []byte     // uncompressed records, when compressing
-	free    []*wireBuf // buffers of finished requests
+	pos     []byte // the last source_position header value
+	// ceSource is Config.CloudEventsSource as bytes; nil: no CloudEvents headers.
+	ceSource []byte
+	raw      []byte     // uncompressed records, when compressing
+	free     []*wireBuf // buffers of finished requests
 }
 
 // maxFreeBufs bounds the buffers kept for reuse: about one per broker with a
@@ -49,6 +64,9 @@ const maxFreeBufs = 8
 func (e *encoder) build(k *Kafka, r *request) (*rawproduce.Request, error) {
 	buf := e.buffer()
 	codec := k.cfg.Compression.Codec()
+	if src := k.cfg.CloudEventsSource; src != "" && string(e.ceSource) != src {
+		e.ceSource = []byte(src)
+	}
 	topics := make([]rawproduce.RequestTopic, 0, 1)
 	readers := make([]batchReader, len(r.parts))
 	ends := make([]int, len(r.parts))

@@ -74,6 +74,11 @@ type Config struct {
 	// batch re-sent after a lost answer is not appended twice. Open falls
 	// back to producing without it when the broker gives no producer id.
 	Idempotent bool
+	// CloudEventsSource, when set, makes every record a CloudEvent in the
+	// Kafka binding's binary content mode: ce_specversion 1.0, ce_id the event
+	// id, ce_source this value, ce_type the event type, ce_time the commit
+	// time; the value stays the payload.
+	CloudEventsSource string
 	// RequestTimeout bounds one produce attempt.
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
