@@ -29,7 +29,8 @@ const EnvPrefix = "CDC_RELAY"
 
 // CLI is the command tree.
 type CLI struct {
-	ConfigFile string `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
+	ConfigFile     string `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
+	DebeziumConfig string `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these flags; flags, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
@@ -81,7 +82,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 // parse fills c from args and the environment, running every Validate hook.
 // exit is called instead of os.Exit after --help.
 func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*kong.Context, error) {
-	var config configLoader
+	config := configLoader{stderr: stderr}
 	parser, err := kong.New(c,
 		kong.Name("cdc-relay"),
 		kong.Description("Relays committed outbox INSERTs from Postgres logical replication to Kafka, at least once, in per-aggregate order."),
@@ -90,6 +91,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.Exit(exit),
 		defaults,
 		kong.WithBeforeResolve(config.beforeResolve),
+		kong.Bind(&config),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("build command line: %w", err)

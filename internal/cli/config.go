@@ -116,7 +116,7 @@ func knownKeys(app *kong.Application) map[string]bool {
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		for _, f := range n.Flags {
-			if f.Name != "help" && f.Name != configFlag {
+			if f.Name != "help" && f.Name != configFlag && f.Name != debeziumFlag {
 				known[f.Name] = true
 			}
 		}
@@ -281,8 +281,10 @@ var anyFlag = regexp.MustCompile(`--([a-z0-9-]+)`)
 // to the parse as a resolver. Kong calls a BeforeResolve hook once per
 // element of the parsed path, so it loads the file the first time only.
 type configLoader struct {
-	loaded bool
-	file   *configFile // nil: no file
+	loaded   bool
+	file     *configFile   // nil: no file
+	debezium *debeziumFile // nil: no --debezium-config (debezium_cmd.go)
+	stderr   io.Writer     // warnings
 }
 
 // beforeResolve is the kong.WithBeforeResolve hook.
@@ -299,6 +301,9 @@ func (l *configLoader) beforeResolve(ctx *kong.Context) error {
 	}
 	if flag == nil {
 		return errors.New("no --config flag in the command line model")
+	}
+	if err := l.loadDebezium(ctx); err != nil {
+		return err
 	}
 	path, _ := ctx.FlagValue(flag).(string)
 	if path == "" {

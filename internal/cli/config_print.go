@@ -16,7 +16,8 @@ import (
 
 // ConfigCmd is "cdc-relay config".
 type ConfigCmd struct {
-	Print ConfigPrintCmd `cmd:"" help:"Show the effective configuration of run: every run flag's value and where it came from (flag, env, file or default), with secrets redacted. Takes the same flags as run, and checks nothing but their syntax."`
+	Print        ConfigPrintCmd        `cmd:"" help:"Show the effective configuration of run: every run flag's value and where it came from (flag, env, file, debezium or default), with secrets redacted. Takes the same flags as run, and checks nothing but their syntax."`
+	FromDebezium ConfigFromDebeziumCmd `cmd:"" name:"from-debezium" help:"Print the --config YAML equivalent to a Debezium connector configuration (see --debezium-config)."`
 }
 
 // runFlagSet is RunCmd's flags without RunCmd's methods, so config print
@@ -55,7 +56,7 @@ type setting struct {
 // BeforeApply records each run flag's value and source before kong applies
 // and checks them (the checks read the *-file flags, whose content is
 // secret). Kong calls it as the parse's hook.
-func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context) error {
+func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context, loader *configLoader) error {
 	node := ctx.Selected()
 	if node == nil {
 		return fmt.Errorf("config print: no command selected")
@@ -66,7 +67,7 @@ func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context) error {
 			continue
 		}
 		if tr.Resolved {
-			from[tr.Flag] = sourceFile // the config file is the only resolver
+			from[tr.Flag] = loader.resolvedSource(tr.Flag.Name) // --config or --debezium-config
 		} else {
 			from[tr.Flag] = sourceFlag
 		}

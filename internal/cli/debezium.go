@@ -1,0 +1,392 @@
+package cli
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Debezium connector configurations, as they are: a PostgresConnector with
+// the Outbox Event Router translates into cdc-relay's own flags (the values a
+// --config YAML file would set). Defaults are Debezium's, so a minimal
+// connector config maps to Debezium's column names (aggregatetype,
+// aggregateid, type, payload), slot (debezium) and publication
+// (dbz_publication). Whatever cdc-relay does not implement is refused, in one
+// error naming every such property; what cannot change the output is named in
+// one warning.
+
+// Debezium class names and defaults (connectors/postgresql.adoc,
+// transformations/outbox-event-router.adoc).
+const (
+	dbzPostgresConnector = "io.debezium.connector.postgresql.PostgresConnector"
+	dbzEventRouter       = "io.debezium.transforms.outbox.EventRouter"
+	dbzDefaultRegex      = "(?<routedByValue>.*)"
+	dbzRoutedByValue     = "${routedByValue}"
+)
+
+// dbzSetting is one native flag value and the Debezium property it came from.
+type dbzSetting struct {
+	Flag     string
+	Value    any // string or bool
+	Property string
+}
+
+// debeziumMapping is a connector configuration translated to native flags.
+type debeziumMapping struct {
+	Settings []dbzSetting // sorted by flag
+	Warnings []string     // one line each
+}
+
+// value returns the mapped value of flag, if any.
+func (m *debeziumMapping) value(flag string) (any, bool) {
+	for _, s := range m.Settings {
+		if s.Flag == flag {
+			return s.Value, true
+		}
+	}
+	return nil, false
+}
+
+// dbzTranslator carries one translation's state.
+type dbzTranslator struct {
+	props    map[string]string
+	consumed map[string]bool
+	set      map[string]dbzSetting
+	refused  []string // "property: reason"
+	ignored  []string // properties that cannot change the output
+	notes    []string // other warnings
+}
+
+// get returns a property's value and marks it handled.
+func (t *dbzTranslator) get(key string) (string, bool) {
+	v, ok := t.props[key]
+	if ok {
+		t.consumed[key] = true
+	}
+	return v, ok
+}
+
+// getOr returns a property's value, or def when it is absent or empty.
+func (t *dbzTranslator) getOr(key, def string) string {
+	if v, ok := t.get(key); ok && strings.TrimSpace(v) != "" {
+		return strings.TrimSpace(v)
+	}
+	return def
+}
+
+func (t *dbzTranslator) put(flag string, v any, property string) {
+	t.set[flag] = dbzSetting{Flag: flag, Value: v, Property: property}
+}
+
+func (t *dbzTranslator) refuse(property, reason string) {
+	t.consumed[property] = true
+	t.refused = append(t.refused, property+": "+reason)
+}
+
+// debeziumError is a connector configuration cdc-relay cannot run as it is.
+type debeziumError struct {
+	path     string
+	problems []string
+}
+
+func (e *debeziumError) Error() string {
+	if len(e.problems) == 1 {
+		return fmt.Sprintf("debezium config %s: %s (see the README's \"Coming from Debezium\")", e.path, e.problems[0])
+	}
+	return fmt.Sprintf("debezium config %s: %d properties cdc-relay does not implement or refuses (remove or change them; see the README's \"Coming from Debezium\"):\n  %s",
+		e.path, len(e.problems), strings.Join(e.problems, "\n  "))
+}
+
+// translateDebezium maps a connector's properties (indirections resolved) to
+// native flags. path names the file in errors.
+func translateDebezium(path string, props map[string]string) (*debeziumMapping, error) {
+	t := &dbzTranslator{props: props, consumed: map[string]bool{}, set: map[string]dbzSetting{}}
+	t.connector()
+	t.database()
+	t.replication()
+	t.converters()
+	t.transforms()
+	t.rest()
+	if len(t.refused) > 0 {
+		sort.Strings(t.refused)
+		return nil, &debeziumError{path: path, problems: t.refused}
+	}
+	m := &debeziumMapping{}
+	for _, s := range t.set {
+		m.Settings = append(m.Settings, s)
+	}
+	sort.Slice(m.Settings, func(i, j int) bool { return m.Settings[i].Flag < m.Settings[j].Flag })
+	if len(t.ignored) > 0 {
+		sort.Strings(t.ignored)
+		m.Warnings = append(m.Warnings, "ignored, they cannot change what cdc-relay produces: "+strings.Join(t.ignored, ", "))
+	}
+	m.Warnings = append(m.Warnings, t.notes...)
+	return m, nil
+}
+
+func (t *dbzTranslator) connector() {
+	switch c, ok := t.get("connector.class"); {
+	case !ok:
+		t.refuse("connector.class", "missing; want "+dbzPostgresConnector)
+	case strings.TrimSpace(c) != dbzPostgresConnector:
+		t.refuse("connector.class", fmt.Sprintf("%q is not supported; cdc-relay replaces %s only", c, dbzPostgresConnector))
+	}
+	if n := t.getOr("name", ""); n != "" {
+		t.put("relay-name", n, "name")
+	}
+	if _, ok := t.get("tasks.max"); ok {
+		t.ignored = append(t.ignored, "tasks.max")
+	}
+	if p, ok := t.get("topic.prefix"); ok {
+		t.notes = append(t.notes, fmt.Sprintf("topic.prefix %q is ignored: it only names Debezium's default topics, which the Event Router replaces", p))
+	}
+	if _, ok := t.get("database.server.name"); ok {
+		t.ignored = append(t.ignored, "database.server.name")
+	}
+}
+
+// database builds --pg-url from database.*.
+func (t *dbzTranslator) database() {
+	host := t.getOr("database.hostname", "")
+	port := t.getOr("database.port", "5432")
+	user := t.getOr("database.user", "")
+	password, _ := t.get("database.password")
+	db := t.getOr("database.dbname", "")
+	if host == "" {
+		t.refuse("database.hostname", "missing: the host of the database holding the outbox table")
+	}
+	if user == "" {
+		t.refuse("database.user", "missing: the user cdc-relay connects as (it needs the REPLICATION attribute)")
+	}
+	if db == "" {
+		t.refuse("database.dbname", "missing: the database holding the outbox table")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		t.refuse("database.port", fmt.Sprintf("%q: want a port number from 1 to 65535", port))
+	}
+	u := url.URL{Scheme: "postgres", Host: net.JoinHostPort(host, port), Path: "/" + db}
+	if password != "" {
+		u.User = url.UserPassword(user, password)
+	} else {
+		u.User = url.User(user)
+	}
+	q := url.Values{}
+	for _, p := range []struct{ prop, param string }{
+		{"database.sslmode", "sslmode"}, {"database.sslrootcert", "sslrootcert"},
+		{"database.sslcert", "sslcert"}, {"database.sslkey", "sslkey"},
+	} {
+		if v := t.getOr(p.prop, ""); v != "" {
+			q.Set(p.param, v)
+		}
+	}
+	u.RawQuery = q.Encode()
+	if host != "" && user != "" && db != "" {
+		t.put("pg-url", u.String(), "database.*")
+	}
+}
+
+// replication maps slot, publication, table, plugin, heartbeat, snapshot.
+func (t *dbzTranslator) replication() {
+	t.put("slot", t.getOr("slot.name", "debezium"), "slot.name")
+	t.put("publication", t.getOr("publication.name", "dbz_publication"), "publication.name")
+	switch m := t.getOr("publication.autocreate.mode", "all_tables"); m {
+	case "disabled":
+		t.put("create-publication", false, "publication.autocreate.mode")
+	case "filtered", "all_tables":
+		t.put("create-publication", true, "publication.autocreate.mode")
+		if m == "all_tables" {
+			t.notes = append(t.notes, "publication.autocreate.mode all_tables: cdc-relay creates its publication for the outbox table only (as filtered does)")
+		}
+	default:
+		t.refuse("publication.autocreate.mode", fmt.Sprintf("%q: want disabled, filtered or all_tables", m))
+	}
+	switch list, ok := t.get("table.include.list"); {
+	case !ok || strings.TrimSpace(list) == "":
+		t.refuse("table.include.list", "missing: name the one outbox table, schema-qualified (public.outbox)")
+	default:
+		entries := strings.Split(list, ",")
+		if len(entries) != 1 {
+			t.refuse("table.include.list", fmt.Sprintf("%q lists %d tables; cdc-relay relays one outbox table (run one relay per table)", list, len(entries)))
+			break
+		}
+		table := strings.ReplaceAll(strings.TrimSpace(entries[0]), `\.`, ".")
+		if strings.ContainsAny(table, `\^$*+?()[]{}|`) {
+			t.refuse("table.include.list", fmt.Sprintf("%q is a pattern; cdc-relay needs the table's name, schema-qualified (public.outbox)", list))
+			break
+		}
+		if !strings.Contains(table, ".") {
+			t.refuse("table.include.list", fmt.Sprintf("%q: Debezium matches schema.table, so write the schema too (public.%s)", list, table))
+			break
+		}
+		t.put("table", table, "table.include.list")
+	}
+	switch p, ok := t.get("plugin.name"); {
+	case !ok:
+		t.notes = append(t.notes, "plugin.name is absent (Debezium's default is decoderbufs): cdc-relay reads pgoutput, which needs no server extension; the events are the same")
+	case strings.TrimSpace(p) != "pgoutput":
+		t.refuse("plugin.name", fmt.Sprintf("%q: cdc-relay reads pgoutput only (set plugin.name=pgoutput; it ships with PostgreSQL 10+)", p))
+	}
+	if v := t.getOr("heartbeat.interval.ms", ""); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
+			t.refuse("heartbeat.interval.ms", fmt.Sprintf("%q: want milliseconds, 0 or more", v))
+		} else {
+			t.put("heartbeat-interval", shortDuration(msDuration(n)), "heartbeat.interval.ms")
+		}
+	}
+	switch m := t.getOr("snapshot.mode", "initial"); m {
+	case "initial":
+		t.put("snapshot", "initial", "snapshot.mode")
+	case "never", "no_data":
+		t.put("snapshot", "never", "snapshot.mode")
+	default:
+		t.refuse("snapshot.mode", fmt.Sprintf("%q is not supported: use initial (the rows in the table once, when the slot is created) or never/no_data", m))
+	}
+}
+
+// Converters that pass the outbox's bytes through as they are.
+var rawConverters = []string{
+	"org.apache.kafka.connect.storage.StringConverter",
+	"org.apache.kafka.connect.converters.ByteArrayConverter",
+	"io.debezium.converters.BinaryDataConverter",
+}
+
+// converters accepts the converters whose output is today's raw bytes.
+func (t *dbzTranslator) converters() {
+	for _, role := range []string{"key.converter", "value.converter", "header.converter"} {
+		c, ok := t.get(role)
+		c = strings.TrimSpace(c)
+		raw := slices.Contains(rawConverters, c) || (role == "header.converter" && c == "org.apache.kafka.connect.storage.SimpleHeaderConverter")
+		switch {
+		case !ok && role != "header.converter":
+			t.notes = append(t.notes, fmt.Sprintf("%s is absent: Debezium uses the Connect worker's default; cdc-relay writes the column's bytes as StringConverter does", role))
+		case !ok || raw:
+		case c == "org.apache.kafka.connect.json.JsonConverter":
+			t.refuse(role, "JsonConverter is not supported yet: its schemas.enable envelope is not produced; use org.apache.kafka.connect.storage.StringConverter (the payload column's JSON as it is)")
+		default:
+			t.refuse(role, fmt.Sprintf("%q is not supported: cdc-relay writes the column's bytes as StringConverter or ByteArrayConverter do", c))
+		}
+		if ok && !raw {
+			continue // the sub-properties are refused with the converter
+		}
+		for k := range t.props {
+			if strings.HasPrefix(k, role+".") {
+				t.consumed[k] = true
+				t.ignored = append(t.ignored, k)
+			}
+		}
+	}
+}
+
+// transforms maps the Outbox Event Router, under its alias.
+func (t *dbzTranslator) transforms() {
+	list, _ := t.get("transforms")
+	var router string
+	for _, alias := range strings.Split(list, ",") {
+		alias = strings.TrimSpace(alias)
+		if alias == "" {
+			continue
+		}
+		prefix := "transforms." + alias + "."
+		if typ, _ := t.get(prefix + "type"); strings.TrimSpace(typ) == dbzEventRouter && router == "" {
+			router = alias
+			continue
+		}
+		typ := t.props[prefix+"type"]
+		t.refuse("transforms."+alias, fmt.Sprintf("transform %q is not supported (cdc-relay applies the Outbox Event Router only)", typ))
+		for k := range t.props {
+			if strings.HasPrefix(k, prefix) {
+				t.consumed[k] = true
+			}
+		}
+	}
+	if router == "" {
+		t.refuse("transforms", "no "+dbzEventRouter+" in the list: cdc-relay produces what the Outbox Event Router does, not Debezium's change events")
+		return
+	}
+	p := "transforms." + router + "."
+	t.put("column-id", t.getOr(p+"table.field.event.id", "id"), p+"table.field.event.id")
+	t.put("column-aggregate-id", t.getOr(p+"table.field.event.key", "aggregateid"), p+"table.field.event.key")
+	t.put("column-payload", t.getOr(p+"table.field.event.payload", "payload"), p+"table.field.event.payload")
+	// Debezium's outbox table has the event type in column type; it reaches
+	// the message only through table.fields.additional.placement.
+	t.put("column-event-type", "type", "(Debezium's outbox column type)")
+	t.put("column-tracing", t.getOr(p+"tracing.span.context.field", "tracingspancontext"), p+"tracing.span.context.field")
+
+	byField := t.getOr(p+"route.by.field", "aggregatetype")
+	if re := t.getOr(p+"route.topic.regex", dbzDefaultRegex); re != dbzDefaultRegex {
+		t.refuse(p+"route.topic.regex", fmt.Sprintf("%q: only the default %s is supported for now", re, dbzDefaultRegex))
+	}
+	repl := t.getOr(p+"route.topic.replacement", "outbox.event."+dbzRoutedByValue)
+	placeholder := "{aggregate_type}"
+	if byField == "type" {
+		placeholder = "{event_type}"
+	} else {
+		t.put("column-aggregate-type", byField, p+"route.by.field")
+	}
+	topic := strings.ReplaceAll(repl, dbzRoutedByValue, placeholder)
+	if strings.Contains(topic, "${") {
+		t.refuse(p+"route.topic.replacement", fmt.Sprintf("%q: only ${routedByValue} can be substituted", repl))
+	} else {
+		t.put("topic", topic, p+"route.topic.replacement")
+	}
+
+	if pl := t.getOr(p+"table.fields.additional.placement", ""); pl != "" {
+		var headers []string
+		for _, e := range strings.Split(pl, ",") {
+			parts := strings.Split(strings.TrimSpace(e), ":")
+			if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
+				t.refuse(p+"table.fields.additional.placement", fmt.Sprintf("entry %q: want column:header[:alias]", e))
+				continue
+			}
+			if parts[1] != "header" {
+				t.refuse(p+"table.fields.additional.placement", fmt.Sprintf("entry %q: placement %s is not supported (header only)", e, parts[1]))
+				continue
+			}
+			alias := parts[0]
+			if len(parts) == 3 && parts[2] != "" {
+				alias = parts[2]
+			}
+			headers = append(headers, parts[0]+"="+alias)
+		}
+		if len(headers) > 0 {
+			t.put("header-columns", strings.Join(headers, ","), p+"table.fields.additional.placement")
+		}
+	}
+	for k := range t.props {
+		if strings.HasPrefix(k, p) && !t.consumed[k] {
+			switch strings.TrimPrefix(k, p) {
+			case "predicate", "negate":
+				t.refuse(k, "predicates are not supported: cdc-relay routes every row of the outbox table")
+			default:
+				t.refuse(k, "Event Router option not implemented by cdc-relay")
+			}
+		}
+	}
+}
+
+// ignorable are properties that cannot change what cdc-relay produces:
+// Connect's runtime, error tolerance, polling and buffer tuning.
+var ignorable = regexp.MustCompile(`^(errors\..*|offset\.flush\.(interval|timeout)\.ms|poll\.interval\.ms|max\.batch\.size|max\.queue\.size(\.in\.bytes)?|status\.update\.interval\.ms|snapshot\.fetch\.size|database\.tcpKeepAlive|retriable\.restart\.connector\.wait\.ms|connect\.timeout\.ms|database\.initial\.statements|xmin\.fetch\.interval\.ms|provide\.transaction\.metadata|tombstones\.on\.delete|config\.action\.reload|notification\..*|signal\..*|incremental\.snapshot\..*)$`)
+
+// rest classifies every property not handled yet.
+func (t *dbzTranslator) rest() {
+	for k := range t.props {
+		if t.consumed[k] {
+			continue
+		}
+		if ignorable.MatchString(k) {
+			t.ignored = append(t.ignored, k)
+			continue
+		}
+		t.refuse(k, "not implemented by cdc-relay")
+	}
+}
+
+// msDuration is n milliseconds.
+func msDuration(n int64) time.Duration { return time.Duration(n) * time.Millisecond }

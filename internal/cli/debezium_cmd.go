@@ -1,0 +1,159 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/alecthomas/kong"
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// debeziumFlag is the name of the global flag that names a Debezium
+// connector configuration (--debezium-config FILE, CDC_RELAY_DEBEZIUM_CONFIG).
+const debeziumFlag = "debezium-config"
+
+// sourceDebezium is config print's source of a value translated from the
+// --debezium-config file.
+const sourceDebezium = "debezium"
+
+// debeziumFile is a translated connector configuration and the kong.Resolver
+// over it. The loader adds it before the --config file's resolver, and kong
+// keeps the last resolver's value, so the precedence is flags > env >
+// --config file > --debezium-config file > defaults.
+type debeziumFile struct {
+	path    string
+	mapping *debeziumMapping
+	used    map[string]bool // flags Resolve supplied a value for
+}
+
+var _ kong.Resolver = (*debeziumFile)(nil)
+
+// loadDebeziumFile reads, resolves and translates the connector
+// configuration at path. getenv resolves ${env:NAME}.
+func loadDebeziumFile(path string, getenv func(string) (string, bool)) (*debeziumFile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("debezium config %s cannot be read (check --%s / %s): %w", path, debeziumFlag, envName(debeziumFlag), err)
+	}
+	props, err := parseConnectorConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("debezium config %s: %w", path, err)
+	}
+	if err := resolveIndirections(props, getenv); err != nil {
+		return nil, fmt.Errorf("debezium config %s: %w", path, err)
+	}
+	m, err := translateDebezium(path, props)
+	if err != nil {
+		return nil, err
+	}
+	return &debeziumFile{path: path, mapping: m, used: map[string]bool{}}, nil
+}
+
+// Validate is part of kong.Resolver; the file was checked when loaded.
+func (d *debeziumFile) Validate(*kong.Application) error { return nil }
+
+// Resolve returns the translated value for flag, or nil when there is none or
+// the flag's environment variable is set (kong has applied it already).
+func (d *debeziumFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
+	v, ok := d.mapping.value(flag.Name)
+	if !ok || envSet(flag.Envs) {
+		return nil, nil
+	}
+	d.used[flag.Name] = true
+	return v, nil
+}
+
+// loadDebezium is configLoader's step for --debezium-config: it loads the
+// file the flag names, prints its warnings and adds its resolver (before the
+// --config file's, which therefore wins).
+func (l *configLoader) loadDebezium(ctx *kong.Context) error {
+	var path string
+	for _, f := range ctx.Model.Flags {
+		if f.Name == debeziumFlag {
+			path, _ = ctx.FlagValue(f).(string)
+		}
+	}
+	if path == "" {
+		return nil
+	}
+	d, err := loadDebeziumFile(kong.ExpandPath(path), os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	if l.stderr != nil {
+		for _, w := range d.mapping.Warnings {
+			fmt.Fprintf(l.stderr, "cdc-relay: warning: debezium config %s: %s\n", path, w)
+		}
+	}
+	l.debezium = d
+	ctx.AddResolver(d)
+	return nil
+}
+
+// resolvedSource is config print's source of a flag a resolver set.
+func (l *configLoader) resolvedSource(flag string) string {
+	if l == nil || l.file != nil && l.file.used[flag] || l.debezium == nil || !l.debezium.used[flag] {
+		return sourceFile
+	}
+	return sourceDebezium
+}
+
+// ConfigFromDebeziumCmd is "cdc-relay config from-debezium FILE".
+type ConfigFromDebeziumCmd struct {
+	File string `arg:"" type:"path" help:"Kafka Connect connector configuration: the JSON POSTed to Connect ({\"name\": …, \"config\": {…}} or the config object) or a .properties file."`
+}
+
+// Run prints the native YAML equivalent of the file, loadable by --config.
+func (c *ConfigFromDebeziumCmd) Run(env Env) error {
+	getenv := os.LookupEnv
+	if env.Getenv != nil {
+		getenv = func(k string) (string, bool) { v := env.Getenv(k); return v, v != "" }
+	}
+	d, err := loadDebeziumFile(c.File, getenv)
+	if err != nil {
+		return err
+	}
+	for _, w := range d.mapping.Warnings {
+		fmt.Fprintf(env.Stderr, "cdc-relay: warning: debezium config %s: %s\n", c.File, w)
+	}
+	return writeDebeziumYAML(env.Stdout, c.File, d.mapping)
+}
+
+// writeDebeziumYAML writes m as a --config file, each key commented with the
+// Debezium property it came from.
+func writeDebeziumYAML(w io.Writer, from string, m *debeziumMapping) error {
+	root := &yaml.Node{Kind: yaml.MappingNode}
+	for _, s := range m.Settings {
+		k := &yaml.Node{Kind: yaml.ScalarNode, Value: s.Flag, LineComment: "from " + s.Property}
+		var v *yaml.Node
+		switch x := s.Value.(type) {
+		case bool:
+			v = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: fmt.Sprint(x)}
+		case string:
+			if s.Flag == "header-columns" {
+				v = &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+				for _, h := range strings.Split(x, ",") {
+					v.Content = append(v.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: h})
+				}
+			} else {
+				v = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: x}
+			}
+		default:
+			return errors.New("write configuration: unexpected value type")
+		}
+		root.Content = append(root.Content, k, v)
+	}
+	doc := &yaml.Node{Kind: yaml.DocumentNode, HeadComment: "cdc-relay configuration translated from the Debezium connector config " + from + "\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", Content: []*yaml.Node{root}}
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return fmt.Errorf("write configuration: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return fmt.Errorf("write configuration: %w", err)
+	}
+	return nil
+}
