@@ -242,6 +242,8 @@ func (t *dbzTranslator) replication() {
 	switch m := t.getOr("snapshot.mode", "initial"); m {
 	case "initial":
 		t.put("snapshot", "initial", "snapshot.mode")
+		t.notes = append(t.notes, "snapshot.mode initial (Debezium's default when absent) → --snapshot initial, which reads the table's rows in --column-created-at order (default created_at); "+
+			"a Debezium outbox table often has no such column: set --column-created-at to its insert-time column, or snapshot.mode=no_data to stream only")
 	case "never", "no_data":
 		t.put("snapshot", "never", "snapshot.mode")
 	default:

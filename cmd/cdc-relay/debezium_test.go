@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// TestRunDebeziumConfig runs the built relay with a Debezium connector's JSON
+// as Debezium's outbox documentation writes it (the password through
+// Connect's ${file:…} indirection) against a Debezium-style outbox table: an
+// inserted row must arrive on topic outbox.event.<aggregatetype>, keyed by
+// aggregateid, with header id and the event type in header eventType.
+func TestRunDebeziumConfig(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE TABLE public.outboxevent (
+		id uuid PRIMARY KEY,
+		aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL,
+		type varchar(255) NOT NULL,
+		payload jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	password, _ := u.User.Password()
+	if password == "" {
+		password = "unused-with-trust-auth"
+	}
+	secrets := filepath.Join(dir, "secrets.properties")
+	if err := os.WriteFile(secrets, []byte("password="+password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	config := map[string]any{
+		"name": "outbox-connector",
+		"config": map[string]string{
+			"connector.class":        "io.debezium.connector.postgresql.PostgresConnector",
+			"tasks.max":              "1",
+			"database.hostname":      u.Hostname(),
+			"database.port":          u.Port(),
+			"database.user":          u.User.Username(),
+			"database.password":      "${file:" + secrets + ":password}",
+			"database.dbname":        strings.TrimPrefix(u.Path, "/"),
+			"database.sslmode":       u.Query().Get("sslmode"),
+			"topic.prefix":           "dbserver1",
+			"plugin.name":            "pgoutput",
+			"slot.name":              f.slot,
+			"snapshot.mode":          "no_data",
+			"table.include.list":     "public.outboxevent",
+			"tombstones.on.delete":   "false",
+			"key.converter":          "org.apache.kafka.connect.storage.StringConverter",
+			"value.converter":        "org.apache.kafka.connect.storage.StringConverter",
+			"transforms":             "outbox",
+			"transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+			"transforms.outbox.table.fields.additional.placement": "type:header:eventType",
+		},
+	}
+	data, err := json.MarshalIndent(config, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "outbox-connector.json")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	r := newRelay(t, []string{"run", "--debezium-config", path,
+		"--kafka-brokers", strings.Join(f.brokers, ","),
+		"--log-format", "json", "--status-interval", "200ms", "--retry-cap", "1s"})
+	r.start()
+	r.waitReady(30 * time.Second)
+
+	var id string
+	if err := conn.QueryRow(ctx, `INSERT INTO public.outboxevent (id, aggregatetype, aggregateid, type, payload)
+		VALUES (gen_random_uuid(), 'order', '123', 'OrderCreated', '{"id": 123, "total": 7}') RETURNING id::text`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	const topic = "outbox.event.order"
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if _, err := testenv.WaitForRecords(wctx, f.brokers, 1, topic); err != nil {
+		t.Fatalf("wait for the event on %s: %v\nrelay log:\n%s", topic, err, r.logs.String())
+	}
+	recs, err := testenv.ReadAll(wctx, f.brokers, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 {
+		t.Fatalf("%d records on %s, want 1", len(recs), topic)
+	}
+	rec := recs[0]
+	if string(rec.Key) != "123" {
+		t.Errorf("key %q, want the aggregateid 123", rec.Key)
+	}
+	if rec.Headers["id"] != id {
+		t.Errorf("header id %q, want %q (headers %v)", rec.Headers["id"], id, rec.Headers)
+	}
+	if rec.Headers["eventType"] != "OrderCreated" {
+		t.Errorf("header eventType %q, want OrderCreated (headers %v)", rec.Headers["eventType"], rec.Headers)
+	}
+	var payload map[string]any
+	if err := json.Unmarshal(rec.Value, &payload); err != nil || payload["total"] != float64(7) {
+		t.Errorf("value %q, want the payload column's JSON (%v)", rec.Value, err)
+	}
+	if !strings.Contains(r.logs.String(), `topic.prefix "dbserver1" is ignored`) {
+		t.Errorf("no topic.prefix warning in the relay's stderr:\n%s", r.logs.String())
+	}
+	r.stop(10 * time.Second)
+}
