@@ -225,6 +225,9 @@ func (t *dbzTranslator) replication() {
 			break
 		}
 		t.put("table", table, "table.include.list")
+		if s, ok := t.get("schema.include.list"); ok && strings.TrimSpace(s) != strings.SplitN(table, ".", 2)[0] {
+			t.refuse("schema.include.list", fmt.Sprintf("%q: cdc-relay reads the one table of table.include.list; drop schema.include.list or make it that table's schema", s))
+		}
 	}
 	switch p, ok := t.get("plugin.name"); {
 	case !ok:

@@ -134,7 +134,8 @@ func writeDebeziumYAML(w io.Writer, from string, m *debeziumMapping) error {
 			v = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: fmt.Sprint(x)}
 		case string:
 			if s.Flag == "header-columns" {
-				v = &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+				v = &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, LineComment: k.LineComment}
+				k.LineComment = "" // yaml.v3 drops a key's comment before a flow sequence
 				for _, h := range strings.Split(x, ",") {
 					v.Content = append(v.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: h})
 				}

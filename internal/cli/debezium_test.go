@@ -155,6 +155,7 @@ func TestTranslateDebezium(t *testing.T) {
 		{"autocreate disabled", "publication.autocreate.mode=disabled\n", "create-publication", false},
 		{"autocreate filtered", "publication.autocreate.mode=filtered\n", "create-publication", true},
 		{"table escaped dot", `table.include.list=app\.outbox` + "\n", "table", "app.outbox"},
+		{"schema list of the table's schema", "schema.include.list=public\n", "table", "public.outbox"},
 		{"heartbeat", "heartbeat.interval.ms=1500\n", "heartbeat-interval", "1.5s"},
 		{"heartbeat minutes", "heartbeat.interval.ms=60000\n", "heartbeat-interval", "1m"},
 		{"snapshot never", "snapshot.mode=never\n", "snapshot", "never"},
@@ -199,6 +200,7 @@ func TestTranslateDebeziumRefuses(t *testing.T) {
 		{"regex", minimalDbz + "transforms.outbox.route.topic.regex=(?<routedByValue>ord.*)\n", "transforms.outbox.route.topic.regex"},
 		{"json converter", minimalDbz + "value.converter=org.apache.kafka.connect.json.JsonConverter\nvalue.converter.schemas.enable=false\n", "value.converter: JsonConverter is not supported yet"},
 		{"no router", strings.Replace(minimalDbz, "transforms=outbox", "transforms=", 1), "transforms: no io.debezium.transforms.outbox.EventRouter"},
+		{"other schema list", minimalDbz + "schema.include.list=app\n", `schema.include.list: "app"`},
 		{"bad port", minimalDbz + "database.port=x\n", `database.port: "x"`},
 		{"no host", strings.Replace(minimalDbz, "database.hostname=db", "", 1), "database.hostname: missing"},
 	}
