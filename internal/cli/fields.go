@@ -25,6 +25,7 @@ var runFlags = map[string]string{
 	"Decoder.Columns.Payload":       "column-payload",
 	"Decoder.HeaderColumns":         "header-columns",
 	"Decoder.ContentType":           "content-type",
+	"Decoder.TimestampColumn":       "column-timestamp",
 	"OpenStore":                     "checkpoint-store",
 }
 

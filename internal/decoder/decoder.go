@@ -31,6 +31,7 @@ const (
 	fieldTable         = "Table"
 	fieldHeaderColumns = "HeaderColumns"
 	fieldContentType   = "ContentType"
+	fieldTimestamp     = "TimestampColumn"
 )
 
 // columnFields names the Config field of each required column, in field order
@@ -109,6 +110,11 @@ type Config struct {
 	// DefaultTracingColumn. A table without it is no error: events then carry
 	// no trace headers. "" means none.
 	TracingColumn string
+	// TimestampColumn names the column whose value becomes the Kafka record
+	// timestamp (Event.Timestamp; see ParseTimestamp): timestamptz,
+	// timestamp or bigint Unix milliseconds. NULL leaves it to the sink.
+	// "" means none; a table without it is a configuration error.
+	TimestampColumn string
 }
 
 // Kind says what a decoded Message carries.
@@ -195,6 +201,8 @@ type outboxRel struct {
 	headers []int          // column index of each Decoder.headers entry
 	keep    []int          // distinct column indexes copied into an event, ascending
 	tracing int            // column index of the tracing column, -1 when absent
+	tsCol   int            // column index of the timestamp column, -1 when none
+	tsType  uint32         // its type OID
 	format  Format
 }
 
@@ -217,8 +225,9 @@ type Decoder struct {
 	out   outboxRel
 	spans []span // scratch, one per column of the outbox table
 
-	contentType   string
-	tracingColumn string
+	contentType     string
+	tracingColumn   string
+	timestampColumn string
 
 	inTxn      bool
 	xid        uint32
@@ -244,7 +253,7 @@ func New(cfg Config) (*Decoder, error) {
 		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
-		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn}
+		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
 			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
@@ -405,7 +414,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		d.out = outboxRel{}
 	}
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1}
+	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1}
 	var types [numFields]uint32
 	if isOutbox {
 		for i := range rel.fields {
@@ -436,6 +445,9 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		if d.tracingColumn != "" && string(colName) == d.tracingColumn {
 			rel.tracing = col
 		}
+		if d.timestampColumn != "" && string(colName) == d.timestampColumn {
+			rel.tsCol, rel.tsType = col, typ
+		}
 		for h, hc := range d.headers {
 			if string(colName) == hc.column {
 				rel.headers[h] = col
@@ -462,6 +474,16 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		if rel.tracing >= 0 {
 			rel.keep = append(rel.keep, rel.tracing)
+		}
+		if d.timestampColumn != "" {
+			if rel.tsCol < 0 {
+				return Message{}, config.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
+					ErrMissingColumn, d.schema, d.table, d.timestampColumn, notReplicated)
+			}
+			if err := CheckTimestampType(rel.tsType); err != nil {
+				return Message{}, config.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", d.schema, d.table, d.timestampColumn, err)
+			}
+			rel.keep = append(rel.keep, rel.tsCol)
 		}
 		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
 		// keep lists each column once; a column that is both the payload or key
@@ -590,6 +612,13 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	badTrace, err := d.out.format.Apply(ev, trace)
 	if err != nil {
 		return Message{}, err
+	}
+	if d.out.tsCol >= 0 {
+		if s := spans[d.out.tsCol]; !s.null {
+			if ev.Timestamp, err = ParseTimestamp(d.out.tsType, value(buf, s)); err != nil {
+				return Message{}, err
+			}
+		}
 	}
 	if len(ev.Headers) == 0 {
 		ev.Headers = nil

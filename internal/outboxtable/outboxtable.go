@@ -38,6 +38,10 @@ type Columns struct {
 	// ignores it.
 	ContentType string
 	Tracing     string
+	// Timestamp is the relay's --column-timestamp
+	// (decoder.Config.TimestampColumn): read as the stream reads it
+	// (decoder.ParseTimestamp) into the record timestamp. "" means none.
+	Timestamp string
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -185,6 +189,7 @@ type outboxQuery struct {
 	o           ReplayOptions
 	format      decoder.Format // set by describe
 	tracing     bool           // the table has cols.Tracing
+	tsType      uint32         // type OID of cols.Timestamp, when set
 }
 
 // describe reads the types of the payload and key columns and whether the
@@ -213,9 +218,20 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		if q.cols.Tracing != "" && name == q.cols.Tracing {
 			q.tracing = true
 		}
+		if q.cols.Timestamp != "" && name == q.cols.Timestamp {
+			q.tsType = uint32(oid)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return outboxErr(err, q.name)
+	}
+	if q.cols.Timestamp != "" {
+		if q.tsType == 0 {
+			return fmt.Errorf("read outbox table %s: it has no timestamp column %q (check --column-timestamp)", q.name, q.cols.Timestamp)
+		}
+		if err := decoder.CheckTimestampType(q.tsType); err != nil {
+			return fmt.Errorf("read outbox table %s: timestamp column %q %w (check --column-timestamp)", q.name, q.cols.Timestamp, err)
+		}
 	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
 	return nil
@@ -232,6 +248,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	}
 	if q.tracing {
 		sel = append(sel, quoteColumn(c.Tracing)+"::text")
+	}
+	if q.tsType != 0 {
+		sel = append(sel, quoteColumn(c.Timestamp)+"::text")
 	}
 	var conds []string
 	var args []any
@@ -275,13 +294,16 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	for rows.Next() {
 		vals := make([]*string, 5+len(headerCols))
 		var createdAt time.Time
-		var trace *string
+		var trace, ts *string
 		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
 		for i := range headerCols {
 			dest = append(dest, &vals[5+i])
 		}
 		if q.tracing {
 			dest = append(dest, &trace)
+		}
+		if q.tsType != 0 {
+			dest = append(dest, &ts)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
@@ -303,6 +325,11 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		// stream (whose relay counts and logs it).
 		if _, err := q.format.Apply(ev, b(trace)); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+		}
+		if ts != nil {
+			if ev.Timestamp, err = decoder.ParseTimestamp(q.tsType, []byte(*ts)); err != nil {
+				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+			}
 		}
 		out = append(out, ev)
 		last = cursor{createdAt: createdAt, id: string(ev.ID)}
