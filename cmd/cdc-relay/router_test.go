@@ -85,3 +85,117 @@ func checkTimestamps(t *testing.T, recs []testenv.Record, want, before time.Time
 		}
 	}
 }
+
+// TestOnOutboxUpdate runs the built relay with each --on-outbox-update
+// policy against a real UPDATE (and DELETE) of an outbox row: ignore says
+// nothing, warn and error log at their level and count the update, fatal
+// stops the relay with an error naming the flag before the next event. A
+// DELETE is ignored by every policy.
+func TestOnOutboxUpdate(t *testing.T) {
+	const logMsg = "an outbox row was updated"
+	for _, tc := range []struct {
+		policy string
+		level  string // log level of the update's line; "" for none
+	}{
+		{"ignore", ""},
+		{"warn", "warn"},
+		{"error", "error"},
+		{"fatal", ""},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			f := newFixture(t, sharedPG, t.Name(), true)
+			r := newRelay(t, f.relayArgs("--on-outbox-update", tc.policy))
+			r.start()
+			r.waitReady(30 * time.Second)
+			conn, err := pgx.Connect(ctx, f.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'o-1', 'Placed', '{}')`); err != nil {
+				t.Fatal(err)
+			}
+			f.waitRecords(ctx, t, 1, 30*time.Second)
+			for _, sql := range []string{
+				`UPDATE outbox_events SET payload = '{"changed": true}' WHERE event_type = 'Placed'`,
+				`DELETE FROM outbox_events WHERE event_type = 'Placed'`,
+				`INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'o-1', 'Paid', '{}')`,
+			} {
+				if _, err := conn.Exec(ctx, sql); err != nil {
+					t.Fatalf("%s: %v", sql, err)
+				}
+			}
+			if tc.policy == "fatal" {
+				code, exited := r.wait(30 * time.Second)
+				if !exited || code == 0 {
+					t.Fatalf("relay exited=%v code %d, want a non-zero exit\n%s", exited, code, r.logs.String())
+				}
+				if out := r.logs.String(); !strings.Contains(out, "--on-outbox-update") || !strings.Contains(out, "updated a row of the outbox table") {
+					t.Fatalf("the relay's output does not name --on-outbox-update and the update:\n%s", out)
+				}
+				recs := f.read(ctx, t)
+				if len(recs) != 1 || recs[0].Headers["event_type"] != "Placed" {
+					t.Fatalf("records %v, want only the insert before the update", recs)
+				}
+				return
+			}
+			f.waitRecords(ctx, t, 2, 30*time.Second)
+			recs := f.read(ctx, t)
+			if len(recs) != 2 || string(recs[0].Value) != "{}" {
+				t.Fatalf("records %v, want the two inserts as inserted", recs)
+			}
+			// The Paid insert is after the update in the WAL: once it is in
+			// Kafka, the update was handled.
+			var lines []map[string]any
+			for _, m := range r.logLines() {
+				if msg, _ := m["message"].(string); strings.Contains(msg, logMsg) {
+					lines = append(lines, m)
+				}
+			}
+			want := 0.0
+			if tc.level != "" {
+				want = 1
+				if len(lines) != 1 || lines[0]["level"] != tc.level {
+					t.Fatalf("log lines about the update %v, want one at level %s", lines, tc.level)
+				}
+			} else if len(lines) != 0 {
+				t.Fatalf("log lines about the update %v, want none", lines)
+			}
+			if got := r.metric(t, "cdc_relay_outbox_updates_total"); got != want {
+				t.Errorf("cdc_relay_outbox_updates_total = %v, want %v", got, want)
+			}
+			r.stop(10 * time.Second)
+		})
+	}
+}
+
+// TestOnOutboxUpdateNeedsPublishedUpdates: with --on-outbox-update warn the
+// relay refuses an existing publication that does not publish updates (it
+// would never see one) and says how to fix it.
+func TestOnOutboxUpdateNeedsPublishedUpdates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events WITH (publish = 'insert')`); err != nil {
+		t.Fatal(err)
+	}
+	r := newRelay(t, f.relayArgs("--on-outbox-update", "warn"))
+	r.start()
+	code, exited := r.wait(30 * time.Second)
+	if !exited || code == 0 {
+		t.Fatalf("relay exited=%v code %d, want a non-zero exit\n%s", exited, code, r.logs.String())
+	}
+	out := r.logs.String()
+	for _, want := range []string{"does not publish updates", "ALTER PUBLICATION", "--on-outbox-update"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the relay's output lacks %q:\n%s", want, out)
+		}
+	}
+}

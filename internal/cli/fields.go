@@ -14,6 +14,7 @@ var runFlags = map[string]string{
 	"Slot":                          "slot",
 	"Publication":                   "publication",
 	"Delivery":                      "delivery",
+	"OnOutboxUpdate":                "on-outbox-update",
 	"Topic":                         "topic",
 	"Sink.Brokers":                  "kafka-brokers",
 	"Decoder.Schema":                "table",

@@ -122,9 +122,9 @@ type Kind uint8
 
 // The kinds of Message.
 const (
-	// KindSkip is a message the relay ignores: a change other than an INSERT into
-	// the outbox table (UPDATE, DELETE, TRUNCATE, inserts into other tables), or a
-	// Type, Origin or logical decoding Message.
+	// KindSkip is a message the relay ignores: a change other than an INSERT
+	// or UPDATE of the outbox table (DELETE, TRUNCATE, changes of other
+	// tables), or a Type, Origin or logical decoding Message.
 	KindSkip Kind = iota
 	// KindBegin starts a transaction: XID, CommitLSN and CommitTime are set.
 	KindBegin
@@ -135,6 +135,10 @@ const (
 	KindCommit
 	// KindRelation is a Relation message: the decoder updated its table metadata.
 	KindRelation
+	// KindUpdate is an UPDATE of an outbox row, which an insert-only outbox
+	// never sees: XID, CommitLSN and CommitTime are set, and the caller
+	// applies its policy (--on-outbox-update). Nothing is published for it.
+	KindUpdate
 )
 
 // String returns the kind's name, e.g. "event".
@@ -150,6 +154,8 @@ func (k Kind) String() string {
 		return "commit"
 	case KindRelation:
 		return "relation"
+	case KindUpdate:
+		return "update"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -311,7 +317,9 @@ func (d *Decoder) Decode(walData []byte) (Message, error) {
 	case 'R':
 		m, err = d.relation(body)
 	case 'U':
-		err = skipUpdate(body)
+		if err = skipUpdate(body); err == nil {
+			m = d.update(body)
+		}
 	case 'D':
 		err = skipDelete(body)
 	case 'T':
@@ -391,6 +399,15 @@ func (d *Decoder) commit(b []byte) (Message, error) {
 	}
 	d.endTxn()
 	return m, nil
+}
+
+// update reports an Update message, already checked by skipUpdate, as
+// KindUpdate when it changed the outbox table, KindSkip otherwise.
+func (d *Decoder) update(b []byte) Message {
+	if !d.inTxn || !d.out.ok || be32(b) != d.out.id {
+		return Message{Kind: KindSkip}
+	}
+	return Message{Kind: KindUpdate, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}
 }
 
 // relation decodes Relation: Int32 id, String namespace, String name, Int8 replica
