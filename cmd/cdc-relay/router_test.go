@@ -199,3 +199,49 @@ func TestOnOutboxUpdateNeedsPublishedUpdates(t *testing.T) {
 		}
 	}
 }
+
+// TestTombstoneOnEmptyPayload runs the built relay, then cdc-relay replay,
+// with --tombstone-on-empty-payload and reads the records back with
+// franz-go: a NULL or empty payload is a null value (a tombstone) with its
+// key and headers, any other payload the value as before.
+func TestTombstoneOnEmptyPayload(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `ALTER TABLE outbox_events ALTER COLUMN payload DROP NOT NULL, ALTER COLUMN payload TYPE text`); err != nil {
+		t.Fatal(err)
+	}
+	r := newRelay(t, f.relayArgs("--tombstone-on-empty-payload"))
+	r.start()
+	r.waitReady(30 * time.Second)
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('order', 'o-1', 'Null', NULL), ('order', 'o-1', 'Empty', ''), ('order', 'o-1', 'Full', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	f.waitRecords(ctx, t, 3, 30*time.Second)
+	r.stop(10 * time.Second)
+	out, err := exec.CommandContext(ctx, relayBin, "replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
+		"--topic", f.topic, "--since", "1h", "--tombstone-on-empty-payload").CombinedOutput()
+	if err != nil {
+		t.Fatalf("cdc-relay replay: %v\n%s", err, out)
+	}
+	recs := f.read(ctx, t)
+	if len(recs) != 6 {
+		t.Fatalf("%d records, want 3 from the stream and 3 replayed", len(recs))
+	}
+	for _, rec := range recs {
+		typ := rec.Headers["event_type"]
+		wantNull := typ != "Full"
+		if (rec.Value == nil) != wantNull || (!wantNull && string(rec.Value) != "x") {
+			t.Errorf("%s record: value %q (null %v), want null %v", typ, rec.Value, rec.Value == nil, wantNull)
+		}
+		if string(rec.Key) != "o-1" || rec.Headers["id"] == "" {
+			t.Errorf("%s record: key %q, headers %v: a tombstone keeps its key and headers", typ, rec.Key, rec.Headers)
+		}
+	}
+}

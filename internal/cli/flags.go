@@ -211,6 +211,26 @@ func (f *payloadFormatFlags) validate() error {
 type formatFlags struct {
 	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also the CloudEvents Kafka binding's binary content mode (ce_specversion, ce_id, ce_source, ce_type, ce_time; content-type from --content-type), the value unchanged."`
 	CloudEventsSource string `name:"cloudevents-source" help:"ce_source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
+	// TombstoneOnEmptyPayload is Debezium's route.tombstone.on.empty.payload.
+	TombstoneOnEmptyPayload bool `help:"Send a NULL or empty payload as a null value (a Kafka tombstone, which log compaction acts on) instead of an empty value."`
+}
+
+// recordFormat is what formatFlags set on a sink: the CloudEvents source
+// (see ceSource) and --tombstone-on-empty-payload.
+type recordFormat struct {
+	ceSource   string
+	tombstones bool
+}
+
+// recordFormat returns the record format for ceSource, the result of ceSource.
+func (f *formatFlags) recordFormat(ceSource string) recordFormat {
+	return recordFormat{ceSource: ceSource, tombstones: f.TombstoneOnEmptyPayload}
+}
+
+// apply sets the format on c.
+func (rf recordFormat) apply(c *sink.Config) {
+	c.CloudEventsSource = rf.ceSource
+	c.TombstoneOnEmptyPayload = rf.tombstones
 }
 
 // ceSource returns the sink's CloudEventsSource: "" unless --format
@@ -361,7 +381,7 @@ func (f *publishFlags) actor() string {
 }
 
 // publisher connects to Kafka for a replay, or returns nil for a dry run.
-func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, ceSource string, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
 	if f.DryRun {
 		return nil, nil
 	}
@@ -373,12 +393,9 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	sec.logKafkaSecurity(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(octx, sink.Config{
-		Brokers:           brokers,
-		Logger:            log,
-		Transport:         transport,
-		CloudEventsSource: ceSource,
-	})
+	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport}
+	rf.apply(&cfg)
+	p, err := deadletter.NewKafkaPublisher(octx, cfg)
 	if err != nil {
 		return nil, sec.explainKafkaError(err)
 	}
@@ -389,8 +406,8 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 // replayPublisher is publisher as the deadletter.Publisher a replay takes:
 // nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
 // and done, which closes it.
-func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, ceSource string, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
-	p, err := f.publisher(ctx, brokers, sec, ceSource, stderr)
+func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
+	p, err := f.publisher(ctx, brokers, sec, rf, stderr)
 	if err != nil || p == nil {
 		return nil, func() {}, err
 	}

@@ -96,7 +96,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
-	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, ceSource, env.Stderr)
+	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, r.recordFormat(ceSource), env.Stderr)
 	if err != nil {
 		return err
 	}

@@ -140,7 +140,7 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 		}
 	}
 	size := 1 + varintLen(delta) + varintLen(int64(i)) + // attributes, timestampDelta, offsetDelta
-		valueLen(ev.AggregateID) + valueLen(ev.Payload) + varintLen(int64(nh)) +
+		valueLen(ev.AggregateID) + e.payloadLen(ev.Payload) + varintLen(int64(nh)) +
 		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
 		headerLen(HeaderAggregateType, ev.AggregateType) + headerLen(HeaderCommitLSN, lsn) +
 		headerLen(HeaderCommitTime, ct)
@@ -161,10 +161,15 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 	dst = append(dst, 0) // attributes
 	dst = binary.AppendVarint(dst, delta)
 	dst = binary.AppendVarint(dst, int64(i))
-	// Key and value are never null: a NULL payload is an empty value, not a
-	// tombstone that log compaction would act on.
+	// The key is never null. Nor is the value, unless tombstones are asked
+	// for: a NULL payload is an empty value, not a tombstone that log
+	// compaction would act on.
 	dst = appendValue(dst, ev.AggregateID)
-	dst = appendValue(dst, ev.Payload)
+	if e.tombstones && len(ev.Payload) == 0 {
+		dst = binary.AppendVarint(dst, -1)
+	} else {
+		dst = appendValue(dst, ev.Payload)
+	}
 	dst = binary.AppendVarint(dst, int64(nh))
 	dst = appendHeader(dst, HeaderID, ev.ID)
 	dst = appendHeader(dst, HeaderEventType, ev.EventType)
@@ -189,6 +194,15 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 		dst = appendHeader(dst, h.Key, h.Value)
 	}
 	return dst
+}
+
+// payloadLen is the encoded size of the record value for payload p: null (a
+// tombstone) when e.tombstones and p is empty, else p as a non-null field.
+func (e *encoder) payloadLen(p []byte) int {
+	if e.tombstones && len(p) == 0 {
+		return 1
+	}
+	return valueLen(p)
 }
 
 // Kafka's varints are zigzag-encoded, as encoding/binary's signed varints are.

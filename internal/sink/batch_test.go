@@ -207,3 +207,42 @@ func TestBatchRecordTimestamps(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchTombstones: with tombstones (--tombstone-on-empty-payload) a NULL
+// or empty payload is a null value; without, an empty one; other payloads
+// are unchanged either way.
+func TestBatchTombstones(t *testing.T) {
+	payloads := [][]byte{nil, {}, []byte(`{"a":1}`)}
+	for _, tc := range []struct {
+		tombstones bool
+		wantNull   []bool
+	}{
+		{false, []bool{false, false, false}},
+		{true, []bool{true, true, false}},
+	} {
+		for _, c := range []kafkago.Compression{0, kafkago.Lz4} {
+			t.Run(fmt.Sprintf("tombstones=%v/%s", tc.tombstones, c), func(t *testing.T) {
+				evs := stream(1, len(payloads))
+				items := make([]item, len(evs))
+				for i, ev := range evs {
+					ev.Payload = payloads[i]
+					items[i] = item{ev: ev}
+				}
+				e := encoder{tombstones: tc.tombstones}
+				raw, err := e.appendBatch(nil, items, 1, noProducer, c.Codec())
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, recs := decodeBatch(t, raw)
+				for i, r := range recs {
+					if (r.Value == nil) != tc.wantNull[i] || !bytes.Equal(r.Value, payloads[i]) {
+						t.Errorf("record %d: value %q (null %v), want %q (null %v)", i, r.Value, r.Value == nil, payloads[i], tc.wantNull[i])
+					}
+					if !bytes.Equal(r.Key, evs[i].AggregateID) {
+						t.Errorf("record %d: key %q, want %q", i, r.Key, evs[i].AggregateID)
+					}
+				}
+			})
+		}
+	}
+}

@@ -79,6 +79,10 @@ type Config struct {
 	// id, ce_source this value, ce_type the event type, ce_time the commit
 	// time; the value stays the payload.
 	CloudEventsSource string
+	// TombstoneOnEmptyPayload sends an event whose payload is NULL or empty
+	// with a null value, a Kafka tombstone (--tombstone-on-empty-payload);
+	// otherwise its value is empty, never null.
+	TombstoneOnEmptyPayload bool
 	// RequestTimeout bounds one produce attempt.
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
