@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -242,6 +243,117 @@ func TestTombstoneOnEmptyPayload(t *testing.T) {
 		}
 		if string(rec.Key) != "o-1" || rec.Headers["id"] == "" {
 			t.Errorf("%s record: key %q, headers %v: a tombstone keeps its key and headers", typ, rec.Key, rec.Headers)
+		}
+	}
+}
+
+// TestColumnPartition runs the built relay, then cdc-relay replay, with
+// --column-partition over a topic of 4 partitions: an event goes to the
+// partition its row names, a NULL one to its key's, and one naming a
+// partition the topic lacks (or a negative one) is dead-lettered as
+// invalid_partition while the others go on.
+func TestColumnPartition(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN kafka_partition integer`); err != nil {
+		t.Fatal(err)
+	}
+	r := newRelay(t, f.relayArgs("--column-partition", "kafka_partition"))
+	r.start()
+	r.waitReady(30 * time.Second)
+	// want maps an event type to its partition; -1 for the key's.
+	want := map[string]int32{"p3": 3, "p0": 0, "null": -1}
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, kafka_partition)
+		VALUES ('order', 'o-1', 'p3', '{}', 3), ('order', 'o-1', 'bad7', '{}', 7), ('order', 'o-1', 'p0', '{}', 0),
+		       ('order', 'o-1', 'bad-1', '{}', -1), ('order', 'o-1', 'null', '{}', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	f.waitRecords(ctx, t, 3, 30*time.Second)
+	var codes []string
+	testenv.Eventually(t, 30*time.Second, func() error {
+		codes = nil
+		rows, err := conn.Query(ctx, `SELECT event_type || ':' || error_code FROM cdc_relay_dead_letters ORDER BY event_type`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c string
+			if err := rows.Scan(&c); err != nil {
+				return err
+			}
+			codes = append(codes, c)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(codes) != 2 {
+			recs := f.read(ctx, t)
+			var got []string
+			for _, r := range recs {
+				got = append(got, fmt.Sprintf("%s@%d", r.Headers["event_type"], r.Partition))
+			}
+			return fmt.Errorf("dead letters %v, want 2 (records %v)", codes, got)
+		}
+		return nil
+	})
+	if strings.Join(codes, ",") != "bad-1:invalid_partition,bad7:invalid_partition" {
+		t.Fatalf("dead letters %v, want bad-1 and bad7 as invalid_partition", codes)
+	}
+	r.stop(10 * time.Second)
+	check := func(recs []testenv.Record) {
+		t.Helper()
+		keyPartition := int32(-1)
+		for _, rec := range recs {
+			typ := rec.Headers["event_type"]
+			p, ok := want[typ]
+			if !ok {
+				t.Fatalf("unexpected record %s", typ)
+			}
+			if p >= 0 && rec.Partition != p {
+				t.Errorf("%s record in partition %d, want %d", typ, rec.Partition, p)
+			}
+			if p < 0 {
+				keyPartition = rec.Partition
+			}
+		}
+		if keyPartition < 0 {
+			t.Fatal("no record of the NULL partition row")
+		}
+	}
+	recs := f.read(ctx, t)
+	if len(recs) != 3 {
+		t.Fatalf("%d records, want 3", len(recs))
+	}
+	check(recs)
+	var nullPartition int32
+	for _, rec := range recs {
+		if rec.Headers["event_type"] == "null" {
+			nullPartition = rec.Partition
+		}
+	}
+
+	for _, typ := range []string{"p3", "p0", "null"} {
+		out, err := exec.CommandContext(ctx, relayBin, "replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
+			"--topic", f.topic, "--since", "1h", "--event-type", typ, "--column-partition", "kafka_partition").CombinedOutput()
+		if err != nil {
+			t.Fatalf("cdc-relay replay: %v\n%s", err, out)
+		}
+	}
+	recs = f.read(ctx, t)
+	if len(recs) != 6 {
+		t.Fatalf("%d records after the replays, want 6", len(recs))
+	}
+	check(recs)
+	for _, rec := range recs {
+		if rec.Headers["event_type"] == "null" && rec.Partition != nullPartition {
+			t.Errorf("replayed NULL-partition record in partition %d, the stream's in %d: both go by key", rec.Partition, nullPartition)
 		}
 	}
 }

@@ -27,6 +27,7 @@ var runFlags = map[string]string{
 	"Decoder.HeaderColumns":         "header-columns",
 	"Decoder.ContentType":           "content-type",
 	"Decoder.TimestampColumn":       "column-timestamp",
+	"Decoder.PartitionColumn":       "column-partition",
 	"OpenStore":                     "checkpoint-store",
 }
 

@@ -197,6 +197,8 @@ type payloadFormatFlags struct {
 	ContentType   string `default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
+	// ColumnPartition is Debezium's table.fields.additional.placement col:partition.
+	ColumnPartition string `help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
 	ColumnTimestamp string `help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
 }
 

@@ -102,7 +102,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	}
 	defer done()
 	cols := outboxtable.Columns{Columns: r.columns(), CreatedAt: r.ColumnCreatedAt, Headers: r.headers,
-		ContentType: r.ContentType, Tracing: r.ColumnTracing, Timestamp: r.ColumnTimestamp}
+		ContentType: r.ContentType, Tracing: r.ColumnTracing, Timestamp: r.ColumnTimestamp, Partition: r.ColumnPartition}
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),

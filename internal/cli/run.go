@@ -194,6 +194,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			ContentType:     r.ContentType,
 			TracingColumn:   r.ColumnTracing,
 			TimestampColumn: r.ColumnTimestamp,
+			PartitionColumn: r.ColumnPartition,
 		},
 		Topic:             r.Topic,
 		Delivery:          r.Delivery,

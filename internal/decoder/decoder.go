@@ -32,6 +32,7 @@ const (
 	fieldHeaderColumns = "HeaderColumns"
 	fieldContentType   = "ContentType"
 	fieldTimestamp     = "TimestampColumn"
+	fieldPartition     = "PartitionColumn"
 )
 
 // columnFields names the Config field of each required column, in field order
@@ -115,6 +116,10 @@ type Config struct {
 	// timestamp or bigint Unix milliseconds. NULL leaves it to the sink.
 	// "" means none; a table without it is a configuration error.
 	TimestampColumn string
+	// PartitionColumn names an integer column holding the Kafka partition
+	// of each event (Event.TargetPartition); NULL leaves it to the key.
+	// "" means none; a table without it is a configuration error.
+	PartitionColumn string
 }
 
 // Kind says what a decoded Message carries.
@@ -209,6 +214,7 @@ type outboxRel struct {
 	tracing int            // column index of the tracing column, -1 when absent
 	tsCol   int            // column index of the timestamp column, -1 when none
 	tsType  uint32         // its type OID
+	partCol int            // column index of the partition column, -1 when none
 	format  Format
 }
 
@@ -234,6 +240,7 @@ type Decoder struct {
 	contentType     string
 	tracingColumn   string
 	timestampColumn string
+	partitionColumn string
 
 	inTxn      bool
 	xid        uint32
@@ -259,7 +266,7 @@ func New(cfg Config) (*Decoder, error) {
 		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
-		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn}
+		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
 			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
@@ -431,8 +438,9 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		d.out = outboxRel{}
 	}
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1}
+	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1}
 	var types [numFields]uint32
+	var partType uint32
 	if isOutbox {
 		for i := range rel.fields {
 			rel.fields[i] = -1
@@ -464,6 +472,9 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		if d.timestampColumn != "" && string(colName) == d.timestampColumn {
 			rel.tsCol, rel.tsType = col, typ
+		}
+		if d.partitionColumn != "" && string(colName) == d.partitionColumn {
+			rel.partCol, partType = col, typ
 		}
 		for h, hc := range d.headers {
 			if string(colName) == hc.column {
@@ -501,6 +512,16 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 				return Message{}, config.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", d.schema, d.table, d.timestampColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.tsCol)
+		}
+		if d.partitionColumn != "" {
+			if rel.partCol < 0 {
+				return Message{}, config.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
+					ErrMissingColumn, d.schema, d.table, d.partitionColumn, notReplicated)
+			}
+			if err := CheckPartitionType(partType); err != nil {
+				return Message{}, config.Errorf(fieldPartition, "table %q.%q: partition column %q %w", d.schema, d.table, d.partitionColumn, err)
+			}
+			rel.keep = append(rel.keep, rel.partCol)
 		}
 		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
 		// keep lists each column once; a column that is both the payload or key
@@ -635,6 +656,14 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			if ev.Timestamp, err = ParseTimestamp(d.out.tsType, value(buf, s)); err != nil {
 				return Message{}, err
 			}
+		}
+	}
+	if d.out.partCol >= 0 {
+		if s := spans[d.out.partCol]; !s.null {
+			if ev.TargetPartition, err = ParsePartition(value(buf, s)); err != nil {
+				return Message{}, err
+			}
+			ev.HasTargetPartition = true
 		}
 	}
 	if len(ev.Headers) == 0 {

@@ -36,6 +36,26 @@ func CheckTimestampType(typ uint32) error {
 	return fmt.Errorf("has type OID %d; want timestamptz, timestamp or bigint (Unix milliseconds)", typ)
 }
 
+// CheckPartitionType returns an error unless typ, the type OID of the
+// --column-partition column, is an integer type.
+func CheckPartitionType(typ uint32) error {
+	switch typ {
+	case TypeInt8, TypeInt4, TypeInt2:
+		return nil
+	}
+	return fmt.Errorf("has type OID %d; want smallint, integer or bigint", typ)
+}
+
+// ParsePartition reads the text of a --column-partition value. Whether the
+// topic has that partition is the sink's to check.
+func ParsePartition(text []byte) (int64, error) {
+	n, err := strconv.ParseInt(string(text), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("partition column: %q is not an integer", clip(text))
+	}
+	return n, nil
+}
+
 // Text forms of timestamptz and timestamp with DateStyle ISO (the default):
 // the offset as Postgres abbreviates it, and no offset for a timestamp.
 var timestampLayouts = []string{

@@ -339,3 +339,40 @@ func TestTimestampColumnErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestPartitionColumn: --column-partition reads an integer column into
+// Event.TargetPartition (NULL: none), and a column the table lacks or of
+// another type is a configuration error naming the setting.
+func TestPartitionColumn(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		columns []string
+		want    string
+	}{
+		{"missing", outboxColumns, `has no partition column "kafka_partition"`},
+		{"text type", append(slices.Clone(outboxColumns), "kafka_partition"), `partition column "kafka_partition" has type OID 25; want smallint, integer or bigint`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.PartitionColumn = "kafka_partition"
+			d, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.Decode(relationMsg(outboxID, "public", "outbox_events", tc.columns...))
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "(setting "+fieldPartition+")") {
+				t.Fatalf("error %v, want one containing %q and naming the setting", err, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		text    string
+		want    int64
+		wantErr bool
+	}{{"3", 3, false}, {"-1", -1, false}, {"9223372036854775807", 1<<63 - 1, false}, {"1.5", 0, true}} {
+		got, err := ParsePartition([]byte(tc.text))
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("ParsePartition(%q) = %d, %v; want %d, error %v", tc.text, got, err, tc.want, tc.wantErr)
+		}
+	}
+}

@@ -45,6 +45,12 @@ type Event struct {
 	// (--column-timestamp); zero means none, and the record gets the time
 	// the sink builds its batch.
 	Timestamp time.Time
+	// TargetPartition is the Kafka partition the outbox row names
+	// (--column-partition), when HasTargetPartition; otherwise the sink
+	// picks the partition by key. The sink fails an event whose partition
+	// the topic does not have (code "invalid_partition").
+	TargetPartition    int64
+	HasTargetPartition bool
 
 	XID        uint32
 	CommitLSN  pglogrepl.LSN // LSN of the commit record of the event's transaction

@@ -42,6 +42,10 @@ type Columns struct {
 	// (decoder.Config.TimestampColumn): read as the stream reads it
 	// (decoder.ParseTimestamp) into the record timestamp. "" means none.
 	Timestamp string
+	// Partition is the relay's --column-partition
+	// (decoder.Config.PartitionColumn), read into Event.TargetPartition.
+	// "" means none.
+	Partition string
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -190,6 +194,7 @@ type outboxQuery struct {
 	format      decoder.Format // set by describe
 	tracing     bool           // the table has cols.Tracing
 	tsType      uint32         // type OID of cols.Timestamp, when set
+	partType    uint32         // type OID of cols.Partition, when set
 }
 
 // describe reads the types of the payload and key columns and whether the
@@ -221,6 +226,9 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		if q.cols.Timestamp != "" && name == q.cols.Timestamp {
 			q.tsType = uint32(oid)
 		}
+		if q.cols.Partition != "" && name == q.cols.Partition {
+			q.partType = uint32(oid)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return outboxErr(err, q.name)
@@ -231,6 +239,14 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		}
 		if err := decoder.CheckTimestampType(q.tsType); err != nil {
 			return fmt.Errorf("read outbox table %s: timestamp column %q %w (check --column-timestamp)", q.name, q.cols.Timestamp, err)
+		}
+	}
+	if q.cols.Partition != "" {
+		if q.partType == 0 {
+			return fmt.Errorf("read outbox table %s: it has no partition column %q (check --column-partition)", q.name, q.cols.Partition)
+		}
+		if err := decoder.CheckPartitionType(q.partType); err != nil {
+			return fmt.Errorf("read outbox table %s: partition column %q %w (check --column-partition)", q.name, q.cols.Partition, err)
 		}
 	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
@@ -251,6 +267,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	}
 	if q.tsType != 0 {
 		sel = append(sel, quoteColumn(c.Timestamp)+"::text")
+	}
+	if q.partType != 0 {
+		sel = append(sel, quoteColumn(c.Partition)+"::text")
 	}
 	var conds []string
 	var args []any
@@ -294,7 +313,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	for rows.Next() {
 		vals := make([]*string, 5+len(headerCols))
 		var createdAt time.Time
-		var trace, ts *string
+		var trace, ts, part *string
 		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
 		for i := range headerCols {
 			dest = append(dest, &vals[5+i])
@@ -304,6 +323,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		}
 		if q.tsType != 0 {
 			dest = append(dest, &ts)
+		}
+		if q.partType != 0 {
+			dest = append(dest, &part)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
@@ -330,6 +352,12 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 			if ev.Timestamp, err = decoder.ParseTimestamp(q.tsType, []byte(*ts)); err != nil {
 				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
 			}
+		}
+		if part != nil {
+			if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {
+				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+			}
+			ev.HasTargetPartition = true
 		}
 		out = append(out, ev)
 		last = cursor{createdAt: createdAt, id: string(ev.ID)}
