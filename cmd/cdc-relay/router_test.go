@@ -357,3 +357,53 @@ func TestColumnPartition(t *testing.T) {
 		}
 	}
 }
+
+// TestEnvelopeColumns runs the built relay, then cdc-relay replay, with
+// --envelope-columns and checks the exact value a consumer reads: the jsonb
+// payload as JSON under "payload", each column's text under its alias, NULL
+// as null; and that combining it with --tombstone-on-empty-payload is refused
+// naming the flag.
+func TestEnvelopeColumns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN tenant text, ADD COLUMN version integer`); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runCommand(ctx, t, 30*time.Second, f.relayArgs("--envelope-columns", "tenant", "--tombstone-on-empty-payload")...)
+	if code == 0 || !strings.Contains(stderr, "--envelope-columns") || !strings.Contains(stderr, "--tombstone-on-empty-payload") {
+		t.Fatalf("run with both flags: exit %d, stderr %s; want a refusal naming both", code, stderr)
+	}
+	r := newRelay(t, f.relayArgs("--envelope-columns", "tenant,version=schema_version"))
+	r.start()
+	r.waitReady(30 * time.Second)
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, tenant, version)
+		VALUES ('order', 'o-1', 'Placed', '{"total": 7}', 'acme', NULL), ('order', 'o-1', 'Paid', '[]', NULL, 2)`); err != nil {
+		t.Fatal(err)
+	}
+	f.waitRecords(ctx, t, 2, 30*time.Second)
+	r.stop(10 * time.Second)
+	out, err := exec.CommandContext(ctx, relayBin, "replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
+		"--topic", f.topic, "--since", "1h", "--envelope-columns", "tenant,version=schema_version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("cdc-relay replay: %v\n%s", err, out)
+	}
+	want := map[string]string{
+		"Placed": `{"payload":{"total": 7},"tenant":"acme","schema_version":null}`,
+		"Paid":   `{"payload":[],"tenant":null,"schema_version":"2"}`,
+	}
+	recs := f.read(ctx, t)
+	if len(recs) != 4 {
+		t.Fatalf("%d records, want 2 from the stream and 2 replayed", len(recs))
+	}
+	for _, rec := range recs {
+		if w := want[rec.Headers["event_type"]]; string(rec.Value) != w {
+			t.Errorf("%s value %s, want %s", rec.Headers["event_type"], rec.Value, w)
+		}
+	}
+}

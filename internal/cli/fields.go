@@ -28,6 +28,7 @@ var runFlags = map[string]string{
 	"Decoder.ContentType":           "content-type",
 	"Decoder.TimestampColumn":       "column-timestamp",
 	"Decoder.PartitionColumn":       "column-partition",
+	"Decoder.EnvelopeColumns":       "envelope-columns",
 	"OpenStore":                     "checkpoint-store",
 }
 

@@ -197,6 +197,8 @@ type payloadFormatFlags struct {
 	ContentType   string `default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
+	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
+	EnvelopeColumns []string `help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
 	// ColumnPartition is Debezium's table.fields.additional.placement col:partition.
 	ColumnPartition string `help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
 	ColumnTimestamp string `help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
@@ -206,7 +208,27 @@ func (f *payloadFormatFlags) validate() error {
 	if err := decoder.CheckContentType(f.ContentType); err != nil {
 		return flagError("content-type", err.Error())
 	}
+	if _, err := f.envelope(); err != nil {
+		return flagError("envelope-columns", err.Error())
+	}
 	return nil
+}
+
+// envelope parses --envelope-columns: column or column=alias entries.
+func (f *payloadFormatFlags) envelope() ([]decoder.EnvelopeColumn, error) {
+	var cols []decoder.EnvelopeColumn
+	for _, e := range f.EnvelopeColumns {
+		col, alias, ok := strings.Cut(strings.TrimSpace(e), "=")
+		col, alias = strings.TrimSpace(col), strings.TrimSpace(alias)
+		if !ok {
+			alias = col
+		}
+		cols = append(cols, decoder.EnvelopeColumn{Column: col, Alias: alias})
+	}
+	if err := decoder.CheckEnvelope(cols); err != nil {
+		return nil, err
+	}
+	return cols, nil
 }
 
 // formatFlags choose the record format (run, replay, dlq replay).

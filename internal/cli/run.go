@@ -100,6 +100,9 @@ func (r *RunCmd) Validate() error {
 	if err := r.payloadFormatFlags.validate(); err != nil {
 		return err
 	}
+	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
+		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
+	}
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
@@ -180,6 +183,10 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
+	envelope, err := r.envelope()
+	if err != nil {
+		return relay.Config{}, flagError("envelope-columns", err.Error())
+	}
 	cfg := relay.Config{
 		PGURL:       r.PGURL,
 		Slot:        r.Slot,
@@ -195,6 +202,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			TracingColumn:   r.ColumnTracing,
 			TimestampColumn: r.ColumnTimestamp,
 			PartitionColumn: r.ColumnPartition,
+			EnvelopeColumns: envelope,
 		},
 		Topic:             r.Topic,
 		Delivery:          r.Delivery,

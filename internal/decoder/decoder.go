@@ -33,6 +33,7 @@ const (
 	fieldContentType   = "ContentType"
 	fieldTimestamp     = "TimestampColumn"
 	fieldPartition     = "PartitionColumn"
+	fieldEnvelope      = "EnvelopeColumns"
 )
 
 // columnFields names the Config field of each required column, in field order
@@ -120,6 +121,9 @@ type Config struct {
 	// of each event (Event.TargetPartition); NULL leaves it to the key.
 	// "" means none; a table without it is a configuration error.
 	PartitionColumn string
+	// EnvelopeColumns wraps the value in a JSON envelope with these columns'
+	// text (see Envelope); nil means the value is the payload itself.
+	EnvelopeColumns []EnvelopeColumn
 }
 
 // Kind says what a decoded Message carries.
@@ -215,6 +219,8 @@ type outboxRel struct {
 	tsCol   int            // column index of the timestamp column, -1 when none
 	tsType  uint32         // its type OID
 	partCol int            // column index of the partition column, -1 when none
+	envCols []int          // column index of each Decoder.envelope entry
+	payType uint32         // type OID of the payload column
 	format  Format
 }
 
@@ -241,6 +247,8 @@ type Decoder struct {
 	tracingColumn   string
 	timestampColumn string
 	partitionColumn string
+	envelope        []EnvelopeColumn
+	envAliases      []string
 
 	inTxn      bool
 	xid        uint32
@@ -262,11 +270,18 @@ func New(cfg Config) (*Decoder, error) {
 			return nil, config.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
+	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
+		return nil, config.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
+	}
 	if err := CheckContentType(cfg.ContentType); err != nil {
 		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
-		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn}
+		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
+		envelope: cfg.EnvelopeColumns}
+	for _, c := range cfg.EnvelopeColumns {
+		d.envAliases = append(d.envAliases, c.Alias)
+	}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
 			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
@@ -445,6 +460,10 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		for i := range rel.fields {
 			rel.fields[i] = -1
 		}
+		rel.envCols = make([]int, len(d.envelope))
+		for i := range rel.envCols {
+			rel.envCols[i] = -1
+		}
 		rel.headers = make([]int, len(d.headers))
 		for i := range rel.headers {
 			rel.headers[i] = -1
@@ -472,6 +491,11 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		if d.timestampColumn != "" && string(colName) == d.timestampColumn {
 			rel.tsCol, rel.tsType = col, typ
+		}
+		for i, ec := range d.envelope {
+			if string(colName) == ec.Column {
+				rel.envCols[i] = col
+			}
 		}
 		if d.partitionColumn != "" && string(colName) == d.partitionColumn {
 			rel.partCol, partType = col, typ
@@ -523,6 +547,14 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 			}
 			rel.keep = append(rel.keep, rel.partCol)
 		}
+		for i, col := range rel.envCols {
+			if col < 0 {
+				return Message{}, config.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
+					ErrMissingColumn, d.schema, d.table, d.envelope[i].Column, notReplicated)
+			}
+			rel.keep = append(rel.keep, col)
+		}
+		rel.payType = types[fieldPayload]
 		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
 		// keep lists each column once; a column that is both the payload or key
 		// and another field shows up as fewer keep entries than fields.
@@ -657,6 +689,13 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 				return Message{}, err
 			}
 		}
+	}
+	if len(d.out.envCols) > 0 {
+		vals := make([][]byte, len(d.out.envCols))
+		for i, col := range d.out.envCols {
+			vals[i] = value(buf, spans[col])
+		}
+		ev.Payload = Envelope(ev.Payload, d.out.payType, d.envAliases, vals)
 	}
 	if d.out.partCol >= 0 {
 		if s := spans[d.out.partCol]; !s.null {

@@ -46,6 +46,10 @@ type Columns struct {
 	// (decoder.Config.PartitionColumn), read into Event.TargetPartition.
 	// "" means none.
 	Partition string
+	// Envelope is the relay's --envelope-columns
+	// (decoder.Config.EnvelopeColumns): the value is decoder.Envelope of
+	// the payload and these columns. nil means none.
+	Envelope []decoder.EnvelopeColumn
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -195,6 +199,7 @@ type outboxQuery struct {
 	tracing     bool           // the table has cols.Tracing
 	tsType      uint32         // type OID of cols.Timestamp, when set
 	partType    uint32         // type OID of cols.Partition, when set
+	payType     uint32         // type OID of the payload column
 }
 
 // describe reads the types of the payload and key columns and whether the
@@ -250,6 +255,7 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		}
 	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
+	q.payType = payloadType
 	return nil
 }
 
@@ -270,6 +276,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	}
 	if q.partType != 0 {
 		sel = append(sel, quoteColumn(c.Partition)+"::text")
+	}
+	for _, ec := range c.Envelope {
+		sel = append(sel, quoteColumn(ec.Column)+"::text")
 	}
 	var conds []string
 	var args []any
@@ -327,6 +336,10 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		if q.partType != 0 {
 			dest = append(dest, &part)
 		}
+		env := make([]*string, len(c.Envelope))
+		for i := range env {
+			dest = append(dest, &env[i])
+		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
 		}
@@ -352,6 +365,14 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 			if ev.Timestamp, err = decoder.ParseTimestamp(q.tsType, []byte(*ts)); err != nil {
 				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
 			}
+		}
+		if len(c.Envelope) > 0 {
+			aliases := make([]string, len(c.Envelope))
+			vals := make([][]byte, len(c.Envelope))
+			for i, ec := range c.Envelope {
+				aliases[i], vals[i] = ec.Alias, b(env[i])
+			}
+			ev.Payload = decoder.Envelope(ev.Payload, q.payType, aliases, vals)
 		}
 		if part != nil {
 			if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {
