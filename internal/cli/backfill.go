@@ -65,7 +65,8 @@ type replayFunc func(ctx context.Context, pool *pgxpool.Pool, db outboxtable.Que
 // cfg's sink configuration as the relay produces.
 func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component, actor string) replayFunc {
 	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns,
-		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn}
+		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn, Timestamp: cfg.Decoder.TimestampColumn,
+		Partition: cfg.Decoder.PartitionColumn, Envelope: cfg.Decoder.EnvelopeColumns}
 	table, dlqTable, topic := r.Table, r.DLQTable, r.Topic
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()

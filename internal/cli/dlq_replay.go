@@ -61,7 +61,7 @@ func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
 		if err != nil {
 			return err
 		}
-		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, ceSource, env.Stderr)
+		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, c.recordFormat(ceSource), env.Stderr)
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ var runFlags = map[string]string{
 	"Slot":                          "slot",
 	"Publication":                   "publication",
 	"Delivery":                      "delivery",
+	"OnOutboxUpdate":                "on-outbox-update",
 	"Topic":                         "topic",
 	"Sink.Brokers":                  "kafka-brokers",
 	"Decoder.Schema":                "table",
@@ -25,6 +26,9 @@ var runFlags = map[string]string{
 	"Decoder.Columns.Payload":       "column-payload",
 	"Decoder.HeaderColumns":         "header-columns",
 	"Decoder.ContentType":           "content-type",
+	"Decoder.TimestampColumn":       "column-timestamp",
+	"Decoder.PartitionColumn":       "column-partition",
+	"Decoder.EnvelopeColumns":       "envelope-columns",
 	"OpenStore":                     "checkpoint-store",
 }
 

@@ -196,19 +196,65 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 type payloadFormatFlags struct {
 	ContentType   string `default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
+	// ColumnTimestamp is Debezium's table.field.event.timestamp.
+	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
+	EnvelopeColumns []string `help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
+	// ColumnPartition is Debezium's table.fields.additional.placement col:partition.
+	ColumnPartition string `help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
+	ColumnTimestamp string `help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
 }
 
 func (f *payloadFormatFlags) validate() error {
 	if err := decoder.CheckContentType(f.ContentType); err != nil {
 		return flagError("content-type", err.Error())
 	}
+	if _, err := f.envelope(); err != nil {
+		return flagError("envelope-columns", err.Error())
+	}
 	return nil
+}
+
+// envelope parses --envelope-columns: column or column=alias entries.
+func (f *payloadFormatFlags) envelope() ([]decoder.EnvelopeColumn, error) {
+	var cols []decoder.EnvelopeColumn
+	for _, e := range f.EnvelopeColumns {
+		col, alias, ok := strings.Cut(strings.TrimSpace(e), "=")
+		col, alias = strings.TrimSpace(col), strings.TrimSpace(alias)
+		if !ok {
+			alias = col
+		}
+		cols = append(cols, decoder.EnvelopeColumn{Column: col, Alias: alias})
+	}
+	if err := decoder.CheckEnvelope(cols); err != nil {
+		return nil, err
+	}
+	return cols, nil
 }
 
 // formatFlags choose the record format (run, replay, dlq replay).
 type formatFlags struct {
 	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also the CloudEvents Kafka binding's binary content mode (ce_specversion, ce_id, ce_source, ce_type, ce_time; content-type from --content-type), the value unchanged."`
 	CloudEventsSource string `name:"cloudevents-source" help:"ce_source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
+	// TombstoneOnEmptyPayload is Debezium's route.tombstone.on.empty.payload.
+	TombstoneOnEmptyPayload bool `help:"Send a NULL or empty payload as a null value (a Kafka tombstone, which log compaction acts on) instead of an empty value."`
+}
+
+// recordFormat is what formatFlags set on a sink: the CloudEvents source
+// (see ceSource) and --tombstone-on-empty-payload.
+type recordFormat struct {
+	ceSource   string
+	tombstones bool
+}
+
+// recordFormat returns the record format for ceSource, the result of ceSource.
+func (f *formatFlags) recordFormat(ceSource string) recordFormat {
+	return recordFormat{ceSource: ceSource, tombstones: f.TombstoneOnEmptyPayload}
+}
+
+// apply sets the format on c.
+func (rf recordFormat) apply(c *sink.Config) {
+	c.CloudEventsSource = rf.ceSource
+	c.TombstoneOnEmptyPayload = rf.tombstones
 }
 
 // ceSource returns the sink's CloudEventsSource: "" unless --format
@@ -359,7 +405,7 @@ func (f *publishFlags) actor() string {
 }
 
 // publisher connects to Kafka for a replay, or returns nil for a dry run.
-func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, ceSource string, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
 	if f.DryRun {
 		return nil, nil
 	}
@@ -371,12 +417,9 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	sec.logKafkaSecurity(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(octx, sink.Config{
-		Brokers:           brokers,
-		Logger:            log,
-		Transport:         transport,
-		CloudEventsSource: ceSource,
-	})
+	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport}
+	rf.apply(&cfg)
+	p, err := deadletter.NewKafkaPublisher(octx, cfg)
 	if err != nil {
 		return nil, sec.explainKafkaError(err)
 	}
@@ -387,8 +430,8 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 // replayPublisher is publisher as the deadletter.Publisher a replay takes:
 // nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
 // and done, which closes it.
-func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, ceSource string, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
-	p, err := f.publisher(ctx, brokers, sec, ceSource, stderr)
+func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
+	p, err := f.publisher(ctx, brokers, sec, rf, stderr)
 	if err != nil || p == nil {
 		return nil, func() {}, err
 	}

@@ -62,6 +62,9 @@ func (r *ReplayCmd) Validate() error {
 	if err := r.payloadFormatFlags.validate(); err != nil {
 		return err
 	}
+	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
+		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
+	}
 	if strings.TrimSpace(r.Since) == "" {
 		return flagError("since", "is required: the time to replay from, "+timeHelp)
 	}
@@ -96,13 +99,16 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err != nil {
 		return err
 	}
-	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, ceSource, env.Stderr)
+	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, r.recordFormat(ceSource), env.Stderr)
 	if err != nil {
 		return err
 	}
 	defer done()
 	cols := outboxtable.Columns{Columns: r.columns(), CreatedAt: r.ColumnCreatedAt, Headers: r.headers,
-		ContentType: r.ContentType, Tracing: r.ColumnTracing}
+		ContentType: r.ContentType, Tracing: r.ColumnTracing, Timestamp: r.ColumnTimestamp, Partition: r.ColumnPartition}
+	if cols.Envelope, err = r.envelope(); err != nil {
+		return flagError("envelope-columns", err.Error())
+	}
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),

@@ -41,10 +41,11 @@ type RunCmd struct {
 	formatFlags        `embed:""`
 	payloadFormatFlags `embed:""` // --content-type, --column-tracing
 
-	Delivery      string `default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
-	OnError       string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
-	dlqStoreFlags `embed:"" set:"dlq_table_note= (on-error=dlq)"`
-	DLQRetention  time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
+	Delivery       string `default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
+	OnOutboxUpdate string `default:"ignore" enum:"ignore,warn,error,fatal" help:"What an UPDATE of an outbox row does (nothing is published for it; DELETEs are always ignored): ignore; warn or error log it (at most 10 lines a minute) at that level and count it in cdc_relay_outbox_updates_total; fatal stops the relay before confirming its transaction."`
+	OnError        string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
+	dlqStoreFlags  `embed:"" set:"dlq_table_note= (on-error=dlq)"`
+	DLQRetention   time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
 	OnSlotLoss     string        `default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
 	BackfillMargin time.Duration `default:"${default_backfill_margin}" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
@@ -98,6 +99,9 @@ func (r *RunCmd) Validate() error {
 	}
 	if err := r.payloadFormatFlags.validate(); err != nil {
 		return err
+	}
+	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
+		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
 	}
 	for _, d := range []struct {
 		flag string
@@ -179,6 +183,10 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
+	envelope, err := r.envelope()
+	if err != nil {
+		return relay.Config{}, flagError("envelope-columns", err.Error())
+	}
 	cfg := relay.Config{
 		PGURL:       r.PGURL,
 		Slot:        r.Slot,
@@ -189,22 +197,27 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 				ID: r.ColumnID, AggregateType: r.ColumnAggregateType, AggregateID: r.ColumnAggregateID,
 				EventType: r.ColumnEventType, Payload: r.ColumnPayload,
 			},
-			HeaderColumns: headers,
-			ContentType:   r.ContentType,
-			TracingColumn: r.ColumnTracing,
+			HeaderColumns:   headers,
+			ContentType:     r.ContentType,
+			TracingColumn:   r.ColumnTracing,
+			TimestampColumn: r.ColumnTimestamp,
+			PartitionColumn: r.ColumnPartition,
+			EnvelopeColumns: envelope,
 		},
 		Topic:             r.Topic,
 		Delivery:          r.Delivery,
+		OnOutboxUpdate:    r.OnOutboxUpdate,
 		CreateSlot:        r.CreateSlot,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{
-			Brokers:           r.KafkaBrokers,
-			BatchMaxEvents:    r.BatchMaxEvents,
-			BatchMaxBytes:     r.BatchMaxBytes,
-			Compression:       compression(r.Compression),
-			Retry:             backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
-			Transport:         transport,
-			CloudEventsSource: ceSource,
+			Brokers:                 r.KafkaBrokers,
+			BatchMaxEvents:          r.BatchMaxEvents,
+			BatchMaxBytes:           r.BatchMaxBytes,
+			Compression:             compression(r.Compression),
+			Retry:                   backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+			Transport:               transport,
+			CloudEventsSource:       ceSource,
+			TombstoneOnEmptyPayload: r.TombstoneOnEmptyPayload,
 		},
 		RelayName:        relayName(r.RelayName),
 		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,

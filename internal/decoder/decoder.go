@@ -31,6 +31,9 @@ const (
 	fieldTable         = "Table"
 	fieldHeaderColumns = "HeaderColumns"
 	fieldContentType   = "ContentType"
+	fieldTimestamp     = "TimestampColumn"
+	fieldPartition     = "PartitionColumn"
+	fieldEnvelope      = "EnvelopeColumns"
 )
 
 // columnFields names the Config field of each required column, in field order
@@ -109,6 +112,18 @@ type Config struct {
 	// DefaultTracingColumn. A table without it is no error: events then carry
 	// no trace headers. "" means none.
 	TracingColumn string
+	// TimestampColumn names the column whose value becomes the Kafka record
+	// timestamp (Event.Timestamp; see ParseTimestamp): timestamptz,
+	// timestamp or bigint Unix milliseconds. NULL leaves it to the sink.
+	// "" means none; a table without it is a configuration error.
+	TimestampColumn string
+	// PartitionColumn names an integer column holding the Kafka partition
+	// of each event (Event.TargetPartition); NULL leaves it to the key.
+	// "" means none; a table without it is a configuration error.
+	PartitionColumn string
+	// EnvelopeColumns wraps the value in a JSON envelope with these columns'
+	// text (see Envelope); nil means the value is the payload itself.
+	EnvelopeColumns []EnvelopeColumn
 }
 
 // Kind says what a decoded Message carries.
@@ -116,9 +131,9 @@ type Kind uint8
 
 // The kinds of Message.
 const (
-	// KindSkip is a message the relay ignores: a change other than an INSERT into
-	// the outbox table (UPDATE, DELETE, TRUNCATE, inserts into other tables), or a
-	// Type, Origin or logical decoding Message.
+	// KindSkip is a message the relay ignores: a change other than an INSERT
+	// or UPDATE of the outbox table (DELETE, TRUNCATE, changes of other
+	// tables), or a Type, Origin or logical decoding Message.
 	KindSkip Kind = iota
 	// KindBegin starts a transaction: XID, CommitLSN and CommitTime are set.
 	KindBegin
@@ -129,6 +144,10 @@ const (
 	KindCommit
 	// KindRelation is a Relation message: the decoder updated its table metadata.
 	KindRelation
+	// KindUpdate is an UPDATE of an outbox row, which an insert-only outbox
+	// never sees: XID, CommitLSN and CommitTime are set, and the caller
+	// applies its policy (--on-outbox-update). Nothing is published for it.
+	KindUpdate
 )
 
 // String returns the kind's name, e.g. "event".
@@ -144,6 +163,8 @@ func (k Kind) String() string {
 		return "commit"
 	case KindRelation:
 		return "relation"
+	case KindUpdate:
+		return "update"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -195,6 +216,11 @@ type outboxRel struct {
 	headers []int          // column index of each Decoder.headers entry
 	keep    []int          // distinct column indexes copied into an event, ascending
 	tracing int            // column index of the tracing column, -1 when absent
+	tsCol   int            // column index of the timestamp column, -1 when none
+	tsType  uint32         // its type OID
+	partCol int            // column index of the partition column, -1 when none
+	envCols []int          // column index of each Decoder.envelope entry
+	payType uint32         // type OID of the payload column
 	format  Format
 }
 
@@ -217,8 +243,12 @@ type Decoder struct {
 	out   outboxRel
 	spans []span // scratch, one per column of the outbox table
 
-	contentType   string
-	tracingColumn string
+	contentType     string
+	tracingColumn   string
+	timestampColumn string
+	partitionColumn string
+	envelope        []EnvelopeColumn
+	envAliases      []string
 
 	inTxn      bool
 	xid        uint32
@@ -240,11 +270,18 @@ func New(cfg Config) (*Decoder, error) {
 			return nil, config.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
+	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
+		return nil, config.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
+	}
 	if err := CheckContentType(cfg.ContentType); err != nil {
 		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
-		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn}
+		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
+		envelope: cfg.EnvelopeColumns}
+	for _, c := range cfg.EnvelopeColumns {
+		d.envAliases = append(d.envAliases, c.Alias)
+	}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
 			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
@@ -302,7 +339,9 @@ func (d *Decoder) Decode(walData []byte) (Message, error) {
 	case 'R':
 		m, err = d.relation(body)
 	case 'U':
-		err = skipUpdate(body)
+		if err = skipUpdate(body); err == nil {
+			m = d.update(body)
+		}
 	case 'D':
 		err = skipDelete(body)
 	case 'T':
@@ -384,6 +423,15 @@ func (d *Decoder) commit(b []byte) (Message, error) {
 	return m, nil
 }
 
+// update reports an Update message, already checked by skipUpdate, as
+// KindUpdate when it changed the outbox table, KindSkip otherwise.
+func (d *Decoder) update(b []byte) Message {
+	if !d.inTxn || !d.out.ok || be32(b) != d.out.id {
+		return Message{Kind: KindSkip}
+	}
+	return Message{Kind: KindUpdate, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}
+}
+
 // relation decodes Relation: Int32 id, String namespace, String name, Int8 replica
 // identity, Int16 column count, then per column Int8 flags, String name, Int32 type
 // oid, Int32 type modifier.
@@ -405,11 +453,16 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		d.out = outboxRel{}
 	}
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1}
+	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1}
 	var types [numFields]uint32
+	var partType uint32
 	if isOutbox {
 		for i := range rel.fields {
 			rel.fields[i] = -1
+		}
+		rel.envCols = make([]int, len(d.envelope))
+		for i := range rel.envCols {
+			rel.envCols[i] = -1
 		}
 		rel.headers = make([]int, len(d.headers))
 		for i := range rel.headers {
@@ -435,6 +488,17 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		if d.tracingColumn != "" && string(colName) == d.tracingColumn {
 			rel.tracing = col
+		}
+		if d.timestampColumn != "" && string(colName) == d.timestampColumn {
+			rel.tsCol, rel.tsType = col, typ
+		}
+		for i, ec := range d.envelope {
+			if string(colName) == ec.Column {
+				rel.envCols[i] = col
+			}
+		}
+		if d.partitionColumn != "" && string(colName) == d.partitionColumn {
+			rel.partCol, partType = col, typ
 		}
 		for h, hc := range d.headers {
 			if string(colName) == hc.column {
@@ -463,6 +527,34 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		if rel.tracing >= 0 {
 			rel.keep = append(rel.keep, rel.tracing)
 		}
+		if d.timestampColumn != "" {
+			if rel.tsCol < 0 {
+				return Message{}, config.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
+					ErrMissingColumn, d.schema, d.table, d.timestampColumn, notReplicated)
+			}
+			if err := CheckTimestampType(rel.tsType); err != nil {
+				return Message{}, config.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", d.schema, d.table, d.timestampColumn, err)
+			}
+			rel.keep = append(rel.keep, rel.tsCol)
+		}
+		if d.partitionColumn != "" {
+			if rel.partCol < 0 {
+				return Message{}, config.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
+					ErrMissingColumn, d.schema, d.table, d.partitionColumn, notReplicated)
+			}
+			if err := CheckPartitionType(partType); err != nil {
+				return Message{}, config.Errorf(fieldPartition, "table %q.%q: partition column %q %w", d.schema, d.table, d.partitionColumn, err)
+			}
+			rel.keep = append(rel.keep, rel.partCol)
+		}
+		for i, col := range rel.envCols {
+			if col < 0 {
+				return Message{}, config.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
+					ErrMissingColumn, d.schema, d.table, d.envelope[i].Column, notReplicated)
+			}
+			rel.keep = append(rel.keep, col)
+		}
+		rel.payType = types[fieldPayload]
 		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
 		// keep lists each column once; a column that is both the payload or key
 		// and another field shows up as fewer keep entries than fields.
@@ -590,6 +682,28 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	badTrace, err := d.out.format.Apply(ev, trace)
 	if err != nil {
 		return Message{}, err
+	}
+	if d.out.tsCol >= 0 {
+		if s := spans[d.out.tsCol]; !s.null {
+			if ev.Timestamp, err = ParseTimestamp(d.out.tsType, value(buf, s)); err != nil {
+				return Message{}, err
+			}
+		}
+	}
+	if len(d.out.envCols) > 0 {
+		vals := make([][]byte, len(d.out.envCols))
+		for i, col := range d.out.envCols {
+			vals[i] = value(buf, spans[col])
+		}
+		ev.Payload = Envelope(ev.Payload, d.out.payType, d.envAliases, vals)
+	}
+	if d.out.partCol >= 0 {
+		if s := spans[d.out.partCol]; !s.null {
+			if ev.TargetPartition, err = ParsePartition(value(buf, s)); err != nil {
+				return Message{}, err
+			}
+			ev.HasTargetPartition = true
+		}
 	}
 	if len(ev.Headers) == 0 {
 		ev.Headers = nil

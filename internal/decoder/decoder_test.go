@@ -61,6 +61,7 @@ var (
 	commitStep   = step{in: commitMsg(lsn1, end1, t1), want: Message{Kind: KindCommit, XID: xid1, CommitLSN: lsn1, EndLSN: end1, CommitTime: t1}}
 	relationStep = step{in: relationMsg(outboxID, "public", "outbox_events", outboxColumns...), want: Message{Kind: KindRelation}}
 	skip         = Message{Kind: KindSkip}
+	outboxUpdate = Message{Kind: KindUpdate, XID: xid1, CommitLSN: lsn1, CommitTime: t1}
 )
 
 // step is one Decode call: the input and either the message or error substrings expected.
@@ -264,7 +265,7 @@ func TestDecode(t *testing.T) {
 			},
 		},
 		{
-			name: "changes other than outbox inserts are skipped",
+			name: "changes other than outbox inserts are skipped, outbox updates reported",
 			cfg:  defaultConfig(),
 			steps: []step{
 				{in: logicalMsg(false, lsn1-8, "cdc", "non-transactional"), want: skip},
@@ -272,9 +273,9 @@ func TestDecode(t *testing.T) {
 				{in: originMsg(lsn1-100, "upstream"), want: skip},
 				{in: typeMsg(16400, "public", "order_status"), want: skip},
 				relationStep,
-				{in: updateMsg(outboxID, 0, nil, row("e1")), want: skip},
-				{in: updateMsg(outboxID, 'K', []col{txt("e1"), null, null, null, null, null, null}, row("e1")), want: skip},
-				{in: updateMsg(outboxID, 'O', row("e1"), []col{txt("e1"), toast, toast, toast, toast, null, null}), want: skip},
+				{in: updateMsg(outboxID, 0, nil, row("e1")), want: outboxUpdate},
+				{in: updateMsg(outboxID, 'K', []col{txt("e1"), null, null, null, null, null, null}, row("e1")), want: outboxUpdate},
+				{in: updateMsg(outboxID, 'O', row("e1"), []col{txt("e1"), toast, toast, toast, toast, null, null}), want: outboxUpdate},
 				{in: deleteMsg(outboxID, 'K', txt("e1"), null, null, null, null, null, null), want: skip},
 				{in: deleteMsg(outboxID, 'O', row("e1")...), want: skip},
 				{in: truncateMsg(1, outboxID, ordersID), want: skip},

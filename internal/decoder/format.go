@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
@@ -14,10 +15,86 @@ import (
 // specially (pg_type.oid; fixed for built-in types). A domain over one of them
 // has its own OID and is passed on as text.
 const (
-	TypeBytea = 17
-	TypeJSON  = 114
-	TypeJSONB = 3802
+	TypeBytea       = 17
+	TypeInt8        = 20
+	TypeInt2        = 21
+	TypeInt4        = 23
+	TypeJSON        = 114
+	TypeTimestamp   = 1114
+	TypeTimestampTZ = 1184
+	TypeJSONB       = 3802
 )
+
+// CheckTimestampType returns an error unless typ, the type OID of the
+// --column-timestamp column, is one ParseTimestamp reads: timestamptz,
+// timestamp, or an integer type holding Unix milliseconds.
+func CheckTimestampType(typ uint32) error {
+	switch typ {
+	case TypeTimestampTZ, TypeTimestamp, TypeInt8, TypeInt4, TypeInt2:
+		return nil
+	}
+	return fmt.Errorf("has type OID %d; want timestamptz, timestamp or bigint (Unix milliseconds)", typ)
+}
+
+// CheckPartitionType returns an error unless typ, the type OID of the
+// --column-partition column, is an integer type.
+func CheckPartitionType(typ uint32) error {
+	switch typ {
+	case TypeInt8, TypeInt4, TypeInt2:
+		return nil
+	}
+	return fmt.Errorf("has type OID %d; want smallint, integer or bigint", typ)
+}
+
+// ParsePartition reads the text of a --column-partition value. Whether the
+// topic has that partition is the sink's to check.
+func ParsePartition(text []byte) (int64, error) {
+	n, err := strconv.ParseInt(string(text), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("partition column: %q is not an integer", clip(text))
+	}
+	return n, nil
+}
+
+// Text forms of timestamptz and timestamp with DateStyle ISO (the default):
+// the offset as Postgres abbreviates it, and no offset for a timestamp.
+var timestampLayouts = []string{
+	"2006-01-02 15:04:05.999999999Z07",
+	"2006-01-02 15:04:05.999999999Z07:00",
+	"2006-01-02 15:04:05.999999999Z07:00:00",
+}
+
+// ParseTimestamp reads the text of a --column-timestamp value of type typ
+// (see CheckTimestampType): a timestamptz in its text form with DateStyle
+// ISO (any offset), a timestamp as UTC, or an integer as Unix milliseconds.
+// The zero time, for "infinity" and "-infinity", means the value gives no
+// timestamp.
+func ParseTimestamp(typ uint32, text []byte) (time.Time, error) {
+	s := string(text)
+	switch typ {
+	case TypeInt8, TypeInt4, TypeInt2:
+		ms, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("timestamp column: %q is not a number of milliseconds", clip(text))
+		}
+		return time.UnixMilli(ms).UTC(), nil
+	}
+	if s == "infinity" || s == "-infinity" {
+		return time.Time{}, nil
+	}
+	if typ == TypeTimestamp {
+		if t, err := time.Parse("2006-01-02 15:04:05.999999999", s); err == nil {
+			return t, nil
+		}
+	} else {
+		for _, layout := range timestampLayouts {
+			if t, err := time.Parse(layout, s); err == nil {
+				return t.UTC(), nil
+			}
+		}
+	}
+	return time.Time{}, fmt.Errorf("timestamp column: cannot read %q (the relay reads DateStyle ISO, Postgres's default)", clip(text))
+}
 
 // Content-type settings (--content-type) besides an explicit MIME type.
 const (

@@ -2,8 +2,10 @@ package decoder
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
@@ -275,5 +277,102 @@ func TestBytePayloadAllocations(t *testing.T) {
 	})
 	if got != 2 {
 		t.Fatalf("Decode of a bytea insert with trace headers: %v allocations, want 2", got)
+	}
+}
+
+// TestParseTimestamp reads --column-timestamp values in the text forms
+// Postgres sends them with DateStyle ISO.
+func TestParseTimestamp(t *testing.T) {
+	want := time.Date(2021, 3, 4, 3, 6, 7, 891e6, time.UTC)
+	for _, tc := range []struct {
+		typ     uint32
+		text    string
+		want    time.Time
+		wantErr bool
+	}{
+		{TypeTimestampTZ, "2021-03-04 03:06:07.891+00", want, false},
+		{TypeTimestampTZ, "2021-03-04 08:36:07.891+05:30", want, false},
+		{TypeTimestampTZ, "2021-03-04 03:06:07.891-00:00:00", want, false},
+		{TypeTimestampTZ, "2021-03-04 03:06:07+00", want.Truncate(time.Second), false},
+		{TypeTimestampTZ, "infinity", time.Time{}, false},
+		{TypeTimestampTZ, "Thu Mar 04 03:06:07.891 2021 UTC", time.Time{}, true},
+		{TypeTimestamp, "2021-03-04 03:06:07.891", want, false},
+		{TypeTimestamp, "-infinity", time.Time{}, false},
+		{TypeTimestamp, "04/03/2021", time.Time{}, true},
+		{TypeInt8, "1614827167891", want, false},
+		{TypeInt4, "-1000", time.UnixMilli(-1000).UTC(), false},
+		{TypeInt8, "12x", time.Time{}, true},
+	} {
+		got, err := ParseTimestamp(tc.typ, []byte(tc.text))
+		if (err != nil) != tc.wantErr || !got.Equal(tc.want) {
+			t.Errorf("ParseTimestamp(%d, %q) = %s, %v; want %s, error %v", tc.typ, tc.text, got, err, tc.want, tc.wantErr)
+		}
+	}
+	if err := CheckTimestampType(25); err == nil {
+		t.Error("CheckTimestampType(text) = nil, want an error")
+	}
+}
+
+// TestTimestampColumnErrors: a --column-timestamp column the table lacks, or
+// of a type the relay cannot read as a time, is a configuration error naming
+// the setting.
+func TestTimestampColumnErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		columns []string
+		want    string
+	}{
+		{"missing", outboxColumns, `has no timestamp column "occurred_at"`},
+		{"text type", append(slices.Clone(outboxColumns), "occurred_at"), `timestamp column "occurred_at" has type OID 25; want timestamptz, timestamp or bigint`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.TimestampColumn = "occurred_at"
+			d, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.Decode(relationMsg(outboxID, "public", "outbox_events", tc.columns...))
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "(setting "+fieldTimestamp+")") {
+				t.Fatalf("error %v, want one containing %q and naming the setting", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestPartitionColumn: --column-partition reads an integer column into
+// Event.TargetPartition (NULL: none), and a column the table lacks or of
+// another type is a configuration error naming the setting.
+func TestPartitionColumn(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		columns []string
+		want    string
+	}{
+		{"missing", outboxColumns, `has no partition column "kafka_partition"`},
+		{"text type", append(slices.Clone(outboxColumns), "kafka_partition"), `partition column "kafka_partition" has type OID 25; want smallint, integer or bigint`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.PartitionColumn = "kafka_partition"
+			d, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.Decode(relationMsg(outboxID, "public", "outbox_events", tc.columns...))
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "(setting "+fieldPartition+")") {
+				t.Fatalf("error %v, want one containing %q and naming the setting", err, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		text    string
+		want    int64
+		wantErr bool
+	}{{"3", 3, false}, {"-1", -1, false}, {"9223372036854775807", 1<<63 - 1, false}, {"1.5", 0, true}} {
+		got, err := ParsePartition([]byte(tc.text))
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("ParsePartition(%q) = %d, %v; want %d, error %v", tc.text, got, err, tc.want, tc.wantErr)
+		}
 	}
 }

@@ -87,9 +87,12 @@ type Metrics struct {
 	// TraceContextInvalid counts events whose tracing column held no valid
 	// trace context: they went out without traceparent/tracestate headers.
 	TraceContextInvalid prometheus.Counter
-	Replays             *prometheus.CounterVec // by kind, result
-	State               *prometheus.GaugeVec   // by state, 1 for the current one
-	BuildInfo           *prometheus.GaugeVec   // by version, goversion
+	// OutboxUpdates counts UPDATEs of outbox rows the relay saw with
+	// --on-outbox-update warn, error or fatal.
+	OutboxUpdates prometheus.Counter
+	Replays       *prometheus.CounterVec // by kind, result
+	State         *prometheus.GaugeVec   // by state, 1 for the current one
+	BuildInfo     *prometheus.GaugeVec   // by version, goversion
 }
 
 // New creates the collectors and registers them on reg.
@@ -231,6 +234,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "trace_context_invalid_total",
 			Help: "Events whose tracing column (--column-tracing) was neither a W3C traceparent nor Debezium's properties text; they were published without trace headers.",
 		}),
+		OutboxUpdates: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "outbox_updates_total",
+			Help: "UPDATEs of outbox rows seen with --on-outbox-update warn, error or fatal; nothing is published for them.",
+		}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "replayed_events_total",
 			Help: "Events republished by replays, by kind (dlq, outbox) and result.",
@@ -252,7 +259,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
-		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid,
+		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.OutboxUpdates,
 	)
 	for _, s := range States {
 		m.State.WithLabelValues(s).Set(0)

@@ -41,6 +41,17 @@ type Event struct {
 	Payload       []byte // Kafka message value, as stored (JSON text for jsonb, raw bytes for bytea)
 	Headers       []Header
 
+	// Timestamp is the Kafka record timestamp taken from the outbox row
+	// (--column-timestamp); zero means none, and the record gets the time
+	// the sink builds its batch.
+	Timestamp time.Time
+	// TargetPartition is the Kafka partition the outbox row names
+	// (--column-partition), when HasTargetPartition; otherwise the sink
+	// picks the partition by key. The sink fails an event whose partition
+	// the topic does not have (code "invalid_partition").
+	TargetPartition    int64
+	HasTargetPartition bool
+
 	XID        uint32
 	CommitLSN  pglogrepl.LSN // LSN of the commit record of the event's transaction
 	CommitTime time.Time

@@ -38,6 +38,18 @@ type Columns struct {
 	// ignores it.
 	ContentType string
 	Tracing     string
+	// Timestamp is the relay's --column-timestamp
+	// (decoder.Config.TimestampColumn): read as the stream reads it
+	// (decoder.ParseTimestamp) into the record timestamp. "" means none.
+	Timestamp string
+	// Partition is the relay's --column-partition
+	// (decoder.Config.PartitionColumn), read into Event.TargetPartition.
+	// "" means none.
+	Partition string
+	// Envelope is the relay's --envelope-columns
+	// (decoder.Config.EnvelopeColumns): the value is decoder.Envelope of
+	// the payload and these columns. nil means none.
+	Envelope []decoder.EnvelopeColumn
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -185,6 +197,9 @@ type outboxQuery struct {
 	o           ReplayOptions
 	format      decoder.Format // set by describe
 	tracing     bool           // the table has cols.Tracing
+	tsType      uint32         // type OID of cols.Timestamp, when set
+	partType    uint32         // type OID of cols.Partition, when set
+	payType     uint32         // type OID of the payload column
 }
 
 // describe reads the types of the payload and key columns and whether the
@@ -213,11 +228,34 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		if q.cols.Tracing != "" && name == q.cols.Tracing {
 			q.tracing = true
 		}
+		if q.cols.Timestamp != "" && name == q.cols.Timestamp {
+			q.tsType = uint32(oid)
+		}
+		if q.cols.Partition != "" && name == q.cols.Partition {
+			q.partType = uint32(oid)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return outboxErr(err, q.name)
 	}
+	if q.cols.Timestamp != "" {
+		if q.tsType == 0 {
+			return fmt.Errorf("read outbox table %s: it has no timestamp column %q (check --column-timestamp)", q.name, q.cols.Timestamp)
+		}
+		if err := decoder.CheckTimestampType(q.tsType); err != nil {
+			return fmt.Errorf("read outbox table %s: timestamp column %q %w (check --column-timestamp)", q.name, q.cols.Timestamp, err)
+		}
+	}
+	if q.cols.Partition != "" {
+		if q.partType == 0 {
+			return fmt.Errorf("read outbox table %s: it has no partition column %q (check --column-partition)", q.name, q.cols.Partition)
+		}
+		if err := decoder.CheckPartitionType(q.partType); err != nil {
+			return fmt.Errorf("read outbox table %s: partition column %q %w (check --column-partition)", q.name, q.cols.Partition, err)
+		}
+	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
+	q.payType = payloadType
 	return nil
 }
 
@@ -232,6 +270,15 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	}
 	if q.tracing {
 		sel = append(sel, quoteColumn(c.Tracing)+"::text")
+	}
+	if q.tsType != 0 {
+		sel = append(sel, quoteColumn(c.Timestamp)+"::text")
+	}
+	if q.partType != 0 {
+		sel = append(sel, quoteColumn(c.Partition)+"::text")
+	}
+	for _, ec := range c.Envelope {
+		sel = append(sel, quoteColumn(ec.Column)+"::text")
 	}
 	var conds []string
 	var args []any
@@ -275,13 +322,23 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	for rows.Next() {
 		vals := make([]*string, 5+len(headerCols))
 		var createdAt time.Time
-		var trace *string
+		var trace, ts, part *string
 		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
 		for i := range headerCols {
 			dest = append(dest, &vals[5+i])
 		}
 		if q.tracing {
 			dest = append(dest, &trace)
+		}
+		if q.tsType != 0 {
+			dest = append(dest, &ts)
+		}
+		if q.partType != 0 {
+			dest = append(dest, &part)
+		}
+		env := make([]*string, len(c.Envelope))
+		for i := range env {
+			dest = append(dest, &env[i])
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
@@ -303,6 +360,25 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		// stream (whose relay counts and logs it).
 		if _, err := q.format.Apply(ev, b(trace)); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+		}
+		if ts != nil {
+			if ev.Timestamp, err = decoder.ParseTimestamp(q.tsType, []byte(*ts)); err != nil {
+				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+			}
+		}
+		if len(c.Envelope) > 0 {
+			aliases := make([]string, len(c.Envelope))
+			vals := make([][]byte, len(c.Envelope))
+			for i, ec := range c.Envelope {
+				aliases[i], vals[i] = ec.Alias, b(env[i])
+			}
+			ev.Payload = decoder.Envelope(ev.Payload, q.payType, aliases, vals)
+		}
+		if part != nil {
+			if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {
+				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+			}
+			ev.HasTargetPartition = true
 		}
 		out = append(out, ev)
 		last = cursor{createdAt: createdAt, id: string(ev.ID)}

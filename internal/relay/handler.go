@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/dedup"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
@@ -111,9 +112,33 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		if err := h.producer.Produce(topic, ev, h.done); err != nil {
 			return err
 		}
+	case decoder.KindUpdate:
+		return h.outboxUpdate(msg)
 	case decoder.KindCommit:
 		h.tracker.Commit(h.seq, msg.EndLSN, msg.CommitTime)
 		h.inTxn = false
+	}
+	return nil
+}
+
+// outboxUpdate applies Config.OnOutboxUpdate to an UPDATE of an outbox row.
+func (h *handler) outboxUpdate(msg decoder.Message) error {
+	policy := h.relay.cfg.OnOutboxUpdate
+	if policy == "" || policy == OutboxUpdateIgnore {
+		return nil
+	}
+	h.m.OutboxUpdates.Inc()
+	const what = "an outbox row was updated; the outbox is insert-only, so nothing is published for it"
+	switch policy {
+	case OutboxUpdateWarn:
+		h.relay.eventLog.Warn().Uint32("xid", msg.XID).Str("lsn", msg.CommitLSN.String()).Msg(what)
+	case OutboxUpdateError:
+		h.relay.eventLog.Error().Uint32("xid", msg.XID).Str("lsn", msg.CommitLSN.String()).Msg(what)
+	case OutboxUpdateFatal:
+		return &replication.ConfigError{Err: config.Errorf("OnOutboxUpdate",
+			"transaction %d (commit LSN %s) updated a row of the outbox table %s.%s, which the relay treats as fatal: "+
+				"fix the writer (the outbox is insert-only), or choose ignore, warn or error", msg.XID, msg.CommitLSN,
+			h.relay.cfg.Decoder.Schema, h.relay.cfg.Decoder.Table)}
 	}
 	return nil
 }

@@ -87,8 +87,14 @@ type Config struct {
 	// be auto-created) before the relay starts.
 	Topic string
 	// Delivery is DeliveryEffectivelyOnce (the default) or DeliveryAtLeastOnce.
-	Delivery   string
-	CreateSlot bool
+	Delivery string
+	// OnOutboxUpdate is what an UPDATE of an outbox row does (an outbox is
+	// insert-only; nothing is published for an update): OutboxUpdateIgnore
+	// (or "", the default), OutboxUpdateWarn, OutboxUpdateError or
+	// OutboxUpdateFatal. A DELETE is always ignored: deleting outbox rows
+	// once inserted is how an outbox is kept small.
+	OnOutboxUpdate string
+	CreateSlot     bool
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool
 	Sink              sink.Config // Topics, Logger and Metrics are set by the relay
@@ -162,6 +168,21 @@ const (
 	DeliveryAtLeastOnce = "at-least-once"
 )
 
+// What an UPDATE of an outbox row does (Config.OnOutboxUpdate), as Debezium's
+// table.op.invalid.behavior.
+const (
+	// OutboxUpdateIgnore skips it silently.
+	OutboxUpdateIgnore = "ignore"
+	// OutboxUpdateWarn logs a warning (at most 10 lines a minute) and counts
+	// it in cdc_relay_outbox_updates_total.
+	OutboxUpdateWarn = "warn"
+	// OutboxUpdateError does the same at error level.
+	OutboxUpdateError = "error"
+	// OutboxUpdateFatal stops the relay with a *replication.ConfigError
+	// before confirming the update's transaction; it is read again on restart.
+	OutboxUpdateFatal = "fatal"
+)
+
 // Defaults of Config, stated once: the command line's flag defaults are these.
 const (
 	DefaultMaxInFlightBytes = 16 << 20
@@ -233,6 +254,12 @@ func (c Config) Validate() error {
 	case "", DeliveryEffectivelyOnce, DeliveryAtLeastOnce:
 	default:
 		return config.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
+	}
+	switch c.OnOutboxUpdate {
+	case "", OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal:
+	default:
+		return config.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
+			OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal)
 	}
 	if len(c.Sink.Brokers) == 0 {
 		return config.Errorf("Sink.Brokers", "no Kafka brokers configured")

@@ -61,6 +61,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
 		Schema: d.Schema, Table: d.Table, TableField: "Decoder.Table", Columns: cols,
 		CreatePublication: r.cfg.CreatePublication,
+		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
 	}
 }
 

@@ -17,6 +17,7 @@ type Coverage struct {
 	TableOID     uint32 // 0 when the table does not exist
 	PubExists    bool
 	PubInsert    bool // the publication publishes inserts
+	PubUpdate    bool // the publication publishes updates
 	PubAllTables bool // FOR ALL TABLES
 	// Covered: pg_publication_tables lists the table for the publication.
 	Covered bool
@@ -31,12 +32,12 @@ func ReadCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage
 		c                Coverage
 		tableOID, relOID *uint32
 	)
-	err := db.QueryRow(ctx, `SELECT to_regclass($1)::oid, p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.puballtables, false),
+	err := db.QueryRow(ctx, `SELECT to_regclass($1)::oid, p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubupdate, false), coalesce(p.puballtables, false),
 		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $2 AND t.schemaname = $3 AND t.tablename = $4),
 		(SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = to_regclass($1))
 		FROM (SELECT) AS one LEFT JOIN pg_publication p ON p.pubname = $2`,
 		cfg.QualifiedTable(), cfg.Publication, cfg.Schema, cfg.Table).
-		Scan(&tableOID, &c.PubExists, &c.PubInsert, &c.PubAllTables, &c.Covered, &relOID)
+		Scan(&tableOID, &c.PubExists, &c.PubInsert, &c.PubUpdate, &c.PubAllTables, &c.Covered, &relOID)
 	if err != nil {
 		return Coverage{}, fmt.Errorf("check publication %q covers %s: %w", cfg.Publication, cfg.QualifiedTable(), err)
 	}

@@ -61,6 +61,10 @@ type SetupConfig struct {
 	TableField        string // the configuration field naming the table
 	Columns           []Column
 	CreatePublication bool
+	// PublishUpdates says the relay must see UPDATEs of the outbox table
+	// (--on-outbox-update other than ignore): the publication it creates
+	// publishes inserts and updates, and an existing one must publish both.
+	PublishUpdates bool
 }
 
 // QualifiedTable returns schema.table quoted for SQL.
@@ -118,7 +122,11 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	table := cfg.QualifiedTable()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
-	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');", pub, table)
+	ops := "insert"
+	if cfg.PublishUpdates {
+		ops = "insert, update"
+	}
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s');", pub, table, ops)
 	c, err := ReadCoverage(ctx, conn, cfg)
 	if err != nil {
 		return err
@@ -138,6 +146,9 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	}
 	if !c.PubInsert {
 		return configErr("publication %q does not publish inserts: run ALTER PUBLICATION %s SET (publish = 'insert');", cfg.Publication, pub)
+	}
+	if cfg.PublishUpdates && !c.PubUpdate {
+		return fieldErr("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore", cfg.Publication, pub)
 	}
 	if c.PubAllTables {
 		return nil

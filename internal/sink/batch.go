@@ -40,11 +40,14 @@ type producerFields struct {
 
 var noProducer = producerFields{id: -1, epoch: -1, seq: -1}
 
-// appendBatch appends the RecordBatch v2 of items to dst: every record stamped
-// with ts (Unix ms), offset deltas 0..n-1, the records section compressed
-// with codec unless it is nil.
+// appendBatch appends the RecordBatch v2 of items to dst: each record stamped
+// with its event's Timestamp (Unix ms) or, when that is zero, with ts, the
+// batch's; the base timestamp is the least of them, the max timestamp the
+// greatest, each record's timestampDelta its own less the base; offset deltas
+// 0..n-1; the records section compressed with codec unless it is nil.
 func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFields, codec compress.Codec) ([]byte, error) {
 	start := len(dst)
+	base, maxTS := batchTimestamps(items, ts)
 	var attrs int16
 	if codec != nil {
 		attrs = int16(codec.Code()) & 0x7
@@ -56,21 +59,21 @@ func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFie
 	dst = binary.BigEndian.AppendUint32(dst, 0)                    // crc, set below
 	dst = binary.BigEndian.AppendUint16(dst, uint16(attrs))        // compression codec; not transactional, not control
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(items)-1)) // lastOffsetDelta
-	dst = binary.BigEndian.AppendUint64(dst, uint64(ts))           // baseTimestamp
-	dst = binary.BigEndian.AppendUint64(dst, uint64(ts))           // maxTimestamp
+	dst = binary.BigEndian.AppendUint64(dst, uint64(base))         // baseTimestamp
+	dst = binary.BigEndian.AppendUint64(dst, uint64(maxTS))        // maxTimestamp
 	dst = binary.BigEndian.AppendUint64(dst, uint64(pf.id))
 	dst = binary.BigEndian.AppendUint16(dst, uint16(pf.epoch))
 	dst = binary.BigEndian.AppendUint32(dst, uint32(pf.seq))
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(items)))
 	if codec == nil {
 		for i, it := range items {
-			dst = e.appendRecord(dst, i, it.ev)
+			dst = e.appendRecord(dst, i, recordTimestamp(it.ev, ts)-base, it.ev)
 		}
 	} else {
 		// Records go to a scratch buffer, then through the codec into dst.
 		raw := e.raw[:0]
 		for i, it := range items {
-			raw = e.appendRecord(raw, i, it.ev)
+			raw = e.appendRecord(raw, i, recordTimestamp(it.ev, ts)-base, it.ev)
 		}
 		e.raw = raw
 		w := &appendWriter{b: dst}
@@ -90,11 +93,35 @@ func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFie
 	return dst, nil
 }
 
-// appendRecord appends ev as the i-th record of a batch. Its headers are the
+// recordTimestamp is ev's record timestamp in Unix ms: its Timestamp
+// (--column-timestamp) or, when that is zero, ts, the batch's.
+func recordTimestamp(ev *outbox.Event, ts int64) int64 {
+	if ev.Timestamp.IsZero() {
+		return ts
+	}
+	return ev.Timestamp.UnixMilli()
+}
+
+// batchTimestamps returns the least and greatest record timestamp of items.
+func batchTimestamps(items []item, ts int64) (base, maxTS int64) {
+	for i, it := range items {
+		t := recordTimestamp(it.ev, ts)
+		if i == 0 || t < base {
+			base = t
+		}
+		if i == 0 || t > maxTS {
+			maxTS = t
+		}
+	}
+	return base, maxTS
+}
+
+// appendRecord appends ev as the i-th record of a batch, delta ms after the
+// batch's base timestamp. Its headers are the
 // sink's (id, event_type, aggregate_type, commit_lsn, commit_time, then
 // source_position for events of the replication stream) followed by the
 // event's own; a nil header value is null.
-func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
+func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event) []byte {
 	lsn := e.lsnBytes(ev.CommitLSN)
 	ct := e.timeBytes(ev.CommitTime)
 	var pos []byte
@@ -112,8 +139,8 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 			nh++
 		}
 	}
-	size := 1 + 1 + varintLen(int64(i)) + // attributes, timestampDelta 0, offsetDelta
-		valueLen(ev.AggregateID) + valueLen(ev.Payload) + varintLen(int64(nh)) +
+	size := 1 + varintLen(delta) + varintLen(int64(i)) + // attributes, timestampDelta, offsetDelta
+		valueLen(ev.AggregateID) + e.payloadLen(ev.Payload) + varintLen(int64(nh)) +
 		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
 		headerLen(HeaderAggregateType, ev.AggregateType) + headerLen(HeaderCommitLSN, lsn) +
 		headerLen(HeaderCommitTime, ct)
@@ -131,12 +158,18 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 		size += headerLen(h.Key, h.Value)
 	}
 	dst = binary.AppendVarint(dst, int64(size))
-	dst = append(dst, 0, 0) // attributes; timestampDelta: every record has the batch's timestamp
+	dst = append(dst, 0) // attributes
+	dst = binary.AppendVarint(dst, delta)
 	dst = binary.AppendVarint(dst, int64(i))
-	// Key and value are never null: a NULL payload is an empty value, not a
-	// tombstone that log compaction would act on.
+	// The key is never null. Nor is the value, unless tombstones are asked
+	// for: a NULL payload is an empty value, not a tombstone that log
+	// compaction would act on.
 	dst = appendValue(dst, ev.AggregateID)
-	dst = appendValue(dst, ev.Payload)
+	if e.tombstones && len(ev.Payload) == 0 {
+		dst = binary.AppendVarint(dst, -1)
+	} else {
+		dst = appendValue(dst, ev.Payload)
+	}
 	dst = binary.AppendVarint(dst, int64(nh))
 	dst = appendHeader(dst, HeaderID, ev.ID)
 	dst = appendHeader(dst, HeaderEventType, ev.EventType)
@@ -161,6 +194,15 @@ func (e *encoder) appendRecord(dst []byte, i int, ev *outbox.Event) []byte {
 		dst = appendHeader(dst, h.Key, h.Value)
 	}
 	return dst
+}
+
+// payloadLen is the encoded size of the record value for payload p: null (a
+// tombstone) when e.tombstones and p is empty, else p as a non-null field.
+func (e *encoder) payloadLen(p []byte) int {
+	if e.tombstones && len(p) == 0 {
+		return 1
+	}
+	return valueLen(p)
 }
 
 // Kafka's varints are zigzag-encoded, as encoding/binary's signed varints are.

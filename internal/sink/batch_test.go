@@ -155,3 +155,94 @@ func TestNextSeq(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchRecordTimestamps encodes batches whose events carry their own
+// timestamps (--column-timestamp), some earlier and some later than the
+// batch's, and decodes them with franz-go: the base timestamp is the least,
+// the max timestamp the greatest, and every record's base+delta is its own.
+func TestBatchRecordTimestamps(t *testing.T) {
+	ts := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		evTS []time.Time // per event; zero: the batch's
+	}{
+		{"none", []time.Time{{}, {}}},
+		{"all earlier", []time.Time{ts.Add(-time.Hour), ts.Add(-2 * time.Hour)}},
+		{"mixed", []time.Time{{}, ts.Add(-90 * 24 * time.Hour), ts.Add(time.Minute), {}, ts.Add(1500 * time.Microsecond)}},
+		{"one later", []time.Time{ts.Add(time.Second)}},
+	} {
+		for _, c := range []kafkago.Compression{0, kafkago.Zstd} {
+			t.Run(fmt.Sprintf("%s/%s", tc.name, c), func(t *testing.T) {
+				evs := stream(2, len(tc.evTS))
+				items := make([]item, len(evs))
+				want := make([]int64, len(evs))
+				lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
+				for i, ev := range evs {
+					ev.Timestamp = tc.evTS[i]
+					items[i] = item{ev: ev}
+					want[i] = ts.UnixMilli()
+					if !ev.Timestamp.IsZero() {
+						want[i] = ev.Timestamp.UnixMilli()
+					}
+					lo, hi = min(lo, want[i]), max(hi, want[i])
+				}
+				var e encoder
+				raw, err := e.appendBatch(nil, items, ts.UnixMilli(), noProducer, c.Codec())
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, recs := decodeBatch(t, raw)
+				if b.FirstTimestamp != lo || b.MaxTimestamp != hi {
+					t.Errorf("timestamps %d..%d, want %d..%d", b.FirstTimestamp, b.MaxTimestamp, lo, hi)
+				}
+				for i, r := range recs {
+					if got := b.FirstTimestamp + r.TimestampDelta64; got != want[i] {
+						t.Errorf("record %d: timestamp %d, want %d", i, got, want[i])
+					}
+					if !bytes.Equal(r.Value, evs[i].Payload) {
+						t.Errorf("record %d: value %q, want %q", i, r.Value, evs[i].Payload)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestBatchTombstones: with tombstones (--tombstone-on-empty-payload) a NULL
+// or empty payload is a null value; without, an empty one; other payloads
+// are unchanged either way.
+func TestBatchTombstones(t *testing.T) {
+	payloads := [][]byte{nil, {}, []byte(`{"a":1}`)}
+	for _, tc := range []struct {
+		tombstones bool
+		wantNull   []bool
+	}{
+		{false, []bool{false, false, false}},
+		{true, []bool{true, true, false}},
+	} {
+		for _, c := range []kafkago.Compression{0, kafkago.Lz4} {
+			t.Run(fmt.Sprintf("tombstones=%v/%s", tc.tombstones, c), func(t *testing.T) {
+				evs := stream(1, len(payloads))
+				items := make([]item, len(evs))
+				for i, ev := range evs {
+					ev.Payload = payloads[i]
+					items[i] = item{ev: ev}
+				}
+				e := encoder{tombstones: tc.tombstones}
+				raw, err := e.appendBatch(nil, items, 1, noProducer, c.Codec())
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, recs := decodeBatch(t, raw)
+				for i, r := range recs {
+					if (r.Value == nil) != tc.wantNull[i] || !bytes.Equal(r.Value, payloads[i]) {
+						t.Errorf("record %d: value %q (null %v), want %q (null %v)", i, r.Value, r.Value == nil, payloads[i], tc.wantNull[i])
+					}
+					if !bytes.Equal(r.Key, evs[i].AggregateID) {
+						t.Errorf("record %d: key %q, want %q", i, r.Key, evs[i].AggregateID)
+					}
+				}
+			})
+		}
+	}
+}

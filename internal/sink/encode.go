@@ -51,8 +51,10 @@ type encoder struct {
 	pos     []byte // the last source_position header value
 	// ceSource is Config.CloudEventsSource as bytes; nil: no CloudEvents headers.
 	ceSource []byte
-	raw      []byte     // uncompressed records, when compressing
-	free     []*wireBuf // buffers of finished requests
+	// tombstones is Config.TombstoneOnEmptyPayload.
+	tombstones bool
+	raw        []byte     // uncompressed records, when compressing
+	free       []*wireBuf // buffers of finished requests
 }
 
 // maxFreeBufs bounds the buffers kept for reuse: about one per broker with a
@@ -64,6 +66,7 @@ const maxFreeBufs = 8
 func (e *encoder) build(k *Kafka, r *request) (*rawproduce.Request, error) {
 	buf := e.buffer()
 	codec := k.cfg.Compression.Codec()
+	e.tombstones = k.cfg.TombstoneOnEmptyPayload
 	if src := k.cfg.CloudEventsSource; src != "" && string(e.ceSource) != src {
 		e.ceSource = []byte(src)
 	}

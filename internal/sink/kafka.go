@@ -44,6 +44,7 @@ package sink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,10 @@ type Config struct {
 	// id, ce_source this value, ce_type the event type, ce_time the commit
 	// time; the value stays the payload.
 	CloudEventsSource string
+	// TombstoneOnEmptyPayload sends an event whose payload is NULL or empty
+	// with a null value, a Kafka tombstone (--tombstone-on-empty-payload);
+	// otherwise its value is empty, never null.
+	TombstoneOnEmptyPayload bool
 	// RequestTimeout bounds one produce attempt.
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
@@ -283,9 +288,10 @@ func (k *Kafka) signal() {
 	}
 }
 
-// Produce queues ev for topic, on the partition its AggregateID maps to; done
-// is told its fate (see Done). It does not block on Kafka. An event with an
-// empty key fails at once: events need a key to keep their order. Produce
+// Produce queues ev for topic, on the partition its AggregateID maps to (or
+// its TargetPartition; see partitionFor); done is told its fate (see Done).
+// It does not block on Kafka. An event with an empty key fails at once:
+// events need a key to keep their order. Produce
 // returns an error only when the producer has halted (see Err).
 func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 	if err := k.Err(); err != nil {
@@ -303,8 +309,27 @@ func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 		return nil
 	}
 	ts.mu.Unlock()
-	ts.parts[k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ts.ids...)].push(it)
+	p, err := k.partitionFor(ev, ts.ids)
+	if err != nil {
+		return k.fail(it, err)
+	}
+	ts.parts[p].push(it)
 	return nil
+}
+
+// partitionFor returns the partition of ids, a topic's, that ev goes to: its
+// TargetPartition (--column-partition) when it has one, else the murmur2
+// hash of its key. A target partition the topic does not have is a
+// permanent failure of the event (code "invalid_partition").
+func (k *Kafka) partitionFor(ev *outbox.Event, ids []int) (int, error) {
+	if !ev.HasTargetPartition {
+		return k.balancer.Balance(kafka.Message{Key: ev.AggregateID}, ids...), nil
+	}
+	if ev.TargetPartition < 0 || ev.TargetPartition >= int64(len(ids)) {
+		return 0, &outbox.EventError{Code: "invalid_partition",
+			Err: fmt.Errorf("the partition column holds %d, but the topic has partitions 0 to %d", ev.TargetPartition, len(ids)-1)}
+	}
+	return int(ev.TargetPartition), nil
 }
 
 // failure is an event that failed permanently outside the dispatcher, for the

@@ -190,14 +190,21 @@ func (k *Kafka) addPartitions(ts *topicState, leaders []int32) {
 		ids[i] = i
 		parts[i] = newPartition(k, ts.name, i, leaders[i])
 	}
+	var refused []failure
 	for _, it := range ts.pending {
-		parts[k.balancer.Balance(kafka.Message{Key: it.ev.AggregateID}, ids...)].push(it)
+		p, err := k.partitionFor(it.ev, ids)
+		if err != nil {
+			refused = append(refused, failure{it, err})
+			continue
+		}
+		parts[p].push(it)
 	}
 	ts.pending = nil
 	ts.ids = ids
 	ts.parts = parts
 	close(ts.known)
 	k.mu.Lock()
+	k.refused = append(k.refused, refused...)
 	k.newTopics = append(k.newTopics, ts)
 	k.mu.Unlock()
 	k.signal()
