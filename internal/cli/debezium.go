@@ -341,26 +341,50 @@ func (t *dbzTranslator) transforms() {
 		t.put("topic", topic, p+"route.topic.replacement")
 	}
 
+	if col := t.getOr(p+"table.field.event.timestamp", ""); col != "" {
+		t.put("column-timestamp", col, p+"table.field.event.timestamp")
+	}
+	switch op := t.getOr(p+"table.op.invalid.behavior", "warn"); op {
+	case "warn", "error", "fatal":
+		t.put("on-outbox-update", op, p+"table.op.invalid.behavior")
+	default:
+		t.refuse(p+"table.op.invalid.behavior", fmt.Sprintf("%q: want warn, error or fatal", op))
+	}
+	switch tomb := strings.ToLower(t.getOr(p+"route.tombstone.on.empty.payload", "false")); tomb {
+	case "true", "false":
+		t.put("tombstone-on-empty-payload", tomb == "true", p+"route.tombstone.on.empty.payload")
+	default:
+		t.refuse(p+"route.tombstone.on.empty.payload", fmt.Sprintf("%q: want true or false", tomb))
+	}
+
 	if pl := t.getOr(p+"table.fields.additional.placement", ""); pl != "" {
-		var headers []string
+		var headers, envelope []string
 		for _, e := range strings.Split(pl, ",") {
 			parts := strings.Split(strings.TrimSpace(e), ":")
 			if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
 				t.refuse(p+"table.fields.additional.placement", fmt.Sprintf("entry %q: want column:header[:alias]", e))
 				continue
 			}
-			if parts[1] != "header" {
-				t.refuse(p+"table.fields.additional.placement", fmt.Sprintf("entry %q: placement %s is not supported (header only)", e, parts[1]))
-				continue
-			}
 			alias := parts[0]
 			if len(parts) == 3 && parts[2] != "" {
 				alias = parts[2]
 			}
-			headers = append(headers, parts[0]+"="+alias)
+			switch parts[1] {
+			case "header":
+				headers = append(headers, parts[0]+"="+alias)
+			case "envelope":
+				envelope = append(envelope, parts[0]+"="+alias)
+			case "partition":
+				t.put("column-partition", parts[0], p+"table.fields.additional.placement")
+			default:
+				t.refuse(p+"table.fields.additional.placement", fmt.Sprintf("entry %q: placement %s is unknown (header, envelope or partition)", e, parts[1]))
+			}
 		}
 		if len(headers) > 0 {
 			t.put("header-columns", strings.Join(headers, ","), p+"table.fields.additional.placement")
+		}
+		if len(envelope) > 0 {
+			t.put("envelope-columns", strings.Join(envelope, ","), p+"table.fields.additional.placement")
 		}
 	}
 	for k := range t.props {
