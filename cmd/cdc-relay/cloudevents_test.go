@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // TestCloudEventsFormat runs the built relay with --format cloudevents and
@@ -24,11 +22,7 @@ func TestCloudEventsFormat(t *testing.T) {
 	r.start()
 	r.waitReady(30 * time.Second)
 
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	var id string
 	if err := conn.QueryRow(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('order', 'order-9', 'OrderPlaced', '{"total": 7}') RETURNING id::text`).Scan(&id); err != nil {

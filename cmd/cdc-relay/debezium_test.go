@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -24,11 +22,7 @@ func TestRunDebeziumConfig(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `CREATE TABLE public.outboxevent (
 		id uuid PRIMARY KEY,
 		aggregatetype varchar(255) NOT NULL,

@@ -279,11 +279,7 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	f := newFixture(t, pg, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	var workMem string
 	if err := conn.QueryRow(ctx, "SHOW logical_decoding_work_mem").Scan(&workMem); err != nil || workMem != "64kB" {
 		t.Fatalf("logical_decoding_work_mem = %q (%v), want 64kB", workMem, err)
@@ -311,7 +307,7 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 
 	const rows = 100_000
 	start := time.Now()
-	_, err = conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+	_, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'big', 'big-'||(i%50), 'Big', jsonb_build_object('agg', 'big-'||(i%50), 'seq', i, 'pad', repeat('x', 1500))
 		FROM generate_series(1, $1::int) AS i`, rows)
 	if err != nil {
@@ -529,11 +525,7 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
 	var slotLSN string
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	if err := conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", f.slot).Scan(&slotLSN); err != nil {
 		t.Fatal(err)
 	}

@@ -154,6 +154,17 @@ func (f *fixture) relayArgs(extra ...string) []string {
 	return append(args, extra...)
 }
 
+// connect opens a connection to f's database, closed when t ends.
+func (f *fixture) connect(ctx context.Context, t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", f.db, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 // read returns everything in f's topic now.
 func (f *fixture) read(ctx context.Context, t *testing.T) []testenv.Record {
 	t.Helper()

@@ -179,11 +179,7 @@ func TestOnOutboxUpdateNeedsPublishedUpdates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events WITH (publish = 'insert')`); err != nil {
 		t.Fatal(err)
 	}
@@ -209,11 +205,7 @@ func TestTombstoneOnEmptyPayload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `ALTER TABLE outbox_events ALTER COLUMN payload DROP NOT NULL, ALTER COLUMN payload TYPE text`); err != nil {
 		t.Fatal(err)
 	}
@@ -256,11 +248,7 @@ func TestColumnPartition(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN kafka_partition integer`); err != nil {
 		t.Fatal(err)
 	}
@@ -367,11 +355,7 @@ func TestEnvelopeColumns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `ALTER TABLE outbox_events ADD COLUMN tenant text, ADD COLUMN version integer`); err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -20,11 +18,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	conn, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := f.connect(ctx, t)
 	insert := func(from, to int) {
 		t.Helper()
 		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
