@@ -600,8 +600,10 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 	// The relay tries for the slot again and again: two more refusals after
 	// the commit show it went on waiting rather than exit or stream.
 	if f.pg.LogFile() == "" {
-		t.Log("external server: its log cannot show the relay's attempts, waiting 2 s instead")
-		time.Sleep(2 * time.Second)
+		// A standby polls a held slot at most 2 s apart (full jitter, cap 2 s),
+		// so 5 s cover at least two more attempts.
+		t.Log("external server: its log cannot show the relay's attempts, waiting 5 s instead")
+		time.Sleep(5 * time.Second)
 	} else {
 		testenv.Eventually(t, 30*time.Second, func() error {
 			if n := slotRefusals(t, f.pg, f.slot) - refused; n < 2 {
