@@ -113,9 +113,6 @@ func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []st
 	if !g.armed {
 		return Summary{}, nil
 	}
-	if !g.cfg.Stored {
-		g.fallback("no_stored_offsets", "", "the checkpoint has no Kafka offsets (an at-least-once run or an older relay wrote it): events after it are sent again")
-	}
 	t0 := time.Now()
 	var sum Summary
 	for _, t := range topics {
@@ -212,6 +209,12 @@ func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, err
 		return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
 	}
 	if !ok || stored.Partitions != n {
+		if !ok && scan && !g.cfg.Stored {
+			// Not registered in this run either: what an earlier run wrote is
+			// not stamped with offsets to start from.
+			g.fallback("no_stored_offsets", topic, fmt.Sprintf(
+				"the checkpoint has no Kafka offsets (an at-least-once run or an older relay wrote it): events of topic %q after it are sent again", topic))
+		}
 		if ok && scan {
 			g.fallback("partitions_changed", topic, fmt.Sprintf(
 				"topic %q had %d partitions when written and has %d now: keys map elsewhere, so events after the checkpoint are sent again",

@@ -251,3 +251,27 @@ func TestGateRegistersTopicsFirstUsedLater(t *testing.T) {
 		t.Fatalf("a prepared topic was prepared again (%d persists, err %v)", *persisted, err)
 	}
 }
+
+// A run that started from a checkpoint without offsets registers each topic
+// on first use; a reconnect later finds them in the ledger and counts no
+// further no_stored_offsets fallback.
+func TestGateNoStoredOffsetsOncePerTopic(t *testing.T) {
+	ctx := context.Background()
+	const topic = "once"
+	e := newEnv(t, topic)
+	g, m, persisted := e.gate(nil, false)
+	for arm := 1; arm <= 2; arm++ {
+		if _, err := g.Arm(ctx, 0x400, 0x800, []string{topic}); err != nil {
+			t.Fatal(err)
+		}
+		if present, err := g.Check(ctx, topic, event("x", 0x500, 0)); err != nil || present {
+			t.Fatalf("arm %d: Check = %v, %v", arm, present, err)
+		}
+	}
+	if n := testutil.ToFloat64(m.DeliveryFallbacks.WithLabelValues("no_stored_offsets")); n != 1 {
+		t.Fatalf("no_stored_offsets counted %v times over two arms, want 1", n)
+	}
+	if *persisted != 1 {
+		t.Fatalf("persisted %d times, want once (the topic's first use)", *persisted)
+	}
+}
