@@ -111,6 +111,7 @@ func translateDebezium(path string, props map[string]string) (*debeziumMapping, 
 	t.database()
 	t.replication()
 	t.converters()
+	t.eventRouterJSON()
 	t.transforms()
 	t.rest()
 	if len(t.refused) > 0 {
@@ -143,9 +144,9 @@ func (t *dbzTranslator) connector() {
 	if _, ok := t.get("tasks.max"); ok {
 		t.ignored = append(t.ignored, "tasks.max")
 	}
-	if p, ok := t.get("topic.prefix"); ok {
-		t.notes = append(t.notes, fmt.Sprintf("topic.prefix %q is ignored: it only names Debezium's default topics, which the Event Router replaces", p))
-	}
+	// topic.prefix names Debezium's default topics, which the Event Router
+	// replaces, and the envelope's schema (eventRouterJSON).
+	t.get("topic.prefix")
 	if _, ok := t.get("database.server.name"); ok {
 		t.ignored = append(t.ignored, "database.server.name")
 	}
@@ -261,20 +262,34 @@ var rawConverters = []string{
 	"io.debezium.converters.BinaryDataConverter",
 }
 
-// converters accepts the converters whose output is today's raw bytes.
+// dbzJSONConverter is Kafka Connect's JsonConverter.
+const dbzJSONConverter = "org.apache.kafka.connect.json.JsonConverter"
+
+// jsonConverterIgnorable are JsonConverter settings that cannot change what
+// it writes for an outbox record (no decimals, no defaults, a schema cache).
+var jsonConverterIgnorable = []string{"schemas.cache.size", "decimal.format", "replace.null.with.default"}
+
+// converters maps the key and value converters to --key-encoding and
+// --value-encoding: raw for the converters that pass the bytes through,
+// json or json-with-schema for JsonConverter (schemas.enable, true unless
+// set, as JsonConverter's own default).
 func (t *dbzTranslator) converters() {
 	for _, role := range []string{"key.converter", "value.converter", "header.converter"} {
 		c, ok := t.get(role)
 		c = strings.TrimSpace(c)
 		raw := slices.Contains(rawConverters, c) || (role == "header.converter" && c == "org.apache.kafka.connect.storage.SimpleHeaderConverter")
+		flag := strings.TrimSuffix(role, ".converter") + "-encoding"
 		switch {
 		case !ok && role != "header.converter":
-			t.notes = append(t.notes, fmt.Sprintf("%s is absent: Debezium uses the Connect worker's default; cdc-relay writes the column's bytes as StringConverter does", role))
+			t.notes = append(t.notes, fmt.Sprintf("%s is absent: Debezium uses the Connect worker's default (often JsonConverter with schemas); cdc-relay writes the column's bytes as StringConverter does: set %s to be sure", role, role))
 		case !ok || raw:
-		case c == "org.apache.kafka.connect.json.JsonConverter":
-			t.refuse(role, "JsonConverter is not supported yet: its schemas.enable envelope is not produced; use org.apache.kafka.connect.storage.StringConverter (the payload column's JSON as it is)")
+		case c == dbzJSONConverter && role != "header.converter":
+			t.jsonConverter(role, flag)
+			continue
+		case c == dbzJSONConverter:
+			t.refuse(role, "JsonConverter headers are not produced: cdc-relay writes header values as SimpleHeaderConverter does (the default); drop header.converter")
 		default:
-			t.refuse(role, fmt.Sprintf("%q is not supported: cdc-relay writes the column's bytes as StringConverter or ByteArrayConverter do", c))
+			t.refuse(role, fmt.Sprintf("%q is not supported: cdc-relay writes the column's bytes as StringConverter or ByteArrayConverter do, or JSON as JsonConverter does", c))
 		}
 		if ok && !raw {
 			continue // the sub-properties are refused with the converter
@@ -285,6 +300,106 @@ func (t *dbzTranslator) converters() {
 				t.ignored = append(t.ignored, k)
 			}
 		}
+	}
+}
+
+// jsonConverter maps a JsonConverter key or value converter and its
+// sub-properties.
+func (t *dbzTranslator) jsonConverter(role, flag string) {
+	enc := "json-with-schema"
+	switch v := strings.ToLower(t.getOr(role+".schemas.enable", "true")); v {
+	case "true":
+	case "false":
+		enc = "json"
+	default:
+		t.refuse(role+".schemas.enable", fmt.Sprintf("%q: want true or false", v))
+	}
+	t.put(flag, enc, role)
+	for k := range t.props {
+		sub, ok := strings.CutPrefix(k, role+".")
+		if !ok || t.consumed[k] {
+			continue
+		}
+		t.consumed[k] = true
+		if slices.Contains(jsonConverterIgnorable, sub) {
+			t.ignored = append(t.ignored, k)
+		} else {
+			t.refuse(k, "JsonConverter option not implemented by cdc-relay")
+		}
+	}
+}
+
+// routerPrefix returns "transforms.<alias>." of the Outbox Event Router, or
+// "" when the list has none (transforms refuses that).
+func (t *dbzTranslator) routerPrefix() string {
+	list := t.props["transforms"]
+	for _, alias := range strings.Split(list, ",") {
+		p := "transforms." + strings.TrimSpace(alias) + "."
+		if strings.TrimSpace(t.props[p+"type"]) == dbzEventRouter {
+			return p
+		}
+	}
+	return ""
+}
+
+// eventRouterJSON maps the Event Router's JSON options: the expanded payload
+// and its typing, the schema version, and the envelope schema's name.
+func (t *dbzTranslator) eventRouterJSON() {
+	p := t.routerPrefix()
+	if p == "" {
+		return
+	}
+	valueEnc, _ := t.set["value-encoding"].Value.(string)
+	switch v := strings.ToLower(t.getOr(p+"table.expand.json.payload", "false")); v {
+	case "false":
+	case "true":
+		if valueEnc == "" {
+			t.refuse(p+"table.expand.json.payload", "needs value.converter="+dbzJSONConverter+" (with StringConverter Debezium writes the expanded Struct's toString())")
+			break
+		}
+		t.put("expand-json-payload", true, p+"table.expand.json.payload")
+	default:
+		t.refuse(p+"table.expand.json.payload", fmt.Sprintf("%q: want true or false", v))
+	}
+	switch v := strings.ToLower(t.getOr(p+"table.json.payload.null.behavior", "ignore")); v {
+	case "ignore":
+	case "optional_bytes":
+		t.put("json-null-fields", "optional-bytes", p+"table.json.payload.null.behavior")
+	default:
+		t.refuse(p+"table.json.payload.null.behavior", fmt.Sprintf("%q: want ignore or optional_bytes", v))
+	}
+	switch v := strings.ToLower(t.getOr(p+"table.json.payload.empty.array.behavior", "ignore")); v {
+	case "ignore":
+	case "optional_string":
+		t.put("json-empty-arrays", "optional-string", p+"table.json.payload.empty.array.behavior")
+	default:
+		t.refuse(p+"table.json.payload.empty.array.behavior", fmt.Sprintf("%q: want ignore or optional_string", v))
+	}
+	if _, set := t.set["expand-json-payload"]; !set {
+		// Without expansion these two cannot change the output.
+		delete(t.set, "json-null-fields")
+		delete(t.set, "json-empty-arrays")
+	}
+	envelope := strings.Contains(t.props[p+"table.fields.additional.placement"], ":envelope")
+	if col := t.getOr(p+"table.field.event.schema.version", ""); col != "" {
+		if valueEnc == "json-with-schema" && envelope {
+			t.put("column-schema-version", col, p+"table.field.event.schema.version")
+		} else {
+			t.notes = append(t.notes, p+"table.field.event.schema.version is ignored: only the envelope's schema has a version (JsonConverter with schemas and an envelope placement), as in Debezium")
+		}
+	}
+	if valueEnc == "json-with-schema" && envelope {
+		table, _ := t.set["table"].Value.(string)
+		if prefix := t.getOr("topic.prefix", ""); prefix != "" && table != "" {
+			t.put("json-schema-name", prefix+"."+table, "topic.prefix")
+		}
+	}
+	switch v := strings.ToLower(t.getOr(p+"table.fields.additional.error.on.missing", "true")); v {
+	case "true":
+	case "false":
+		t.refuse(p+"table.fields.additional.error.on.missing", "false is not supported: cdc-relay checks at start that every placed column exists; remove the placements of columns the table lacks")
+	default:
+		t.refuse(p+"table.fields.additional.error.on.missing", fmt.Sprintf("%q: want true or false", v))
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
@@ -202,6 +203,60 @@ type payloadFormatFlags struct {
 	// ColumnPartition is Debezium's table.fields.additional.placement col:partition.
 	ColumnPartition string `help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
 	ColumnTimestamp string `help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
+	// The JSON encodings are Kafka Connect's JsonConverter (key.converter,
+	// value.converter and their schemas.enable) and the Event Router's
+	// table.expand.json.payload, table.json.payload.null.behavior,
+	// table.json.payload.empty.array.behavior and
+	// table.field.event.schema.version.
+	KeyEncoding         string `default:"raw" enum:"raw,json,json-with-schema" help:"Record key: raw (the aggregate id column's bytes), json (as Kafka Connect's JsonConverter with schemas.enable=false: a JSON string for a text key), or json-with-schema ({\"schema\": …, \"payload\": …}, schemas.enable=true)."`
+	ValueEncoding       string `default:"raw" enum:"raw,json,json-with-schema" help:"Record value: raw (the payload column's bytes, or the envelope of --envelope-columns), json or json-with-schema: as Debezium's Outbox Event Router through JsonConverter writes it (a json/jsonb payload is then a JSON string unless --expand-json-payload; envelope columns typed as Debezium types them)."`
+	ExpandJSONPayload   bool   `name:"expand-json-payload" help:"With --value-encoding json or json-with-schema: write a JSON object payload as the JSON it holds, with an inferred schema (Debezium's table.expand.json.payload); one it cannot type stays a string."`
+	JSONNullFields      string `name:"json-null-fields" default:"ignore" enum:"ignore,optional-bytes" help:"Null members of an expanded payload: ignore (left out of the schema and the value) or optional-bytes (kept, typed optional bytes)."`
+	JSONEmptyArrays     string `name:"json-empty-arrays" default:"ignore" enum:"ignore,optional-string" help:"Empty arrays of an expanded payload: ignore (left out) or optional-string (kept, typed arrays of optional strings)."`
+	JSONSchemaName      string `name:"json-schema-name" help:"With --value-encoding json-with-schema and --envelope-columns: the envelope schema is named <NAME>.<routed-by value>.Value (default: <schema>.<table> of the outbox; Debezium's is <topic.prefix>.<schema>.<table>)." placeholder:"NAME"`
+	ColumnSchemaVersion string `help:"Integer outbox column holding the envelope schema's version (--value-encoding json-with-schema with --envelope-columns only)." placeholder:"COLUMN"`
+}
+
+// jsonOptions returns the JSON encoding of these flags for an outbox table
+// and topic template.
+func (f *payloadFormatFlags) jsonOptions(table, topic string, tombstones bool) (connectjson.Options, error) {
+	var o connectjson.Options
+	var err error
+	if o.Key, err = connectjson.ParseEncoding(f.KeyEncoding); err != nil {
+		return o, flagError("key-encoding", err.Error())
+	}
+	if o.Value, err = connectjson.ParseEncoding(f.ValueEncoding); err != nil {
+		return o, flagError("value-encoding", err.Error())
+	}
+	o.ExpandPayload = f.ExpandJSONPayload
+	o.NullFieldsAsBytes = f.JSONNullFields == "optional-bytes"
+	o.EmptyArraysAsStrings = f.JSONEmptyArrays == "optional-string"
+	o.Tombstones = tombstones && o.Value != connectjson.Raw
+	o.SchemaName = f.JSONSchemaName
+	if o.SchemaName == "" {
+		o.SchemaName = table
+		if !strings.Contains(table, ".") {
+			o.SchemaName = "public." + table
+		}
+	}
+	if err := o.Check(); err != nil {
+		switch {
+		case o.ExpandPayload && o.Value == connectjson.Raw:
+			return o, flagError("expand-json-payload", "needs --value-encoding json or json-with-schema (a raw json/jsonb payload is already the JSON)")
+		default:
+			return o, flagError("json-null-fields", "--json-null-fields and --json-empty-arrays apply to --expand-json-payload only")
+		}
+	}
+	if f.ColumnSchemaVersion != "" && (o.Value != connectjson.JSONWithSchema || len(f.EnvelopeColumns) == 0) {
+		return o, flagError("column-schema-version", "needs --value-encoding json-with-schema and --envelope-columns: only the envelope's schema has a version")
+	}
+	return o, nil
+}
+
+// routeByEventType reports whether topic routes by the event type alone, so
+// that the envelope schema is named after it (Debezium's route.by.field=type).
+func routeByEventType(topic string) bool {
+	return strings.Contains(topic, "{event_type}") && !strings.Contains(topic, "{aggregate_type}")
 }
 
 func (f *payloadFormatFlags) validate() error {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/route"
@@ -62,8 +63,11 @@ func (r *ReplayCmd) Validate() error {
 	if err := r.payloadFormatFlags.validate(); err != nil {
 		return err
 	}
-	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
-		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
+	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 && r.ValueEncoding == connectjson.NameRaw {
+		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
+	}
+	if _, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+		return err
 	}
 	if strings.TrimSpace(r.Since) == "" {
 		return flagError("since", "is required: the time to replay from, "+timeHelp)
@@ -109,6 +113,10 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if cols.Envelope, err = r.envelope(); err != nil {
 		return flagError("envelope-columns", err.Error())
 	}
+	if cols.JSON, err = r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+		return err
+	}
+	cols.SchemaVersion, cols.RouteByEventType = r.ColumnSchemaVersion, routeByEventType(r.Topic)
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
@@ -100,8 +101,11 @@ func (r *RunCmd) Validate() error {
 	if err := r.payloadFormatFlags.validate(); err != nil {
 		return err
 	}
-	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
-		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
+	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 && r.ValueEncoding == connectjson.NameRaw {
+		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
+	}
+	if _, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		flag string
@@ -187,6 +191,10 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, flagError("envelope-columns", err.Error())
 	}
+	jsonOpts, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload)
+	if err != nil {
+		return relay.Config{}, err
+	}
 	cfg := relay.Config{
 		PGURL:       r.PGURL,
 		Slot:        r.Slot,
@@ -197,12 +205,15 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 				ID: r.ColumnID, AggregateType: r.ColumnAggregateType, AggregateID: r.ColumnAggregateID,
 				EventType: r.ColumnEventType, Payload: r.ColumnPayload,
 			},
-			HeaderColumns:   headers,
-			ContentType:     r.ContentType,
-			TracingColumn:   r.ColumnTracing,
-			TimestampColumn: r.ColumnTimestamp,
-			PartitionColumn: r.ColumnPartition,
-			EnvelopeColumns: envelope,
+			HeaderColumns:       headers,
+			ContentType:         r.ContentType,
+			TracingColumn:       r.ColumnTracing,
+			TimestampColumn:     r.ColumnTimestamp,
+			PartitionColumn:     r.ColumnPartition,
+			EnvelopeColumns:     envelope,
+			JSON:                jsonOpts,
+			SchemaVersionColumn: r.ColumnSchemaVersion,
+			RouteByEventType:    routeByEventType(r.Topic),
 		},
 		Topic:             r.Topic,
 		Delivery:          r.Delivery,

@@ -12,6 +12,7 @@
 package decoder
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -34,6 +36,8 @@ const (
 	fieldTimestamp     = "TimestampColumn"
 	fieldPartition     = "PartitionColumn"
 	fieldEnvelope      = "EnvelopeColumns"
+	fieldJSON          = "JSON"
+	fieldVersion       = "SchemaVersionColumn"
 )
 
 // columnFields names the Config field of each required column, in field order
@@ -124,6 +128,19 @@ type Config struct {
 	// EnvelopeColumns wraps the value in a JSON envelope with these columns'
 	// text (see Envelope); nil means the value is the payload itself.
 	EnvelopeColumns []EnvelopeColumn
+	// JSON says how keys and values are written: raw (the zero value), or
+	// as Debezium's Outbox Event Router writes them through Kafka
+	// Connect's JsonConverter (package connectjson), the envelope columns
+	// then typed and the payload expanded if asked. Nullability, which the
+	// schemas show, comes from SetNotNull.
+	JSON connectjson.Options
+	// SchemaVersionColumn names an integer column whose value is the
+	// version of the envelope's schema (JSON with schemas and envelope
+	// columns only; Debezium's table.field.event.schema.version). "" means none.
+	SchemaVersionColumn string
+	// RouteByEventType names the envelope schema after the event type
+	// rather than the aggregate type (Debezium's route.by.field).
+	RouteByEventType bool
 }
 
 // Kind says what a decoded Message carries.
@@ -209,19 +226,22 @@ type headerCol struct {
 // outboxRel is the column mapping of the outbox table, computed from its Relation
 // message so that decoding an Insert needs no lookups.
 type outboxRel struct {
-	ok      bool
-	id      uint32
-	ncols   int
-	fields  [numFields]int // column index of each required column
-	headers []int          // column index of each Decoder.headers entry
-	keep    []int          // distinct column indexes copied into an event, ascending
-	tracing int            // column index of the tracing column, -1 when absent
-	tsCol   int            // column index of the timestamp column, -1 when none
-	tsType  uint32         // its type OID
-	partCol int            // column index of the partition column, -1 when none
-	envCols []int          // column index of each Decoder.envelope entry
-	payType uint32         // type OID of the payload column
-	format  Format
+	ok       bool
+	id       uint32
+	ncols    int
+	fields   [numFields]int // column index of each required column
+	headers  []int          // column index of each Decoder.headers entry
+	keep     []int          // distinct column indexes copied into an event, ascending
+	tracing  int            // column index of the tracing column, -1 when absent
+	tsCol    int            // column index of the timestamp column, -1 when none
+	tsType   uint32         // its type OID
+	partCol  int            // column index of the partition column, -1 when none
+	envCols  []int          // column index of each Decoder.envelope entry
+	envTypes []uint32       // type OID of each envelope column
+	verCol   int            // column index of the schema version column, -1 when none
+	payType  uint32         // type OID of the payload column
+	format   Format
+	json     *connectjson.Encoder // nil: raw keys and values
 }
 
 // span locates one column value of the tuple being decoded.
@@ -249,6 +269,10 @@ type Decoder struct {
 	partitionColumn string
 	envelope        []EnvelopeColumn
 	envAliases      []string
+	json            connectjson.Options
+	versionColumn   string
+	routeByType     bool
+	notNull         map[string]bool
 
 	inTxn      bool
 	xid        uint32
@@ -273,12 +297,18 @@ func New(cfg Config) (*Decoder, error) {
 	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
 		return nil, config.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
 	}
+	if err := cfg.JSON.Check(); err != nil {
+		return nil, config.Errorf(fieldJSON, "new decoder: %w", err)
+	}
+	if cfg.SchemaVersionColumn != "" && (cfg.JSON.Value != connectjson.JSONWithSchema || len(cfg.EnvelopeColumns) == 0) {
+		return nil, config.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
+	}
 	if err := CheckContentType(cfg.ContentType); err != nil {
 		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
-		envelope: cfg.EnvelopeColumns}
+		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType}
 	for _, c := range cfg.EnvelopeColumns {
 		d.envAliases = append(d.envAliases, c.Alias)
 	}
@@ -453,14 +483,20 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		d.out = outboxRel{}
 	}
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1}
+	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1}
 	var types [numFields]uint32
+	var typmods [numFields]int32
+	var verType uint32
+	var verTypmod int32
+	var envTypmods []int32
 	var partType uint32
 	if isOutbox {
 		for i := range rel.fields {
 			rel.fields[i] = -1
 		}
 		rel.envCols = make([]int, len(d.envelope))
+		rel.envTypes = make([]uint32, len(d.envelope))
+		envTypmods = make([]int32, len(d.envelope))
 		for i := range rel.envCols {
 			rel.envCols[i] = -1
 		}
@@ -473,7 +509,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		r.skip(1) // flags
 		colName := r.cstring()
 		typ := r.uint32()
-		r.skip(4) // type modifier
+		typmod := int32(r.uint32())
 		if r.err != nil {
 			return Message{}, fmt.Errorf("column %d of %d: %w", col, ncols, r.err)
 		}
@@ -483,7 +519,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		for f, want := range d.columns {
 			if string(colName) == want {
 				rel.fields[f] = col
-				types[f] = typ
+				types[f], typmods[f] = typ, typmod
 			}
 		}
 		if d.tracingColumn != "" && string(colName) == d.tracingColumn {
@@ -494,8 +530,11 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		for i, ec := range d.envelope {
 			if string(colName) == ec.Column {
-				rel.envCols[i] = col
+				rel.envCols[i], rel.envTypes[i], envTypmods[i] = col, typ, typmod
 			}
+		}
+		if d.versionColumn != "" && string(colName) == d.versionColumn {
+			rel.verCol, verType, verTypmod = col, typ, typmod
 		}
 		if d.partitionColumn != "" && string(colName) == d.partitionColumn {
 			rel.partCol, partType = col, typ
@@ -553,6 +592,35 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 					ErrMissingColumn, d.schema, d.table, d.envelope[i].Column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
+		}
+		if d.versionColumn != "" {
+			if rel.verCol < 0 {
+				return Message{}, config.Errorf(fieldVersion, "%w: table %q.%q has no schema version column %q (%s): fix it or the table",
+					ErrMissingColumn, d.schema, d.table, d.versionColumn, notReplicated)
+			}
+			rel.keep = append(rel.keep, rel.verCol)
+		}
+		if d.json.Key != connectjson.Raw || d.json.Value != connectjson.Raw {
+			col := func(name string, typ uint32, typmod int32) connectjson.Column {
+				return connectjson.Column{Name: name, Type: typ, Typmod: typmod, NotNull: d.notNull[name]}
+			}
+			l := connectjson.Layout{
+				Key:          col(d.columns[fieldAggregateID], types[fieldAggregateID], typmods[fieldAggregateID]),
+				Payload:      col(d.columns[fieldPayload], types[fieldPayload], typmods[fieldPayload]),
+				PayloadField: d.columns[fieldPayload],
+			}
+			for i, ec := range d.envelope {
+				l.Envelope = append(l.Envelope, connectjson.EnvelopeField{Alias: ec.Alias, Column: col(ec.Column, rel.envTypes[i], envTypmods[i])})
+			}
+			if rel.verCol >= 0 {
+				v := col(d.versionColumn, verType, verTypmod)
+				l.Version = &v
+			}
+			enc, err := connectjson.New(d.json, l)
+			if err != nil {
+				return Message{}, config.Errorf(fieldJSON, "table %q.%q: %w", d.schema, d.table, err)
+			}
+			rel.json = enc
 		}
 		rel.payType = types[fieldPayload]
 		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
@@ -690,7 +758,32 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			}
 		}
 	}
-	if len(d.out.envCols) > 0 {
+	switch {
+	case d.out.json != nil:
+		vals := make([][]byte, len(d.out.envCols))
+		for i, col := range d.out.envCols {
+			vals[i] = value(buf, spans[col])
+			if d.out.envTypes[i] == TypeBytea && vals[i] != nil {
+				if vals[i], err = DecodeBytea(bytes.Clone(vals[i])); err != nil {
+					return Message{}, fmt.Errorf("envelope column %q: %w", d.envelope[i].Column, err)
+				}
+			}
+		}
+		var version []byte
+		if d.out.verCol >= 0 {
+			version = value(buf, spans[d.out.verCol])
+		}
+		routedBy := ev.AggregateType
+		if d.routeByType {
+			routedBy = ev.EventType
+		}
+		if ev.Payload, err = d.out.json.Value(ev.Payload, vals, routedBy, version); err != nil {
+			return Message{}, err
+		}
+		if ev.AggregateID, err = d.out.json.Key(ev.AggregateID); err != nil {
+			return Message{}, fmt.Errorf("key: %w", err)
+		}
+	case len(d.out.envCols) > 0:
 		vals := make([][]byte, len(d.out.envCols))
 		for i, col := range d.out.envCols {
 			vals[i] = value(buf, spans[col])
@@ -713,6 +806,13 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	ev.CommitTime = d.commitTime
 	return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev, BadTrace: badTrace}, nil
 }
+
+// SetNotNull tells the decoder which outbox columns are NOT NULL
+// (pg_attribute.attnotnull, which pgoutput does not send), for the
+// "optional" of the JSON schemas (Config.JSON). It applies from the next
+// Relation message; a column it does not name is nullable, as a column
+// added later is by default.
+func (d *Decoder) SetNotNull(columns map[string]bool) { d.notNull = columns }
 
 // value returns the column's bytes in buf, nil for NULL. The capacity is clipped so
 // that an append by a consumer cannot overwrite the next value.

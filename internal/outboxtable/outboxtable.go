@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
@@ -50,6 +51,13 @@ type Columns struct {
 	// (decoder.Config.EnvelopeColumns): the value is decoder.Envelope of
 	// the payload and these columns. nil means none.
 	Envelope []decoder.EnvelopeColumn
+	// JSON, SchemaVersion and RouteByEventType are the relay's JSON
+	// encoding (decoder.Config.JSON, SchemaVersionColumn,
+	// RouteByEventType): keys and values are written as the stream writes
+	// them, with the nullability of the table's columns.
+	JSON             connectjson.Options
+	SchemaVersion    string
+	RouteByEventType bool
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -195,30 +203,56 @@ type outboxQuery struct {
 	table, name string
 	cols        Columns
 	o           ReplayOptions
-	format      decoder.Format // set by describe
-	tracing     bool           // the table has cols.Tracing
-	tsType      uint32         // type OID of cols.Timestamp, when set
-	partType    uint32         // type OID of cols.Partition, when set
-	payType     uint32         // type OID of the payload column
+	format      decoder.Format       // set by describe
+	tracing     bool                 // the table has cols.Tracing
+	tsType      uint32               // type OID of cols.Timestamp, when set
+	partType    uint32               // type OID of cols.Partition, when set
+	payType     uint32               // type OID of the payload column
+	json        *connectjson.Encoder // nil: raw keys and values
+	hasVersion  bool                 // cols.SchemaVersion is read
+}
+
+// NotNullColumns returns the columns of table that are NOT NULL, which
+// pgoutput does not announce: the relay hands them to its decoder for the
+// JSON schemas (decoder.Decoder.SetNotNull).
+func NotNullColumns(ctx context.Context, db Querier, table string) (map[string]bool, error) {
+	rows, err := db.Query(ctx, `SELECT attname FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attnotnull`, quoteTable(table))
+	if err != nil {
+		return nil, outboxErr(err, table)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, outboxErr(err, table)
+	}
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m, nil
 }
 
 // describe reads the types of the payload and key columns and whether the
 // tracing column exists from the catalog, as the relay learns them from the
 // Relation message (pg_attribute.atttypid is the type OID pgoutput sends).
 func (q *outboxQuery) describe(ctx context.Context, db Querier) error {
-	rows, err := db.Query(ctx, `SELECT attname, atttypid::int8 FROM pg_attribute
+	rows, err := db.Query(ctx, `SELECT attname, atttypid::int8, atttypmod, attnotnull FROM pg_attribute
 WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 	if err != nil {
 		return outboxErr(err, q.name)
 	}
 	defer rows.Close()
 	var payloadType, keyType uint32
+	cols := map[string]connectjson.Column{}
 	for rows.Next() {
 		var name string
 		var oid int64
-		if err := rows.Scan(&name, &oid); err != nil {
+		var typmod int32
+		var notNull bool
+		if err := rows.Scan(&name, &oid, &typmod, &notNull); err != nil {
 			return fmt.Errorf("read columns of outbox table %s: %w", q.name, err)
 		}
+		cols[name] = connectjson.Column{Name: name, Type: uint32(oid), Typmod: typmod, NotNull: notNull}
 		switch name {
 		case q.cols.Payload:
 			payloadType = uint32(oid)
@@ -256,6 +290,36 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
 	q.payType = payloadType
+	return q.describeJSON(cols)
+}
+
+// describeJSON builds the JSON encoder from the table's columns, as the
+// decoder does from the Relation message.
+func (q *outboxQuery) describeJSON(cols map[string]connectjson.Column) error {
+	o := q.cols.JSON
+	if o.Key == connectjson.Raw && o.Value == connectjson.Raw {
+		return nil
+	}
+	l := connectjson.Layout{Key: cols[q.cols.AggregateID], Payload: cols[q.cols.Payload], PayloadField: q.cols.Payload}
+	for _, ec := range q.cols.Envelope {
+		c, ok := cols[ec.Column]
+		if !ok {
+			return fmt.Errorf("read outbox table %s: it has no envelope column %q (check --envelope-columns)", q.name, ec.Column)
+		}
+		l.Envelope = append(l.Envelope, connectjson.EnvelopeField{Alias: ec.Alias, Column: c})
+	}
+	if q.cols.SchemaVersion != "" {
+		c, ok := cols[q.cols.SchemaVersion]
+		if !ok {
+			return fmt.Errorf("read outbox table %s: it has no schema version column %q (check --column-schema-version)", q.name, q.cols.SchemaVersion)
+		}
+		l.Version, q.hasVersion = &c, true
+	}
+	enc, err := connectjson.New(o, l)
+	if err != nil {
+		return fmt.Errorf("read outbox table %s: %w", q.name, err)
+	}
+	q.json = enc
 	return nil
 }
 
@@ -279,6 +343,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	}
 	for _, ec := range c.Envelope {
 		sel = append(sel, quoteColumn(ec.Column)+"::text")
+	}
+	if q.hasVersion {
+		sel = append(sel, quoteColumn(c.SchemaVersion)+"::text")
 	}
 	var conds []string
 	var args []any
@@ -340,6 +407,10 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		for i := range env {
 			dest = append(dest, &env[i])
 		}
+		var version *string
+		if q.hasVersion {
+			dest = append(dest, &version)
+		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
 		}
@@ -366,7 +437,11 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
 			}
 		}
-		if len(c.Envelope) > 0 {
+		if q.json != nil {
+			if err := q.encodeJSON(ev, env, b(version)); err != nil {
+				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+			}
+		} else if len(c.Envelope) > 0 {
 			aliases := make([]string, len(c.Envelope))
 			vals := make([][]byte, len(c.Envelope))
 			for i, ec := range c.Envelope {
@@ -387,6 +462,36 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		return nil, cursor{}, outboxErr(err, q.name)
 	}
 	return out, last, nil
+}
+
+// encodeJSON writes ev's key and value with the JSON encoder; env holds the
+// envelope columns' text (a bytea one is decoded to its bytes first).
+func (q outboxQuery) encodeJSON(ev *outbox.Event, env []*string, version []byte) error {
+	vals := make([][]byte, len(env))
+	for i, v := range env {
+		if v == nil {
+			continue
+		}
+		vals[i] = []byte(*v)
+		if q.json.EnvelopeType(i) == decoder.TypeBytea {
+			var err error
+			if vals[i], err = decoder.DecodeBytea(vals[i]); err != nil {
+				return fmt.Errorf("envelope column %q: %w", q.cols.Envelope[i].Column, err)
+			}
+		}
+	}
+	routedBy := ev.AggregateType
+	if q.cols.RouteByEventType {
+		routedBy = ev.EventType
+	}
+	var err error
+	if ev.Payload, err = q.json.Value(ev.Payload, vals, routedBy, version); err != nil {
+		return err
+	}
+	if ev.AggregateID, err = q.json.Key(ev.AggregateID); err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	return nil
 }
 
 func outboxErr(err error, table string) error {

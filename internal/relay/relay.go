@@ -25,10 +25,12 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/dedup"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -332,6 +334,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer pool.Close()
 	if err := r.checkServer(ctx, pool); err != nil {
 		return err
+	}
+	if j := cfg.Decoder.JSON; j.Key != connectjson.Raw || j.Value != connectjson.Raw {
+		notNull, err := outboxtable.NotNullColumns(ctx, pool, cfg.Decoder.Schema+"."+cfg.Decoder.Table)
+		if err != nil {
+			return fmt.Errorf("read the NOT NULL columns for the JSON schemas: %w", err)
+		}
+		dec.SetNotNull(notNull)
 	}
 
 	// Kafka, before anything is created in Postgres: a relay that cannot reach
