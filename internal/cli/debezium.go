@@ -446,6 +446,9 @@ func (t *dbzTranslator) transforms() {
 	placeholder := "{aggregate_type}"
 	if byField == "type" {
 		placeholder = "{event_type}"
+		// The relay still reads an aggregate type (a header); Debezium's
+		// table has it in aggregatetype.
+		t.put("column-aggregate-type", "aggregatetype", "(Debezium's outbox column aggregatetype)")
 	} else {
 		t.put("column-aggregate-type", byField, p+"route.by.field")
 	}
