@@ -397,7 +397,10 @@ func (t *dbzTranslator) eventRouterJSON() {
 	switch v := strings.ToLower(t.getOr(p+"table.fields.additional.error.on.missing", "true")); v {
 	case "true":
 	case "false":
-		t.refuse(p+"table.fields.additional.error.on.missing", "false is not supported: cdc-relay checks at start that every placed column exists; remove the placements of columns the table lacks")
+		// Debezium skips a placed field an event lacks, which matters when
+		// one router serves tables of different columns; cdc-relay relays
+		// one table, whose columns it checks at start.
+		t.notes = append(t.notes, p+"table.fields.additional.error.on.missing=false: cdc-relay relays one table and checks at start that it has every placed column; one it lacks stops the relay with the column named (remove that placement)")
 	default:
 		t.refuse(p+"table.fields.additional.error.on.missing", fmt.Sprintf("%q: want true or false", v))
 	}

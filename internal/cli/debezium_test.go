@@ -225,7 +225,7 @@ func TestTranslateDebeziumRefuses(t *testing.T) {
 		{"json header converter", minimalDbz + "header.converter=org.apache.kafka.connect.json.JsonConverter\n", "header.converter: JsonConverter headers are not produced"},
 		{"json converter option", minimalDbz + "value.converter=org.apache.kafka.connect.json.JsonConverter\nvalue.converter.bogus=1\n", "value.converter.bogus: JsonConverter option not implemented"},
 		{"expand with string converter", minimalDbz + "transforms.outbox.table.expand.json.payload=true\n", "table.expand.json.payload: needs value.converter="},
-		{"error on missing false", minimalDbz + "transforms.outbox.table.fields.additional.error.on.missing=false\n", "error.on.missing: false is not supported"},
+		{"error on missing bad", minimalDbz + "transforms.outbox.table.fields.additional.error.on.missing=maybe\n", `error.on.missing: "maybe": want true or false`},
 		{"bad null behavior", minimalDbz + "transforms.outbox.table.json.payload.null.behavior=drop\n", `null.behavior: "drop": want ignore or optional_bytes`},
 		{"no router", strings.Replace(minimalDbz, "transforms=outbox", "transforms=", 1), "transforms: no io.debezium.transforms.outbox.EventRouter"},
 		{"other schema list", minimalDbz + "schema.include.list=app\n", `schema.include.list: "app"`},
@@ -280,9 +280,12 @@ slot.drop.on.stop=true
 // TestTranslateDebeziumWarnings: what cannot change the output is named in
 // one warning.
 func TestTranslateDebeziumWarnings(t *testing.T) {
-	m, err := translate(t, "tasks.max=1\nerrors.tolerance=all\noffset.flush.interval.ms=1000\nvalue.converter.schemas.enable=false\ntopic.prefix=dbserver1\n")
+	m, err := translate(t, "tasks.max=1\nerrors.tolerance=all\noffset.flush.interval.ms=1000\nvalue.converter.schemas.enable=false\ntopic.prefix=dbserver1\ntransforms.outbox.table.fields.additional.error.on.missing=false\n")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(m.Warnings, "\n"), "error.on.missing=false: cdc-relay relays one table") {
+		t.Errorf("no error.on.missing warning in %q", m.Warnings)
 	}
 	var ignored string
 	for _, w := range m.Warnings {
