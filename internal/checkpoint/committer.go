@@ -123,8 +123,22 @@ func (c *Committer) Run(ctx context.Context) {
 		}
 		_, events := c.tracker.InFlight()
 		c.m.InFlightEvents.Set(float64(events))
+		oldest, waiting := c.tracker.OldestPending()
+		age := 0.0
+		if waiting {
+			age = max(time.Since(oldest).Seconds(), 0)
+		}
+		c.m.OldestUnrelayedAge.Set(age)
 		c.reportAnomalies()
 		if c.tracker.Watermark() <= c.Flushed() {
+			// Stuck behind an unacknowledged event (a broker down): refresh
+			// the stored oldest-unrelayed time every Idle for cdc-relay status.
+			c.mu.Lock()
+			stale := waiting && time.Since(c.lastSave) >= c.idle
+			c.mu.Unlock()
+			if stale {
+				_ = c.Persist(ctx) // a failure is logged and counted; the next tick retries
+			}
 			continue
 		}
 		// Advances with no new events (keepalives on an idle outbox) are saved
@@ -185,6 +199,7 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 	cp.LSN, cp.CommitTime = w, at
 	cp.UpdatedAt = time.Now()
 	cp.Offsets = nil // never Base's: offsets are only valid for the LSN they were taken at
+	cp.OldestUnrelayed, _ = c.tracker.OldestPending()
 	if c.offsets != nil {
 		cp.Offsets = c.offsets(w)
 	}

@@ -265,3 +265,58 @@ func TestCommitterOffsets(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, newStore(t)) })
 	}
 }
+
+// TestCommitterOldestUnrelayed: the gauge and the stored checkpoint carry the
+// commit time of the oldest transaction with an unacknowledged event, also
+// while the watermark is stuck behind it (refreshed every Idle), and none
+// once everything is acknowledged.
+func TestCommitterOldestUnrelayed(t *testing.T) {
+	store := &failingSaver{FileStore: NewFileStore(filepath.Join(t.TempDir(), "ck.json"))}
+	m := metrics.New(prometheus.NewRegistry())
+	c := NewCommitter(CommitterConfig{
+		Store: store, Start: 100, Base: Checkpoint{Slot: "s", SystemID: "1"},
+		Every: 5 * time.Millisecond, Idle: 20 * time.Millisecond, Logger: zerolog.Nop(), Metrics: m,
+	})
+	tr := c.Tracker()
+	if _, ok := tr.OldestPending(); ok {
+		t.Fatal("OldestPending with nothing tracked reports a transaction")
+	}
+	old := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	first := tr.BeginAt(old)
+	tr.Add(first, 1)
+	tr.Commit(first, 200, old)
+	second := tr.BeginAt(time.Now())
+	tr.Add(second, 1)
+	if at, ok := tr.OldestPending(); !ok || !at.Equal(old) {
+		t.Fatalf("OldestPending = %s, %v; want the first transaction's %s", at, ok, old)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if v := testutil.ToFloat64(m.OldestUnrelayedAge); v < 59 || v > 120 {
+			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v, want about 60", v)
+		}
+		cp, ok, err := store.Load(ctx, "s")
+		if err != nil || !ok || !cp.OldestUnrelayed.Equal(old) || cp.LSN != 100 {
+			return fmt.Errorf("stored %+v, %v, %v: want oldest_unrelayed_at %s at the start LSN (the watermark is stuck)", cp, ok, err, old)
+		}
+		return nil
+	})
+
+	tr.Ack(first, 1)
+	tr.Ack(second, 1)
+	tr.Commit(second, 300, time.Now())
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if v := testutil.ToFloat64(m.OldestUnrelayedAge); v != 0 {
+			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v, want 0 with nothing waiting", v)
+		}
+		cp, ok, err := store.Load(ctx, "s")
+		if err != nil || !ok || !cp.OldestUnrelayed.IsZero() || cp.LSN != 300 {
+			return fmt.Errorf("stored %+v, %v, %v: want LSN 0/12C and no oldest unrelayed", cp, ok, err)
+		}
+		return nil
+	})
+}

@@ -36,6 +36,8 @@ type fileEntry struct {
 	// KafkaOffsets is Checkpoint.Offsets; absent when none are stored (files
 	// of older relays lack it), {} when stored but empty.
 	KafkaOffsets *Offsets `json:"kafka_offsets,omitempty"`
+	// OldestUnrelayedAt is Checkpoint.OldestUnrelayed; absent when none waited.
+	OldestUnrelayedAt *time.Time `json:"oldest_unrelayed_at,omitempty"`
 }
 
 // FileStore keeps checkpoints in a local JSON file, one entry per slot. Every Save
@@ -79,6 +81,9 @@ func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, erro
 	if e.KafkaOffsets != nil {
 		c.Offsets = *e.KafkaOffsets
 	}
+	if e.OldestUnrelayedAt != nil {
+		c.OldestUnrelayed = *e.OldestUnrelayedAt
+	}
 	return c, true, nil
 }
 
@@ -107,6 +112,10 @@ func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
 	}
 	if c.Offsets != nil {
 		e.KafkaOffsets = &c.Offsets
+	}
+	if !c.OldestUnrelayed.IsZero() {
+		t := c.OldestUnrelayed.UTC()
+		e.OldestUnrelayedAt = &t
 	}
 	doc.Checkpoints[c.Slot] = e
 	data, err := json.MarshalIndent(doc, "", "  ")

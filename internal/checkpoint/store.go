@@ -32,6 +32,12 @@ type Checkpoint struct {
 	// (--delivery at-least-once, or saved by an older relay); empty when the
 	// relay stores them but had written no record yet.
 	Offsets Offsets
+	// OldestUnrelayed is the commit time of the oldest transaction whose
+	// events the relay had read and Kafka had not yet acknowledged when it
+	// saved (checkpoint.Tracker.OldestPending); zero when none waited. It
+	// lets cdc-relay status tell, from the database alone, how long the
+	// oldest unrelayed outbox row has waited while the relay runs.
+	OldestUnrelayed time.Time
 }
 
 // DefaultTable is the checkpoint table TableStore uses when given no name.
@@ -52,7 +58,8 @@ func TableDDL(table string) string {
     relay_name text        NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now(),
     commit_time timestamptz,
-    kafka_offsets jsonb
+    kafka_offsets jsonb,
+    oldest_unrelayed_at timestamptz
 )`
 }
 
@@ -62,6 +69,7 @@ func TableDDL(table string) string {
 var addedColumns = []struct{ name, typ string }{
 	{"commit_time", "timestamptz"},
 	{"kafka_offsets", "jsonb"},
+	{"oldest_unrelayed_at", "timestamptz"},
 }
 
 // addColumnsDDL adds the columns named (of addedColumns) to a checkpoint table
@@ -168,11 +176,11 @@ WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, s.table)
 func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, error) {
 	c := Checkpoint{Slot: slot}
 	var lsn string
-	var commit *time.Time
+	var commit, oldest *time.Time
 	var offsets []byte
 	err := s.pool.QueryRow(ctx,
-		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets FROM "+s.table+" WHERE slot_name = $1", slot,
-	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets)
+		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at FROM "+s.table+" WHERE slot_name = $1", slot,
+	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets, &oldest)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, false, nil
 	}
@@ -185,6 +193,9 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	if commit != nil {
 		c.CommitTime = *commit
 	}
+	if oldest != nil {
+		c.OldestUnrelayed = *oldest
+	}
 	if c.Offsets, err = decodeOffsets(offsets); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("decode kafka_offsets of slot %q in %s: %w", slot, s.name, err)
 	}
@@ -195,9 +206,12 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 // the server's current time. Save does not refuse an LSN lower than the stored one:
 // keeping the watermark monotonic is the Tracker's job.
 func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
-	var updated, commit any // NULL lets the server set now(); NULL commit_time is unknown
+	var updated, commit, oldest any // NULL lets the server set now(); NULL commit_time is unknown
 	if !c.UpdatedAt.IsZero() {
 		updated = c.UpdatedAt
+	}
+	if !c.OldestUnrelayed.IsZero() {
+		oldest = c.OldestUnrelayed
 	}
 	if !c.CommitTime.IsZero() {
 		commit = c.CommitTime
@@ -208,16 +222,17 @@ func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
 	} else if enc != nil {
 		offsets = string(enc)
 	}
-	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time, kafka_offsets)
-VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz, $7::jsonb)
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at)
+VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz, $7::jsonb, $8::timestamptz)
 ON CONFLICT (slot_name) DO UPDATE SET
     system_id = excluded.system_id,
     lsn = excluded.lsn,
     relay_name = excluded.relay_name,
     updated_at = excluded.updated_at,
     commit_time = excluded.commit_time,
-    kafka_offsets = excluded.kafka_offsets`,
-		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit, offsets)
+    kafka_offsets = excluded.kafka_offsets,
+    oldest_unrelayed_at = excluded.oldest_unrelayed_at`,
+		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit, offsets, oldest)
 	if err != nil {
 		return fmt.Errorf("save checkpoint of slot %q at %s to %s: %w", c.Slot, c.LSN, s.name, err)
 	}

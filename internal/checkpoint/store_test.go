@@ -59,6 +59,15 @@ func testStoreContract(t *testing.T, newStore func(t *testing.T) store) {
 			mustSave(t, ctx, s, c)
 			mustLoad(t, ctx, s, "orders", c, true)
 		}},
+		{"oldest unrelayed round-trips, and zero stays none", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0x300)
+			c.OldestUnrelayed = at.Add(-2 * time.Minute)
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+			c.OldestUnrelayed = time.Time{}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
 		{"kafka offsets round-trip", func(t *testing.T, ctx context.Context, s store) {
 			c := cp("orders", 0x500)
 			c.Offsets = Offsets{
@@ -154,7 +163,7 @@ func mustLoad(t *testing.T, ctx context.Context, s store, slot string, want Chec
 	}
 	if got.Slot != want.Slot || got.SystemID != want.SystemID || got.LSN != want.LSN ||
 		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) || !got.CommitTime.Equal(want.CommitTime) ||
-		!reflect.DeepEqual(got.Offsets, want.Offsets) {
+		!got.OldestUnrelayed.Equal(want.OldestUnrelayed) || !reflect.DeepEqual(got.Offsets, want.Offsets) {
 		t.Fatalf("Load(%q) = %+v, want %+v", slot, got, want)
 	}
 }

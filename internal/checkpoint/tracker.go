@@ -84,7 +84,12 @@ func NewTracker(start pglogrepl.LSN) *Tracker {
 
 // Begin opens a transaction and returns its sequence number. Sequence numbers increase
 // by one with every call, for the Tracker's whole life.
-func (t *Tracker) Begin() uint64 {
+func (t *Tracker) Begin() uint64 { return t.BeginAt(time.Time{}) }
+
+// BeginAt is Begin for a transaction that committed at commitTime (pgoutput's
+// Begin message carries it), which OldestPending reports while its events
+// wait.
+func (t *Tracker) BeginAt(commitTime time.Time) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n == len(t.ring) {
@@ -92,7 +97,7 @@ func (t *Tracker) Begin() uint64 {
 	}
 	seq := t.nextSeq
 	t.nextSeq++
-	t.ring[(t.head+t.n)&(len(t.ring)-1)] = txn{}
+	t.ring[(t.head+t.n)&(len(t.ring)-1)] = txn{at: commitTime}
 	t.n++
 	return seq
 }
@@ -286,6 +291,25 @@ func (t *Tracker) Idle(serverWALEnd pglogrepl.LSN, serverTime time.Time) bool {
 		t.maxEnd = serverWALEnd
 	}
 	return true
+}
+
+// OldestPending returns the commit time of the oldest transaction with an
+// event Kafka has not acknowledged yet, and false when there is none. The
+// stream reads transactions in commit order, so while the relay reads, no
+// committed outbox row waits longer than it.
+func (t *Tracker) OldestPending() (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.events == 0 {
+		return time.Time{}, false
+	}
+	for i := 0; i < t.n; i++ {
+		x := &t.ring[(t.head+i)&(len(t.ring)-1)]
+		if x.acked < x.added {
+			return x.at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // InFlight returns the number of tracked transactions (open, or committed with events

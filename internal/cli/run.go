@@ -50,7 +50,7 @@ type RunCmd struct {
 
 	OnSlotLoss     string        `default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
 	BackfillMargin time.Duration `default:"${default_backfill_margin}" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
-	createdAtFlag  `embed:"" set:"created_at_note= (for --on-slot-loss=backfill and --snapshot initial)"`
+	createdAtFlag  `embed:"" set:"created_at_note= (for --on-slot-loss=backfill, --snapshot initial and the outbox wait time; a table without it measures the wait from the commit)"`
 
 	Snapshot string `default:"never" enum:"initial,never" help:"initial: when the relay creates its slot, publish the rows already in the outbox table (read from the snapshot the slot exports, in --column-created-at, id order, with header cdc_relay_snapshot: initial) before streaming, so none is missed or sent twice at the seam; an existing slot takes no snapshot. never: stream only what commits after the slot is created."`
 
@@ -214,6 +214,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			JSON:                jsonOpts,
 			SchemaVersionColumn: r.ColumnSchemaVersion,
 			RouteByEventType:    routeByEventType(r.Topic),
+			CreatedAtColumn:     r.ColumnCreatedAt,
 		},
 		Topic:             r.Topic,
 		Delivery:          r.Delivery,

@@ -30,18 +30,28 @@ type StatusCmd struct {
 
 // Status is what status reports.
 type Status struct {
-	Slot             string            `json:"slot"`
-	SlotExists       bool              `json:"slot_exists"`
-	Active           bool              `json:"active"`
-	ActivePID        int               `json:"active_pid,omitempty"`
-	WALStatus        string            `json:"wal_status,omitempty"`
-	ServerWALEnd     string            `json:"server_wal_end"`
-	ConfirmedLSN     string            `json:"confirmed_lsn,omitempty"`
-	LagBytes         int64             `json:"lag_bytes"`
-	RetainedWALBytes int64             `json:"retained_wal_bytes"`
-	Checkpoint       *StatusCheckpoint `json:"checkpoint,omitempty"`
-	DeadLetters      *StatusDLQ        `json:"dead_letters,omitempty"`
-	Problems         []string          `json:"problems,omitempty"`
+	Slot             string `json:"slot"`
+	SlotExists       bool   `json:"slot_exists"`
+	Active           bool   `json:"active"`
+	ActivePID        int    `json:"active_pid,omitempty"`
+	WALStatus        string `json:"wal_status,omitempty"`
+	ServerWALEnd     string `json:"server_wal_end"`
+	ConfirmedLSN     string `json:"confirmed_lsn,omitempty"`
+	LagBytes         int64  `json:"lag_bytes"`
+	RetainedWALBytes int64  `json:"retained_wal_bytes"`
+	// OldestUnrelayedAge is the age in seconds of the oldest committed
+	// outbox row not yet acknowledged by Kafka, 0 when nothing waits, null
+	// when status could not tell; OldestUnrelayedSource says how it knows:
+	// "checkpoint" (what the running relay stored) or "slot" (the slot,
+	// decoded without consuming it, while no relay holds it).
+	OldestUnrelayedAge    *float64 `json:"oldest_unrelayed_age_seconds"`
+	OldestUnrelayedSource string   `json:"oldest_unrelayed_source,omitempty"`
+	// OldestUnrelayedError says why the age is null (no problem by itself:
+	// the exit code does not change).
+	OldestUnrelayedError string            `json:"oldest_unrelayed_error,omitempty"`
+	Checkpoint           *StatusCheckpoint `json:"checkpoint,omitempty"`
+	DeadLetters          *StatusDLQ        `json:"dead_letters,omitempty"`
+	Problems             []string          `json:"problems,omitempty"`
 }
 
 // StatusCheckpoint is the stored checkpoint.
@@ -119,10 +129,13 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 			st.Problems = append(st.Problems, fmt.Sprintf("slot lag %d bytes exceeds --max-lag-bytes %d", st.LagBytes, c.MaxLagBytes))
 		}
 	}
-	if cp, ok, err := checkpoint.NewTableStore(pool, c.CheckpointTable).Load(ctx, c.Slot); err == nil && ok {
+	cp, haveCP, err := checkpoint.NewTableStore(pool, c.CheckpointTable).Load(ctx, c.Slot)
+	haveCP = haveCP && err == nil
+	if haveCP {
 		st.Checkpoint = &StatusCheckpoint{LSN: cp.LSN.String(), UpdatedAt: cp.UpdatedAt, AgeSeconds: time.Since(cp.UpdatedAt).Seconds(),
 			RelayName: cp.RelayName, KafkaOffsets: cp.Offsets}
 	}
+	c.oldestUnrelayed(ctx, pool, &st, slot.Exists && slot.Active, cp, haveCP)
 	if codes, err := deadletter.NewStore(pool, c.DLQTable).Summary(ctx, deadletter.Filter{}); err == nil {
 		d := &StatusDLQ{ByCode: map[string]int64{}}
 		for _, cc := range codes {
@@ -134,6 +147,39 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		st.DeadLetters = d
 	}
 	return st, nil
+}
+
+// peekTimeout bounds decoding the slot for the oldest unrelayed row.
+const peekTimeout = 5 * time.Second
+
+// oldestUnrelayed fills in the age of the oldest unrelayed outbox row: from
+// the checkpoint the running relay keeps writing while the slot is active,
+// else by decoding the idle slot up to its first published transaction.
+func (c *StatusCmd) oldestUnrelayed(ctx context.Context, pool *pgxpool.Pool, st *Status, active bool, cp checkpoint.Checkpoint, haveCP bool) {
+	age := func(at time.Time) *float64 {
+		v := 0.0
+		if !at.IsZero() {
+			v = max(time.Since(at).Seconds(), 0)
+		}
+		return &v
+	}
+	switch {
+	case !st.SlotExists:
+	case active && haveCP:
+		st.OldestUnrelayedAge, st.OldestUnrelayedSource = age(cp.OldestUnrelayed), "checkpoint"
+	case active:
+		st.OldestUnrelayedError = "the slot is active but no checkpoint is stored (yet)"
+	default:
+		at, ok, err := replication.PeekOldestCommit(ctx, pool, c.Slot, c.Publication, peekTimeout)
+		if err != nil {
+			st.OldestUnrelayedError = err.Error()
+			return
+		}
+		if !ok {
+			at = time.Time{}
+		}
+		st.OldestUnrelayedAge, st.OldestUnrelayedSource = age(at), "slot"
+	}
 }
 
 // writeStatus prints st as a table, or as JSON.
@@ -162,6 +208,12 @@ func printStatus(w io.Writer, st Status) {
 		fmt.Fprintf(tw, "retained wal\t%s\n", bytesHuman(st.RetainedWALBytes))
 	} else {
 		fmt.Fprintf(tw, "exists\tno\n")
+	}
+	switch {
+	case st.OldestUnrelayedAge != nil:
+		fmt.Fprintf(tw, "oldest unrelayed\t%s (from the %s)\n", time.Duration(*st.OldestUnrelayedAge*float64(time.Second)).Round(time.Millisecond), st.OldestUnrelayedSource)
+	case st.OldestUnrelayedError != "":
+		fmt.Fprintf(tw, "oldest unrelayed\tunknown: %s\n", st.OldestUnrelayedError)
 	}
 	if st.Checkpoint != nil {
 		fmt.Fprintf(tw, "stored checkpoint\t%s (%s ago, by %s)\n", st.Checkpoint.LSN,

@@ -25,6 +25,11 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The publication exists before the slot, as the relay makes it: pgoutput
+	// reads publications as of the WAL it decodes.
+	if err := pg.Exec(ctx, "status_db", "CREATE TABLE ob (v int); CREATE PUBLICATION cdc_relay_outbox FOR TABLE ob"); err != nil {
+		t.Fatal(err)
+	}
 	if err := pg.Exec(ctx, "status_db", "SELECT pg_create_logical_replication_slot('st_slot', 'pgoutput')"); err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +67,36 @@ func TestStatus(t *testing.T) {
 			check: func(t *testing.T, st Status, _ string) {
 				if !st.SlotExists || st.WALStatus != "reserved" || st.LagBytes <= 0 || st.RetainedWALBytes <= 0 || st.Active {
 					t.Errorf("status %+v: want an existing, inactive, reserved slot with some lag", st)
+				}
+				// Table w's rows are not the outbox's.
+				if st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 || st.OldestUnrelayedSource != "slot" {
+					t.Errorf("oldest unrelayed %v from %q (%s), want 0 from the slot", st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
+				}
+			},
+		},
+		{
+			name: "unknown publication, json",
+			args: []string{"--json", "--publication", "no_such_pub"},
+			check: func(t *testing.T, st Status, _ string) {
+				// Unknown, and no problem by itself (exit 0).
+				if st.OldestUnrelayedAge != nil || !strings.Contains(st.OldestUnrelayedError, "no_such_pub") {
+					t.Errorf("oldest unrelayed %v (%q), want unknown for a missing publication", st.OldestUnrelayedAge, st.OldestUnrelayedError)
+				}
+			},
+		},
+		{
+			name: "oldest unrelayed from the slot, json",
+			setup: func(t *testing.T) {
+				if err := pg.Exec(ctx, "status_db", "INSERT INTO ob VALUES (1)"); err != nil {
+					t.Fatal(err)
+				}
+				// status connects and decodes after the commit, so the age is > 0.
+			},
+			args: []string{"--json"},
+			check: func(t *testing.T, st Status, _ string) {
+				if st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge <= 0 || *st.OldestUnrelayedAge > 60 || st.OldestUnrelayedSource != "slot" {
+					t.Errorf("oldest unrelayed %v from %q (%s), want the insert's age (0 to 60 s) from the slot",
+						st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
 				}
 			},
 		},

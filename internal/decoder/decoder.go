@@ -141,6 +141,11 @@ type Config struct {
 	// RouteByEventType names the envelope schema after the event type
 	// rather than the aggregate type (Debezium's route.by.field).
 	RouteByEventType bool
+	// CreatedAtColumn names the row's insert-time column (timestamptz or
+	// timestamp), read into Event.CreatedAt for the outbox wait time. A
+	// table without it, or with another type, is no error: events then
+	// carry none. "" means none.
+	CreatedAtColumn string
 }
 
 // Kind says what a decoded Message carries.
@@ -226,22 +231,24 @@ type headerCol struct {
 // outboxRel is the column mapping of the outbox table, computed from its Relation
 // message so that decoding an Insert needs no lookups.
 type outboxRel struct {
-	ok       bool
-	id       uint32
-	ncols    int
-	fields   [numFields]int // column index of each required column
-	headers  []int          // column index of each Decoder.headers entry
-	keep     []int          // distinct column indexes copied into an event, ascending
-	tracing  int            // column index of the tracing column, -1 when absent
-	tsCol    int            // column index of the timestamp column, -1 when none
-	tsType   uint32         // its type OID
-	partCol  int            // column index of the partition column, -1 when none
-	envCols  []int          // column index of each Decoder.envelope entry
-	envTypes []uint32       // type OID of each envelope column
-	verCol   int            // column index of the schema version column, -1 when none
-	payType  uint32         // type OID of the payload column
-	format   Format
-	json     *connectjson.Encoder // nil: raw keys and values
+	ok          bool
+	id          uint32
+	ncols       int
+	fields      [numFields]int // column index of each required column
+	headers     []int          // column index of each Decoder.headers entry
+	keep        []int          // distinct column indexes copied into an event, ascending
+	tracing     int            // column index of the tracing column, -1 when absent
+	tsCol       int            // column index of the timestamp column, -1 when none
+	tsType      uint32         // its type OID
+	partCol     int            // column index of the partition column, -1 when none
+	envCols     []int          // column index of each Decoder.envelope entry
+	envTypes    []uint32       // type OID of each envelope column
+	verCol      int            // column index of the schema version column, -1 when none
+	createdCol  int            // column index of the created-at column, -1 when none
+	createdType uint32         // its type OID
+	payType     uint32         // type OID of the payload column
+	format      Format
+	json        *connectjson.Encoder // nil: raw keys and values
 }
 
 // span locates one column value of the tuple being decoded.
@@ -273,6 +280,7 @@ type Decoder struct {
 	versionColumn   string
 	routeByType     bool
 	notNull         map[string]bool
+	createdColumn   string
 
 	inTxn      bool
 	xid        uint32
@@ -308,7 +316,8 @@ func New(cfg Config) (*Decoder, error) {
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
-		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType}
+		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType,
+		createdColumn: cfg.CreatedAtColumn}
 	for _, c := range cfg.EnvelopeColumns {
 		d.envAliases = append(d.envAliases, c.Alias)
 	}
@@ -483,7 +492,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		d.out = outboxRel{}
 	}
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1}
+	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
 	var types [numFields]uint32
 	var typmods [numFields]int32
 	var verType uint32
@@ -532,6 +541,9 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 			if string(colName) == ec.Column {
 				rel.envCols[i], rel.envTypes[i], envTypmods[i] = col, typ, typmod
 			}
+		}
+		if d.createdColumn != "" && string(colName) == d.createdColumn && (typ == TypeTimestampTZ || typ == TypeTimestamp) {
+			rel.createdCol, rel.createdType = col, typ
 		}
 		if d.versionColumn != "" && string(colName) == d.versionColumn {
 			rel.verCol, verType, verTypmod = col, typ, typmod
@@ -592,6 +604,9 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 					ErrMissingColumn, d.schema, d.table, d.envelope[i].Column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
+		}
+		if rel.createdCol >= 0 {
+			rel.keep = append(rel.keep, rel.createdCol)
 		}
 		if d.versionColumn != "" {
 			if rel.verCol < 0 {
@@ -789,6 +804,12 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			vals[i] = value(buf, spans[col])
 		}
 		ev.Payload = Envelope(ev.Payload, d.out.payType, d.envAliases, vals)
+	}
+	if d.out.createdCol >= 0 {
+		if s := spans[d.out.createdCol]; !s.null {
+			// A value the relay cannot read only loses the wait-time measure.
+			ev.CreatedAt, _ = ParseTimestamp(d.out.createdType, value(buf, s))
+		}
 	}
 	if d.out.partCol >= 0 {
 		if s := spans[d.out.partCol]; !s.null {

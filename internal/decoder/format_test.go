@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -374,5 +375,126 @@ func TestPartitionColumn(t *testing.T) {
 		if got != tc.want || (err != nil) != tc.wantErr {
 			t.Errorf("ParsePartition(%q) = %d, %v; want %d, error %v", tc.text, got, err, tc.want, tc.wantErr)
 		}
+	}
+}
+
+// TestParseISOTimestampAgreesWithTimeParse: the fast path reads what
+// time.Parse reads, and declines (for the slow path) what it cannot.
+func TestParseISOTimestampAgreesWithTimeParse(t *testing.T) {
+	tests := []struct {
+		text   string
+		noZone bool
+		ok     bool
+	}{
+		{"2021-03-04 03:06:07.891+00", false, true},
+		{"2021-03-04 08:36:07.891234+05:30", false, true},
+		{"1969-12-31 23:59:59.999999-03:30:15", false, true},
+		{"2024-02-29 00:00:00+14", false, true},
+		{"2021-03-04 03:06:07", true, true},
+		{"2021-03-04 03:06:07.1", true, true},
+		{"2021-03-04 03:06:07.123456789", true, true},
+		{"2023-02-29 00:00:00+00", false, false}, // no such day
+		{"2021-03-04 03:06:07.+00", false, false},
+		{"2021-03-04 03:06:07", false, false}, // timestamptz needs its zone
+		{"2021-03-04 24:00:00+00", false, false},
+		{"12021-03-04 03:06:07+00", false, false},
+		{"2021-03-04 03:06:07+00 BC", false, false},
+		{"2021-03-04 03:06:07+0", false, false},
+	}
+	for _, tc := range tests {
+		got, ok := parseISOTimestamp([]byte(tc.text), tc.noZone)
+		if ok != tc.ok {
+			t.Errorf("parseISOTimestamp(%q) ok = %v, want %v", tc.text, ok, tc.ok)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		layouts := timestampLayouts
+		if tc.noZone {
+			layouts = []string{"2006-01-02 15:04:05.999999999"}
+		}
+		var want time.Time
+		var err error
+		for _, l := range layouts {
+			if want, err = time.Parse(l, tc.text); err == nil {
+				break
+			}
+		}
+		if err != nil || !got.Equal(want) {
+			t.Errorf("parseISOTimestamp(%q) = %s, time.Parse = %s, %v", tc.text, got, want, err)
+		}
+	}
+}
+
+func BenchmarkParseTimestamp(b *testing.B) {
+	text := []byte("2021-03-04 08:36:07.891234+05:30")
+	for b.Loop() {
+		if _, err := ParseTimestamp(TypeTimestampTZ, text); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestCreatedAtAndJSON: the created-at column is read into Event.CreatedAt
+// when it has a time type (and ignored otherwise, or when absent), and a JSON
+// encoding rewrites the key and value with the Relation's types and the
+// NOT NULL columns SetNotNull names.
+func TestCreatedAtAndJSON(t *testing.T) {
+	commit := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+	created := time.Date(2024, 1, 2, 3, 4, 4, 500e6, time.UTC)
+	cols := []typedColumn{{"id", oidUUID}, {"aggregate_type", oidText}, {"aggregate_id", oidText}, {"event_type", oidText},
+		{"payload", TypeJSONB}, {"created_at", TypeTimestampTZ}}
+	row := []col{txt("0b0e3a8e-8f7c-4a55-9d5c-5b5cf0d7a001"), txt("order"), txt("o-1"), txt("Placed"), txt(`{"a": 1}`), txt("2024-01-02 04:04:04.5+01")}
+	tests := []struct {
+		name        string
+		cfg         func(*Config)
+		cols        []typedColumn
+		notNull     map[string]bool
+		wantCreated time.Time
+		wantKey     string
+		wantValue   string
+	}{
+		{name: "created at read", cfg: func(c *Config) { c.CreatedAtColumn = "created_at" }, cols: cols,
+			wantCreated: created, wantKey: "o-1", wantValue: `{"a": 1}`},
+		{name: "created at not configured", cfg: func(*Config) {}, cols: cols, wantKey: "o-1", wantValue: `{"a": 1}`},
+		{name: "created at of another type ignored", cfg: func(c *Config) { c.CreatedAtColumn = "created_at" },
+			cols: append(slices.Clone(cols[:5]), typedColumn{"created_at", oidText}), wantKey: "o-1", wantValue: `{"a": 1}`},
+		{name: "json with schema, not null key", cfg: func(c *Config) {
+			c.JSON = connectjson.Options{Key: connectjson.JSONWithSchema, Value: connectjson.JSON, ExpandPayload: true}
+		}, cols: cols, notNull: map[string]bool{"aggregate_id": true},
+			wantKey: `{"schema":{"type":"string","optional":false},"payload":"o-1"}`, wantValue: `{"a":1}`},
+		{name: "json with schema, nullable key", cfg: func(c *Config) {
+			c.JSON = connectjson.Options{Key: connectjson.JSONWithSchema, Value: connectjson.JSONWithSchema}
+		}, cols: cols,
+			wantKey:   `{"schema":{"type":"string","optional":true},"payload":"o-1"}`,
+			wantValue: `{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"a\": 1}"}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			tc.cfg(&cfg)
+			d, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.SetNotNull(tc.notNull)
+			for _, m := range [][]byte{typedRelationMsg(outboxID, tc.cols...), beginMsg(0x100, commit, 7)} {
+				if _, err := d.Decode(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			msg, err := d.Decode(insertMsg(outboxID, row[:len(tc.cols)]...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := msg.Event
+			if !ev.CreatedAt.Equal(tc.wantCreated) {
+				t.Errorf("CreatedAt = %s, want %s", ev.CreatedAt, tc.wantCreated)
+			}
+			if string(ev.AggregateID) != tc.wantKey || string(ev.Payload) != tc.wantValue {
+				t.Errorf("key %s value %s, want %s and %s", ev.AggregateID, ev.Payload, tc.wantKey, tc.wantValue)
+			}
+		})
 	}
 }

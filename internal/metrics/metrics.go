@@ -6,6 +6,9 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"strconv"
+	"sync"
+	"time"
 )
 
 const namespace = "cdc_relay"
@@ -57,9 +60,17 @@ type Metrics struct {
 	LagSeconds        prometheus.Gauge
 	InFlightEvents    prometheus.Gauge
 	InFlightBytes     prometheus.Gauge
-	Reconnects        prometheus.Counter
-	CheckpointSaves   prometheus.Counter
-	CheckpointErrors  prometheus.Counter
+	// OldestUnrelayedAge is the age of the oldest committed outbox row
+	// Kafka has not acknowledged yet (0 when nothing waits).
+	OldestUnrelayedAge prometheus.Gauge
+	// OutboxWait is the time from an outbox row's insert (its created-at
+	// column, else its commit) to Kafka's acknowledgement, by event type; see
+	// ObserveOutboxWait.
+	OutboxWait       *prometheus.HistogramVec
+	waitTypes        *waitTypes
+	Reconnects       prometheus.Counter
+	CheckpointSaves  prometheus.Counter
+	CheckpointErrors prometheus.Counter
 	// TrackerAnomalies counts acknowledgement-accounting misuse the tracker
 	// ignored (checkpoint.Tracker.Anomalies): non-zero is a relay bug.
 	TrackerAnomalies prometheus.Counter
@@ -165,6 +176,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "in_flight_bytes",
 			Help: "Bytes of events read from the slot and not yet acknowledged by Kafka.",
 		}),
+		OldestUnrelayedAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "oldest_unrelayed_event_age_seconds",
+			Help: "Age of the oldest committed outbox row not yet acknowledged by Kafka (since its commit); 0 when nothing waits.",
+		}),
+		OutboxWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "outbox_wait_seconds",
+			Help:    "Time from an outbox row's insert (--column-created-at, else its commit) to Kafka's acknowledgement, by event type (at most " + strconv.Itoa(MaxEventTypeLabels) + " types; the rest are \"" + OtherEventType + "\").",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+		}, []string{"event_type"}),
+		waitTypes: &waitTypes{m: map[string]prometheus.Observer{}},
 		Reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "replication_reconnects_total",
 			Help: "Times the replication connection was re-established after a failure.",
@@ -260,6 +281,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.OutboxUpdates,
+		m.OldestUnrelayedAge, m.OutboxWait,
 	)
 	for _, s := range States {
 		m.State.WithLabelValues(s).Set(0)
@@ -272,6 +294,42 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.ProduceErrors.WithLabelValues("transient")
 	m.ProduceErrors.WithLabelValues("permanent")
 	return m
+}
+
+// MaxEventTypeLabels bounds the event_type label values of OutboxWait, so
+// that an outbox with ever-new event types cannot grow the metrics without
+// bound; later types are counted as OtherEventType.
+const MaxEventTypeLabels = 200
+
+// OtherEventType is the event_type label of the types past MaxEventTypeLabels.
+const OtherEventType = "_other"
+
+// waitTypes caches OutboxWait's observer per event type.
+type waitTypes struct {
+	mu    sync.Mutex
+	m     map[string]prometheus.Observer
+	other prometheus.Observer
+}
+
+// ObserveOutboxWait records that an event of eventType waited d from its
+// insert to Kafka's acknowledgement. It is safe for concurrent use.
+func (m *Metrics) ObserveOutboxWait(eventType []byte, d time.Duration) {
+	w := m.waitTypes
+	w.mu.Lock()
+	o, ok := w.m[string(eventType)]
+	switch {
+	case ok:
+	case len(w.m) < MaxEventTypeLabels:
+		o = m.OutboxWait.WithLabelValues(string(eventType))
+		w.m[string(eventType)] = o
+	default:
+		if w.other == nil {
+			w.other = m.OutboxWait.WithLabelValues(OtherEventType)
+		}
+		o = w.other
+	}
+	w.mu.Unlock()
+	o.Observe(d.Seconds())
 }
 
 // SetState marks state as the current relay state.

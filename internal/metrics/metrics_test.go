@@ -1,11 +1,14 @@
 package metrics_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 )
@@ -87,4 +90,36 @@ func TestLint(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg); err != nil || n == 0 {
 		t.Fatalf("gathered %d series, err %v", n, err)
 	}
+}
+
+// TestObserveOutboxWaitBoundsLabels: each event type gets its own series
+// up to metrics.MaxEventTypeLabels; later types share metrics.OtherEventType.
+func TestObserveOutboxWaitBoundsLabels(t *testing.T) {
+	m := metrics.New(prometheus.NewRegistry())
+	for i := range metrics.MaxEventTypeLabels + 50 {
+		m.ObserveOutboxWait([]byte(fmt.Sprintf("type-%d", i)), time.Duration(i)*time.Millisecond)
+	}
+	m.ObserveOutboxWait([]byte("type-0"), time.Second)
+	if n := testutil.CollectAndCount(m.OutboxWait); n != metrics.MaxEventTypeLabels+1 {
+		t.Errorf("%d outbox_wait_seconds series, want %d types and %s", n, metrics.MaxEventTypeLabels, metrics.OtherEventType)
+	}
+	if got := testutil.ToFloat64(histCount(t, m, metrics.OtherEventType)); got != 50 {
+		t.Errorf("%s counted %v observations, want 50", metrics.OtherEventType, got)
+	}
+	if got := testutil.ToFloat64(histCount(t, m, "type-0")); got != 2 {
+		t.Errorf("type-0 counted %v observations, want 2", got)
+	}
+}
+
+// histCount returns the observation count of OutboxWait's series for label
+// as a gauge, for testutil.ToFloat64.
+func histCount(t *testing.T, m *metrics.Metrics, label string) prometheus.Gauge {
+	t.Helper()
+	var out dto.Metric
+	if err := m.OutboxWait.WithLabelValues(label).(prometheus.Histogram).Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "n"})
+	g.Set(float64(out.GetHistogram().GetSampleCount()))
+	return g
 }

@@ -55,6 +55,10 @@ type Event struct {
 	XID        uint32
 	CommitLSN  pglogrepl.LSN // LSN of the commit record of the event's transaction
 	CommitTime time.Time
+	// CreatedAt is the row's insert time (--column-created-at) when the
+	// table has that column; zero otherwise. The outbox wait time is
+	// measured from it (from CommitTime without it).
+	CreatedAt time.Time
 
 	// Seq identifies the transaction for acknowledgement accounting. The relay sets
 	// it; sinks hand it back untouched.

@@ -421,7 +421,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 			return []byte(*v)
 		}
 		ev := &outbox.Event{ID: b(vals[0]), AggregateType: b(vals[1]), AggregateID: b(vals[2]),
-			EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt}
+			EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt, CreatedAt: createdAt}
 		for i, col := range headerCols {
 			if v := vals[5+i]; v != nil {
 				ev.Headers = append(ev.Headers, outbox.Header{Key: c.Headers[col], Value: []byte(*v)})

@@ -74,7 +74,7 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 	}
 	switch msg.Kind {
 	case decoder.KindBegin:
-		h.seq = h.tracker.Begin()
+		h.seq = h.tracker.BeginAt(msg.CommitTime)
 		h.inTxn = true
 		h.index = 0
 	case decoder.KindEvent:

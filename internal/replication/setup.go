@@ -9,10 +9,12 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/config"
@@ -375,4 +377,40 @@ func ConnectError(url string, err error) error {
 		hint = "the server's certificate is not signed by a CA the relay trusts: set sslrootcert=<CA file> in --pg-url"
 	}
 	return fmt.Errorf("connect to Postgres %s (%s): %w", Redact(url), hint, redactErr(err))
+}
+
+// PeekOldestCommit returns the commit time of the first transaction on slot
+// after its confirmed position that publication publishes — the oldest
+// committed outbox row the relay has not confirmed — and false when there
+// is none. It decodes the slot without consuming it
+// (pg_logical_slot_peek_binary_changes), so the slot must be inactive; it
+// reads no further than the current WAL end and gives up after timeout, as
+// a long backlog of other tables' changes is decoded on the way.
+func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication string, timeout time.Duration) (time.Time, bool, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", timeout.Milliseconds())); err != nil {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+	}
+	var data []byte
+	err = tx.QueryRow(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), 1,
+		'proto_version', '1', 'publication_names', $2) LIMIT 1`, slot, publication).Scan(&data)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+	}
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: decode its first message: %w", slot, err)
+	}
+	begin, ok := msg.(*pglogrepl.BeginMessage)
+	if !ok {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: first message is %T, not Begin", slot, msg)
+	}
+	return begin.CommitTime, true, nil
 }

@@ -397,6 +397,18 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start time.Time) 
 	}
 	p.events.Add(float64(len(batch)))
 	p.bytes.Add(float64(bytes))
+	for _, it := range batch {
+		// Only events read from the stream (a commit LSN): a replay's or
+		// snapshot's rows waited for the operator, not for the relay.
+		if it.ev.CommitLSN == 0 {
+			continue
+		}
+		from := it.ev.CreatedAt
+		if from.IsZero() {
+			from = it.ev.CommitTime
+		}
+		m.ObserveOutboxWait(it.ev.EventType, now.Sub(from))
+	}
 	for i, it := range batch {
 		it.ev.Partition = int32(p.id)
 		it.ev.Offset = -1
