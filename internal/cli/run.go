@@ -25,6 +25,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
 
 // RunCmd is "cdc-relay run".
@@ -73,6 +74,8 @@ type RunCmd struct {
 
 	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level."`
 	LogFormat string `default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
+
+	OtelExporter string `name:"otel-exporter" default:"none" enum:"none,otlp" help:"none: the trace context of --column-tracing goes out as the row has it; otlp: also export one PRODUCER span per event that has one, as its child, over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS, _PROTOCOL http/protobuf, http/json or grpc, … and OTEL_SERVICE_NAME, default cdc-relay), and send the relay's span as the traceparent header, so the consumer's span is the relay's child."`
 }
 
 // Validate checks the run flags and returns an error naming the flag and its
@@ -280,6 +283,31 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	return cfg, nil
 }
 
+// startSpans starts exporting spans with --otel-exporter otlp, and logs where
+// to; it returns nil for none.
+func (r *RunCmd) startSpans(ctx context.Context, version string, log zerolog.Logger, m *metrics.Metrics) (*tracing.Spans, error) {
+	if r.OtelExporter != tracing.ExporterOTLP {
+		return nil, nil
+	}
+	spans, err := tracing.New(ctx, tracing.Config{ServiceVersion: version, Logger: log, Metrics: m})
+	if err != nil {
+		return nil, flagError("otel-exporter", "otlp: "+err.Error())
+	}
+	log.Info().Str("endpoint", spans.Endpoint()).Str("protocol", spans.Protocol()).
+		Msg("exporting a span per event with a trace context over OTLP (--otel-exporter otlp); the traceparent header names the relay's span")
+	return spans, nil
+}
+
+// stopSpans flushes the spans still queued, for at most tracing.FlushTimeout.
+// A failure is logged, not returned: the relay's stop was clean all the same.
+func stopSpans(spans *tracing.Spans, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tracing.FlushTimeout)
+	defer cancel()
+	if err := spans.Shutdown(ctx); err != nil {
+		log.Warn().Err(err).Msg("trace spans not flushed")
+	}
+}
+
 // memoryLimit is the soft memory limit "run" gives the Go runtime: room for
 // the events in flight twice over (the garbage collector's headroom) plus what
 // the relay needs besides them. The garbage collector works harder only when
@@ -300,6 +328,14 @@ func (r *RunCmd) Run(ctx context.Context, env Env) error {
 	cfg, err := r.config(log, m)
 	if err != nil {
 		return err
+	}
+	spans, err := r.startSpans(ctx, env.Version, log, m)
+	if err != nil {
+		return err
+	}
+	if spans != nil {
+		cfg.Spans = spans // not a nil *tracing.Spans: a nil Spans costs nothing per event
+		defer stopSpans(spans, log)
 	}
 	rl := relay.New(cfg)
 	if env.OnRelay != nil {

@@ -98,6 +98,10 @@ type Metrics struct {
 	// TraceContextInvalid counts events whose tracing column held no valid
 	// trace context: they went out without traceparent/tracestate headers.
 	TraceContextInvalid prometheus.Counter
+	// TraceSpans counts the relay's own spans (--otel-exporter otlp) by the
+	// result of their export: exported (the receiver accepted them) or
+	// failed (dropped after the exporter's retries).
+	TraceSpans *prometheus.CounterVec
 	// OutboxUpdates counts UPDATEs of outbox rows the relay saw with
 	// --on-outbox-update warn, error or fatal.
 	OutboxUpdates prometheus.Counter
@@ -255,6 +259,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "trace_context_invalid_total",
 			Help: "Events whose tracing column (--column-tracing) was neither a W3C traceparent nor Debezium's properties text; they were published without trace headers.",
 		}),
+		TraceSpans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "trace_spans_total",
+			Help: "Spans of published events exported over OTLP with --otel-exporter otlp, by result: exported (the receiver accepted them) or failed (dropped after the exporter's retries; the events are not affected).",
+		}, []string{"result"}),
 		OutboxUpdates: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "outbox_updates_total",
 			Help: "UPDATEs of outbox rows seen with --on-outbox-update warn, error or fatal; nothing is published for them.",
@@ -280,7 +288,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
-		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.OutboxUpdates,
+		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates,
 		m.OldestUnrelayedAge, m.OutboxWait,
 	)
 	for _, s := range States {
@@ -291,6 +299,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	m.Heartbeats.WithLabelValues("ok")
 	m.Heartbeats.WithLabelValues("error")
+	m.TraceSpans.WithLabelValues("exported")
+	m.TraceSpans.WithLabelValues("failed")
 	m.ProduceErrors.WithLabelValues("transient")
 	m.ProduceErrors.WithLabelValues("permanent")
 	return m

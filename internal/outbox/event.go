@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Headers the relay derives from the outbox row itself (decoder.Format): they
@@ -80,6 +81,12 @@ type Event struct {
 	// not say).
 	Partition int32
 	Offset    int64
+
+	// Span is the relay's own trace span of the event while it is in flight,
+	// when the relay exports spans (--otel-exporter otlp) and the event carries
+	// a trace context: internal/tracing starts it when the relay reads the
+	// event and ends it when the event is settled. Nil otherwise.
+	Span trace.Span
 }
 
 // Size is the number of bytes the event holds, used for in-flight accounting.

@@ -42,6 +42,9 @@ type handler struct {
 	cutPolicy context.CancelFunc
 	// done is h.delivered, made once: a method value per event would allocate.
 	done sink.Done
+	// spans records the relay's trace span of each event (Config.Spans); nil
+	// when spans are not exported.
+	spans Spans
 
 	seq   uint64
 	inTxn bool
@@ -88,16 +91,20 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		ev.Seq = h.seq
 		ev.Origin, ev.Index = h.origin, h.index
 		h.index++
+		topic, routeErr := h.router.Topic(ev)
+		ev.Topic = topic
+		if h.spans != nil {
+			// Before the event is sized: Start may rewrite its traceparent.
+			h.spans.Start(ev)
+		}
 		h.tracker.Add(h.seq, 1)
 		n := h.inFlight.Add(int64(ev.Size()))
 		h.m.InFlightBytes.Set(float64(n))
-		topic, err := h.router.Topic(ev)
-		if err != nil {
+		if routeErr != nil {
 			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
-			h.m.PermanentFailures.WithLabelValues(sink.Code(err)).Inc()
-			return h.settle(ctx, ev, err)
+			h.m.PermanentFailures.WithLabelValues(sink.Code(routeErr)).Inc()
+			return h.settle(ctx, ev, routeErr)
 		}
-		ev.Topic = topic
 		if h.gate != nil {
 			present, err := h.gate.Check(ctx, topic, ev)
 			if err != nil {
@@ -162,12 +169,18 @@ func (h *handler) delivered(ev *outbox.Event, err error) error {
 // the producer and the relay.
 func (h *handler) settle(ctx context.Context, ev *outbox.Event, err error) error {
 	if err != nil {
-		if err := h.permanent(ctx, ev, err); err != nil {
-			h.halt(err)
-			return err
+		if herr := h.permanent(ctx, ev, err); herr != nil {
+			if h.spans != nil {
+				h.spans.End(ev, err, false)
+			}
+			h.halt(herr)
+			return herr
 		}
 	} else if h.ledger != nil {
 		h.ledger.Acked(ev) // before the ack can move the watermark past it
+	}
+	if h.spans != nil {
+		h.spans.End(ev, err, err != nil)
 	}
 	h.ack(ev)
 	return nil

@@ -34,6 +34,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
 
 // Store persists checkpoints (checkpoint.TableStore, checkpoint.FileStore):
@@ -70,7 +71,22 @@ var (
 	_ producer = (*sink.Kafka)(nil)
 	_ health   = (*sink.Kafka)(nil)
 	_ pauser   = (*sink.Kafka)(nil)
+	_ Spans    = (*tracing.Spans)(nil)
 )
+
+// Spans records the relay's own trace span of each event it streams
+// (tracing.Spans). Start is called once per event, when it is read and
+// routed (ev.Topic set, "" when routing failed) but before it is sized or
+// produced: it may rewrite the event's traceparent header to name the relay's
+// span. End is called once the event is settled: err nil when Kafka
+// acknowledged it (ev.Partition and ev.Offset set), otherwise its permanent
+// failure, with deadLetter true when it was stored as a dead letter and
+// false when it halted the relay. An event skipped as already in Kafka gets
+// no End.
+type Spans interface {
+	Start(ev *outbox.Event)
+	End(ev *outbox.Event, err error, deadLetter bool)
+}
 
 // DeadLetterFunc stores ev, which failed permanently with cause, and returns
 // nil once the dead letter is committed: only then is the event counted as
@@ -155,6 +171,10 @@ type Config struct {
 	// configured age; it is called every MonitorInterval·60.
 	DeadLetterRetention func(context.Context) (int64, error)
 	Retry               backoff.Policy
+	// Spans, when set, records a trace span per event (--otel-exporter
+	// otlp); nil records none, at no cost per event. Its owner shuts it
+	// down after Run returns.
+	Spans Spans
 
 	Logger  zerolog.Logger
 	Metrics *metrics.Metrics
@@ -352,6 +372,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		room:   make(chan struct{}, 1),
 		halted: make(chan struct{}),
 		m:      r.m,
+		spans:  cfg.Spans,
 	}
 	if cfg.OpenDeadLetters != nil {
 		if h.deadLetter, err = cfg.OpenDeadLetters(ctx, pool); err != nil {

@@ -1,0 +1,337 @@
+// Package tracing exports the relay's own OpenTelemetry span of each event
+// that carries a trace context (--otel-exporter otlp), so a trace shows the
+// application's transaction, the relay, Kafka and the consumer in one line.
+//
+// The application writes a W3C trace context into the outbox row (the tracing
+// column, see decoder.ParseTraceContext); the decoder turns it into the
+// event's traceparent and tracestate headers. With spans exported, Start
+// begins a PRODUCER span as a child of that context when the relay reads the
+// event, and rewrites the traceparent header to name the relay's span, before
+// the record is sized and encoded: the consumer's span then becomes a child
+// of the relay's. End finishes the span when Kafka acknowledged the event
+// (with its partition and offset) or when it failed for good. Spans follow
+// the OpenTelemetry messaging semantic conventions v1.24.0 (the span name
+// "<topic> publish", messaging.* attributes); the batch span processor
+// exports them over OTLP (HTTP, or gRPC), configured by the standard OTEL_*
+// variables.
+//
+// Without --otel-exporter otlp nothing of this package runs: the relay holds
+// no Spans and its headers stay as the row had them.
+package tracing
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+	"unicode/utf8"
+
+	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.24.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+)
+
+// Exporters (--otel-exporter).
+const (
+	// ExporterNone exports no spans; trace headers go out as the row has them.
+	ExporterNone = "none"
+	// ExporterOTLP exports a span per traced event over OTLP.
+	ExporterOTLP = "otlp"
+)
+
+// FlushTimeout bounds Shutdown's export of the spans still queued when the
+// relay stops; spans not exported by then are dropped.
+const FlushTimeout = 5 * time.Second
+
+// DefaultServiceName is the resource's service.name unless OTEL_SERVICE_NAME
+// or OTEL_RESOURCE_ATTRIBUTES names another.
+const DefaultServiceName = "cdc-relay"
+
+// scopeName is the instrumentation scope of the relay's spans.
+const scopeName = "github.com/cdc-relay/cdc-relay/internal/tracing"
+
+// Attributes of the relay's spans beyond the messaging conventions.
+const (
+	attrCommitLSN      = attribute.Key("cdc_relay.commit_lsn")
+	attrSourcePosition = attribute.Key("cdc_relay.source_position")
+	attrEventType      = attribute.Key("cdc_relay.event_type")
+	attrAggregateType  = attribute.Key("cdc_relay.aggregate_type")
+	attrDeadLetter     = attribute.Key("cdc_relay.dead_letter")
+)
+
+// Config configures New.
+type Config struct {
+	// ServiceVersion is the resource's service.version and the scope's
+	// version: the relay's version.
+	ServiceVersion string
+	// Logger gets export failures (at most 5 lines a minute).
+	Logger zerolog.Logger
+	// Metrics counts the spans' export results (trace_spans_total).
+	Metrics *metrics.Metrics
+}
+
+// Spans records and exports the relay's span of each traced event. Start and
+// End may be called from different goroutines, each once per event; Shutdown
+// once, after the last End.
+type Spans struct {
+	tp       *sdktrace.TracerProvider
+	tracer   trace.Tracer
+	abort    context.CancelFunc // ends exports in progress (Shutdown's deadline)
+	endpoint string
+	protocol string
+}
+
+// New checks the OTEL_* environment (an error names the variable to fix)
+// and starts an OTLP exporter behind a batch span processor:
+// OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL picks OTLP/HTTP (http/protobuf, the
+// default, or http/json) or OTLP/gRPC (grpc). The exporter itself reads
+// OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS, _INSECURE, _CERTIFICATE,
+// _CLIENT_CERTIFICATE, _CLIENT_KEY, _COMPRESSION and _TIMEOUT; the SDK reads
+// OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER[_ARG] and
+// OTEL_BSP_*. Nothing connects until the first spans are exported. The
+// caller must call Shutdown.
+func New(ctx context.Context, cfg Config) (*Spans, error) {
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.Discard()
+	}
+	dest, err := checkEnv(os.Getenv, os.ReadFile)
+	if err != nil {
+		return nil, err
+	}
+	res, err := newResource(ctx, cfg.ServiceVersion)
+	if err != nil {
+		return nil, err
+	}
+	var otlp sdktrace.SpanExporter
+	if dest.protocol == protoGRPC {
+		otlp, err = otlptracegrpc.New(ctx) // connects lazily, on the first export
+	} else {
+		otlp, err = otlptracehttp.New(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create the OTLP (%s) trace exporter for %s: %w", dest.protocol, dest.endpoint, err)
+	}
+	stop, abort := context.WithCancel(context.Background())
+	exp := &exporter{
+		next:     otlp,
+		stop:     stop,
+		log:      cfg.Logger.With().Str("component", "tracing").Logger().Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Minute}),
+		exported: cfg.Metrics.TraceSpans.WithLabelValues("exported"),
+		failed:   cfg.Metrics.TraceSpans.WithLabelValues("failed"),
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return &Spans{
+		tp:       tp,
+		tracer:   tp.Tracer(scopeName, trace.WithInstrumentationVersion(cfg.ServiceVersion), trace.WithSchemaURL(semconv.SchemaURL)),
+		abort:    abort,
+		endpoint: dest.endpoint,
+		protocol: dest.protocol,
+	}, nil
+}
+
+// newResource describes the relay: service.name cdc-relay (unless the
+// environment names another), service.version, host.name and the SDK's
+// telemetry.sdk.*; OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME override.
+func newResource(ctx context.Context, version string) (*resource.Resource, error) {
+	attrs := []attribute.KeyValue{semconv.ServiceName(DefaultServiceName)}
+	if version != "" {
+		attrs = append(attrs, semconv.ServiceVersion(version))
+	}
+	// Later detectors win: the environment over the relay's defaults.
+	res, err := resource.New(ctx,
+		resource.WithHost(),
+		resource.WithTelemetrySDK(),
+		resource.WithAttributes(attrs...),
+		resource.WithFromEnv(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME: %w (use key=value,key=value)", err)
+	}
+	return res, nil
+}
+
+// Endpoint is the URL spans are sent to (scheme, host and path: never
+// credentials, which the exporter takes from headers).
+func (s *Spans) Endpoint() string { return s.endpoint }
+
+// Protocol is the OTLP transport and encoding: http/protobuf, http/json or
+// grpc.
+func (s *Spans) Protocol() string { return s.protocol }
+
+// Start begins the relay's span of ev, a child of the trace context in its
+// traceparent (and tracestate) header, and rewrites that header to the
+// relay's span, so that whoever consumes the record continues from it. The
+// caller has set ev.Topic ("" when the event cannot be routed) and calls
+// Start before the event is sized or encoded: the header's value changes.
+// An event without a traceparent header gets no span. A span that End never
+// ends (an event skipped as already in Kafka, or abandoned at a stop) is
+// never exported.
+func (s *Spans) Start(ev *outbox.Event) {
+	i := header(ev.Headers, outbox.HeaderTraceParent)
+	if i < 0 {
+		return
+	}
+	var state []byte
+	if j := header(ev.Headers, outbox.HeaderTraceState); j >= 0 {
+		state = ev.Headers[j].Value
+	}
+	parent, ok := remoteParent(ev.Headers[i].Value, state)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	name := "publish"
+	if ev.Topic != "" {
+		name = ev.Topic + " publish"
+	}
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), parent)
+	_, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start))
+	// An unsampled span is not recorded: its attributes would be thrown away.
+	// (The samplers the environment can choose do not look at them.)
+	if span.IsRecording() {
+		span.SetAttributes(attributes(ev)...)
+	}
+	ev.Headers[i].Value = traceParent(span.SpanContext())
+	ev.Span = span
+}
+
+// attributes are the messaging and relay attributes of ev's span known when
+// it starts.
+func attributes(ev *outbox.Event) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs, semconv.MessagingSystemKafka, semconv.MessagingOperationPublish)
+	if ev.Topic != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(ev.Topic))
+	}
+	if ev.ID != nil {
+		attrs = append(attrs, semconv.MessagingMessageID(string(ev.ID)))
+	}
+	// A key without a canonical string form (binary, from a bytea column)
+	// is left out, as the conventions ask.
+	if len(ev.AggregateID) > 0 && utf8.Valid(ev.AggregateID) {
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(ev.AggregateID)))
+	}
+	attrs = append(attrs, attrCommitLSN.String(ev.CommitLSN.String()))
+	if ev.Origin != nil {
+		attrs = append(attrs, attrSourcePosition.String(string(ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index))))
+	}
+	if ev.EventType != nil {
+		attrs = append(attrs, attrEventType.String(string(ev.EventType)))
+	}
+	if ev.AggregateType != nil {
+		attrs = append(attrs, attrAggregateType.String(string(ev.AggregateType)))
+	}
+	return attrs
+}
+
+// End finishes ev's span, if Start gave it one. err nil means Kafka
+// acknowledged the event: the span gets its partition and offset (set by the
+// sink). Otherwise the event failed for good with err: the span's status is
+// an error, with error.type the failure's code, and deadLetter says whether
+// the event was stored as a dead letter (or halted the relay).
+func (s *Spans) End(ev *outbox.Event, err error, deadLetter bool) {
+	span := ev.Span
+	if span == nil {
+		return
+	}
+	ev.Span = nil
+	if err == nil {
+		span.SetAttributes(semconv.MessagingKafkaDestinationPartition(int(ev.Partition)))
+		if ev.Offset >= 0 {
+			span.SetAttributes(semconv.MessagingKafkaMessageOffset(int(ev.Offset)))
+		}
+	} else {
+		code := "_OTHER" // the conventions' error.type when there is no better one
+		var ee *outbox.EventError
+		if errors.As(err, &ee) {
+			code = ee.Code
+		}
+		span.SetAttributes(semconv.ErrorTypeKey.String(code), attrDeadLetter.Bool(deadLetter))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End(trace.WithTimestamp(time.Now()))
+}
+
+// Shutdown exports the spans still queued and stops the batch processor's
+// goroutine and the exporter. When ctx ends first (use FlushTimeout), the
+// exports in progress are cut short and the rest is dropped: Shutdown still
+// returns only once the processor stopped, and then reports ctx's error.
+func (s *Spans) Shutdown(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, s.abort)
+	defer stop()
+	// Not ctx itself: the provider would return at ctx's end and leave its
+	// goroutine exporting; s.abort makes every export return at once instead.
+	err := s.tp.Shutdown(context.WithoutCancel(ctx))
+	s.abort()
+	if ctx.Err() != nil {
+		return fmt.Errorf("flush trace spans to %s: %w (the spans not yet exported were dropped)", s.endpoint, context.Cause(ctx))
+	}
+	if err != nil {
+		return fmt.Errorf("flush trace spans to %s: %w", s.endpoint, err)
+	}
+	return nil
+}
+
+// header returns the index of the header key in hs, or -1.
+func header(hs []outbox.Header, key string) int {
+	for i := range hs {
+		if hs[i].Key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// remoteParent reads a traceparent header as the decoder checked it
+// (decoder.ParseTraceContext: "<version>-<32 hex>-<16 hex>-<2 hex>", lower
+// case, ids not zero; a later version may append fields) into a remote span
+// context, with the tracestate when it parses.
+func remoteParent(traceparent, tracestate []byte) (trace.SpanContext, bool) {
+	var cfg trace.SpanContextConfig
+	if len(traceparent) < 55 {
+		return trace.SpanContext{}, false
+	}
+	if _, err := hex.Decode(cfg.TraceID[:], traceparent[3:35]); err != nil {
+		return trace.SpanContext{}, false
+	}
+	if _, err := hex.Decode(cfg.SpanID[:], traceparent[36:52]); err != nil {
+		return trace.SpanContext{}, false
+	}
+	var flags [1]byte
+	if _, err := hex.Decode(flags[:], traceparent[53:55]); err != nil {
+		return trace.SpanContext{}, false
+	}
+	cfg.TraceFlags = trace.TraceFlags(flags[0])
+	if tracestate != nil {
+		if ts, err := trace.ParseTraceState(string(tracestate)); err == nil {
+			cfg.TraceState = ts
+		}
+	}
+	cfg.Remote = true
+	sc := trace.NewSpanContext(cfg)
+	return sc, sc.IsValid()
+}
+
+// traceParent formats sc as a version 00 traceparent header value.
+func traceParent(sc trace.SpanContext) []byte {
+	b := make([]byte, 55)
+	copy(b, "00-")
+	tid, sid := sc.TraceID(), sc.SpanID()
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	b[52] = '-'
+	hex.Encode(b[53:55], []byte{byte(sc.TraceFlags())})
+	return b
+}
