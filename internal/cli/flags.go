@@ -185,6 +185,8 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime, sink.HeaderSource,
 			outbox.HeaderContentType, outbox.HeaderTraceParent, outbox.HeaderTraceState:
 			return nil, fmt.Errorf("%q: header %q is set by the relay itself (content-type by --content-type, traceparent and tracestate from --column-tracing); map the column to another header name", hc, hdr)
+		case deadletter.PayloadTypeKey:
+			return nil, fmt.Errorf("%q: %q is the name under which dead letters keep the payload's type; map the column to another header name", hc, hdr)
 		}
 		m[col] = hdr
 	}
@@ -233,27 +235,57 @@ func (f *payloadFormatFlags) envelope() ([]decoder.EnvelopeColumn, error) {
 
 // formatFlags choose the record format (run, replay, dlq replay).
 type formatFlags struct {
-	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also the CloudEvents Kafka binding's binary content mode (ce_specversion, ce_id, ce_source, ce_type, ce_time; content-type from --content-type), the value unchanged."`
-	CloudEventsSource string `name:"cloudevents-source" help:"ce_source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
+	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also a CloudEvent of the Kafka protocol binding, in --cloudevents-mode (binary: ce_specversion, ce_id, ce_source, ce_type, ce_time headers, content-type from --content-type, the value unchanged)."`
+	CloudEventsMode   string `name:"cloudevents-mode" default:"binary" enum:"binary,structured" help:"Content mode of --format cloudevents: binary (attributes as ce_ headers, the value the payload) or structured (the value the whole event as JSON, content-type application/cloudevents+json, the payload its data; the native headers stay)."`
+	CloudEventsSource string `name:"cloudevents-source" help:"CloudEvents source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
 	// TombstoneOnEmptyPayload is Debezium's route.tombstone.on.empty.payload.
 	TombstoneOnEmptyPayload bool `help:"Send a NULL or empty payload as a null value (a Kafka tombstone, which log compaction acts on) instead of an empty value."`
 }
 
+// validate checks the flags that need no database: --cloudevents-mode.
+func (f *formatFlags) validate() error {
+	if f.CloudEventsMode != "structured" {
+		return nil
+	}
+	if f.Format != "cloudevents" {
+		return flagError("cloudevents-mode", "structured applies only with --format cloudevents")
+	}
+	if f.TombstoneOnEmptyPayload {
+		return flagError("tombstone-on-empty-payload", "cannot be combined with --cloudevents-mode structured: a structured CloudEvent is always a value, never a tombstone (use --cloudevents-mode binary, where an event without data is one)")
+	}
+	return nil
+}
+
 // recordFormat is what formatFlags set on a sink: the CloudEvents source
-// (see ceSource) and --tombstone-on-empty-payload.
+// (see ceSource) and mode, and --tombstone-on-empty-payload.
 type recordFormat struct {
 	ceSource   string
+	ceMode     sink.CloudEventsMode
 	tombstones bool
 }
 
-// recordFormat returns the record format for ceSource, the result of ceSource.
-func (f *formatFlags) recordFormat(ceSource string) recordFormat {
-	return recordFormat{ceSource: ceSource, tombstones: f.TombstoneOnEmptyPayload}
+// recordFormat checks the flags and returns the record format of a command
+// publishing the outbox table of pgURL (table "" when the command has none;
+// see ceSource).
+func (f *formatFlags) recordFormat(pgURL, table string) (recordFormat, error) {
+	if err := f.validate(); err != nil {
+		return recordFormat{}, err
+	}
+	src, err := f.ceSource(pgURL, table)
+	if err != nil {
+		return recordFormat{}, err
+	}
+	rf := recordFormat{ceSource: src, tombstones: f.TombstoneOnEmptyPayload}
+	if f.CloudEventsMode == "structured" {
+		rf.ceMode = sink.CloudEventsStructured
+	}
+	return rf, nil
 }
 
 // apply sets the format on c.
 func (rf recordFormat) apply(c *sink.Config) {
 	c.CloudEventsSource = rf.ceSource
+	c.CloudEventsMode = rf.ceMode
 	c.TombstoneOnEmptyPayload = rf.tombstones
 }
 

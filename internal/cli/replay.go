@@ -65,6 +65,9 @@ func (r *ReplayCmd) Validate() error {
 	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
 	}
+	if err := r.formatFlags.validate(); err != nil {
+		return err
+	}
 	if strings.TrimSpace(r.Since) == "" {
 		return flagError("since", "is required: the time to replay from, "+timeHelp)
 	}
@@ -95,11 +98,11 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err := store.Ensure(ctx); err != nil {
 		return err
 	}
-	ceSource, err := r.ceSource(r.PGURL, r.Table)
+	format, err := r.recordFormat(r.PGURL, r.Table)
 	if err != nil {
 		return err
 	}
-	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, r.recordFormat(ceSource), env.Stderr)
+	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, format, env.Stderr)
 	if err != nil {
 		return err
 	}

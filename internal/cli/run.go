@@ -103,6 +103,9 @@ func (r *RunCmd) Validate() error {
 	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload: the envelope is never empty")
 	}
+	if err := r.formatFlags.validate(); err != nil {
+		return err
+	}
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
@@ -179,7 +182,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
-	ceSource, err := r.ceSource(r.PGURL, r.Table)
+	format, err := r.recordFormat(r.PGURL, r.Table)
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -210,14 +213,12 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		CreateSlot:        r.CreateSlot,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{
-			Brokers:                 r.KafkaBrokers,
-			BatchMaxEvents:          r.BatchMaxEvents,
-			BatchMaxBytes:           r.BatchMaxBytes,
-			Compression:             compression(r.Compression),
-			Retry:                   backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
-			Transport:               transport,
-			CloudEventsSource:       ceSource,
-			TombstoneOnEmptyPayload: r.TombstoneOnEmptyPayload,
+			Brokers:        r.KafkaBrokers,
+			BatchMaxEvents: r.BatchMaxEvents,
+			BatchMaxBytes:  r.BatchMaxBytes,
+			Compression:    compression(r.Compression),
+			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+			Transport:      transport,
 		},
 		RelayName:        relayName(r.RelayName),
 		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,
@@ -247,6 +248,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			}
 		}
 	}
+	format.apply(&cfg.Sink)
 	r.setBackfill(&cfg, log)
 	r.setSnapshot(&cfg, log)
 	switch r.CheckpointStore {

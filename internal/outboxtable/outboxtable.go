@@ -373,6 +373,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 				aliases[i], vals[i] = ec.Alias, b(env[i])
 			}
 			ev.Payload = decoder.Envelope(ev.Payload, q.payType, aliases, vals)
+			ev.PayloadType = outbox.PayloadJSON
 		}
 		if part != nil {
 			if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {
