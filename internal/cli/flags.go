@@ -20,6 +20,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -93,9 +94,30 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // relay's topic (run, replay).
 type KafkaFlags struct {
 	kafkaBrokerFlags `embed:""`
-	Topic            string `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}."`
+	Topic            string `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}; with --topic-regex also over its groups: $${name}, $${1} or $$1."`
+	// TopicRegex is Debezium's route.topic.regex (Kafka Connect's RegexRouter).
+	TopicRegex      string `help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
+	TopicRegexField string `default:"aggregate_type" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
 
 	KafkaSecurityFlags `embed:""` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
+}
+
+// topicRegex is --topic-regex and --topic-regex-field.
+func (f *KafkaFlags) topicRegex() route.Regex {
+	return route.Regex{Pattern: f.TopicRegex, Field: f.TopicRegexField}
+}
+
+// validateTopic checks --topic-regex, then --topic with it.
+func (f *KafkaFlags) validateTopic() error {
+	if f.TopicRegex != "" {
+		if err := route.CheckRegex(f.TopicRegex); err != nil {
+			return flagError("topic-regex", err.Error())
+		}
+	}
+	if _, err := route.NewWithRegex(f.Topic, f.topicRegex()); err != nil {
+		return flagError("topic", err.Error())
+	}
+	return nil
 }
 
 // kafkaBrokerFlags is --kafka-brokers, apart from KafkaFlags for dlq replay,

@@ -8,7 +8,6 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
@@ -51,8 +50,8 @@ func (r *ReplayCmd) Validate() error {
 	if err := r.checkKafka(&r.KafkaBrokers, &r.KafkaSecurityFlags); err != nil {
 		return err
 	}
-	if _, err := route.New(r.Topic); err != nil {
-		return flagError("topic", err.Error())
+	if err := r.validateTopic(); err != nil {
+		return err
 	}
 	headers, err := r.headerColumns()
 	if err != nil {
@@ -114,7 +113,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	}
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
-		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
+		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})
 	return reportReplay(env.Stdout, replaySummary{Kind: "outbox", Actor: r.actor(), DryRun: r.DryRun, Result: res}, err)
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -88,8 +87,8 @@ func (r *RunCmd) Validate() error {
 	if err := r.resolveKafkaSecurity(); err != nil {
 		return err
 	}
-	if _, err := route.New(r.Topic); err != nil {
-		return flagError("topic", err.Error())
+	if err := r.validateTopic(); err != nil {
+		return err
 	}
 	if _, _, err := splitTable(r.Table); err != nil {
 		return flagError("table", err.Error())
@@ -208,6 +207,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			EnvelopeColumns: envelope,
 		},
 		Topic:             r.Topic,
+		TopicRegex:        r.topicRegex(),
 		Delivery:          r.Delivery,
 		OnOutboxUpdate:    r.OnOutboxUpdate,
 		CreateSlot:        r.CreateSlot,
@@ -233,13 +233,13 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	}
 	if r.OnError == "dlq" {
 		var store *deadletter.Store
-		table, name, topic := r.DLQTable, cfg.RelayName, r.Topic
+		table, name, topic, topicRegex := r.DLQTable, cfg.RelayName, r.Topic, r.topicRegex()
 		cfg.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
 			store = deadletter.NewStore(pool, table)
 			if err := store.Ensure(ctx); err != nil {
 				return nil, err
 			}
-			return store.Recorder(name, topic)
+			return store.Recorder(name, topic, topicRegex)
 		}
 		cfg.DeadLetterBacklog = func(ctx context.Context) (int64, error) { return store.Backlog(ctx) }
 		if keep := r.DLQRetention; keep > 0 {

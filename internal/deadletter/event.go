@@ -99,11 +99,11 @@ func textOf(b []byte) string {
 
 // Recorder returns the function the relay's dlq failure policy calls for each
 // event it gives up on: it stores the event's dead letter (FromEvent, with the
-// topic rendered from topicTemplate, or the template itself when the topic
-// cannot be rendered) and returns nil once it is committed. It is safe for
+// topic rendered from topicTemplate and re, or the template itself when the
+// topic cannot be rendered) and returns nil once it is committed. It is safe for
 // concurrent use; its type is relay.DeadLetterFunc's.
-func (s *Store) Recorder(relayName, topicTemplate string) (func(ctx context.Context, ev *outbox.Event, cause error) error, error) {
-	router, err := route.New(topicTemplate)
+func (s *Store) Recorder(relayName, topicTemplate string, re route.Regex) (func(ctx context.Context, ev *outbox.Event, cause error) error, error) {
+	router, err := route.NewWithRegex(topicTemplate, re)
 	if err != nil {
 		return nil, err
 	}

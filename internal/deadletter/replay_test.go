@@ -13,6 +13,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
@@ -358,7 +359,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 			{Key: outbox.HeaderTraceState, Value: []byte("rojo=00f067aa0ba902b7")},
 		},
 	}
-	rec, err := s.Recorder("relay-a", topic)
+	rec, err := s.Recorder("relay-a", topic, route.Regex{})
 	if err != nil {
 		t.Fatal(err)
 	}
