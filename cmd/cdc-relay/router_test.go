@@ -391,3 +391,60 @@ func TestEnvelopeColumns(t *testing.T) {
 		}
 	}
 }
+
+// TestTopicRegex runs the built relay with --topic-regex: rows whose
+// aggregate type the regex matches as a whole go to the topic the template
+// renders from its groups, a row whose aggregate type it does not match goes
+// to the topic named by that value itself (Debezium's route.topic.regex
+// behaviour), and cdc-relay replay routes the same way.
+func TestTopicRegex(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	routing := []string{"--topic-regex", `(?<region>eu|us)-(?<kind>[a-z]+)`, "--topic", "outbox.${region}.${kind}"}
+	args := append(f.relayArgs(), routing...) // the later --topic wins
+	r := newRelay(t, args)
+	r.start()
+	r.waitReady(30 * time.Second)
+	conn := f.connect(ctx, t)
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('eu-order', 'o-1', 'Placed', '{}'), ('us-invoice', 'i-1', 'Paid', '{}'), ('legacy_orders', 'o-2', 'Placed', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"outbox.eu.order": "o-1", "outbox.us.invoice": "i-1", "legacy_orders": "o-2"}
+	topics := []string{"outbox.eu.order", "outbox.us.invoice", "legacy_orders"}
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if _, err := testenv.WaitForRecords(wctx, f.brokers, len(want), topics...); err != nil {
+		t.Fatalf("wait for the events on %v: %v", topics, err)
+	}
+	r.stop(10 * time.Second)
+	check := func(perTopic int) {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer rcancel()
+		recs, err := testenv.ReadAll(rctx, f.brokers, topics...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, rec := range recs {
+			if want[rec.Topic] != string(rec.Key) {
+				t.Errorf("record of %q on topic %s, want it on the topic of its aggregate type", rec.Key, rec.Topic)
+			}
+			got[rec.Topic]++
+		}
+		for _, topic := range topics {
+			if got[topic] != perTopic {
+				t.Errorf("topic %s has %d records, want %d (all: %v)", topic, got[topic], perTopic, got)
+			}
+		}
+	}
+	check(1)
+
+	replay := append([]string{"replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","), "--since", "1h"}, routing...)
+	if out, err := exec.CommandContext(ctx, relayBin, replay...).CombinedOutput(); err != nil {
+		t.Fatalf("cdc-relay replay: %v\n%s", err, out)
+	}
+	check(2)
+}

@@ -68,7 +68,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component
 		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn, Timestamp: cfg.Decoder.TimestampColumn,
 		Partition: cfg.Decoder.PartitionColumn, Envelope: cfg.Decoder.EnvelopeColumns,
 		JSON: cfg.Decoder.JSON, SchemaVersion: cfg.Decoder.SchemaVersionColumn, RouteByEventType: cfg.Decoder.RouteByEventType}
-	table, dlqTable, topic := r.Table, r.DLQTable, r.Topic
+	table, dlqTable, topic, topicRegex := r.Table, r.DLQTable, r.Topic, r.topicRegex()
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
@@ -86,10 +86,11 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component
 		defer p.Close()
 		p.TopicWait = wait
 		res, err := outboxtable.Replay(ctx, db, store, table, cols, p, outboxtable.ReplayOptions{
-			Since:   since,
-			Topic:   topic,
-			Actor:   actor,
-			Headers: []outbox.Header{mark},
+			Since:      since,
+			Topic:      topic,
+			TopicRegex: topicRegex,
+			Actor:      actor,
+			Headers:    []outbox.Header{mark},
 		})
 		if err != nil {
 			return res.Published, err

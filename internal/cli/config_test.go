@@ -86,6 +86,11 @@ func TestConfigPrecedence(t *testing.T) {
 		{"bool env over file", "create-slot", "create-slot: false", "true", nil, func(r *RunCmd) any { return r.CreateSlot }, true, sourceEnv},
 		{"bool negated flag over env and file", "create-slot", "create-slot: true", "true", []string{"--no-create-slot"}, func(r *RunCmd) any { return r.CreateSlot }, false, sourceFlag},
 
+		{"enum default", "cloudevents-mode", "format: cloudevents", "", nil, func(r *RunCmd) any { return r.CloudEventsMode }, "binary", sourceDefault},
+		{"enum file", "cloudevents-mode", "format: cloudevents\ncloudevents-mode: structured", "", nil, func(r *RunCmd) any { return r.CloudEventsMode }, "structured", sourceFile},
+		{"enum env over file", "cloudevents-mode", "format: cloudevents\ncloudevents-mode: binary", "structured", nil, func(r *RunCmd) any { return r.CloudEventsMode }, "structured", sourceEnv},
+		{"enum flag over env", "cloudevents-mode", "format: cloudevents", "structured", []string{"--cloudevents-mode", "binary"}, func(r *RunCmd) any { return r.CloudEventsMode }, "binary", sourceFlag},
+
 		{"int file", "batch-max-events", "batch-max-events: 500", "", nil, func(r *RunCmd) any { return r.BatchMaxEvents }, 500, sourceFile},
 		{"brokers file sequence", "kafka-brokers", "kafka-brokers: [a:9092, b:9092]", "", nil, func(r *RunCmd) any { return r.KafkaBrokers }, []string{"a:9092", "b:9092"}, sourceFile},
 		{"brokers file comma string", "kafka-brokers", "kafka-brokers: a:9092,b:9092", "", nil, func(r *RunCmd) any { return r.KafkaBrokers }, []string{"a:9092", "b:9092"}, sourceFile},

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -10,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // Debezium connector configurations, as they are: a PostgresConnector with
@@ -406,6 +409,95 @@ func (t *dbzTranslator) eventRouterJSON() {
 	}
 }
 
+// route maps the router's topic routing, properties prefixed p: the topic
+// starts as the route.by.field column's value, which Kafka Connect's
+// RegexRouter then rewrites with route.topic.regex and
+// route.topic.replacement when the regex matches it whole. With the default
+// regex and a replacement using only ${routedByValue}, that is a plain
+// template ({aggregate_type} or {event_type} for the value); otherwise it is
+// --topic-regex over that field, --topic the replacement in cdc-relay's
+// template syntax (javaReplacement).
+func (t *dbzTranslator) route(p string) {
+	byField := t.getOr(p+"route.by.field", "aggregatetype")
+	regex := t.getOr(p+"route.topic.regex", dbzDefaultRegex)
+	repl := t.getOr(p+"route.topic.replacement", "outbox.event."+dbzRoutedByValue)
+	placeholder, field := "{aggregate_type}", route.FieldAggregateType
+	if byField == "type" {
+		placeholder, field = "{event_type}", route.FieldEventType
+		// The relay still reads an aggregate type (a header); Debezium's
+		// table has it in aggregatetype.
+		t.put("column-aggregate-type", "aggregatetype", "(Debezium's outbox column aggregatetype)")
+	} else {
+		t.put("column-aggregate-type", byField, p+"route.by.field")
+	}
+	if regex == dbzDefaultRegex && !strings.ContainsAny(strings.ReplaceAll(repl, dbzRoutedByValue, ""), `$\{}`) {
+		t.put("topic", strings.ReplaceAll(repl, dbzRoutedByValue, placeholder), p+"route.topic.replacement")
+		return
+	}
+	if err := route.CheckRegex(regex); err != nil {
+		t.refuse(p+"route.topic.regex", err.Error())
+		return
+	}
+	topic, err := javaReplacement(repl)
+	if err == nil {
+		_, err = route.NewWithRegex(topic, route.Regex{Pattern: regex, Field: field})
+	}
+	if err != nil {
+		t.refuse(p+"route.topic.replacement", fmt.Sprintf("%q: %v", repl, err))
+		return
+	}
+	t.put("topic-regex", regex, p+"route.topic.regex")
+	t.put("topic-regex-field", field, p+"route.by.field")
+	t.put("topic", topic, p+"route.topic.replacement")
+}
+
+// javaReplacement translates a replacement string of Java's Matcher
+// (route.topic.replacement) to a topic template: the group references $n and
+// ${name} are the template's own; a backslash makes the next character
+// literal, which a topic name can hold only when it is one of [a-zA-Z0-9._-];
+// braces, never legal in a topic name, would read as placeholders and are
+// refused.
+func javaReplacement(repl string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(repl); i++ {
+		switch c := repl[i]; c {
+		case '\\':
+			if i+1 == len(repl) {
+				return "", errors.New("ends in a backslash, which escapes nothing")
+			}
+			i++
+			if route.ValidTopic(repl[i:i+1]) != nil && repl[i] != '.' {
+				return "", fmt.Errorf(`\%c is a literal %q, which no Kafka topic name can hold`, repl[i], repl[i])
+			}
+			b.WriteByte(repl[i])
+		case '$':
+			if i+1 < len(repl) && repl[i+1] == '{' {
+				end := strings.IndexByte(repl[i:], '}')
+				if end < 0 {
+					return "", errors.New("a ${ without its }")
+				}
+				if name := repl[i+2 : i+end]; name == "" || !isASCIILetter(name[0]) {
+					return "", fmt.Errorf("${%s}: a group name starts with a letter", name)
+				}
+				b.WriteString(repl[i : i+end+1])
+				i += end
+				continue
+			}
+			if i+1 == len(repl) || repl[i+1] < '0' || repl[i+1] > '9' {
+				return "", errors.New("a $ that is neither $n nor ${name} (write \\$ for a literal one, which a topic name cannot hold either)")
+			}
+			b.WriteByte(c)
+		case '{', '}':
+			return "", fmt.Errorf("%q is a literal %c, which no Kafka topic name can hold", repl, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), nil
+}
+
+func isASCIILetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
 // transforms maps the Outbox Event Router, under its alias.
 func (t *dbzTranslator) transforms() {
 	list, _ := t.get("transforms")
@@ -441,26 +533,7 @@ func (t *dbzTranslator) transforms() {
 	t.put("column-event-type", "type", "(Debezium's outbox column type)")
 	t.put("column-tracing", t.getOr(p+"tracing.span.context.field", "tracingspancontext"), p+"tracing.span.context.field")
 
-	byField := t.getOr(p+"route.by.field", "aggregatetype")
-	if re := t.getOr(p+"route.topic.regex", dbzDefaultRegex); re != dbzDefaultRegex {
-		t.refuse(p+"route.topic.regex", fmt.Sprintf("%q: only the default %s is supported for now", re, dbzDefaultRegex))
-	}
-	repl := t.getOr(p+"route.topic.replacement", "outbox.event."+dbzRoutedByValue)
-	placeholder := "{aggregate_type}"
-	if byField == "type" {
-		placeholder = "{event_type}"
-		// The relay still reads an aggregate type (a header); Debezium's
-		// table has it in aggregatetype.
-		t.put("column-aggregate-type", "aggregatetype", "(Debezium's outbox column aggregatetype)")
-	} else {
-		t.put("column-aggregate-type", byField, p+"route.by.field")
-	}
-	topic := strings.ReplaceAll(repl, dbzRoutedByValue, placeholder)
-	if strings.Contains(topic, "${") {
-		t.refuse(p+"route.topic.replacement", fmt.Sprintf("%q: only ${routedByValue} can be substituted", repl))
-	} else {
-		t.put("topic", topic, p+"route.topic.replacement")
-	}
+	t.route(p)
 
 	if col := t.getOr(p+"table.field.event.timestamp", ""); col != "" {
 		t.put("column-timestamp", col, p+"table.field.event.timestamp")

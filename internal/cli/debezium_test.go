@@ -7,6 +7,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // minimalDbz is the least a connector config needs for cdc-relay.
@@ -221,7 +224,7 @@ func TestTranslateDebeziumRefuses(t *testing.T) {
 		{"pattern", minimalDbz + "table.include.list=public.outbox.*\n", "is a pattern"},
 		{"no schema", minimalDbz + "table.include.list=outbox\n", "write the schema too"},
 		{"snapshot mode", minimalDbz + "snapshot.mode=when_needed\n", `snapshot.mode: "when_needed" is not supported`},
-		{"regex", minimalDbz + "transforms.outbox.route.topic.regex=(?<routedByValue>ord.*)\n", "transforms.outbox.route.topic.regex"},
+		{"regex with a lookahead", minimalDbz + "transforms.outbox.route.topic.regex=(?<routedByValue>ord(?=er).*)\n", `transforms.outbox.route.topic.regex: topic regex "(?<routedByValue>ord(?=er).*)": "(?=e" is a lookaround`},
 		{"json header converter", minimalDbz + "header.converter=org.apache.kafka.connect.json.JsonConverter\n", "header.converter: JsonConverter headers are not produced"},
 		{"json converter option", minimalDbz + "value.converter=org.apache.kafka.connect.json.JsonConverter\nvalue.converter.bogus=1\n", "value.converter.bogus: JsonConverter option not implemented"},
 		{"expand with string converter", minimalDbz + "transforms.outbox.table.expand.json.payload=true\n", "table.expand.json.payload: needs value.converter="},
@@ -387,5 +390,91 @@ func TestFromDebeziumRoundTrip(t *testing.T) {
 	}
 	if fromDbz.Run.HeartbeatInterval.String() != "30s" || fromDbz.Run.CreatePublication || fromDbz.Run.RelayName != "orders" {
 		t.Errorf("heartbeat %v, create-publication %v, relay-name %q", fromDbz.Run.HeartbeatInterval, fromDbz.Run.CreatePublication, fromDbz.Run.RelayName)
+	}
+}
+
+// TestTranslateDebeziumTopicRegex maps route.topic.regex and
+// route.topic.replacement to --topic-regex, --topic-regex-field and --topic,
+// and routes events with the result as Kafka Connect's RegexRouter would:
+// the replacement when the route.by.field value matches the regex as a
+// whole, the value itself otherwise.
+func TestTranslateDebeziumTopicRegex(t *testing.T) {
+	const p = "transforms.outbox."
+	tests := []struct {
+		name, props         string
+		topic, regex, field string
+		routes              map[[2]string]string // {aggregate type, event type} → topic
+	}{
+		{name: "default regex, default replacement: a plain template", props: "",
+			topic: "outbox.event.{aggregate_type}", routes: map[[2]string]string{{"order", "Placed"}: "outbox.event.order"}},
+		{name: "default regex with $1", props: p + "route.topic.replacement=events.$1\n",
+			topic: "events.$1", regex: "(?<routedByValue>.*)", field: "aggregate_type",
+			routes: map[[2]string]string{{"order", "Placed"}: "events.order"}},
+		{name: "a regex over the aggregate type", props: p + "route.topic.regex=(?<region>eu|us)-(?<routedByValue>.*)\n" + p + "route.topic.replacement=outbox.${region}.${routedByValue}\n",
+			topic: "outbox.${region}.${routedByValue}", regex: "(?<region>eu|us)-(?<routedByValue>.*)", field: "aggregate_type",
+			routes: map[[2]string]string{{"eu-order", "Placed"}: "outbox.eu.order", {"us-invoice", "Paid"}: "outbox.us.invoice", {"apac-order", "Placed"}: "apac-order"}},
+		{name: "Debezium's topic routing example", props: p + "route.topic.regex=(.*)customers_shard(.*)\n" + p + "route.topic.replacement=$1customers_all_shards\n",
+			topic: "$1customers_all_shards", regex: "(.*)customers_shard(.*)", field: "aggregate_type",
+			routes: map[[2]string]string{{"myserver.mydb.customers_shard1", ""}: "myserver.mydb.customers_all_shards", {"customers", ""}: "customers"}},
+		{name: "route by type", props: p + "route.by.field=type\n" + p + "route.topic.regex=(.*)Placed\n" + p + "route.topic.replacement=placed.$1\n",
+			topic: "placed.$1", regex: "(.*)Placed", field: "event_type",
+			routes: map[[2]string]string{{"order", "OrderPlaced"}: "placed.Order", {"order", "OrderPaid"}: "OrderPaid"}},
+		{name: "escaped dot", props: p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=outbox\\\\.$1\n",
+			topic: "outbox.$1", regex: "(.*)", field: "aggregate_type", routes: map[[2]string]string{{"order", ""}: "outbox.order"}},
+		{name: "a fixed replacement", props: p + "route.topic.regex=order|invoice\n" + p + "route.topic.replacement=billing\n",
+			topic: "billing", regex: "order|invoice", field: "aggregate_type",
+			routes: map[[2]string]string{{"invoice", ""}: "billing", {"customer", ""}: "customer"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := translate(t, tt.props)
+			if err != nil {
+				t.Fatal(err)
+			}
+			get := func(flag string) string {
+				v, _ := m.value(flag)
+				s, _ := v.(string)
+				return s
+			}
+			if get("topic") != tt.topic || get("topic-regex") != tt.regex || get("topic-regex-field") != tt.field {
+				t.Fatalf("--topic %q --topic-regex %q --topic-regex-field %q; want %q %q %q",
+					get("topic"), get("topic-regex"), get("topic-regex-field"), tt.topic, tt.regex, tt.field)
+			}
+			r, err := route.NewWithRegex(get("topic"), route.Regex{Pattern: get("topic-regex"), Field: get("topic-regex-field")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for in, want := range tt.routes {
+				got, err := r.Topic(&outbox.Event{AggregateType: []byte(in[0]), EventType: []byte(in[1])})
+				if err != nil || got != want {
+					t.Errorf("topic of %v = %q, %v; want %q", in, got, err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestTranslateDebeziumTopicRegexRefuses(t *testing.T) {
+	const p = "transforms.outbox."
+	tests := []struct{ name, props, want string }{
+		{"Debezium's invalid regex test", p + "route.topic.regex= [[a-z]\n", p + "route.topic.regex: topic regex"},
+		{"backreference", p + "route.topic.regex=(a)\\\\1\n", "backreference"},
+		{"possessive", p + "route.topic.regex=a*+\n", "possessive"},
+		{"unknown group", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=x.${nope}\n", p + `route.topic.replacement: "x.${nope}": topic template "x.${nope}": ${nope}: the regex has no group named "nope"`},
+		{"other name with the default regex", p + "route.topic.replacement=x.${other}\n", `no group named "other"`},
+		{"literal dollar", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=a\\\\$1\n", `\$ is a literal '$'`},
+		{"bare dollar", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=a$\n", "neither $n nor ${name}"},
+		{"trailing backslash", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=a\\\\\n", "ends in a backslash"},
+		{"braces", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=outbox.{aggregate_type}\n", "literal {"},
+		{"numbered braces", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=x${1}\n", "starts with a letter"},
+		{"group beyond the regex", p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=x$2\n", "the regex has 1 groups"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := translate(t, tt.props)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -48,6 +48,9 @@ func (c *DLQReplayCmd) Validate() error {
 	if c.Limit < 0 {
 		return flagError("limit", "must be 0 (all) or more")
 	}
+	if err := c.formatFlags.validate(); err != nil {
+		return err
+	}
 	return c.letterFilterFlags.parse(time.Now())
 }
 
@@ -57,11 +60,11 @@ func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
 		if err := s.Ensure(ctx); err != nil {
 			return err
 		}
-		ceSource, err := c.ceSource(c.PGURL, "")
+		format, err := c.recordFormat(c.PGURL, "")
 		if err != nil {
 			return err
 		}
-		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, c.recordFormat(ceSource), env.Stderr)
+		pub, done, err := c.replayPublisher(ctx, c.KafkaBrokers, &c.KafkaSecurityFlags, format, env.Stderr)
 		if err != nil {
 			return err
 		}

@@ -80,6 +80,7 @@ func printLetter(w io.Writer, l deadletter.Letter) {
 	row("aggregate type", l.AggregateType)
 	row("aggregate id", l.AggregateID)
 	row("event type", l.EventType)
+	row("payload type", l.PayloadType.String())
 	switch {
 	case l.Key == nil:
 		row("key", "(none)")

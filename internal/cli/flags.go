@@ -21,6 +21,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -94,9 +95,30 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // relay's topic (run, replay).
 type KafkaFlags struct {
 	kafkaBrokerFlags `embed:""`
-	Topic            string `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}."`
+	Topic            string `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}; with --topic-regex also over its groups: $${name}, $${1} or $$1."`
+	// TopicRegex is Debezium's route.topic.regex (Kafka Connect's RegexRouter).
+	TopicRegex      string `help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
+	TopicRegexField string `default:"aggregate_type" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
 
 	KafkaSecurityFlags `embed:""` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
+}
+
+// topicRegex is --topic-regex and --topic-regex-field.
+func (f *KafkaFlags) topicRegex() route.Regex {
+	return route.Regex{Pattern: f.TopicRegex, Field: f.TopicRegexField}
+}
+
+// validateTopic checks --topic-regex, then --topic with it.
+func (f *KafkaFlags) validateTopic() error {
+	if f.TopicRegex != "" {
+		if err := route.CheckRegex(f.TopicRegex); err != nil {
+			return flagError("topic-regex", err.Error())
+		}
+	}
+	if _, err := route.NewWithRegex(f.Topic, f.topicRegex()); err != nil {
+		return flagError("topic", err.Error())
+	}
+	return nil
 }
 
 // kafkaBrokerFlags is --kafka-brokers, apart from KafkaFlags for dlq replay,
@@ -186,6 +208,8 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime, sink.HeaderSource,
 			outbox.HeaderContentType, outbox.HeaderTraceParent, outbox.HeaderTraceState:
 			return nil, fmt.Errorf("%q: header %q is set by the relay itself (content-type by --content-type, traceparent and tracestate from --column-tracing); map the column to another header name", hc, hdr)
+		case deadletter.PayloadTypeKey:
+			return nil, fmt.Errorf("%q: %q is the name under which dead letters keep the payload's type; map the column to another header name", hc, hdr)
 		}
 		m[col] = hdr
 	}
@@ -253,9 +277,14 @@ func (f *payloadFormatFlags) jsonOptions(table, topic string, tombstones bool) (
 	return o, nil
 }
 
-// routeByEventType reports whether topic routes by the event type alone, so
-// that the envelope schema is named after it (Debezium's route.by.field=type).
-func routeByEventType(topic string) bool {
+// routeByEventType reports whether the topic routes by the event type
+// alone, so that the envelope schema is named after it (Debezium's
+// route.by.field=type): a --topic-regex over the event type, or a template
+// naming {event_type} and not {aggregate_type}.
+func routeByEventType(topic string, re route.Regex) bool {
+	if re.Pattern != "" {
+		return re.Field == route.FieldEventType
+	}
 	return strings.Contains(topic, "{event_type}") && !strings.Contains(topic, "{aggregate_type}")
 }
 
@@ -288,27 +317,57 @@ func (f *payloadFormatFlags) envelope() ([]decoder.EnvelopeColumn, error) {
 
 // formatFlags choose the record format (run, replay, dlq replay).
 type formatFlags struct {
-	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also the CloudEvents Kafka binding's binary content mode (ce_specversion, ce_id, ce_source, ce_type, ce_time; content-type from --content-type), the value unchanged."`
-	CloudEventsSource string `name:"cloudevents-source" help:"ce_source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
+	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also a CloudEvent of the Kafka protocol binding, in --cloudevents-mode (binary: ce_specversion, ce_id, ce_source, ce_type, ce_time headers, content-type from --content-type, the value unchanged)."`
+	CloudEventsMode   string `name:"cloudevents-mode" default:"binary" enum:"binary,structured" help:"Content mode of --format cloudevents: binary (attributes as ce_ headers, the value the payload) or structured (the value the whole event as JSON, content-type application/cloudevents+json, the payload its data; the native headers stay)."`
+	CloudEventsSource string `name:"cloudevents-source" help:"CloudEvents source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
 	// TombstoneOnEmptyPayload is Debezium's route.tombstone.on.empty.payload.
 	TombstoneOnEmptyPayload bool `help:"Send a NULL or empty payload as a null value (a Kafka tombstone, which log compaction acts on) instead of an empty value."`
 }
 
+// validate checks the flags that need no database: --cloudevents-mode.
+func (f *formatFlags) validate() error {
+	if f.CloudEventsMode != "structured" {
+		return nil
+	}
+	if f.Format != "cloudevents" {
+		return flagError("cloudevents-mode", "structured applies only with --format cloudevents")
+	}
+	if f.TombstoneOnEmptyPayload {
+		return flagError("tombstone-on-empty-payload", "cannot be combined with --cloudevents-mode structured: a structured CloudEvent is always a value, never a tombstone (use --cloudevents-mode binary, where an event without data is one)")
+	}
+	return nil
+}
+
 // recordFormat is what formatFlags set on a sink: the CloudEvents source
-// (see ceSource) and --tombstone-on-empty-payload.
+// (see ceSource) and mode, and --tombstone-on-empty-payload.
 type recordFormat struct {
 	ceSource   string
+	ceMode     sink.CloudEventsMode
 	tombstones bool
 }
 
-// recordFormat returns the record format for ceSource, the result of ceSource.
-func (f *formatFlags) recordFormat(ceSource string) recordFormat {
-	return recordFormat{ceSource: ceSource, tombstones: f.TombstoneOnEmptyPayload}
+// recordFormat checks the flags and returns the record format of a command
+// publishing the outbox table of pgURL (table "" when the command has none;
+// see ceSource).
+func (f *formatFlags) recordFormat(pgURL, table string) (recordFormat, error) {
+	if err := f.validate(); err != nil {
+		return recordFormat{}, err
+	}
+	src, err := f.ceSource(pgURL, table)
+	if err != nil {
+		return recordFormat{}, err
+	}
+	rf := recordFormat{ceSource: src, tombstones: f.TombstoneOnEmptyPayload}
+	if f.CloudEventsMode == "structured" {
+		rf.ceMode = sink.CloudEventsStructured
+	}
+	return rf, nil
 }
 
 // apply sets the format on c.
 func (rf recordFormat) apply(c *sink.Config) {
 	c.CloudEventsSource = rf.ceSource
+	c.CloudEventsMode = rf.ceMode
 	c.TombstoneOnEmptyPayload = rf.tombstones
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
@@ -52,8 +51,8 @@ func (r *ReplayCmd) Validate() error {
 	if err := r.checkKafka(&r.KafkaBrokers, &r.KafkaSecurityFlags); err != nil {
 		return err
 	}
-	if _, err := route.New(r.Topic); err != nil {
-		return flagError("topic", err.Error())
+	if err := r.validateTopic(); err != nil {
+		return err
 	}
 	headers, err := r.headerColumns()
 	if err != nil {
@@ -67,6 +66,9 @@ func (r *ReplayCmd) Validate() error {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
 	}
 	if _, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+		return err
+	}
+	if err := r.formatFlags.validate(); err != nil {
 		return err
 	}
 	if strings.TrimSpace(r.Since) == "" {
@@ -99,11 +101,11 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err := store.Ensure(ctx); err != nil {
 		return err
 	}
-	ceSource, err := r.ceSource(r.PGURL, r.Table)
+	format, err := r.recordFormat(r.PGURL, r.Table)
 	if err != nil {
 		return err
 	}
-	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, r.recordFormat(ceSource), env.Stderr)
+	pub, done, err := r.replayPublisher(ctx, r.KafkaBrokers, &r.KafkaSecurityFlags, format, env.Stderr)
 	if err != nil {
 		return err
 	}
@@ -116,10 +118,10 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if cols.JSON, err = r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
 		return err
 	}
-	cols.SchemaVersion, cols.RouteByEventType = r.ColumnSchemaVersion, routeByEventType(r.Topic)
+	cols.SchemaVersion, cols.RouteByEventType = r.ColumnSchemaVersion, routeByEventType(r.Topic, r.topicRegex())
 	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
-		Limit: r.Limit, Topic: r.Topic, Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
+		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})
 	return reportReplay(env.Stdout, replaySummary{Kind: "outbox", Actor: r.actor(), DryRun: r.DryRun, Result: res}, err)
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
@@ -92,8 +91,8 @@ func (r *RunCmd) Validate() error {
 	if err := r.resolveKafkaSecurity(); err != nil {
 		return err
 	}
-	if _, err := route.New(r.Topic); err != nil {
-		return flagError("topic", err.Error())
+	if err := r.validateTopic(); err != nil {
+		return err
 	}
 	if _, _, err := splitTable(r.Table); err != nil {
 		return flagError("table", err.Error())
@@ -108,6 +107,9 @@ func (r *RunCmd) Validate() error {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
 	}
 	if _, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+		return err
+	}
+	if err := r.formatFlags.validate(); err != nil {
 		return err
 	}
 	for _, d := range []struct {
@@ -186,7 +188,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
-	ceSource, err := r.ceSource(r.PGURL, r.Table)
+	format, err := r.recordFormat(r.PGURL, r.Table)
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -216,23 +218,22 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			EnvelopeColumns:     envelope,
 			JSON:                jsonOpts,
 			SchemaVersionColumn: r.ColumnSchemaVersion,
-			RouteByEventType:    routeByEventType(r.Topic),
+			RouteByEventType:    routeByEventType(r.Topic, r.topicRegex()),
 			CreatedAtColumn:     r.ColumnCreatedAt,
 		},
 		Topic:             r.Topic,
+		TopicRegex:        r.topicRegex(),
 		Delivery:          r.Delivery,
 		OnOutboxUpdate:    r.OnOutboxUpdate,
 		CreateSlot:        r.CreateSlot,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{
-			Brokers:                 r.KafkaBrokers,
-			BatchMaxEvents:          r.BatchMaxEvents,
-			BatchMaxBytes:           r.BatchMaxBytes,
-			Compression:             compression(r.Compression),
-			Retry:                   backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
-			Transport:               transport,
-			CloudEventsSource:       ceSource,
-			TombstoneOnEmptyPayload: r.TombstoneOnEmptyPayload,
+			Brokers:        r.KafkaBrokers,
+			BatchMaxEvents: r.BatchMaxEvents,
+			BatchMaxBytes:  r.BatchMaxBytes,
+			Compression:    compression(r.Compression),
+			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
+			Transport:      transport,
 		},
 		RelayName:        relayName(r.RelayName),
 		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,
@@ -247,13 +248,13 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	}
 	if r.OnError == "dlq" {
 		var store *deadletter.Store
-		table, name, topic := r.DLQTable, cfg.RelayName, r.Topic
+		table, name, topic, topicRegex := r.DLQTable, cfg.RelayName, r.Topic, r.topicRegex()
 		cfg.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
 			store = deadletter.NewStore(pool, table)
 			if err := store.Ensure(ctx); err != nil {
 				return nil, err
 			}
-			return store.Recorder(name, topic)
+			return store.Recorder(name, topic, topicRegex)
 		}
 		cfg.DeadLetterBacklog = func(ctx context.Context) (int64, error) { return store.Backlog(ctx) }
 		if keep := r.DLQRetention; keep > 0 {
@@ -262,6 +263,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			}
 		}
 	}
+	format.apply(&cfg.Sink)
 	r.setBackfill(&cfg, log)
 	r.setSnapshot(&cfg, log)
 	switch r.CheckpointStore {

@@ -43,7 +43,8 @@ const HeaderSnapshot = "cdc_relay_snapshot"
 // FromEvent returns the dead letter of ev, which failed permanently with cause
 // on its way to topic. Headers holds every header the message carries (the
 // sink's id, event_type, aggregate_type, commit_lsn and commit_time, and the
-// event's extra headers), so a replay can publish the same message. The error
+// event's extra headers), and PayloadType the event's, so a replay can
+// publish the same message in every format. The error
 // code is sink.Code(cause). RelayName is left for the caller. An event whose
 // id is NULL or empty gets an EventID made from its content (see noIDEventID),
 // so that it can be stored; its "id" header stays empty.
@@ -71,6 +72,7 @@ func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 		Key:           bytes.Clone(ev.AggregateID),
 		Payload:       bytes.Clone(ev.Payload),
 		Headers:       h,
+		PayloadType:   ev.PayloadType,
 		Topic:         topic,
 		ErrorCode:     sink.Code(cause),
 		CorrelationID: h[HeaderCorrelationID],
@@ -97,11 +99,11 @@ func textOf(b []byte) string {
 
 // Recorder returns the function the relay's dlq failure policy calls for each
 // event it gives up on: it stores the event's dead letter (FromEvent, with the
-// topic rendered from topicTemplate, or the template itself when the topic
-// cannot be rendered) and returns nil once it is committed. It is safe for
+// topic rendered from topicTemplate and re, or the template itself when the
+// topic cannot be rendered) and returns nil once it is committed. It is safe for
 // concurrent use; its type is relay.DeadLetterFunc's.
-func (s *Store) Recorder(relayName, topicTemplate string) (func(ctx context.Context, ev *outbox.Event, cause error) error, error) {
-	router, err := route.New(topicTemplate)
+func (s *Store) Recorder(relayName, topicTemplate string, re route.Regex) (func(ctx context.Context, ev *outbox.Event, cause error) error, error) {
+	router, err := route.NewWithRegex(topicTemplate, re)
 	if err != nil {
 		return nil, err
 	}

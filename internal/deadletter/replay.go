@@ -112,6 +112,7 @@ func (l *Letter) event(replayID int64) *outbox.Event {
 		AggregateID:   l.Key,
 		EventType:     []byte(l.EventType),
 		Payload:       l.Payload,
+		PayloadType:   l.PayloadType,
 		CommitLSN:     l.CommitLSN,
 	}
 	if t, err := time.Parse(time.RFC3339Nano, l.Headers[sink.HeaderCommitTime]); err == nil {

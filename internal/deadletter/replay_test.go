@@ -13,16 +13,24 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
 )
 
 // newPublisher returns a publisher to the package's broker, closed with t.
 func newPublisher(t *testing.T) *deadletter.KafkaPublisher {
 	t.Helper()
+	return newPublisherWith(t, sink.Config{Brokers: kafka.Brokers()})
+}
+
+// newPublisherWith is newPublisher with cfg, e.g. a record format.
+func newPublisherWith(t *testing.T, cfg sink.Config) *deadletter.KafkaPublisher {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(ctx, sink.Config{Brokers: kafka.Brokers()})
+	p, err := deadletter.NewKafkaPublisher(ctx, cfg)
 	if err != nil {
 		t.Fatalf("NewKafkaPublisher: %v", err)
 	}
@@ -331,7 +339,9 @@ func TestReplayCanceled(t *testing.T) {
 
 // TestReplayKeepsRawBytesAndFormatHeaders: a dead-lettered event with a bytea
 // payload and key (raw bytes, not valid UTF-8) and the content-type and trace
-// headers replays as the same bytes with the same headers.
+// headers replays as the same bytes with the same headers; the letter keeps
+// the payload's type, so a structured CloudEvents replay carries it in
+// data_base64, as the stream would have.
 func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 	ctx := t.Context()
 	s := newStore(t)
@@ -342,22 +352,26 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 	payload := []byte{0x00, 0x00, 0x00, 0x00, 0x2a, 0x0a, 0x03, 0xc3, 0x28, 0x00}
 	ev := &outbox.Event{
 		ID: []byte("bin-1"), AggregateType: []byte("order"), AggregateID: key, EventType: []byte("OrderPlaced"),
-		Payload: payload, CommitLSN: 0x10,
+		Payload: payload, PayloadType: outbox.PayloadBinary, CommitLSN: 0x10,
 		Headers: []outbox.Header{
 			{Key: outbox.HeaderContentType, Value: []byte("application/x-protobuf")},
 			{Key: outbox.HeaderTraceParent, Value: []byte(tp)},
 			{Key: outbox.HeaderTraceState, Value: []byte("rojo=00f067aa0ba902b7")},
 		},
 	}
-	rec, err := s.Recorder("relay-a", topic)
+	rec, err := s.Recorder("relay-a", topic, route.Regex{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := rec(ctx, ev, &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}); err != nil {
 		t.Fatalf("record the dead letter of a binary event: %v", err)
 	}
-	if l := byEventID(t, s, "bin-1"); l.AggregateID != `\xcafe00ff` {
+	l := byEventID(t, s, "bin-1")
+	if l.AggregateID != `\xcafe00ff` {
 		t.Errorf("aggregate_id column = %q, want the hex form of the binary key", l.AggregateID)
+	}
+	if _, ok := l.Headers[deadletter.PayloadTypeKey]; l.PayloadType != outbox.PayloadBinary || ok {
+		t.Errorf("letter payload type %s (key among the headers: %v), want binary, apart from the headers", l.PayloadType, ok)
 	}
 	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{})
 	if err != nil {
@@ -378,5 +392,30 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 		if got, ok := r.Headers[k]; !ok || got != want {
 			t.Errorf("replayed header %s = %q (present %v), want %q", k, got, ok, want)
 		}
+	}
+	if _, ok := r.Headers[deadletter.PayloadTypeKey]; ok {
+		t.Errorf("replayed record has header %s", deadletter.PayloadTypeKey)
+	}
+
+	// A structured CloudEvents replay of the letter: the payload in base64.
+	const source = "/cdc-relay/app/public.outbox_events"
+	sp := newPublisherWith(t, sink.Config{Brokers: kafka.Brokers(), CloudEventsSource: source, CloudEventsMode: sink.CloudEventsStructured})
+	res, err = s.ReplayDeadLetters(ctx, sp, deadletter.ReplayOptions{Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "structured replay", res, deadletter.Counts{Selected: 1, Published: 1})
+	recs = kafka.MustReadAll(t, topic)
+	if len(recs) != 2 {
+		t.Fatalf("Kafka has %d records, want 2", len(recs))
+	}
+	ce, _, err := cetest.ToEvent(recs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ce.DataBase64 || !bytes.Equal(ce.Data(), payload) || ce.DataContentType() != "application/x-protobuf" ||
+		ce.ID() != "bin-1" || ce.Source() != source || ce.Extensions()["traceparent"] != tp {
+		t.Errorf("structured replay: base64 %v data %x datacontenttype %q id %q source %q extensions %v",
+			ce.DataBase64, ce.Data(), ce.DataContentType(), ce.ID(), ce.Source(), ce.Extensions())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -23,6 +24,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
 // DefaultTable is the dead-letter table a Store uses when given no name.
@@ -42,6 +45,12 @@ const (
 // Callers report it to the operator: the id is wrong or the letter was purged.
 var ErrNotFound = errors.New("dead letter not found")
 
+// PayloadTypeKey is the member of the headers column that holds a letter's
+// PayloadType when it is not text. It is no Kafka header: Add writes it and
+// the letters read back have it in PayloadType, not in Headers. Header
+// columns may not be named so.
+const PayloadTypeKey = "cdc_relay_payload_type"
+
 // Letter is one event the relay could not publish, with why and when.
 type Letter struct {
 	ID            int64  // assigned by the store
@@ -52,8 +61,12 @@ type Letter struct {
 	Key           []byte            // Kafka message key (nil: the event had none)
 	Payload       []byte            // Kafka message value, as stored in the outbox
 	Headers       map[string]string // every header the message carries (see FromEvent)
-	Topic         string            // the topic the event was meant for
-	ErrorCode     string            // short stable code, e.g. "message_too_large" (sink.Code)
+	// PayloadType is what Payload holds (outbox.Event.PayloadType), for the
+	// structured CloudEvents format of a replay. The table keeps it under
+	// PayloadTypeKey of the headers column (no key: text).
+	PayloadType   outbox.PayloadType
+	Topic         string // the topic the event was meant for
+	ErrorCode     string // short stable code, e.g. "message_too_large" (sink.Code)
 	ErrorMessage  string
 	RetryCount    int       // how many times the event failed again after the first time
 	FirstFailedAt time.Time // zero in Add means now
@@ -220,7 +233,15 @@ func (s *Store) Add(ctx context.Context, l Letter) error {
 	if l.EventID == "" {
 		return errors.New("add dead letter: the event id is empty")
 	}
-	headers, err := headersJSON(l.Headers)
+	h := l.Headers
+	if l.PayloadType != outbox.PayloadText {
+		h = maps.Clone(h)
+		if h == nil {
+			h = map[string]string{}
+		}
+		h[PayloadTypeKey] = l.PayloadType.String()
+	}
+	headers, err := headersJSON(h)
 	if err != nil {
 		return fmt.Errorf("add dead letter for event %s: %w", l.EventID, err)
 	}
@@ -395,6 +416,10 @@ func scanLetter(row pgx.Row) (Letter, error) {
 		&l.Status, &l.ReplayedAt, &l.ReplayCount)
 	if err != nil {
 		return Letter{}, err
+	}
+	if v, ok := l.Headers[PayloadTypeKey]; ok {
+		l.PayloadType = outbox.ParsePayloadType(v)
+		delete(l.Headers, PayloadTypeKey)
 	}
 	if lsn != "" {
 		if l.CommitLSN, err = pglogrepl.ParseLSN(lsn); err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -537,7 +538,7 @@ func TestFromEventAndRecorder(t *testing.T) {
 		Payload: []byte(`{"total": 1}`), CommitLSN: 0x16B3748, CommitTime: commit,
 		Headers: []outbox.Header{{Key: "correlation_id", Value: []byte("corr-1")}, {Key: "tenant", Value: []byte("acme")}},
 	}
-	rec, err := s.Recorder("relay-a", "outbox.{aggregate_type}")
+	rec, err := s.Recorder("relay-a", "outbox.{aggregate_type}", route.Regex{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,7 +567,7 @@ func TestFromEventAndRecorder(t *testing.T) {
 		t.Errorf("invalid-topic letter: topic %q, code %q", got.Topic, got.ErrorCode)
 	}
 
-	if _, err := s.Recorder("r", "bad.{nope}"); err == nil {
+	if _, err := s.Recorder("r", "bad.{nope}", route.Regex{}); err == nil {
 		t.Error("Recorder accepted a bad template")
 	}
 }

@@ -804,6 +804,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			vals[i] = value(buf, spans[col])
 		}
 		ev.Payload = Envelope(ev.Payload, d.out.payType, d.envAliases, vals)
+		ev.PayloadType = outbox.PayloadJSON
 	}
 	if d.out.createdCol >= 0 {
 		if s := spans[d.out.createdCol]; !s.null {

@@ -435,7 +435,7 @@ func fmtMsg(m Message) string {
 		for _, h := range ev.Headers {
 			s += fmt.Sprintf("%s:%s ", h.Key, fmtBytes(h.Value))
 		}
-		s += fmt.Sprintf("] xid=%d commit=%s time=%s}", ev.XID, ev.CommitLSN, ev.CommitTime.Format(time.RFC3339Nano))
+		s += fmt.Sprintf("] payload_type=%s xid=%d commit=%s time=%s}", ev.PayloadType, ev.XID, ev.CommitLSN, ev.CommitTime.Format(time.RFC3339Nano))
 	}
 	return s + "}"
 }

@@ -43,7 +43,7 @@ func CheckEnvelope(cols []EnvelopeColumn) error {
 // writes its envelope. P is the payload itself for a json or jsonb payload
 // column (payloadType), a base64 string for bytea (payload holds its raw
 // bytes), a JSON string of the text otherwise; NULL is null, as is a NULL
-// column.
+// column. The event's payload type is then outbox.PayloadJSON.
 func Envelope(payload []byte, payloadType uint32, aliases []string, values [][]byte) []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"payload":`)

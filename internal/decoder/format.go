@@ -235,6 +235,7 @@ func isToken(s string) bool {
 // publishes what the stream published, byte for byte.
 type Format struct {
 	payloadBytea, keyBytea bool
+	payloadJSON            bool   // a json or jsonb payload column
 	contentType            []byte // nil: no header
 	tracing                bool   // the table has the tracing column
 	// shared: the payload or key column's value is also another field's, so
@@ -247,7 +248,8 @@ type Format struct {
 // contentType is the --content-type setting (see CheckContentType; "" means
 // none, so that a zero configuration publishes what it always did); tracing says whether the table has the tracing column.
 func NewFormat(contentType string, payloadType, keyType uint32, tracing bool) Format {
-	f := Format{payloadBytea: payloadType == TypeBytea, keyBytea: keyType == TypeBytea, tracing: tracing}
+	f := Format{payloadBytea: payloadType == TypeBytea, keyBytea: keyType == TypeBytea, tracing: tracing,
+		payloadJSON: payloadType == TypeJSON || payloadType == TypeJSONB}
 	switch contentType {
 	case ContentTypeAuto:
 		if payloadType == TypeJSON || payloadType == TypeJSONB {
@@ -274,7 +276,8 @@ func (f Format) extraHeaders() int {
 
 // Apply rewrites ev as the relay publishes it: it decodes a bytea payload and
 // key from their text form (in place, overwriting the text, unless the value
-// is shared; see Format.shared) and appends the content-type and trace headers to ev.Headers.
+// is shared; see Format.shared), sets ev.PayloadType from the payload
+// column's type, and appends the content-type and trace headers to ev.Headers.
 // trace is the tracing column's text (nil for NULL or no column).
 //
 // A bytea value that is not in Postgres's hex or escape output format is an
@@ -286,10 +289,18 @@ func (f Format) Apply(ev *outbox.Event, trace []byte) (badTrace, err error) {
 	if f.shared {
 		decode = func(b []byte) ([]byte, error) { return DecodeBytea(bytes.Clone(b)) }
 	}
-	if f.payloadBytea && ev.Payload != nil {
-		if ev.Payload, err = decode(ev.Payload); err != nil {
-			return nil, fmt.Errorf("payload column: %w", err)
+	switch {
+	case f.payloadBytea:
+		ev.PayloadType = outbox.PayloadBinary
+		if ev.Payload != nil {
+			if ev.Payload, err = decode(ev.Payload); err != nil {
+				return nil, fmt.Errorf("payload column: %w", err)
+			}
 		}
+	case f.payloadJSON:
+		ev.PayloadType = outbox.PayloadJSON
+	default:
+		ev.PayloadType = outbox.PayloadText
 	}
 	if f.keyBytea && ev.AggregateID != nil {
 		if ev.AggregateID, err = decode(ev.AggregateID); err != nil {

@@ -227,6 +227,12 @@ func TestFormats(t *testing.T) {
 			}
 			want := &outbox.Event{ID: b("e1"), AggregateType: b("order"), AggregateID: tt.wantKey, EventType: b("OrderPlaced"),
 				Payload: tt.wantPay, Headers: tt.wantHeaders, XID: xid1, CommitLSN: lsn1, CommitTime: t1}
+			switch tt.payloadT { // what the payload is, by its column's type
+			case TypeBytea:
+				want.PayloadType = outbox.PayloadBinary
+			case TypeJSON, TypeJSONB:
+				want.PayloadType = outbox.PayloadJSON
+			}
 			got := m
 			got.BadTrace = nil
 			if !equalMsg(got, eventMsg(want)) {

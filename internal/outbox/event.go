@@ -28,6 +28,43 @@ type Header struct {
 	Value []byte
 }
 
+// PayloadType is what an event's payload bytes are.
+type PayloadType uint8
+
+// Payload types. The zero value is text, what any column type but those below
+// gives.
+const (
+	// PayloadText is the text form of a column (text, varchar, xml, …).
+	PayloadText PayloadType = iota
+	// PayloadJSON is a JSON document: a json or jsonb column, or an envelope
+	// (--envelope-columns), which is always valid JSON.
+	PayloadJSON
+	// PayloadBinary is raw bytes: a bytea column, decoded.
+	PayloadBinary
+)
+
+// String is the type's name: text, json or binary.
+func (t PayloadType) String() string {
+	switch t {
+	case PayloadJSON:
+		return "json"
+	case PayloadBinary:
+		return "binary"
+	}
+	return "text"
+}
+
+// ParsePayloadType reads a name String returns; anything else is text.
+func ParsePayloadType(s string) PayloadType {
+	switch s {
+	case "json":
+		return PayloadJSON
+	case "binary":
+		return PayloadBinary
+	}
+	return PayloadText
+}
+
 // Event is one committed INSERT into the outbox table.
 //
 // The byte slices hold the text form of each column as Postgres sent it, except
@@ -41,6 +78,10 @@ type Event struct {
 	EventType     []byte
 	Payload       []byte // Kafka message value, as stored (JSON text for jsonb, raw bytes for bytea)
 	Headers       []Header
+	// PayloadType says what Payload holds, as its column's type tells
+	// (decoder.Format); the structured CloudEvents format writes it
+	// accordingly.
+	PayloadType PayloadType
 
 	// Timestamp is the Kafka record timestamp taken from the outbox row
 	// (--column-timestamp); zero means none, and the record gets the time

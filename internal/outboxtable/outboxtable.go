@@ -69,11 +69,13 @@ type ReplayOptions struct {
 	Limit        int      // at most this many rows; 0 = no limit
 	// Topic is the relay's topic template, e.g. "outbox.{aggregate_type}",
 	// rendered per row.
-	Topic     string
-	Rate      float64 // events per second; 0 = unlimited
-	BatchSize int     // 0 means deadletter.DefaultBatchSize
-	DryRun    bool
-	Actor     string
+	Topic string
+	// TopicRegex is the relay's --topic-regex (route.NewWithRegex).
+	TopicRegex route.Regex
+	Rate       float64 // events per second; 0 = unlimited
+	BatchSize  int     // 0 means deadletter.DefaultBatchSize
+	DryRun     bool
+	Actor      string
 	// Headers are added to every published event, after
 	// deadletter.HeaderReplay (e.g. deadletter.HeaderBackfill).
 	Headers []outbox.Header
@@ -138,7 +140,7 @@ func Replay(ctx context.Context, db Querier, history *deadletter.Store, table st
 			return deadletter.ReplayResult{}, errors.New("replay outbox: a column name is empty")
 		}
 	}
-	router, err := route.New(o.Topic)
+	router, err := route.NewWithRegex(o.Topic, o.TopicRegex)
 	if err != nil {
 		return deadletter.ReplayResult{}, fmt.Errorf("replay outbox: %w", err)
 	}
@@ -448,6 +450,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 				aliases[i], vals[i] = ec.Alias, b(env[i])
 			}
 			ev.Payload = decoder.Envelope(ev.Payload, q.payType, aliases, vals)
+			ev.PayloadType = outbox.PayloadJSON
 		}
 		if part != nil {
 			if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {

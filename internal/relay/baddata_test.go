@@ -24,6 +24,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -402,7 +403,7 @@ func (e *env) withDeadLetters(more func(*relay.Config)) *deadletter.Store {
 			if err := store.Ensure(ctx); err != nil {
 				return nil, err
 			}
-			return store.Recorder("test-relay", e.topic)
+			return store.Recorder("test-relay", e.topic, route.Regex{})
 		}
 		c.MonitorInterval = 100 * time.Millisecond
 		if more != nil {

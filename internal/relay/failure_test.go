@@ -22,6 +22,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -62,7 +63,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 			if err := store.Ensure(ctx); err != nil {
 				return nil, err
 			}
-			rec, err := store.Recorder("test-relay", e.topic)
+			rec, err := store.Recorder("test-relay", e.topic, route.Regex{})
 			if err != nil {
 				return nil, err
 			}

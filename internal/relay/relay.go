@@ -104,6 +104,9 @@ type Config struct {
 	// "outbox.{aggregate_type}" (internal/route); a fixed topic must exist (or
 	// be auto-created) before the relay starts.
 	Topic string
+	// TopicRegex, when its Pattern is set, is matched against one field of
+	// each event, and Topic may refer to its groups (route.NewWithRegex).
+	TopicRegex route.Regex
 	// Delivery is DeliveryEffectivelyOnce (the default) or DeliveryAtLeastOnce.
 	Delivery string
 	// OnOutboxUpdate is what an UPDATE of an outbox row does (an outbox is
@@ -269,7 +272,7 @@ func (c Config) Validate() error {
 	if _, err := decoder.New(c.Decoder); err != nil {
 		return config.Within("Decoder", err)
 	}
-	if _, err := route.New(c.Topic); err != nil {
+	if _, err := route.NewWithRegex(c.Topic, c.TopicRegex); err != nil {
 		return config.Errorf("Topic", "%w", err)
 	}
 	switch c.Delivery {
@@ -339,7 +342,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return config.Within("Decoder", err)
 	}
-	router, err := route.New(cfg.Topic)
+	router, err := route.NewWithRegex(cfg.Topic, cfg.TopicRegex)
 	if err != nil {
 		return config.Errorf("Topic", "%w", err)
 	}

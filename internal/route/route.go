@@ -1,9 +1,18 @@
 // Package route renders topic templates over outbox event columns into Kafka
 // topic names, and checks names against Kafka's rules.
+//
+// A template is literal text with placeholders for an event's columns,
+// {aggregate_type} and {event_type}. With a Regex (--topic-regex), the
+// template may also refer to the groups of that regular expression, which is
+// matched against the whole of one of those columns, as Kafka Connect's
+// RegexRouter (which Debezium's Outbox Event Router applies with
+// route.topic.regex) does: when the value matches, the topic is the template
+// rendered with the groups; when it does not, the topic is the value itself.
 package route
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
@@ -11,6 +20,13 @@ import (
 
 // MaxTopicLen is Kafka's limit on topic name length.
 const MaxTopicLen = 249
+
+// Fields a template and a Regex can take their values from: the names of
+// its placeholders.
+const (
+	FieldAggregateType = "aggregate_type"
+	FieldEventType     = "event_type"
+)
 
 // placeholder names a column value usable in a topic template.
 type placeholder int
@@ -21,66 +37,214 @@ const (
 )
 
 var placeholders = map[string]placeholder{
-	"aggregate_type": phAggregateType,
-	"event_type":     phEventType,
+	FieldAggregateType: phAggregateType,
+	FieldEventType:     phEventType,
+}
+
+// Regex is the regular expression a Router matches one field of each event
+// against (--topic-regex), Go's RE2 syntax with Java's constructs that RE2
+// reads differently refused (see CheckRegex). The zero Regex matches nothing
+// and routes by the template alone.
+type Regex struct {
+	// Pattern is the expression; "" means none. It must match the whole
+	// value (as Java's Matcher.matches), not a part of it.
+	Pattern string
+	// Field is the value it is matched against: FieldAggregateType ("" too)
+	// or FieldEventType.
+	Field string
+}
+
+// segment is one piece of a template: literal text, a column's value or a
+// group of the regex.
+type segment struct {
+	lit   string
+	field placeholder
+	group int // >= 0: a group of the regex; -1: lit or field
+	isLit bool
 }
 
 // Router renders a topic template such as "outbox.{aggregate_type}" for an event.
 // A template without placeholders is a fixed topic. It is used from one goroutine.
 type Router struct {
-	parts  []string      // literal parts, len(ph)+1 of them
-	ph     []placeholder // placeholders between the parts
-	fixed  string
-	cache  map[string]string // single-placeholder renderings, keyed by the value
+	segs  []segment
+	fixed string
+	re    *regexp.Regexp // nil: no regex
+	reSrc string         // re as given
+	reOn  placeholder    // the field re is matched against
+	// key is the one field the topic depends on, when it depends on one,
+	// so that renderings can be cached by its value; single says whether
+	// it does.
+	key    placeholder
+	single bool
+	cache  map[string]string // renderings, keyed by the key field's value
 	maxKey int
 }
 
 // New parses a topic template. Placeholders are {aggregate_type} and
 // {event_type}; the rest must be legal in a Kafka topic name.
-func New(template string) (*Router, error) {
+func New(template string) (*Router, error) { return NewWithRegex(template, Regex{}) }
+
+// NewWithRegex is New with re: the template may then also refer to re's
+// groups, ${name}, ${n} or $n (the first digit after the $ always, the next
+// ones while they make a group number re has, as Java's replacement syntax
+// reads them), $0 or ${0} being the whole value. Literal text and groups
+// must be able to render a legal topic name.
+func NewWithRegex(template string, re Regex) (*Router, error) {
 	if template == "" {
 		return nil, fmt.Errorf("topic template is empty")
 	}
 	r := &Router{cache: make(map[string]string), maxKey: 10000}
-	rest := template
-	var lit strings.Builder
-	for {
-		i := strings.IndexByte(rest, '{')
-		if i < 0 {
-			lit.WriteString(rest)
-			break
+	if re.Pattern != "" {
+		compiled, err := compileRegex(re.Pattern)
+		if err != nil {
+			return nil, err
 		}
-		j := strings.IndexByte(rest[i:], '}')
-		if j < 0 {
-			return nil, fmt.Errorf("topic template %q: unclosed '{'", template)
+		switch re.Field {
+		case "", FieldAggregateType:
+			r.reOn = phAggregateType
+		case FieldEventType:
+			r.reOn = phEventType
+		default:
+			return nil, fmt.Errorf("topic regex field %q: want %s or %s", re.Field, FieldAggregateType, FieldEventType)
 		}
-		name := rest[i+1 : i+j]
-		ph, ok := placeholders[name]
-		if !ok {
-			return nil, fmt.Errorf("topic template %q: unknown placeholder {%s} (use {aggregate_type} or {event_type})", template, name)
-		}
-		lit.WriteString(rest[:i])
-		r.parts = append(r.parts, lit.String())
-		lit.Reset()
-		r.ph = append(r.ph, ph)
-		rest = rest[i+j+1:]
+		r.re, r.reSrc = compiled, re.Pattern
 	}
-	r.parts = append(r.parts, lit.String())
-	// Check the literal text with every placeholder as a legal sample value.
-	sample := r.parts[0]
-	for i := range r.ph {
-		sample += "x" + r.parts[i+1]
+	if err := r.parse(template); err != nil {
+		return nil, err
 	}
-	if err := ValidTopic(sample); err != nil {
+	// Check the literal text with every placeholder and group as a legal sample value.
+	var sample strings.Builder
+	deps := map[placeholder]bool{}
+	if r.re != nil {
+		deps[r.reOn] = true
+	}
+	for _, s := range r.segs {
+		switch {
+		case s.isLit:
+			sample.WriteString(s.lit)
+		case s.group >= 0:
+			sample.WriteByte('x')
+		default:
+			sample.WriteByte('x')
+			deps[s.field] = true
+		}
+	}
+	if err := ValidTopic(sample.String()); err != nil {
 		return nil, fmt.Errorf("topic template %q: %w", template, err)
 	}
-	if len(r.ph) == 0 {
+	switch len(deps) {
+	case 0:
 		r.fixed = template
+	case 1:
+		for ph := range deps {
+			r.key, r.single = ph, true
+		}
 	}
 	return r, nil
 }
 
-// Fixed returns the topic when the template has no placeholders.
+// parse splits template into segments.
+func (r *Router) parse(template string) error {
+	var lit strings.Builder
+	flush := func() {
+		if lit.Len() > 0 {
+			r.segs = append(r.segs, segment{lit: lit.String(), isLit: true, group: -1})
+			lit.Reset()
+		}
+	}
+	for i := 0; i < len(template); {
+		switch c := template[i]; c {
+		case '{':
+			j := strings.IndexByte(template[i:], '}')
+			if j < 0 {
+				return fmt.Errorf("topic template %q: unclosed '{'", template)
+			}
+			name := template[i+1 : i+j]
+			ph, ok := placeholders[name]
+			if !ok {
+				return fmt.Errorf("topic template %q: unknown placeholder {%s} (use {aggregate_type} or {event_type})", template, name)
+			}
+			flush()
+			r.segs = append(r.segs, segment{field: ph, group: -1})
+			i += j + 1
+		case '$':
+			g, n, err := r.groupRef(template[i:])
+			if err != nil {
+				return fmt.Errorf("topic template %q: %w", template, err)
+			}
+			flush()
+			r.segs = append(r.segs, segment{group: g})
+			i += n
+		default:
+			lit.WriteByte(c)
+			i++
+		}
+	}
+	flush()
+	return nil
+}
+
+// groupRef reads the group reference at the start of s ("$…") and returns
+// the group's number and the reference's length.
+func (r *Router) groupRef(s string) (group, n int, err error) {
+	if r.re == nil {
+		return 0, 0, fmt.Errorf("%.20q refers to a group of --topic-regex, which is not set", s)
+	}
+	groups := r.re.NumSubexp()
+	if len(s) > 1 && s[1] == '{' {
+		end := strings.IndexByte(s, '}')
+		if end < 0 {
+			return 0, 0, fmt.Errorf("%.20q: unclosed '${'", s)
+		}
+		name := s[2:end]
+		if g, ok := groupNumber(name); ok {
+			if g > groups {
+				return 0, 0, fmt.Errorf("${%s}: the regex has %d groups", name, groups)
+			}
+			return g, end + 1, nil
+		}
+		g := r.re.SubexpIndex(name)
+		if g < 0 {
+			return 0, 0, fmt.Errorf("${%s}: the regex has no group named %q", name, name)
+		}
+		return g, end + 1, nil
+	}
+	if len(s) < 2 || s[1] < '0' || s[1] > '9' {
+		return 0, 0, fmt.Errorf("%.20q: a '$' must start a group reference, $n or ${name}", s)
+	}
+	g := int(s[1] - '0')
+	if g > groups {
+		return 0, 0, fmt.Errorf("$%d: the regex has %d groups", g, groups)
+	}
+	n = 2
+	for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+		next := g*10 + int(s[n]-'0')
+		if next > groups {
+			break
+		}
+		g = next
+		n++
+	}
+	return g, n, nil
+}
+
+// groupNumber reads a decimal group number.
+func groupNumber(s string) (int, bool) {
+	if s == "" || len(s) > 3 {
+		return 0, false
+	}
+	g := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		g = g*10 + int(s[i]-'0')
+	}
+	return g, true
+}
+
+// Fixed returns the topic when the template has no placeholders (and there
+// is no regex).
 func (r *Router) Fixed() (string, bool) { return r.fixed, r.fixed != "" }
 
 // Topic renders the topic of ev, or returns a permanent *outbox.EventError when the
@@ -89,14 +253,14 @@ func (r *Router) Topic(ev *outbox.Event) (string, error) {
 	if r.fixed != "" {
 		return r.fixed, nil
 	}
-	if len(r.ph) == 1 {
-		v := r.value(ev, r.ph[0])
+	if r.single {
+		v := r.value(ev, r.key)
 		if t, ok := r.cache[string(v)]; ok {
 			return t, nil
 		}
-		t := r.parts[0] + string(v) + r.parts[1]
-		if err := ValidTopic(t); err != nil {
-			return "", &outbox.EventError{Code: "invalid_topic", Err: err}
+		t, err := r.render(ev)
+		if err != nil {
+			return "", err
 		}
 		if len(r.cache) >= r.maxKey {
 			clear(r.cache)
@@ -104,11 +268,36 @@ func (r *Router) Topic(ev *outbox.Event) (string, error) {
 		r.cache[string(v)] = t
 		return t, nil
 	}
+	return r.render(ev)
+}
+
+// render renders the topic of ev and checks it.
+func (r *Router) render(ev *outbox.Event) (string, error) {
+	var m []int
+	var on []byte
+	if r.re != nil {
+		on = r.value(ev, r.reOn)
+		if m = r.re.FindSubmatchIndex(on); m == nil {
+			// No match: the topic stays the value, as RegexRouter leaves it.
+			t := string(on)
+			if err := ValidTopic(t); err != nil {
+				return "", &outbox.EventError{Code: "invalid_topic", Err: fmt.Errorf("%s %q does not match --topic-regex %q, so it is the topic: %w", fieldName(r.reOn), on, r.reSrc, err)}
+			}
+			return t, nil
+		}
+	}
 	var b strings.Builder
-	b.WriteString(r.parts[0])
-	for i, ph := range r.ph {
-		b.Write(r.value(ev, ph))
-		b.WriteString(r.parts[i+1])
+	for _, s := range r.segs {
+		switch {
+		case s.isLit:
+			b.WriteString(s.lit)
+		case s.group >= 0:
+			if start := m[2*s.group]; start >= 0 { // a group that took no part renders as nothing
+				b.Write(on[start:m[2*s.group+1]])
+			}
+		default:
+			b.Write(r.value(ev, s.field))
+		}
 	}
 	t := b.String()
 	if err := ValidTopic(t); err != nil {
@@ -122,6 +311,13 @@ func (r *Router) value(ev *outbox.Event, ph placeholder) []byte {
 		return ev.EventType
 	}
 	return ev.AggregateType
+}
+
+func fieldName(ph placeholder) string {
+	if ph == phEventType {
+		return FieldEventType
+	}
+	return FieldAggregateType
 }
 
 // ValidTopic reports whether name is a legal Kafka topic name: 1 to 249 characters

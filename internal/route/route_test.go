@@ -1,6 +1,7 @@
 package route
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"unsafe"
@@ -192,5 +193,146 @@ func TestValidTopic(t *testing.T) {
 				t.Fatalf("ValidTopic(%.20q) = %v, want ok=%v", tt.topic, err, tt.ok)
 			}
 		})
+	}
+}
+
+// TestRouterRegex routes with --topic-regex as Kafka Connect's RegexRouter
+// does behind Debezium's route.topic.regex: a value the regex matches as a
+// whole becomes the template rendered with the groups; any other value is the
+// topic itself.
+func TestRouterRegex(t *testing.T) {
+	tests := []struct {
+		name, regex, field, template string
+		aggregateType, eventType     string
+		want                         string
+	}{
+		{name: "Debezium's default", regex: "(?<routedByValue>.*)", template: "outbox.event.${routedByValue}", aggregateType: "order", want: "outbox.event.order"},
+		{name: "Debezium's topic routing example", regex: "(.*)customers_shard(.*)", template: "$1customers_all_shards",
+			aggregateType: "myserver.mydb.customers_shard1", want: "myserver.mydb.customers_all_shards"},
+		{name: "named groups", regex: "(?<region>eu|us)-(?<kind>[a-z]+)", template: "${kind}.${region}", aggregateType: "eu-order", want: "order.eu"},
+		{name: "no match: the value itself", regex: "(?<region>eu|us)-(?<kind>[a-z]+)", template: "${kind}.${region}", aggregateType: "apac-order", want: "apac-order"},
+		{name: "a partial match is no match", regex: "order", template: "orders", aggregateType: "orders", want: "orders"},
+		{name: "a whole match with no group", regex: "order|invoice", template: "billing", aggregateType: "invoice", want: "billing"},
+		{name: "on the event type", regex: "(.*)Placed", field: FieldEventType, template: "placed.$1", aggregateType: "order", eventType: "OrderPlaced", want: "placed.Order"},
+		{name: "event type not matching", regex: "(.*)Placed", field: FieldEventType, template: "placed.$1", aggregateType: "order", eventType: "OrderPaid", want: "OrderPaid"},
+		{name: "groups and columns", regex: "v(\\d+)", template: "{event_type}.v$1", aggregateType: "v2", eventType: "Placed", want: "Placed.v2"},
+		{name: "group that took no part", regex: "(a)|(b)", template: "x$1$2", aggregateType: "b", want: "xb"},
+		{name: "$12 with one group is $1 then 2", regex: "(o)rder", template: "$12", aggregateType: "order", want: "o2"},
+		{name: "${1} and $0", regex: "(o)rder", template: "${1}.$0.${0}", aggregateType: "order", want: "o.order.order"},
+		{name: "case-insensitive flag", regex: "(?i)ORDER", template: "orders", aggregateType: "Order", want: "orders"},
+		{name: "NUL-free bytes of the value", regex: "ü(.*)", template: "u$1", aggregateType: "über", want: "uber"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := NewWithRegex(tt.template, Regex{Pattern: tt.regex, Field: tt.field})
+			if err != nil {
+				t.Fatalf("NewWithRegex(%q, %q): %v", tt.template, tt.regex, err)
+			}
+			if fixed, ok := r.Fixed(); ok {
+				t.Fatalf("Fixed() = %q: a template with a regex is never fixed", fixed)
+			}
+			for range 2 { // the second time from the cache, when there is one
+				got, err := r.Topic(routedEvent(tt.aggregateType, tt.eventType))
+				if err != nil || got != tt.want {
+					t.Fatalf("Topic = %q, %v; want %q", got, err, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// TestRouterRegexInvalidTopic: a value the regex leaves as the topic, or a
+// rendering, that Kafka would refuse is a permanent invalid_topic failure.
+func TestRouterRegexInvalidTopic(t *testing.T) {
+	for _, tc := range []struct{ regex, template, value string }{
+		{"(?<region>eu|us)-(.*)", "${region}.$2", "not/a topic"},
+		{"(.*)", "x.$1", "bad value"},
+		{"(.*)", "$1", ""},
+	} {
+		r, err := NewWithRegex(tc.template, Regex{Pattern: tc.regex})
+		if err != nil {
+			t.Fatal(err)
+		}
+		topic, err := r.Topic(routedEvent(tc.value, ""))
+		var ee *outbox.EventError
+		if !errors.As(err, &ee) || ee.Code != "invalid_topic" {
+			t.Errorf("%q over %q: Topic = %q, %v; want an invalid_topic EventError", tc.regex, tc.value, topic, err)
+		}
+		if len(r.cache) != 0 {
+			t.Errorf("a failed rendering was cached")
+		}
+	}
+}
+
+// TestRouterRegexCache: with a regex the topic depends on the regex's field
+// (and the template's), and is cached when that is one field.
+func TestRouterRegexCache(t *testing.T) {
+	r, err := NewWithRegex("x.$1", Regex{Pattern: "(.*)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := r.Topic(routedEvent("order", "e1"))
+	b, _ := r.Topic(routedEvent("order", "e2"))
+	if a != "x.order" || unsafe.StringData(a) != unsafe.StringData(b) {
+		t.Fatalf("topics %q, %q: want x.order once, then from the cache", a, b)
+	}
+	both, err := NewWithRegex("$1.{event_type}", Regex{Pattern: "(.*)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []string{"e1", "e2"} {
+		if got, _ := both.Topic(routedEvent("order", ev)); got != "order."+ev {
+			t.Fatalf("Topic = %q, want order.%s", got, ev)
+		}
+	}
+	if len(both.cache) != 0 {
+		t.Fatalf("a topic of two fields was cached by one")
+	}
+}
+
+func TestNewWithRegexRejects(t *testing.T) {
+	tests := []struct {
+		name, regex, field, template, wantErr string
+	}{
+		{name: "group without regex", template: "x.$1", wantErr: "--topic-regex, which is not set"},
+		{name: "unknown name", regex: "(?<a>.*)", template: "${b}", wantErr: `no group named "b"`},
+		{name: "group beyond the regex's", regex: "(.*)", template: "$2", wantErr: "has 1 groups"},
+		{name: "braced group beyond", regex: "(.*)", template: "${2}", wantErr: "has 1 groups"},
+		{name: "dollar alone", regex: "(.*)", template: "x$", wantErr: "must start a group reference"},
+		{name: "dollar letter", regex: "(.*)", template: "$x", wantErr: "must start a group reference"},
+		{name: "unclosed ${", regex: "(.*)", template: "${1", wantErr: "unclosed '${'"},
+		{name: "literal not a topic", regex: "(.*)", template: "a/$1", wantErr: "character '/'"},
+		{name: "unknown field", regex: "(.*)", field: "tenant", template: "$1", wantErr: `field "tenant"`},
+		{name: "lookahead", regex: "order(?=s)", template: "x", wantErr: "lookaround"},
+		{name: "negative lookbehind", regex: "(?<!x)order", template: "x", wantErr: "lookaround"},
+		{name: "backreference", regex: "(a)\\1", template: "x", wantErr: "backreference"},
+		{name: "named backreference", regex: "(?<a>x)\\k<a>", template: "x", wantErr: "backreference"},
+		{name: "possessive", regex: "a*+", template: "x", wantErr: "possessive"},
+		{name: "atomic group", regex: "(?>a)", template: "x", wantErr: "atomic group"},
+		{name: "flag U", regex: "(?U)a+", template: "x", wantErr: "flag U"},
+		{name: "flag x", regex: "(?x) a", template: "x", wantErr: "flag x"},
+		{name: "nested class", regex: "[a[b]]", template: "x", wantErr: "nested class"},
+		{name: "intersection", regex: "[a-z&&[^e]]", template: "x", wantErr: "intersection"},
+		{name: "intersection alone", regex: "[a-z&&b]", template: "x", wantErr: "intersection"},
+		{name: "vertical whitespace", regex: "a\\vb", template: "x", wantErr: `\v`},
+		{name: "octal", regex: "\\0101", template: "x", wantErr: "octal"},
+		{name: "UTF-16 escape", regex: "\\u0041", template: "x", wantErr: `\x{hhhh}`},
+		{name: "\\Z", regex: "a\\Z", template: "x", wantErr: `\Z is Java's`},
+		{name: "Debezium's invalid regex test", regex: " [[a-z]", template: "x", wantErr: "topic regex"},
+		{name: "unbalanced", regex: "(a", template: "x", wantErr: "missing closing )"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := NewWithRegex(tt.template, Regex{Pattern: tt.regex, Field: tt.field})
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("NewWithRegex(%q, %q) = %v, %v; want an error with %q", tt.template, tt.regex, r, err, tt.wantErr)
+			}
+		})
+	}
+	// What both read alike passes: named groups, \Q…\E, classes, escapes.
+	for _, ok := range []string{`(?<name>[a-z]+)\.(?P<v>\d+)`, `\Q$1(\E.*`, `[]a]`, `[^]a]+`, `\[x\]`, `a+?`, `(?i:x)`, `(?s).`, `\p{Lu}\w\d\s`} {
+		if err := CheckRegex(ok); err != nil {
+			t.Errorf("CheckRegex(%q): %v", ok, err)
+		}
 	}
 }

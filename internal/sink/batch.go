@@ -122,6 +122,9 @@ func batchTimestamps(items []item, ts int64) (base, maxTS int64) {
 // source_position for events of the replication stream) followed by the
 // event's own; a nil header value is null.
 func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event) []byte {
+	if e.ceStructured {
+		return e.appendStructuredRecord(dst, i, delta, ev)
+	}
 	lsn := e.lsnBytes(ev.CommitLSN)
 	ct := e.timeBytes(ev.CommitTime)
 	var pos []byte
@@ -194,6 +197,63 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 		dst = appendHeader(dst, h.Key, h.Value)
 	}
 	return dst
+}
+
+// appendStructuredRecord is appendRecord in the CloudEvents structured
+// content mode: the value is the event as a JSON CloudEvent (never null, so
+// never a tombstone), the headers are the sink's and the event's as in every
+// mode (id and source_position too, which the effectively-once
+// reconciliation reads back), except that content-type is the JSON event
+// format's: the event's own is the event's datacontenttype.
+func (e *encoder) appendStructuredRecord(dst []byte, i int, delta int64, ev *outbox.Event) []byte {
+	lsn := e.lsnBytes(ev.CommitLSN)
+	cts := e.timeBytes(ev.CommitTime)
+	var pos []byte
+	nh := 6 + len(ev.Headers) // with content-type
+	if ev.Origin != nil {
+		e.pos = ev.Origin.AppendPosition(e.pos[:0], ev.CommitLSN, ev.Index)
+		pos = e.pos
+		nh++
+	}
+	e.ceValue = e.appendStructured(e.ceValue[:0], ev)
+	value := e.ceValue
+	size := 1 + varintLen(delta) + varintLen(int64(i)) +
+		valueLen(ev.AggregateID) + valueLen(value) +
+		headerLen(HeaderID, ev.ID) + headerLen(HeaderEventType, ev.EventType) +
+		headerLen(HeaderAggregateType, ev.AggregateType) + headerLen(HeaderCommitLSN, lsn) +
+		headerLen(HeaderCommitTime, cts) + headerLen(outbox.HeaderContentType, contentTypeCEJSON)
+	if pos != nil {
+		size += headerLen(HeaderSource, pos)
+	}
+	for _, h := range ev.Headers {
+		if h.Key == outbox.HeaderContentType {
+			nh--
+			continue
+		}
+		size += headerLen(h.Key, h.Value)
+	}
+	size += varintLen(int64(nh))
+	dst = binary.AppendVarint(dst, int64(size))
+	dst = append(dst, 0) // attributes
+	dst = binary.AppendVarint(dst, delta)
+	dst = binary.AppendVarint(dst, int64(i))
+	dst = appendValue(dst, ev.AggregateID)
+	dst = appendValue(dst, value)
+	dst = binary.AppendVarint(dst, int64(nh))
+	dst = appendHeader(dst, HeaderID, ev.ID)
+	dst = appendHeader(dst, HeaderEventType, ev.EventType)
+	dst = appendHeader(dst, HeaderAggregateType, ev.AggregateType)
+	dst = appendHeader(dst, HeaderCommitLSN, lsn)
+	dst = appendHeader(dst, HeaderCommitTime, cts)
+	if pos != nil {
+		dst = appendHeader(dst, HeaderSource, pos)
+	}
+	for _, h := range ev.Headers {
+		if h.Key != outbox.HeaderContentType {
+			dst = appendHeader(dst, h.Key, h.Value)
+		}
+	}
+	return appendHeader(dst, outbox.HeaderContentType, contentTypeCEJSON)
 }
 
 // payloadLen is the encoded size of the record value for payload p: null (a

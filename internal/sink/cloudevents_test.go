@@ -4,15 +4,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
 )
 
 // TestCloudEventsBinaryMode: with CloudEventsSource every record carries the
-// CloudEvents Kafka binding's binary-mode attributes, the value stays the
-// payload, and without it no ce_ header is written.
+// CloudEvents Kafka binding's binary-mode attributes (the CloudEvents Go SDK
+// reads and validates it), the value stays the payload, and without it no
+// ce_ header is written.
 func TestCloudEventsBinaryMode(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.ce"
@@ -55,6 +58,15 @@ func TestCloudEventsBinaryMode(t *testing.T) {
 				if r.Headers[h] != v {
 					t.Fatalf("record of %s: %s = %q, want %q", ev.ID, h, r.Headers[h], v)
 				}
+			}
+			// The CloudEvents Go SDK reads it as a binary-mode event.
+			ce, enc, err := cetest.ToEvent(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if enc != binding.EncodingBinary || ce.ID() != string(ev.ID) || ce.Source() != tc.source ||
+				ce.Type() != string(ev.EventType) || string(ce.Data()) != string(ev.Payload) {
+				t.Fatalf("SDK read %s event id %q source %q type %q data %q", enc, ce.ID(), ce.Source(), ce.Type(), ce.Data())
 			}
 			ts, ok := r.Headers[HeaderCETime]
 			if ev.CommitTime.IsZero() {

@@ -202,7 +202,7 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		r.parts = append(r.parts, p)
 		r.batches = append(r.batches, b)
 		for _, it := range b.items {
-			reqBytes[p.leader] += it.ev.Size()
+			reqBytes[p.leader] += k.eventSize(it.ev)
 		}
 		p.inFlight = true
 		p.sending.Store(true)

@@ -28,7 +28,8 @@ const (
 
 // CloudEvents attributes (Kafka protocol binding, binary content mode) the
 // sink sets with Config.CloudEventsSource; content-type, when set, comes
-// from the event's headers (decoder.Format).
+// from the event's headers (decoder.Format). The structured content mode
+// sets none of them (see cloudevents.go).
 const (
 	HeaderCESpecVersion = "ce_specversion"
 	HeaderCEID          = "ce_id"
@@ -49,8 +50,14 @@ type encoder struct {
 	ts      time.Time
 	tsText  []byte
 	pos     []byte // the last source_position header value
-	// ceSource is Config.CloudEventsSource as bytes; nil: no CloudEvents headers.
+	// ceSource is Config.CloudEventsSource as bytes; nil: no CloudEvents.
 	ceSource []byte
+	// ceStructured is Config.CloudEventsMode == CloudEventsStructured;
+	// ceSourceJSON is then ceSource as a JSON string, and ceValue the
+	// scratch buffer of one record's value.
+	ceStructured bool
+	ceSourceJSON []byte
+	ceValue      []byte
 	// tombstones is Config.TombstoneOnEmptyPayload.
 	tombstones bool
 	raw        []byte     // uncompressed records, when compressing
@@ -66,10 +73,7 @@ const maxFreeBufs = 8
 func (e *encoder) build(k *Kafka, r *request) (*rawproduce.Request, error) {
 	buf := e.buffer()
 	codec := k.cfg.Compression.Codec()
-	e.tombstones = k.cfg.TombstoneOnEmptyPayload
-	if src := k.cfg.CloudEventsSource; src != "" && string(e.ceSource) != src {
-		e.ceSource = []byte(src)
-	}
+	e.configure(&k.cfg)
 	topics := make([]rawproduce.RequestTopic, 0, 1)
 	readers := make([]batchReader, len(r.parts))
 	ends := make([]int, len(r.parts))
@@ -116,6 +120,16 @@ func (e *encoder) build(k *Kafka, r *request) (*rawproduce.Request, error) {
 		Timeout: int32(k.cfg.RequestTimeout / time.Millisecond),
 		Topics:  topics,
 	}, nil
+}
+
+// configure takes the record format of cfg: tombstones and CloudEvents.
+func (e *encoder) configure(cfg *Config) {
+	e.tombstones = cfg.TombstoneOnEmptyPayload
+	if src := cfg.CloudEventsSource; src != "" && string(e.ceSource) != src {
+		e.ceSource = []byte(src)
+		e.ceSourceJSON = appendJSONString(nil, e.ceSource)
+	}
+	e.ceStructured = e.ceSource != nil && cfg.CloudEventsMode == CloudEventsStructured
 }
 
 // buffer returns a buffer for a new request.

@@ -43,6 +43,7 @@ package sink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -80,6 +81,15 @@ type Config struct {
 	// id, ce_source this value, ce_type the event type, ce_time the commit
 	// time; the value stays the payload.
 	CloudEventsSource string
+	// CloudEventsMode is the content mode of those records: binary (the
+	// zero value, as above) or structured, where the value is the event in
+	// the JSON event format, the payload its data (see cloudevents.go), with
+	// header content-type ContentTypeCloudEventsJSON and no ce_ headers; the
+	// other headers are as without CloudEvents. A structured event whose
+	// text payload --content-type calls JSON but is not fails permanently
+	// (code "invalid_json"). Structured needs CloudEventsSource and excludes
+	// TombstoneOnEmptyPayload: its value is never null.
+	CloudEventsMode CloudEventsMode
 	// TombstoneOnEmptyPayload sends an event whose payload is NULL or empty
 	// with a null value, a Kafka tombstone (--tombstone-on-empty-payload);
 	// otherwise its value is empty, never null.
@@ -181,6 +191,8 @@ type Kafka struct {
 	conns     *connTracker
 	addr      net.Addr
 	balancer  kafka.Murmur2Balancer
+	// structured: records are structured CloudEvents (Config.CloudEventsMode).
+	structured bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -223,6 +235,14 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("no Kafka brokers configured (set --kafka-brokers or CDC_RELAY_KAFKA_BROKERS)")
 	}
+	if cfg.CloudEventsMode == CloudEventsStructured {
+		if cfg.CloudEventsSource == "" {
+			return nil, errors.New("structured CloudEvents need a source (CloudEventsSource)")
+		}
+		if cfg.TombstoneOnEmptyPayload {
+			return nil, errors.New("structured CloudEvents exclude tombstones: a structured event's value is never null")
+		}
+	}
 	// A Transport of its own, with the settings of cfg's: Open wraps its Dial
 	// and Close ends its connections, so producers opened with one Config must
 	// not share one.
@@ -257,6 +277,7 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 		sessions:  make(chan session),
 		verified:  make(chan verdict),
 	}
+	k.structured = cfg.CloudEventsSource != "" && cfg.CloudEventsMode == CloudEventsStructured
 	err := k.check(ctx)
 	if err == nil && cfg.Idempotent {
 		err = k.openSession(ctx)
@@ -291,7 +312,8 @@ func (k *Kafka) signal() {
 // Produce queues ev for topic, on the partition its AggregateID maps to (or
 // its TargetPartition; see partitionFor); done is told its fate (see Done).
 // It does not block on Kafka. An event with an empty key fails at once:
-// events need a key to keep their order. Produce
+// events need a key to keep their order; so does a structured CloudEvent
+// whose payload cannot be its data (see Config.CloudEventsMode). Produce
 // returns an error only when the producer has halted (see Err).
 func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 	if err := k.Err(); err != nil {
@@ -300,6 +322,12 @@ func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 	it := item{ev: ev, done: done}
 	if len(ev.AggregateID) == 0 {
 		return k.fail(it, &outbox.EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})
+	}
+	if k.structured {
+		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
+			return k.fail(it, &outbox.EventError{Code: "invalid_json",
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set --content-type to what the payload is)", ct)})
+		}
 	}
 	ts := k.topic(topic)
 	ts.mu.Lock()
@@ -315,6 +343,15 @@ func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 	}
 	ts.parts[p].push(it)
 	return nil
+}
+
+// eventSize is what ev counts for in a batch's bytes: its Size, and what a
+// structured CloudEvent adds to it.
+func (k *Kafka) eventSize(ev *outbox.Event) int {
+	if k.structured {
+		return ev.Size() + structuredOverhead(ev, len(k.cfg.CloudEventsSource))
+	}
+	return ev.Size()
 }
 
 // partitionFor returns the partition of ids, a topic's, that ev goes to: its

@@ -115,7 +115,7 @@ func (p *partition) next(maxBytes int) batch {
 	}
 	n, size := 0, 0
 	for n < len(p.queue) && n < maxEvents {
-		s := p.queue[n].ev.Size()
+		s := p.k.eventSize(p.queue[n].ev)
 		if n > 0 && size+s > maxBytes {
 			break
 		}
