@@ -133,6 +133,12 @@ func TestInitialSnapshot(t *testing.T) {
 			}
 			snap := checkSnapshotHeaders(t, w.Committed()[:before], recs)
 			t.Logf("%d records from the snapshot (%d rows were there before the writer started), %d streamed", snap, before, len(recs)-snap)
+			if tt.interrupt == 0 {
+				// The relay's replays count by result (this run's only).
+				if got := r.metric(t, `cdc_relay_replayed_events_total{kind="outbox",result="published"}`); got != float64(snap) {
+					t.Errorf("replayed_events_total{published} = %v, want the %d snapshot records", got, snap)
+				}
+			}
 
 			// A restart finds the slot: no new snapshot, nothing sent twice.
 			r.stop(10 * time.Second)

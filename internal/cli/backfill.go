@@ -72,6 +72,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
+	m := cfg.Metrics
 	return func(ctx context.Context, pool *pgxpool.Pool, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error) {
 		store := deadletter.NewStore(pool, dlqTable)
 		if err := store.Ensure(ctx); err != nil {
@@ -92,6 +93,11 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component
 			Actor:      actor,
 			Headers:    []outbox.Header{mark},
 		})
+		if m != nil {
+			m.Replays.WithLabelValues(deadletter.KindOutbox, deadletter.ResultPublished).Add(float64(res.Published))
+			m.Replays.WithLabelValues(deadletter.KindOutbox, deadletter.ResultSkipped).Add(float64(res.Skipped))
+			m.Replays.WithLabelValues(deadletter.KindOutbox, deadletter.ResultFailed).Add(float64(res.Failed))
+		}
 		if err != nil {
 			return res.Published, err
 		}
