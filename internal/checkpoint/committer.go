@@ -132,7 +132,8 @@ func (c *Committer) Run(ctx context.Context) {
 		c.reportAnomalies()
 		if c.tracker.Watermark() <= c.Flushed() {
 			// Stuck behind an unacknowledged event (a broker down): refresh
-			// the stored oldest-unrelayed time every Idle for cdc-relay status.
+			// the stored oldest-unrelayed time every Idle (the relay's
+			// DefaultIdleCheckpoint) for cdc-relay status.
 			c.mu.Lock()
 			stale := waiting && time.Since(c.lastSave) >= c.idle
 			c.mu.Unlock()

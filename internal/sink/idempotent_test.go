@@ -335,9 +335,9 @@ func TestIdempotentSessionErrors(t *testing.T) {
 		}
 		switch n {
 		case 3:
-			return produceError(req, kerr.UnknownProducerID.Code), nil, true
+			return testenv.ProduceError(req, kerr.UnknownProducerID.Code), nil, true
 		case 12:
-			return produceError(req, kerr.OutOfOrderSequenceNumber.Code), nil, true
+			return testenv.ProduceError(req, kerr.OutOfOrderSequenceNumber.Code), nil, true
 		}
 		return nil, nil, false
 	})
@@ -385,7 +385,7 @@ func TestIdempotentResetAfterUnknownFate(t *testing.T) {
 					}
 					r.k.conns.cut()
 				case 4: // the re-send: one partition, one batch in flight
-					return produceError(req, kerr.UnknownProducerID.Code), nil, true
+					return testenv.ProduceError(req, kerr.UnknownProducerID.Code), nil, true
 				}
 				return nil, nil, false
 			})
@@ -451,7 +451,7 @@ func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
 				dupBatch = append(dupBatch, fmt.Sprint(b.NumRecords))
 				mu.Unlock()
 			}
-			return produceError(req, kerr.DuplicateSequenceNumber.Code), nil, true
+			return testenv.ProduceError(req, kerr.DuplicateSequenceNumber.Code), nil, true
 		}
 		return nil, nil, false
 	})

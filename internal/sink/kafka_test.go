@@ -241,26 +241,6 @@ func checkOrder(t testing.TB, recs []testenv.Record) map[string]int {
 	return next
 }
 
-// produceError answers req with code for every partition it carries, in place
-// of the broker handling it: nothing is written.
-func produceError(req *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
-	resp := req.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewProduceResponseTopic()
-		st.Topic = rt.Topic
-		st.TopicID = rt.TopicID
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewProduceResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = code
-			sp.BaseOffset = -1
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
-}
-
 func TestSendDeliversInOrderWithHeaders(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.events"
@@ -492,7 +472,7 @@ func (f *faultInjector) install(c *kfake.Cluster) {
 				f.failedBatches += len(t.Partitions)
 			}
 			f.mu.Unlock()
-			return produceError(req, code), nil, true
+			return testenv.ProduceError(req, code), nil, true
 		}
 		if sleep {
 			// Hold the request back a while, then let the broker handle it.
@@ -984,10 +964,10 @@ func closeWhileRetrying(t *testing.T, hold func(), needRetries bool) (*Kafka, *m
 		req := kreq.(*kmsg.ProduceRequest)
 		if req.Topics[0].Partitions[0].Partition == 0 && held.CompareAndSwap(false, true) {
 			c.SleepControl(hold)
-			return produceError(req, kerr.RequestTimedOut.Code), nil, true
+			return testenv.ProduceError(req, kerr.RequestTimedOut.Code), nil, true
 		}
 		failed.Add(1)
-		return produceError(req, kerr.NotLeaderForPartition.Code), nil, true
+		return testenv.ProduceError(req, kerr.NotLeaderForPartition.Code), nil, true
 	})
 
 	m := metrics.New(prometheus.NewRegistry())

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/cli"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// TestOutboxSLOMetrics scripts the numbers an on-call engineer asks for and
+// checks each: the outbox wait histogram counts every event by type; while
+// Kafka refuses every produce request the oldest unrelayed event ages, in
+// the metric and in cdc-relay status --json (from the running relay's
+// checkpoint); once Kafka accepts again both fall to 0; and with the relay
+// stopped, status still tells the age of a row committed since, from the
+// idle slot.
+func TestOutboxSLOMetrics(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn := f.connect(ctx, t)
+	insert := func(eventType string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', 'o-1', $1, '{}')`, eventType); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func() cli.Status {
+		t.Helper()
+		code, out, errOut := runCommand(ctx, t, 30*time.Second, "status", "--pg-url", f.url, "--slot", f.slot, "--json")
+		var st cli.Status
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("status --json (exit %d): %v\n%s\n%s", code, err, out, errOut)
+		}
+		return st
+	}
+
+	r := newRelay(t, f.relayArgs("--retry-base", "50ms", "--retry-cap", "200ms"))
+	r.start()
+	r.waitReady(30 * time.Second)
+	insert("Placed")
+	insert("Placed")
+	insert("Paid")
+	f.waitRecords(ctx, t, 3, 30*time.Second)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		placed := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Placed"}`)
+		paid := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Paid"}`)
+		if placed != 2 || paid != 1 {
+			return fmt.Errorf("outbox_wait_seconds_count Placed=%v Paid=%v, want 2 and 1", placed, paid)
+		}
+		if v := r.metric(t, "cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
+			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v with everything acknowledged, want 0", v)
+		}
+		return nil
+	})
+
+	// Kafka refuses every produce request (a transient error the relay retries).
+	var refuse atomic.Bool
+	refuse.Store(true)
+	c := f.kafka.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		return testenv.ProduceError(req.(*kmsg.ProduceRequest), kerr.NotEnoughReplicas.Code), nil, true
+	})
+	insert("Shipped")
+	const waited = 3.0 // seconds the event must have waited before the checks
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := r.metric(t, "cdc_relay_oldest_unrelayed_event_age_seconds"); v < waited {
+			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v while Kafka refuses, want at least %v", v, waited)
+		}
+		st := status()
+		if !st.Active || st.OldestUnrelayedSource != "checkpoint" || st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge < waited-1.5 {
+			return fmt.Errorf("status: active %v, oldest unrelayed %v from %q (%s), want about %v s from the checkpoint",
+				st.Active, st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError, waited)
+		}
+		return nil
+	})
+
+	refuse.Store(false)
+	f.waitRecords(ctx, t, 4, 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := r.metric(t, "cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
+			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v after Kafka accepted, want 0", v)
+		}
+		if st := status(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 {
+			return fmt.Errorf("status oldest unrelayed %v (%s), want 0", st.OldestUnrelayedAge, st.OldestUnrelayedError)
+		}
+		if v := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Shipped"}`); v != 1 {
+			return fmt.Errorf("outbox_wait_seconds_count{Shipped} = %v, want 1", v)
+		}
+		return nil
+	})
+	if sum := r.metric(t, `cdc_relay_outbox_wait_seconds_sum{event_type="Shipped"}`); sum < waited {
+		t.Errorf("outbox_wait_seconds_sum{Shipped} = %v, want the %v s it waited or more", sum, waited)
+	}
+
+	// The relay is down: status decodes the idle slot.
+	r.stop(10 * time.Second)
+	if st := status(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 || st.OldestUnrelayedSource != "slot" {
+		t.Errorf("status with the relay stopped and nothing new: oldest unrelayed %v from %q (%s), want 0 from the slot",
+			st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
+	}
+	insert("Cancelled")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		st := status()
+		if st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge < 1 || st.OldestUnrelayedSource != "slot" {
+			return fmt.Errorf("status with the relay stopped: oldest unrelayed %v from %q (%s), want over 1 s from the slot",
+				st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
+		}
+		return nil
+	})
+}
