@@ -125,13 +125,23 @@ CREATE INDEX IF NOT EXISTS ` + t.dlIndex + ` ON ` + t.deadLetters + ` (consumer_
 // Migrate creates processed_messages and the dead-letter table named
 // deadLetterTable ("" means DefaultDeadLetterTable) in pool's database when
 // they are missing (DDL). It needs the right to create tables; otherwise
-// apply MigrationFile as a role that has it.
+// apply MigrationFile as a role that has it. Several processes may call it at
+// once: CREATE TABLE IF NOT EXISTS is not safe against a concurrent creation
+// of the same table, so Migrate holds a transaction-level advisory lock
+// around it.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, deadLetterTable string) error {
 	t, err := newTables(deadLetterTable)
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, t.ddl()); err != nil {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('cdc_relay_consumer_migrate'))`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, t.ddl())
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("create consumer tables %s and %s: %w", ProcessedTable, t.dlName, err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/consumer"
 )
@@ -154,6 +155,25 @@ func TestMigration(t *testing.T) {
 
 	e := newEnv(t, 1)
 	ctx := context.Background()
+	// Several processes starting at once on a fresh database.
+	fresh, err := pg.CreateDatabase(ctx, "migrate_concurrently")
+	if err != nil {
+		t.Fatal(err)
+	}
+	freshPool, err := pgxpool.New(ctx, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer freshPool.Close()
+	errs := make(chan error, 4)
+	for i := 0; i < cap(errs); i++ {
+		go func() { errs <- consumer.Migrate(ctx, freshPool, "") }()
+	}
+	for i := 0; i < cap(errs); i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Migrate: %v", err)
+		}
+	}
 	if err := consumer.Migrate(ctx, e.pool, ""); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}
