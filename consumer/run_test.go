@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/consumer"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -563,5 +565,35 @@ func TestRunRefusesMissingTables(t *testing.T) {
 	}
 	if err := consumer.Run(ctx, e.cfg, nil); err == nil || !strings.Contains(err.Error(), "handler is nil") {
 		t.Fatalf("Run without a handler = %v", err)
+	}
+}
+
+// TestTLSAndSASL: Config.TLS and Config.SASL reach a broker that accepts
+// only TLS connections and SASL/PLAIN logins.
+func TestTLSAndSASL(t *testing.T) {
+	e := newEnv(t, 1)
+	k := testenv.NewKafka(t, testenv.KafkaOptions{
+		Partitions: 1, Topics: []string{e.topic}, TLS: true,
+		SASLUsers:     []testenv.SASLUser{{Mechanism: testenv.SASLPlain, User: "rewards", Password: "s3cret"}},
+		BrokerConfigs: map[string]string{"group.min.session.timeout.ms": "500"},
+	})
+	cl, err := kgo.NewClient(k.ClientOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic, Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("secure")}}}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.cfg
+	cfg.Brokers = k.Brokers()
+	cfg.TLS = k.ClientTLS()
+	cfg.SASL = plain.Mechanism{Username: "rewards", Password: "s3cret"}
+	r := e.start(cfg, effect)
+	r.waitMetric(1, "processed_total")
+	if got := e.effects(); got["secure"] != 1 {
+		t.Fatalf("effects = %v", got)
 	}
 }
