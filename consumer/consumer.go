@@ -191,9 +191,9 @@ func (c Config) validateStore() []string {
 	return problems
 }
 
-// Run consumes cfg.Topics as a member of cfg.GroupID until ctx is done,
-// calling handler at most once per message id that takes effect (see the
-// package documentation for the loop and its guarantees).
+// Run consumes cfg.Topics as a member of cfg.GroupID until ctx is done, so
+// that the handler's changes commit at most once per message id for
+// cfg.Name (see the package documentation for the loop and its guarantees).
 //
 // Messages are processed one at a time, in order per partition: a message
 // being retried holds back every later message of its partition, and, since
@@ -203,7 +203,7 @@ func (c Config) validateStore() []string {
 //
 // Failures of Kafka and of the consumer's database are retried without end
 // (logged when the state changes); Run returns an error only for a bad
-// configuration or missing tables at start. When ctx is done it stops
+// configuration, metrics it cannot register, or missing tables at start. When ctx is done it stops
 // fetching, lets the message in hand finish (up to cfg.ShutdownTimeout),
 // commits its offset, leaves the group and returns nil; a message cut short
 // is rolled back and delivered again later.
