@@ -12,9 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
@@ -34,29 +31,11 @@ func smallTopic(t *testing.T, name string) {
 	setTopicConfig(t, name, "max.message.bytes", "1024")
 }
 
-// setTopicConfig changes a topic config with an IncrementalAlterConfigs request.
+// setTopicConfig sets one config of topic.
 func setTopicConfig(t *testing.T, topic, key, value string) {
 	t.Helper()
-	cl, err := kgo.NewClient(kafka.ClientOpts()...)
-	if err != nil {
+	if err := kafka.SetTopicConfig(t.Context(), topic, key, value); err != nil {
 		t.Fatal(err)
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	r := kmsg.NewIncrementalAlterConfigsRequestResource()
-	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeTopic, topic
-	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	c.Name, c.Value = key, &value
-	r.Configs = append(r.Configs, c)
-	req.Resources = append(req.Resources, r)
-	resp, err := req.RequestWith(t.Context(), cl)
-	if err != nil {
-		t.Fatalf("alter topic config: %v", err)
-	}
-	for _, res := range resp.Resources {
-		if err := kerr.ErrorForCode(res.ErrorCode); err != nil {
-			t.Fatalf("alter topic config %s=%s: %v", key, value, err)
-		}
 	}
 }
 
