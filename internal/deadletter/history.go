@@ -119,6 +119,16 @@ func (s *Store) record(ctx context.Context, replayID int64, b batchRecord) error
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if len(b.settle) > 0 {
+			// Lock in id order first: two replays ending claims on the same
+			// letters (one took over the other's expired lease) then wait for
+			// each other instead of deadlocking.
+			ids := make([]int64, len(b.settle))
+			for i, x := range b.settle {
+				ids[i] = x.id
+			}
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.n.letters+` WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, s.settleSQL(), settleArgs(b.lease, b.settle)...); err != nil {
 				return err
 			}

@@ -491,7 +491,7 @@ func (r *ReplayRun) Flush(ctx context.Context) error {
 
 // errAttemptTimeout is the cause of a context that bounds one attempt of the
 // automatic retries.
-var errAttemptTimeout = errors.New("Kafka did not acknowledge the attempt in time")
+var errAttemptTimeout = errors.New("attempt not acknowledged by Kafka in time")
 
 // end queues the end of the claim on it, if any: err nil means Kafka
 // acknowledged it; otherwise the attempt failed (tried) or it was not

@@ -11,10 +11,12 @@
 //
 // A letter moves through the reprocessing states of the source articles:
 //
-//	pending ──claim──▶ processing ──acked──▶ completed
-//	   ▲                 │    │
-//	   │   (not tried)   │    └─failed─▶ retry_wait ──due──▶ processing …
-//	   └─────────────────┘         └─budget spent─▶ dead
+//	pending ──claim──▶ processing ──Kafka acked──▶ completed
+//	                     │    └──failed──▶ retry_wait ──due (or replayed)──▶ processing …
+//	                     └──failed, budget spent──▶ dead ──replayed──▶ processing …
+//
+// A claim that ends untried (the replay stopped) goes back to the status it
+// came from.
 //
 // A replay (dlq replay, or the relay's automatic retries) claims the letters
 // it publishes atomically, with a lease: an owner and an expiry that the
