@@ -238,8 +238,10 @@ func inspectExpr(expr string) ([]selectorUse, []string, error) {
 // enums are the label values the relay exports for labels with a fixed set, by
 // metric/label.
 var enums = map[string][]string{
-	"cdc_relay_state/state":            metrics.States,
-	"cdc_relay_slot_wal_status/status": metrics.WALStatuses,
+	"cdc_relay_state/state":                      metrics.States,
+	"cdc_relay_slot_wal_status/status":           metrics.WALStatuses,
+	"cdc_relay_dead_letters_by_status/status":    metrics.DeadLetterStatuses,
+	"cdc_relay_dead_letter_retries_total/result": metrics.DeadLetterRetryResults,
 }
 
 // simpleAlternation is a regexp that is a plain list of words: a|b|c.

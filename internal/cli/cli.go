@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
@@ -187,6 +188,14 @@ var defaults = kong.Vars{
 	"default_backfill_margin":     shortDuration(relay.DefaultBackfillMargin),
 	"default_retry_base":          shortDuration(backoff.Default.Base),
 	"default_retry_cap":           shortDuration(backoff.Default.Cap),
+
+	"default_dlq_auto_retry_codes":    strings.Join(deadletter.DefaultRetryCodes, ","),
+	"default_dlq_auto_retry_budget":   strconv.Itoa(deadletter.DefaultRetryBudget),
+	"default_dlq_auto_retry_base":     shortDuration(deadletter.DefaultRetry.Base),
+	"default_dlq_auto_retry_cap":      shortDuration(deadletter.DefaultRetry.Cap),
+	"default_dlq_auto_retry_interval": shortDuration(deadletter.DefaultRetryInterval),
+	"default_dlq_auto_retry_timeout":  shortDuration(deadletter.DefaultAttemptTimeout),
+	"default_dlq_lease":               shortDuration(deadletter.DefaultLease),
 }
 
 // shortDuration formats d as time.Duration does, without zero trailing units

@@ -238,6 +238,12 @@ func TestValidationErrors(t *testing.T) {
 		{name: "compression brotli", set: map[string]string{"compression": "brotli"}, want: []string{"--compression must be one of", `"zstd"`, `but got "brotli"`}},
 		{name: "checkpoint-store s3", set: map[string]string{"checkpoint-store": "s3"}, want: []string{"--checkpoint-store must be one of", `"s3"`}},
 		{name: "log-level trace", set: map[string]string{"log-level": "trace"}, want: []string{"--log-level must be one of", `"trace"`}},
+		{name: "auto retry with halt", set: map[string]string{"dlq-auto-retry": "true", "on-error": "halt"}, want: []string{"--dlq-auto-retry", "CDC_RELAY_DLQ_AUTO_RETRY", "--on-error=dlq"}},
+		{name: "auto retry budget 0", set: map[string]string{"dlq-auto-retry": "true", "dlq-auto-retry-budget": "0"}, want: []string{"--dlq-auto-retry-budget", "CDC_RELAY_DLQ_AUTO_RETRY_BUDGET", "at least 1"}},
+		{name: "auto retry no codes", set: map[string]string{"dlq-auto-retry": "true", "dlq-auto-retry-codes": " , "}, want: []string{"--dlq-auto-retry-codes", "CDC_RELAY_DLQ_AUTO_RETRY_CODES", "message_too_large"}},
+		{name: "auto retry cap below base", set: map[string]string{"dlq-auto-retry": "true", "dlq-auto-retry-base": "1m", "dlq-auto-retry-cap": "10s"}, want: []string{"--dlq-auto-retry-cap", "CDC_RELAY_DLQ_AUTO_RETRY_CAP", "less than --dlq-auto-retry-base"}},
+		{name: "auto retry interval 0", set: map[string]string{"dlq-auto-retry": "true", "dlq-auto-retry-interval": "0s"}, want: []string{"--dlq-auto-retry-interval", "CDC_RELAY_DLQ_AUTO_RETRY_INTERVAL"}},
+		{name: "auto retry max age negative", set: map[string]string{"dlq-auto-retry": "true", "dlq-auto-retry-max-age": "-1h"}, want: []string{"--dlq-auto-retry-max-age", "CDC_RELAY_DLQ_AUTO_RETRY_MAX_AGE"}},
 		{name: "unknown flag", set: map[string]string{"bogus": "x"}, want: []string{"unknown flag --bogus"}},
 		{name: "no command", args: []string{}, want: []string{`expected one of "run", "version"`}},
 		{name: "unknown command", args: []string{"stop"}, want: []string{"stop"}},
@@ -392,6 +398,19 @@ func TestDefaults(t *testing.T) {
 	}
 	if h, err := r.headerColumns(); h != nil || err != nil {
 		t.Errorf("headerColumns() without flag = %v, %v; want nil, nil", h, err)
+	}
+	if r.DLQAutoRetry || !slices.Equal(r.DLQAutoRetryCodes, []string{"message_too_large", "topic_authorization_failed", "unknown_topic_or_partition"}) ||
+		r.DLQAutoRetryBudget != 10 || r.DLQAutoRetryBase != time.Minute || r.DLQAutoRetryCap != time.Hour ||
+		r.DLQAutoRetryInterval != 10*time.Second || r.DLQAutoRetryTimeout != time.Minute || r.DLQAutoRetryMaxAge != 0 {
+		t.Errorf("auto-retry defaults: on %v, codes %v, budget %d, base %v, cap %v, interval %v, timeout %v, max age %v",
+			r.DLQAutoRetry, r.DLQAutoRetryCodes, r.DLQAutoRetryBudget, r.DLQAutoRetryBase, r.DLQAutoRetryCap,
+			r.DLQAutoRetryInterval, r.DLQAutoRetryTimeout, r.DLQAutoRetryMaxAge)
+	}
+	t.Setenv("CDC_RELAY_DLQ_AUTO_RETRY", "true")
+	t.Setenv("CDC_RELAY_DLQ_AUTO_RETRY_BUDGET", "3")
+	c, err = parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092")
+	if err != nil || !c.Run.DLQAutoRetry || c.Run.DLQAutoRetryBudget != 3 {
+		t.Errorf("CDC_RELAY_DLQ_AUTO_RETRY=true, _BUDGET=3: on %v, budget %d, %v", c.Run.DLQAutoRetry, c.Run.DLQAutoRetryBudget, err)
 	}
 }
 

@@ -25,7 +25,9 @@ import (
 // set.
 //
 // One file serves every command: a key is an error only when no command has
-// that flag; a command ignores the keys of flags it does not take.
+// that flag; a command ignores the keys of flags it does not take. A flag
+// tagged nofile:"" never takes its key from the file: it shares a name with
+// another command's flag of another meaning (dlq's --topic is not run's).
 
 // configFlag is the name of the global flag that names the file.
 const configFlag = "config"
@@ -180,7 +182,7 @@ func (cf *configFile) Validate(*kong.Application) error { return nil }
 // type here, so an error names the line.
 func (cf *configFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
 	v, ok := cf.values[flag.Name]
-	if !ok || (v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
+	if !ok || (v.Kind == yaml.ScalarNode && v.Tag == "!!null") || flag.Tag.Has("nofile") {
 		return nil, nil
 	}
 	for _, env := range flag.Envs {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"regexp"
 	"slices"
@@ -192,6 +193,15 @@ status-interval: 250ms  # run only
 		{[]string{"dlq", "list"}, func(c *CLI) string {
 			if c.DLQ.List.DLQTable != "app.dead" {
 				return "dlq list did not take dlq-table"
+			}
+			if c.DLQ.List.Topic != "" {
+				return "dlq list took run's topic as its --topic filter"
+			}
+			return ""
+		}},
+		{[]string{"dlq", "replay"}, func(c *CLI) string {
+			if c.DLQ.Replay.Topic != "" || c.DLQ.Replay.Rate != 5 {
+				return fmt.Sprintf("dlq replay: topic override %q (want none: run's topic is a template), rate %g", c.DLQ.Replay.Topic, c.DLQ.Replay.Rate)
 			}
 			return ""
 		}},

@@ -12,10 +12,10 @@ import (
 // DLQCmd is "cdc-relay dlq": the dead-letter store's commands.
 type DLQCmd struct {
 	List    DLQListCmd    `cmd:"" help:"List dead letters, with a summary per error code."`
-	Show    DLQShowCmd    `cmd:"" help:"Show one dead letter with every field and its payload."`
-	Replay  DLQReplayCmd  `cmd:"" help:"Publish dead letters again to their topic, keeping their event id."`
+	Show    DLQShowCmd    `cmd:"" help:"Show dead letters (by id or event id) with every field and their payload."`
+	Replay  DLQReplayCmd  `cmd:"" help:"Publish dead letters again to their topic (or --topic), keeping their event id; concurrent replays never publish a letter twice."`
 	Purge   DLQPurgeCmd   `cmd:"" help:"Delete old dead letters."`
-	History DLQHistoryCmd `cmd:"" help:"List past replays (dlq and outbox), or the results of one."`
+	History DLQHistoryCmd `cmd:"" help:"List past replays (dlq and outbox), the results of one, or the letters' state transitions."`
 }
 
 // letterJSON is a dead letter in JSON output. Key and payload are strings or
@@ -44,6 +44,12 @@ type letterJSON struct {
 	Status        string            `json:"status"`
 	ReplayedAt    *time.Time        `json:"replayed_at"`
 	ReplayCount   int               `json:"replay_count"`
+	Attempts      int               `json:"attempts"`
+	NextAttemptAt *time.Time        `json:"next_attempt_at"`
+	LastAttemptAt *time.Time        `json:"last_attempt_at"`
+	LastError     string            `json:"last_attempt_error,omitempty"`
+	ClaimedBy     string            `json:"claimed_by,omitempty"`
+	ClaimedUntil  *time.Time        `json:"claimed_until"`
 }
 
 // toJSON is l as dlq list and dlq show print it with --json.
@@ -54,6 +60,8 @@ func toJSON(l deadletter.Letter) letterJSON {
 		ErrorMessage: l.ErrorMessage, RetryCount: l.RetryCount, FirstFailedAt: l.FirstFailedAt.UTC(),
 		LastFailedAt: l.LastFailedAt.UTC(), RelayName: l.RelayName, CorrelationID: l.CorrelationID,
 		SchemaVersion: l.SchemaVersion, Status: l.Status, ReplayCount: l.ReplayCount,
+		Attempts: l.Attempts, NextAttemptAt: utc(l.NextAttemptAt), LastAttemptAt: utc(l.LastAttemptAt),
+		LastError: l.LastAttemptError, ClaimedBy: l.ClaimedBy, ClaimedUntil: utc(l.ClaimedUntil),
 	}
 	if l.Key != nil {
 		if utf8.Valid(l.Key) {
@@ -71,12 +79,18 @@ func toJSON(l deadletter.Letter) letterJSON {
 	if l.CommitLSN != 0 {
 		j.CommitLSN = l.CommitLSN.String()
 	}
-	if l.ReplayedAt != nil {
-		t := l.ReplayedAt.UTC()
-		j.ReplayedAt = &t
-	}
+	j.ReplayedAt = utc(l.ReplayedAt)
 	if j.Headers == nil {
 		j.Headers = map[string]string{}
 	}
 	return j
+}
+
+// utc is t in UTC, nil for nil.
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }

@@ -16,8 +16,11 @@ type DLQListCmd struct {
 	dlqStoreFlags     `embed:""`
 	letterFilterFlags `embed:""`
 
-	Limit int  `default:"100" help:"Show at most this many letters, lowest ids first (0: all)."`
-	JSON  bool `name:"json" help:"Print JSON instead of a table."`
+	// Topic is no run --topic: neither CDC_RELAY_TOPIC nor the config file's
+	// topic key (the relay's template) sets it.
+	Topic string `env:"-" nofile:"" help:"Only letters meant for this topic (the TOPIC column; set by neither CDC_RELAY_TOPIC nor the config file's topic, which are run's)." placeholder:"NAME"`
+	Limit int    `default:"100" help:"Show at most this many letters, lowest ids first (0: all)."`
+	JSON  bool   `name:"json" help:"Print JSON instead of a table."`
 }
 
 // Validate checks the flags.
@@ -31,7 +34,11 @@ func (c *DLQListCmd) Validate() error {
 	if c.Limit < 0 {
 		return flagError("limit", "must be 0 (all) or more")
 	}
-	return c.letterFilterFlags.parse(time.Now())
+	if err := c.letterFilterFlags.parse(time.Now()); err != nil {
+		return err
+	}
+	c.filter.Topic = c.Topic
+	return nil
 }
 
 // Run prints the letters and the summary per error code.
@@ -84,11 +91,11 @@ func printList(w io.Writer, list letterList) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tEVENT ID\tCODE\tAGGREGATE\tTYPE\tTOPIC\tRETRIES\tLAST FAILURE\tSTATUS")
+	fmt.Fprintln(tw, "ID\tEVENT ID\tCODE\tAGGREGATE\tTYPE\tTOPIC\tRETRIES\tLAST FAILURE\tSTATUS\tATTEMPTS")
 	for _, l := range letters {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", l.ID, oneLine(l.EventID), oneLine(l.ErrorCode),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", l.ID, oneLine(l.EventID), oneLine(l.ErrorCode),
 			oneLine(l.AggregateType+"/"+l.AggregateID), oneLine(l.EventType), oneLine(l.Topic), l.RetryCount,
-			timeText(l.LastFailedAt), l.Status)
+			timeText(l.LastFailedAt), statusText(l), l.Attempts)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d of %d matching letters shown", len(letters), total)
@@ -97,11 +104,23 @@ func printList(w io.Writer, list letterList) {
 	}
 	fmt.Fprintln(w, "; by error code:")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CODE\tLETTERS\tPENDING\tFIRST FAILURE\tLAST FAILURE")
+	fmt.Fprintln(tw, "CODE\tLETTERS\tNOT COMPLETED\tDEAD\tFIRST FAILURE\tLAST FAILURE")
 	for _, cc := range summary {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", oneLine(cc.ErrorCode), cc.Count, cc.Pending, timeText(cc.Oldest), timeText(cc.Newest))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", oneLine(cc.ErrorCode), cc.Count, cc.Pending, cc.Dead, timeText(cc.Oldest), timeText(cc.Newest))
 	}
 	tw.Flush()
+}
+
+// statusText is l's status, with the lease's owner while a replay holds it
+// and the time of the next automatic attempt while it waits for one.
+func statusText(l deadletter.Letter) string {
+	switch {
+	case l.Status == deadletter.StatusProcessing && l.ClaimedUntil != nil:
+		return fmt.Sprintf("processing (%s until %s)", oneLine(l.ClaimedBy), timeText(*l.ClaimedUntil))
+	case l.Status == deadletter.StatusRetryWait && l.NextAttemptAt != nil:
+		return fmt.Sprintf("retry_wait (until %s)", timeText(*l.NextAttemptAt))
+	}
+	return l.Status
 }
 
 // listJSON is the output of "dlq list --json".
@@ -114,7 +133,8 @@ type listJSON struct {
 type codeJSON struct {
 	ErrorCode string    `json:"error_code"`
 	Count     int64     `json:"count"`
-	Pending   int64     `json:"pending"`
+	Pending   int64     `json:"pending"` // not completed: pending, processing, retry_wait or dead
+	Dead      int64     `json:"dead"`
 	Oldest    time.Time `json:"first_failed_at"`
 	Newest    time.Time `json:"last_failed_at"`
 }
@@ -126,7 +146,7 @@ func (list letterList) json() listJSON {
 		out.Letters[i] = toJSON(l)
 	}
 	for i, cc := range list.Summary {
-		out.Summary[i] = codeJSON{cc.ErrorCode, cc.Count, cc.Pending, cc.Oldest.UTC(), cc.Newest.UTC()}
+		out.Summary[i] = codeJSON{cc.ErrorCode, cc.Count, cc.Pending, cc.Dead, cc.Oldest.UTC(), cc.Newest.UTC()}
 	}
 	return out
 }

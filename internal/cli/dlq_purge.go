@@ -14,7 +14,7 @@ type DLQPurgeCmd struct {
 	dlqStoreFlags `embed:""`
 
 	OlderThan string `required:"" help:"Delete letters whose last failure (and last replay) is longer ago than this: 30m, 24h, 7d, 1d12h." placeholder:"AGE"`
-	Status    string `help:"Only letters with this status: pending or replayed (default: both)." placeholder:"STATUS"`
+	Status    string `help:"Only letters with this status: pending, retry_wait, completed (or replayed, its former name) or dead (default: any). Letters a replay holds (processing, lease not expired) are never deleted." placeholder:"STATUS"`
 
 	olderThan time.Time `kong:"-"`
 }
@@ -32,12 +32,7 @@ func (c *DLQPurgeCmd) Validate() error {
 		return flagError("older-than", err.Error())
 	}
 	c.olderThan = time.Now().Add(-age)
-	switch c.Status {
-	case "", deadletter.StatusPending, deadletter.StatusReplayed:
-	default:
-		return flagError("status", fmt.Sprintf("is %q: use %s or %s", c.Status, deadletter.StatusPending, deadletter.StatusReplayed))
-	}
-	return nil
+	return checkStatusFlag(c.Status)
 }
 
 // Run deletes the letters and says how many.
@@ -46,7 +41,7 @@ func (c *DLQPurgeCmd) Run(ctx context.Context, env Env) error {
 		n, err := s.Purge(ctx, c.olderThan, c.Status)
 		status := c.Status
 		if status == "" {
-			status = "pending or replayed"
+			status = "any status"
 		}
 		fmt.Fprintf(env.Stdout, "deleted %d dead letters (%s) last active before %s\n", n, status, c.olderThan.UTC().Format(time.RFC3339))
 		return err

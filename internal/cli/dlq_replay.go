@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // DLQReplayCmd is "cdc-relay dlq replay".
@@ -16,14 +17,18 @@ type DLQReplayCmd struct {
 	publishFlags      `embed:""`
 	formatFlags       `embed:"" set:"cloudevents_source_note=; required here"`
 
-	// Not KafkaFlags: a dead letter goes back to the topic stored with it, so
-	// --topic would mean nothing here.
+	// Not KafkaFlags: a dead letter goes back to the topic stored with it;
+	// --topic here overrides that, it is no template.
 	kafkaBrokerFlags   `embed:"" set:"kafka_brokers_note= (not needed with --dry-run)"`
 	KafkaSecurityFlags `embed:""`
 
 	ID    []int64 `name:"id" help:"Only these dead letter ids (repeat the flag or separate with commas)." placeholder:"ID"`
-	Force bool    `help:"Also publish letters that were replayed already (they are skipped otherwise)."`
+	Force bool    `help:"Also publish letters that are completed already (they are skipped otherwise)."`
 	Limit int     `help:"Replay at most this many letters, lowest ids first (0: all)."`
+	// Topic is no run --topic: neither CDC_RELAY_TOPIC nor the config file's
+	// topic key (the relay's template) may redirect a replay.
+	Topic string        `env:"-" nofile:"" help:"Publish every selected letter to this topic instead of the one stored with it (e.g. when the topic template produced a name Kafka refuses); recorded in the history. Only on the command line: CDC_RELAY_TOPIC and the config file's topic are run's." placeholder:"NAME"`
+	Lease time.Duration `default:"${default_dlq_lease}" help:"How long the replay's claim on the letters it publishes lasts unless renewed (it renews every third of it): after a replay dies, another one takes its letters over once this has passed."`
 }
 
 // Validate checks the flags.
@@ -51,6 +56,14 @@ func (c *DLQReplayCmd) Validate() error {
 	if err := c.formatFlags.validate(); err != nil {
 		return err
 	}
+	if c.Topic != "" {
+		if err := route.ValidTopic(c.Topic); err != nil {
+			return fmt.Errorf("--topic is %q, not a topic Kafka accepts: %w", c.Topic, err) // no variable: see Topic
+		}
+	}
+	if c.Lease < time.Second {
+		return flagError("lease", "must be at least 1s, e.g. 2m")
+	}
 	return c.letterFilterFlags.parse(time.Now())
 }
 
@@ -74,6 +87,7 @@ func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
 		actor := c.actor()
 		res, err := s.ReplayDeadLetters(ctx, pub, deadletter.ReplayOptions{
 			Filter: f, DryRun: c.DryRun, Force: c.Force, Rate: c.Rate, BatchSize: c.BatchSize, Actor: actor,
+			Topic: c.Topic, Lease: c.Lease,
 		})
 		return reportReplay(env.Stdout, replaySummary{Kind: "dlq", Actor: actor, DryRun: c.DryRun, Result: res}, err)
 	})

@@ -9,19 +9,21 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"unicode/utf8"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 )
 
-// DLQShowCmd is "cdc-relay dlq show ID".
+// DLQShowCmd is "cdc-relay dlq show [ID] [--event-id E]…".
 type DLQShowCmd struct {
 	PGFlags       `embed:""`
 	dlqStoreFlags `embed:""`
 
-	ID   int64 `arg:"" help:"Dead letter id (the ID column of dlq list)."`
-	JSON bool  `name:"json" help:"Print JSON."`
+	ID      int64    `arg:"" optional:"" help:"Dead letter id (the ID column of dlq list)."`
+	EventID []string `name:"event-id" help:"Show the letter of this event id instead (or too), as the relay logs it (event_id); repeat the flag or separate with commas." placeholder:"ID"`
+	JSON    bool     `name:"json" help:"Print JSON: one letter as an object, several as an array."`
 }
 
 // Validate checks the flags.
@@ -29,29 +31,71 @@ func (c *DLQShowCmd) Validate() error {
 	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
-	if c.ID <= 0 {
-		return fmt.Errorf("<id> is %d: give the id of a dead letter, a positive number (the ID column of cdc-relay dlq list)", c.ID)
+	var events []string
+	for _, e := range c.EventID {
+		if e = strings.TrimSpace(e); e != "" {
+			events = append(events, e)
+		}
+	}
+	c.EventID = events
+	if c.ID < 0 || c.ID == 0 && len(events) == 0 {
+		return fmt.Errorf("<id> is %d: give the id of a dead letter, a positive number (the ID column of cdc-relay dlq list), or --event-id", c.ID)
 	}
 	return c.dlqStoreFlags.validate()
 }
 
-// Run prints the letter.
+// Run prints the letters.
 func (c *DLQShowCmd) Run(ctx context.Context, env Env) error {
 	return withStore(ctx, c.PGURL, c.DLQTable, func(s *deadletter.Store) error {
-		l, err := s.Get(ctx, c.ID)
-		if err != nil {
-			return err
+		var letters []deadletter.Letter
+		if c.ID != 0 {
+			l, err := s.Get(ctx, c.ID)
+			if err != nil {
+				return err
+			}
+			letters = append(letters, l)
 		}
-		return writeLetter(env.Stdout, l, c.JSON)
+		if len(c.EventID) > 0 {
+			found, err := s.List(ctx, deadletter.Filter{EventIDs: c.EventID})
+			if err != nil {
+				return err
+			}
+			have := map[string]bool{}
+			for _, l := range found {
+				have[l.EventID] = true
+				if l.ID != c.ID {
+					letters = append(letters, l)
+				}
+			}
+			for _, e := range c.EventID {
+				if !have[e] {
+					return fmt.Errorf("show the dead letter of event %s from %s: %w", e, s.Table(), deadletter.ErrNotFound)
+				}
+			}
+		}
+		return writeLetters(env.Stdout, letters, c.JSON)
 	})
 }
 
-// writeLetter prints l with every field and its payload, or as JSON.
-func writeLetter(w io.Writer, l deadletter.Letter, asJSON bool) error {
+// writeLetters prints each letter with every field and its payload, or as
+// JSON (an object for one letter, an array for several).
+func writeLetters(w io.Writer, letters []deadletter.Letter, asJSON bool) error {
 	if asJSON {
-		return writeJSON(w, "JSON", toJSON(l))
+		if len(letters) == 1 {
+			return writeJSON(w, "JSON", toJSON(letters[0]))
+		}
+		out := make([]letterJSON, len(letters))
+		for i, l := range letters {
+			out[i] = toJSON(l)
+		}
+		return writeJSON(w, "JSON", out)
 	}
-	printLetter(w, l)
+	for i, l := range letters {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		printLetter(w, l)
+	}
 	return nil
 }
 
@@ -66,11 +110,17 @@ func printLetter(w io.Writer, l deadletter.Letter) {
 	}
 	row("id", fmt.Sprint(l.ID))
 	row("event id", l.EventID)
-	status := l.Status
+	status := statusText(l)
 	if l.ReplayedAt != nil {
 		status += fmt.Sprintf(" (replayed %d times, last at %s)", l.ReplayCount, timeText(*l.ReplayedAt))
 	}
 	row("status", status)
+	attempts := fmt.Sprint(l.Attempts)
+	if l.LastAttemptAt != nil {
+		attempts += " (last at " + timeText(*l.LastAttemptAt) + ")"
+	}
+	row("attempts", attempts)
+	row("last attempt error", l.LastAttemptError)
 	row("error code", l.ErrorCode)
 	row("error message", l.ErrorMessage)
 	row("retries", fmt.Sprint(l.RetryCount))

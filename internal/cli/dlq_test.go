@@ -152,6 +152,12 @@ func TestDLQCommands(t *testing.T) {
 			{[]string{"--since", "2024-05-01", "--until", "2024-05-02", "--event-type", "OrderPlaced"}, []string{"ev-0", "ev-1", "ev-2"}},
 			{[]string{"--since", "1h"}, nil}, // all failed in 2024
 			{[]string{"--status", "replayed"}, nil},
+			{[]string{"--status", "completed"}, nil},
+			{[]string{"--status", "pending"}, []string{"ev-0", "ev-1", "ev-2"}},
+			{[]string{"--event-id", "ev-2", "--event-id", "ev-0,nope"}, []string{"ev-0", "ev-2"}},
+			{[]string{"--topic", topic}, []string{"ev-0", "ev-1", "ev-2"}},
+			{[]string{"--topic", "other.topic"}, nil},
+			{[]string{"--topic", topic, "--event-id", "ev-1"}, []string{"ev-1"}},
 		}
 		for _, tt := range tests {
 			out := mustRun(t, append([]string{"dlq", "list", "--dlq-table", table, "--json"}, tt.args...)...)
@@ -191,6 +197,21 @@ func TestDLQCommands(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "999999") || !strings.Contains(err.Error(), "not found") {
 			t.Errorf("dlq show of a missing id: %v", err)
 		}
+
+		// By event id, as the relay logs it; several make a JSON array.
+		out = mustRun(t, "dlq", "show", "--event-id", "ev-2", "--dlq-table", table)
+		if !strings.Contains(out, "event id:") || !strings.Contains(out, "ev-2") || strings.Contains(out, "ev-1") {
+			t.Errorf("dlq show --event-id ev-2:\n%s", out)
+		}
+		out = mustRun(t, "dlq", "show", fmt.Sprint(ids["ev-0"]), "--event-id", "ev-2", "--dlq-table", table, "--json")
+		var several []map[string]any
+		if err := json.Unmarshal([]byte(out), &several); err != nil || len(several) != 2 || several[0]["event_id"] != "ev-0" || several[1]["event_id"] != "ev-2" {
+			t.Errorf("dlq show ID --event-id --json = %v (%v):\n%s", several, err, out)
+		}
+		err, _, _ = run(t, ctx, "dlq", "show", "--event-id", "no-such-event", "--dlq-table", table)
+		if err == nil || !strings.Contains(err.Error(), "no-such-event") || !strings.Contains(err.Error(), "not found") {
+			t.Errorf("dlq show of a missing event id: %v", err)
+		}
 	})
 
 	t.Run("replay", func(t *testing.T) {
@@ -201,6 +222,10 @@ func TestDLQCommands(t *testing.T) {
 		}
 		if n := len(in.read(t, topic)); n != 0 {
 			t.Errorf("dry run published %d records", n)
+		}
+		out = mustRun(t, append(base, "--dry-run", "--event-id", "ev-1,ev-2", "--event-id", "ev-0")...)
+		if !strings.Contains(out, "selected 3") {
+			t.Errorf("dry run by event ids printed:\n%s", out)
 		}
 		out = mustRun(t, append(base, "--id", fmt.Sprint(ids["ev-0"]), "--id", fmt.Sprint(ids["ev-2"]))...)
 		if !strings.Contains(out, "selected 2, published 2, skipped 0, failed 0") || !strings.Contains(out, "by ops") {
@@ -237,6 +262,20 @@ func TestDLQCommands(t *testing.T) {
 		out = mustRun(t, "dlq", "history", "--dlq-table", table, "--replay", fmt.Sprint(replays[0].ID))
 		if strings.Count(out, "skipped") != 2 || strings.Count(out, "published") != 1 {
 			t.Errorf("dlq history --replay:\n%s", out)
+		}
+
+		// The state transitions of a letter: claimed, then completed.
+		out = mustRun(t, "dlq", "history", "--dlq-table", table, "--event-id", "ev-1")
+		t.Logf("dlq history --event-id ev-1:\n%s", out)
+		for _, w := range []string{"FROM", "TO", "BY", "ev-1", "pending", "processing", "completed", "replay " + fmt.Sprint(replays[0].ID) + " on "} {
+			if !strings.Contains(out, w) {
+				t.Errorf("dlq history --event-id lacks %q", w)
+			}
+		}
+		out = mustRun(t, "dlq", "history", "--dlq-table", table, "--transitions", "--json")
+		var ts []map[string]any
+		if err := json.Unmarshal([]byte(out), &ts); err != nil || len(ts) != 6 { // 3 letters, each claimed and completed
+			t.Errorf("dlq history --transitions --json: %d transitions (%v), want 6:\n%s", len(ts), err, out)
 		}
 	})
 
@@ -284,6 +323,9 @@ func TestDLQFlagErrors(t *testing.T) {
 		{[]string{"dlq", "replay", "--pg-url", pg, "--dry-run", "--rate", "-1"}, []string{"--rate", "CDC_RELAY_RATE"}},
 		{[]string{"dlq", "replay", "--pg-url", pg, "--dry-run", "--batch-size", "0"}, []string{"--batch-size", "CDC_RELAY_BATCH_SIZE"}},
 		{[]string{"dlq", "replay", "--pg-url", pg, "--dry-run", "--id", "0"}, []string{"--id", "CDC_RELAY_ID"}},
+		{[]string{"dlq", "replay", "--pg-url", pg, "--dry-run", "--topic", "no spaces"}, []string{"--topic", `"no spaces"`, "not a topic Kafka accepts"}},
+		{[]string{"dlq", "replay", "--pg-url", pg, "--dry-run", "--lease", "10ms"}, []string{"--lease", "CDC_RELAY_LEASE", "at least 1s"}},
+		{[]string{"dlq", "list", "--pg-url", pg, "--status", "replay_wait"}, []string{"--status", `"replay_wait"`, "retry_wait", "dead"}},
 		{[]string{"dlq", "purge", "--pg-url", pg}, []string{"--older-than"}},
 		{[]string{"dlq", "purge", "--pg-url", pg, "--older-than", "7"}, []string{"--older-than", "CDC_RELAY_OLDER_THAN", `"7"`, "7d"}},
 		{[]string{"dlq", "purge", "--pg-url", pg, "--older-than", "7d", "--status", "x"}, []string{"--status", `"x"`}},
@@ -315,6 +357,7 @@ func TestDLQEnv(t *testing.T) {
 	t.Setenv("CDC_RELAY_DLQ_TABLE", "ops.letters")
 	t.Setenv("CDC_RELAY_RATE", "5")
 	t.Setenv("CDC_RELAY_KAFKA_BROKERS", "k1:9092, k2:9092")
+	t.Setenv("CDC_RELAY_TOPIC", "outbox.{aggregate_type}") // run's template, in the relay's environment
 	c, err := parseArgs(t, "dlq", "replay", "--since", "2h")
 	if err != nil {
 		t.Fatal(err)
@@ -326,7 +369,14 @@ func TestDLQEnv(t *testing.T) {
 	if d := time.Since(r.filter.Since); d < 2*time.Hour || d > 2*time.Hour+time.Minute {
 		t.Errorf("--since 2h is %v ago", d)
 	}
-	if r.BatchSize != 100 || r.KafkaStartTimeout != 30*time.Second || r.actor() == "" {
-		t.Errorf("defaults: batch %d, timeout %v, actor %q", r.BatchSize, r.KafkaStartTimeout, r.actor())
+	if r.BatchSize != 100 || r.KafkaStartTimeout != 30*time.Second || r.actor() == "" || r.Lease != 2*time.Minute {
+		t.Errorf("defaults: batch %d, timeout %v, actor %q, lease %v", r.BatchSize, r.KafkaStartTimeout, r.actor(), r.Lease)
+	}
+	if r.Topic != "" {
+		t.Errorf("dlq replay took CDC_RELAY_TOPIC %q as its topic override", r.Topic)
+	}
+	c, err = parseArgs(t, "dlq", "list")
+	if err != nil || c.DLQ.List.Topic != "" {
+		t.Errorf("dlq list took CDC_RELAY_TOPIC as its --topic filter: %q, %v", c.DLQ.List.Topic, err)
 	}
 }

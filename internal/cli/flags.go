@@ -419,26 +419,31 @@ func (f *dlqStoreFlags) validate() error {
 	return nil
 }
 
-// withStore connects, runs fn with the dead-letter store, and closes the
-// connection.
+// withStore connects, brings tables of an older version up to date (creating
+// none), runs fn with the dead-letter store, and closes the connection.
 func withStore(ctx context.Context, url, table string, fn func(*deadletter.Store) error) error {
 	pool, err := connect(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	return fn(deadletter.NewStore(pool, table))
+	s := deadletter.NewStore(pool, table)
+	if err := s.Upgrade(ctx); err != nil {
+		return err
+	}
+	return fn(s)
 }
 
 // letterFilterFlags select dead letters.
 type letterFilterFlags struct {
-	ErrorCode     string `help:"Only letters with this error code, e.g. message_too_large." placeholder:"CODE"`
-	Since         string `help:"Only letters that last failed at or after this time: RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)." placeholder:"TIME"`
-	Until         string `help:"Only letters that last failed before this time (same forms as --since)." placeholder:"TIME"`
-	AggregateID   string `help:"Only letters of this aggregate id." placeholder:"ID"`
-	AggregateType string `help:"Only letters of this aggregate type." placeholder:"TYPE"`
-	EventType     string `help:"Only letters of this event type." placeholder:"TYPE"`
-	Status        string `help:"Only letters with this status: pending or replayed." placeholder:"STATUS"`
+	ErrorCode     string   `help:"Only letters with this error code, e.g. message_too_large." placeholder:"CODE"`
+	Since         string   `help:"Only letters that last failed at or after this time: RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)." placeholder:"TIME"`
+	Until         string   `help:"Only letters that last failed before this time (same forms as --since)." placeholder:"TIME"`
+	AggregateID   string   `help:"Only letters of this aggregate id." placeholder:"ID"`
+	AggregateType string   `help:"Only letters of this aggregate type." placeholder:"TYPE"`
+	EventType     string   `help:"Only letters of this event type." placeholder:"TYPE"`
+	EventID       []string `name:"event-id" help:"Only the letters of these event ids, as the relay logs them (event_id; repeat the flag or separate with commas)." placeholder:"ID"`
+	Status        string   `help:"Only letters with this status: pending, processing, retry_wait, completed (replayed is the same) or dead." placeholder:"STATUS"`
 
 	filter deadletter.Filter `kong:"-"`
 }
@@ -456,14 +461,27 @@ func (f *letterFilterFlags) parse(now time.Time) error {
 	if !since.IsZero() && !until.IsZero() && !until.After(since) {
 		return flagError("until", fmt.Sprintf("is %s, not after --since (%s)", until.Format(time.RFC3339), since.Format(time.RFC3339)))
 	}
-	switch f.Status {
-	case "", deadletter.StatusPending, deadletter.StatusReplayed:
-	default:
-		return flagError("status", fmt.Sprintf("is %q: use %s or %s", f.Status, deadletter.StatusPending, deadletter.StatusReplayed))
+	if err := checkStatusFlag(f.Status); err != nil {
+		return err
+	}
+	var events []string
+	for _, e := range f.EventID {
+		if e = strings.TrimSpace(e); e != "" {
+			events = append(events, e)
+		}
 	}
 	f.filter = deadletter.Filter{
-		ErrorCode: f.ErrorCode, AggregateID: f.AggregateID, AggregateType: f.AggregateType,
+		EventIDs: events, ErrorCode: f.ErrorCode, AggregateID: f.AggregateID, AggregateType: f.AggregateType,
 		EventType: f.EventType, Status: f.Status, Since: since, Until: until,
+	}
+	return nil
+}
+
+// checkStatusFlag checks a --status value.
+func checkStatusFlag(status string) error {
+	if deadletter.CheckStatus(status) != nil {
+		return flagError("status", fmt.Sprintf("is %q: use %s (replayed, its former name, is completed)",
+			status, strings.Join(deadletter.Statuses, ", ")))
 	}
 	return nil
 }

@@ -48,6 +48,15 @@ type RunCmd struct {
 	dlqStoreFlags  `embed:"" set:"dlq_table_note= (on-error=dlq)"`
 	DLQRetention   time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
+	DLQAutoRetry         bool          `name:"dlq-auto-retry" help:"Retry dead letters whose error may pass (--dlq-auto-retry-codes) in the background, with backoff, until Kafka acknowledges them (completed) or --dlq-auto-retry-budget attempts failed (dead: metric cdc_relay_dead_letters_dead_total, alert CdcRelayDeadLetterDead). Needs --on-error=dlq."`
+	DLQAutoRetryCodes    []string      `name:"dlq-auto-retry-codes" sep:"," default:"${default_dlq_auto_retry_codes}" help:"Error codes the automatic retries take (the README says why these)." placeholder:"CODE,…"`
+	DLQAutoRetryBudget   int           `name:"dlq-auto-retry-budget" default:"${default_dlq_auto_retry_budget}" help:"Attempts after which an automatically retried letter is dead."`
+	DLQAutoRetryMaxAge   time.Duration `name:"dlq-auto-retry-max-age" default:"0s" help:"A letter that first failed longer ago than this is dead at its next failed attempt, whatever the budget (0: no age limit)."`
+	DLQAutoRetryBase     time.Duration `name:"dlq-auto-retry-base" default:"${default_dlq_auto_retry_base}" help:"Wait before a new dead letter's first automatic attempt; after the n-th failed one it waits rand(0, min(cap, base*2^(n-1)))."`
+	DLQAutoRetryCap      time.Duration `name:"dlq-auto-retry-cap" default:"${default_dlq_auto_retry_cap}" help:"Longest wait between automatic attempts."`
+	DLQAutoRetryInterval time.Duration `name:"dlq-auto-retry-interval" default:"${default_dlq_auto_retry_interval}" help:"How often the automatic retries look for letters that are due."`
+	DLQAutoRetryTimeout  time.Duration `name:"dlq-auto-retry-timeout" default:"${default_dlq_auto_retry_timeout}" help:"An automatic attempt Kafka has not acknowledged within this counts as failed."`
+
 	OnSlotLoss     string        `default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
 	BackfillMargin time.Duration `default:"${default_backfill_margin}" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
 	createdAtFlag  `embed:"" set:"created_at_note= (for --on-slot-loss=backfill, --snapshot initial and the outbox wait time; a table without it measures the wait from the commit)"`
@@ -125,6 +134,9 @@ func (r *RunCmd) Validate() error {
 	}
 	if r.DLQRetention < 0 {
 		return flagError("dlq-retention", "must be 0 (keep) or a positive duration such as 168h")
+	}
+	if err := r.validateAutoRetry(); err != nil {
+		return err
 	}
 	if r.HeartbeatInterval < 0 {
 		return flagError("heartbeat-interval", "must be 0 (off) or a positive duration such as 1m")
@@ -256,11 +268,14 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			}
 			return store.Recorder(name, topic, topicRegex)
 		}
-		cfg.DeadLetterBacklog = func(ctx context.Context) (int64, error) { return store.Backlog(ctx) }
+		cfg.DeadLetterCounts = func(ctx context.Context) (map[string]int64, error) { return store.StatusCounts(ctx) }
 		if keep := r.DLQRetention; keep > 0 {
 			cfg.DeadLetterRetention = func(ctx context.Context) (int64, error) {
 				return store.Purge(ctx, time.Now().Add(-keep), "")
 			}
+		}
+		if r.DLQAutoRetry {
+			cfg.DeadLetterAutoRetry = r.autoRetry(func() *deadletter.Store { return store }, cfg, log, m)
 		}
 	}
 	format.apply(&cfg.Sink)
@@ -307,6 +322,80 @@ func stopSpans(spans *tracing.Spans, log zerolog.Logger) {
 	defer cancel()
 	if err := spans.Shutdown(ctx); err != nil {
 		log.Warn().Err(err).Msg("trace spans not flushed")
+	}
+}
+
+// validateAutoRetry checks the --dlq-auto-retry-* flags.
+func (r *RunCmd) validateAutoRetry() error {
+	if !r.DLQAutoRetry {
+		return nil
+	}
+	if r.OnError != "dlq" {
+		return flagError("dlq-auto-retry", "needs --on-error=dlq: with halt there are no dead letters to retry")
+	}
+	var codes []string
+	for _, c := range r.DLQAutoRetryCodes {
+		if c = strings.TrimSpace(c); c != "" {
+			codes = append(codes, c)
+		}
+	}
+	if len(codes) == 0 {
+		return flagError("dlq-auto-retry-codes", "is empty: name the error codes to retry, e.g. "+strings.Join(deadletter.DefaultRetryCodes, ","))
+	}
+	r.DLQAutoRetryCodes = codes
+	if r.DLQAutoRetryBudget < 1 {
+		return flagError("dlq-auto-retry-budget", "must be at least 1 attempt")
+	}
+	if r.DLQAutoRetryMaxAge < 0 {
+		return flagError("dlq-auto-retry-max-age", "must be 0 (no limit) or a positive duration such as 24h")
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"dlq-auto-retry-base", r.DLQAutoRetryBase}, {"dlq-auto-retry-cap", r.DLQAutoRetryCap},
+		{"dlq-auto-retry-interval", r.DLQAutoRetryInterval}, {"dlq-auto-retry-timeout", r.DLQAutoRetryTimeout}} {
+		if d.v <= 0 {
+			return flagError(d.flag, "must be a positive duration such as 10s or 1m")
+		}
+	}
+	if r.DLQAutoRetryCap < r.DLQAutoRetryBase {
+		return flagError("dlq-auto-retry-cap", fmt.Sprintf("is %s, less than --dlq-auto-retry-base (%s)", r.DLQAutoRetryCap, r.DLQAutoRetryBase))
+	}
+	return nil
+}
+
+// autoRetry returns the relay's DeadLetterAutoRetry: the automatic retries
+// over the store (which the relay opens first), publishing through their own
+// producer, configured as the relay's (brokers, security, format), so that
+// their retries and the stream's never share a partition's sequence.
+func (r *RunCmd) autoRetry(store func() *deadletter.Store, cfg relay.Config, log zerolog.Logger, m *metrics.Metrics) func(context.Context, func() bool) error {
+	log = log.With().Str("component", "dlq-auto-retry").Logger()
+	pubCfg := cfg.Sink
+	pubCfg.Logger = log
+	topicWait := r.KafkaStartTimeout
+	return func(ctx context.Context, ready func() bool) error {
+		a := &deadletter.AutoRetry{
+			Store: store(),
+			Open: func(ctx context.Context) (deadletter.Publisher, func() error, error) {
+				p, err := deadletter.NewKafkaPublisher(ctx, pubCfg)
+				if err != nil {
+					return nil, nil, err
+				}
+				p.TopicWait = topicWait
+				return p, p.Close, nil
+			},
+			Codes:          r.DLQAutoRetryCodes,
+			Budget:         r.DLQAutoRetryBudget,
+			MaxAge:         r.DLQAutoRetryMaxAge,
+			Retry:          backoff.Policy{Base: r.DLQAutoRetryBase, Cap: r.DLQAutoRetryCap},
+			Interval:       r.DLQAutoRetryInterval,
+			AttemptTimeout: r.DLQAutoRetryTimeout,
+			RelayName:      cfg.RelayName,
+			Ready:          ready,
+			Logger:         log,
+			Metrics:        m,
+		}
+		return a.Run(ctx)
 	}
 }
 

@@ -67,7 +67,8 @@ type StatusCheckpoint struct {
 
 // StatusDLQ counts dead letters.
 type StatusDLQ struct {
-	Pending int64            `json:"pending"`
+	Pending int64            `json:"pending"` // not completed (pending, processing, retry_wait or dead)
+	Dead    int64            `json:"dead"`    // of which dead: the automatic retries gave up on them
 	ByCode  map[string]int64 `json:"by_code,omitempty"`
 }
 
@@ -143,6 +144,7 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 				d.ByCode[cc.ErrorCode] = cc.Pending
 				d.Pending += cc.Pending
 			}
+			d.Dead += cc.Dead
 		}
 		st.DeadLetters = d
 	}
@@ -233,7 +235,12 @@ func printStatus(w io.Writer, st Status) {
 		for code, n := range st.DeadLetters.ByCode {
 			parts = append(parts, fmt.Sprintf("%s=%d", code, n))
 		}
-		fmt.Fprintf(tw, "dead letters pending\t%d %s\n", st.DeadLetters.Pending, strings.Join(parts, " "))
+		slices.Sort(parts)
+		dead := ""
+		if st.DeadLetters.Dead > 0 {
+			dead = fmt.Sprintf(" (%d dead)", st.DeadLetters.Dead)
+		}
+		fmt.Fprintf(tw, "dead letters not completed\t%d%s %s\n", st.DeadLetters.Pending, dead, strings.Join(parts, " "))
 	}
 	for _, p := range st.Problems {
 		fmt.Fprintf(tw, "PROBLEM\t%s\n", p)

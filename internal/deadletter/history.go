@@ -42,6 +42,9 @@ type Replay struct {
 	DryRun     bool
 	Forced     bool
 	RatePerSec float64 // 0 = unlimited
+	// TopicOverride is the topic every letter was published to instead of
+	// its own ("" = each to its own).
+	TopicOverride string
 	Counts
 }
 
@@ -66,8 +69,9 @@ func (s *Store) StartReplay(ctx context.Context, r Replay) (int64, error) {
 		return 0, fmt.Errorf("start replay: encode filters: %w", err)
 	}
 	var id int64
-	err = s.pool.QueryRow(ctx, `INSERT INTO `+s.n.replays+` (kind, actor, filters, dry_run, forced, rate_per_sec)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6) RETURNING id`, r.Kind, r.Actor, string(f), r.DryRun, r.Forced, r.RatePerSec).Scan(&id)
+	err = s.pool.QueryRow(ctx, `INSERT INTO `+s.n.replays+` (kind, actor, filters, dry_run, forced, rate_per_sec, topic_override)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, nullif($7, '')) RETURNING id`, r.Kind, r.Actor, string(f), r.DryRun, r.Forced, r.RatePerSec,
+		r.TopicOverride).Scan(&id)
 	if err != nil {
 		return 0, s.wrap(err, "start %s replay", r.Kind)
 	}
@@ -76,21 +80,31 @@ VALUES ($1, $2, $3::jsonb, $4, $5, $6) RETURNING id`, r.Kind, r.Actor, string(f)
 
 // RecordReplayEvent records the result of one event of replay replayID.
 func (s *Store) RecordReplayEvent(ctx context.Context, replayID int64, e ReplayEvent) error {
-	return s.record(ctx, replayID, []ReplayEvent{e}, nil)
+	return s.record(ctx, replayID, batchRecord{events: []ReplayEvent{e}})
 }
 
 // RecordReplayEvents records the results of events of replay replayID in one
 // statement.
 func (s *Store) RecordReplayEvents(ctx context.Context, replayID int64, events []ReplayEvent) error {
-	return s.record(ctx, replayID, events, nil)
+	return s.record(ctx, replayID, batchRecord{events: events})
 }
 
-// record stores results and marks the letters replayed in one transaction, so
-// the history and the letters' status agree.
-func (s *Store) record(ctx context.Context, replayID int64, events []ReplayEvent, replayed []int64) error {
-	if len(events) == 0 && len(replayed) == 0 {
+// batchRecord is what one transaction of a replay records.
+type batchRecord struct {
+	events []ReplayEvent // results
+	lease  Lease         // the replay's, for settle
+	settle []settlement  // claims ended
+	counts *Counts       // when set, the replay's totals so far
+}
+
+// record stores results, ends claims (with their transitions) and updates the
+// replay's totals in one transaction, so the history and the letters' status
+// agree, and the history of a replay that is killed says what it did.
+func (s *Store) record(ctx context.Context, replayID int64, b batchRecord) error {
+	if len(b.events) == 0 && len(b.settle) == 0 && b.counts == nil {
 		return nil
 	}
+	events := b.events
 	ids := make([]string, len(events))
 	letters := make([]int64, len(events))
 	results := make([]string, len(events))
@@ -104,9 +118,18 @@ func (s *Store) record(ctx context.Context, replayID int64, events []ReplayEvent
 		}
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if len(replayed) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE `+s.n.letters+` SET status = 'replayed', replayed_at = now(),
-    replay_count = replay_count + 1 WHERE id = ANY($1)`, replayed); err != nil {
+		if len(b.settle) > 0 {
+			// Lock in id order first: two replays ending claims on the same
+			// letters (one took over the other's expired lease) then wait for
+			// each other instead of deadlocking.
+			ids := make([]int64, len(b.settle))
+			for i, x := range b.settle {
+				ids[i] = x.id
+			}
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.n.letters+` WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, s.settleSQL(), settleArgs(b.lease, b.settle)...); err != nil {
 				return err
 			}
 		}
@@ -115,6 +138,12 @@ func (s *Store) record(ctx context.Context, replayID int64, events []ReplayEvent
 SELECT $1, e, nullif(d, 0), r, nullif(x, ''), a
 FROM unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[]) AS u(e, d, r, x, a)`,
 				replayID, ids, letters, results, errs, at); err != nil {
+				return err
+			}
+		}
+		if c := b.counts; c != nil {
+			if _, err := tx.Exec(ctx, `UPDATE `+s.n.replays+` SET selected = $2, published = $3, skipped = $4, failed = $5
+WHERE id = $1`, replayID, c.Selected, c.Published, c.Skipped, c.Failed); err != nil {
 				return err
 			}
 		}
@@ -143,7 +172,7 @@ func (s *Store) FinishReplay(ctx context.Context, id int64, c Counts) error {
 // ListReplays returns the newest limit replays (0 = all), newest first.
 func (s *Store) ListReplays(ctx context.Context, limit int) ([]Replay, error) {
 	q := `SELECT id, kind, actor, started_at, finished_at, filters, dry_run, forced, rate_per_sec,
-    selected, published, skipped, failed FROM ` + s.n.replays + ` ORDER BY id DESC`
+    selected, published, skipped, failed, coalesce(topic_override, '') FROM ` + s.n.replays + ` ORDER BY id DESC`
 	if limit > 0 {
 		q += fmt.Sprintf(" LIMIT %d", limit)
 	}
@@ -154,7 +183,7 @@ func (s *Store) ListReplays(ctx context.Context, limit int) ([]Replay, error) {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Replay, error) {
 		var x Replay
 		err := r.Scan(&x.ID, &x.Kind, &x.Actor, &x.StartedAt, &x.FinishedAt, &x.Filters, &x.DryRun, &x.Forced,
-			&x.RatePerSec, &x.Selected, &x.Published, &x.Skipped, &x.Failed)
+			&x.RatePerSec, &x.Selected, &x.Published, &x.Skipped, &x.Failed, &x.TopicOverride)
 		return x, err
 	})
 	if err != nil {

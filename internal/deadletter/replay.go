@@ -7,11 +7,14 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -25,14 +28,30 @@ const maxFailures = 100
 type ReplayOptions struct {
 	Filter Filter // which letters
 	DryRun bool   // publish nothing; record what would be published
-	Force  bool   // publish letters that were replayed already too (otherwise skipped)
+	Force  bool   // publish completed letters too (otherwise skipped)
 	// Rate bounds the events published per second; 0 means unlimited.
 	Rate float64
-	// BatchSize is how many events are published at once, and the rate
-	// limiter's burst. 0 means DefaultBatchSize.
+	// BatchSize is how many events are published at once, the rate
+	// limiter's burst, and how many letters are claimed at once. 0 means
+	// DefaultBatchSize.
 	BatchSize int
 	Actor     string // who runs the replay, for the history
+	// Topic, when set, is where every letter is published instead of its
+	// own topic (a letter whose topic template produced a name Kafka refuses
+	// can only be delivered so); it must be a valid topic name. The replay
+	// and every transition it makes record it.
+	Topic string
+	// Lease is how long a claim lasts unless renewed (0: DefaultLease). The
+	// replay renews its claims every third of it while it runs.
+	Lease time.Duration
+	// Retry is the wait before the automatic retries take a letter whose
+	// attempt failed (0: DefaultRetry).
+	Retry backoff.Policy
 }
+
+// DefaultRetry is the wait after a failed attempt before the automatic retries
+// take a letter again: rand(0, min(1h, 1m·2^n)) after the n+1st failure.
+var DefaultRetry = backoff.Policy{Base: time.Minute, Cap: time.Hour}
 
 // ReplayResult is what a replay did.
 type ReplayResult struct {
@@ -43,29 +62,52 @@ type ReplayResult struct {
 }
 
 // ReplayDeadLetters publishes the letters o.Filter selects again, in id order,
-// each to its stored topic with its stored key, payload and headers (so with its
-// original "id" header) plus the header HeaderReplay holding the replay's id.
+// each to its stored topic (or o.Topic) with its stored key, payload and
+// headers (so with its original "id" header) plus the header HeaderReplay
+// holding the replay's id.
 //
-// Letters already replayed are skipped unless o.Force is set. A letter is marked
-// replayed only after Kafka acknowledged it (acks=all); the result of every
-// selected letter is recorded in the history, together with the marks, in one
-// transaction per batch. A letter that fails stays pending and the replay goes
-// on. p may be nil for a dry run.
+// It claims each page of letters before publishing them (see Claim), so
+// replays running at the same time publish each letter once: a letter another
+// replay holds is skipped, and recorded so. Completed letters are skipped
+// unless o.Force is set. A letter is marked completed only after Kafka
+// acknowledged it (acks=all), right after each batch, in the transaction
+// that records the batch's results in the history; a letter that fails goes
+// to retry_wait (a dead one stays dead) and the replay goes on. p may be nil
+// for a dry run, which claims nothing.
 //
-// When ctx ends, the replay stops, records what it did and returns ctx's error
-// with the result so far. Events sent but not acknowledged by then are recorded
-// as failed; Kafka may still have them, so a later replay can duplicate them
-// (consumers drop repeats by the id header).
+// When ctx ends, the replay stops, records what it did, releases the letters
+// it did not attempt and returns ctx's error with the result so far. Events
+// sent but not acknowledged by then are recorded as failed and released
+// untried; Kafka may still have them, so a later replay can duplicate them
+// (consumers drop repeats by the id header). The same holds for a replay
+// that dies: at most the batch it was publishing can be published again by
+// the replay that takes its expired claims over.
 func (s *Store) ReplayDeadLetters(ctx context.Context, p Publisher, o ReplayOptions) (ReplayResult, error) {
 	if err := o.Filter.Validate(); err != nil {
 		return ReplayResult{}, fmt.Errorf("replay dead letters: %w", err)
 	}
+	if o.Topic != "" {
+		if err := route.ValidTopic(o.Topic); err != nil {
+			return ReplayResult{}, fmt.Errorf("replay dead letters: topic override %q: %w", o.Topic, err)
+		}
+	}
 	r, err := s.StartReplayRun(ctx, p, Replay{
 		Kind: KindDLQ, Actor: o.Actor, Filters: o.Filter.describe(),
-		DryRun: o.DryRun, Forced: o.Force, RatePerSec: o.Rate,
+		DryRun: o.DryRun, Forced: o.Force, RatePerSec: o.Rate, TopicOverride: o.Topic,
 	}, o.BatchSize)
 	if err != nil {
 		return ReplayResult{}, err
+	}
+	if !o.DryRun {
+		retry := o.Retry
+		if retry.Base <= 0 {
+			retry = DefaultRetry
+		}
+		r.lease = Lease{Owner: OwnerName("replay", r.id), Duration: o.Lease, ReplayID: r.id}
+		r.policy = settlePolicy{retry: retry}
+		var stop func()
+		ctx, stop = r.keepLeases(ctx)
+		defer stop()
 	}
 	f := o.Filter
 	for {
@@ -80,20 +122,26 @@ func (s *Store) ReplayDeadLetters(ctx context.Context, p Publisher, o ReplayOpti
 		if err != nil {
 			return r.Finish(ctx, err)
 		}
+		var want []Letter // to claim and publish
 		for _, l := range page {
 			r.res.Selected++
 			switch {
-			case l.Status == StatusReplayed && !o.Force:
+			case l.Status == StatusCompleted && !o.Force:
 				err = r.Note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultSkipped,
-					Error: "already replayed (use force to replay again)"})
+					Error: "already completed (use force to replay again)"})
+			case o.DryRun && l.Status == StatusProcessing && l.ClaimedUntil != nil && l.ClaimedUntil.After(time.Now()):
+				err = r.Note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultSkipped, Error: heldBy(l)})
 			case o.DryRun:
 				err = r.Note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultDryRun})
 			default:
-				err = r.Publish(ctx, ReplayItem{Event: l.event(r.id), Topic: l.Topic, letter: l.ID})
+				want = append(want, l)
 			}
 			if err != nil {
 				return r.Finish(ctx, err)
 			}
+		}
+		if err := r.claimAndPublish(ctx, want, o); err != nil {
+			return r.Finish(ctx, err)
 		}
 		if len(page) < f.Limit {
 			break
@@ -101,6 +149,67 @@ func (s *Store) ReplayDeadLetters(ctx context.Context, p Publisher, o ReplayOpti
 		f.after = page[len(page)-1].ID
 	}
 	return r.Finish(ctx, r.Flush(ctx))
+}
+
+// heldBy says who holds processing letter l.
+func heldBy(l Letter) string {
+	until := "(no expiry)"
+	if l.ClaimedUntil != nil {
+		until = l.ClaimedUntil.UTC().Format(time.RFC3339Nano)
+	}
+	return fmt.Sprintf("held by %s until %s", l.ClaimedBy, until)
+}
+
+// claimAndPublish claims want and queues the claimed letters for publishing;
+// the others are recorded as skipped: another replay holds them. On error,
+// the claimed letters not queued yet are left for Finish to release.
+func (r *ReplayRun) claimAndPublish(ctx context.Context, want []Letter, o ReplayOptions) error {
+	if len(want) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(want))
+	for i, l := range want {
+		ids[i] = l.ID
+	}
+	claimed, err := r.s.Claim(ctx, r.lease, ids, o.Force)
+	if err != nil {
+		return err
+	}
+	got := make(map[int64]Letter, len(claimed))
+	for _, l := range claimed {
+		got[l.ID] = l
+	}
+	for _, l := range want {
+		c, ok := got[l.ID]
+		if !ok {
+			reason := "claimed by another replay meanwhile"
+			if l.Status == StatusProcessing {
+				reason = heldBy(l)
+			}
+			err = r.Note(ctx, ReplayEvent{EventID: l.EventID, DeadLetterID: l.ID, Result: ResultSkipped, Error: reason})
+		} else {
+			delete(got, l.ID)
+			err = r.Publish(ctx, r.item(c, o.Topic))
+		}
+		if err != nil {
+			for _, c := range claimed {
+				if _, left := got[c.ID]; left {
+					r.pending = append(r.pending, r.item(c, o.Topic)) // not attempted: Finish releases it
+				}
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// item is the claimed letter l to publish, to topic when set.
+func (r *ReplayRun) item(l Letter, topic string) ReplayItem {
+	if topic == "" {
+		topic = l.Topic
+	}
+	return ReplayItem{Event: l.event(r.id), Topic: topic, letter: l.ID,
+		claim: &claimed{was: l.was, attempts: l.Attempts, firstFailed: l.FirstFailedAt, topic: l.Topic}}
 }
 
 // event returns the message of l as the relay would have sent it, marked as
@@ -134,7 +243,48 @@ func (l *Letter) event(replayID int64) *outbox.Event {
 type ReplayItem struct {
 	Event  *outbox.Event
 	Topic  string
-	letter int64 // dead letter id, 0 for outbox rows (other packages' items)
+	letter int64    // dead letter id, 0 for outbox rows (other packages' items)
+	claim  *claimed // the claim on the letter, nil for outbox rows
+}
+
+// claimed is what a run knows of a letter it claimed, to end the claim.
+type claimed struct {
+	was         string // the status before the claim
+	attempts    int    // Attempts before this one
+	firstFailed time.Time
+	topic       string // the letter's own topic
+}
+
+// before is the status an untried claim goes back to: the one before it, or
+// pending when the claim took over an expired one (whose status before that
+// is not known).
+func (c *claimed) before() string {
+	if c.was == "" || c.was == StatusProcessing {
+		return StatusPending
+	}
+	return c.was
+}
+
+// settlePolicy decides what a letter whose attempt failed becomes.
+type settlePolicy struct {
+	budget int            // attempts after which it is dead; 0: never
+	maxAge time.Duration  // a letter that first failed longer ago than this is dead; 0: never
+	retry  backoff.Policy // the wait before it is due again
+}
+
+// failed returns the status, wait and detail of the claim c whose attempt
+// failed with err.
+func (p settlePolicy) failed(c *claimed, err error) (string, time.Duration, string) {
+	n := c.attempts + 1
+	switch {
+	case c.was == StatusDead:
+		return StatusDead, 0, err.Error()
+	case p.budget > 0 && n >= p.budget:
+		return StatusDead, 0, fmt.Sprintf("retry budget spent (%d attempts): %v", n, err)
+	case p.maxAge > 0 && time.Since(c.firstFailed) >= p.maxAge:
+		return StatusDead, 0, fmt.Sprintf("first failed more than %s ago, the retries' age limit: %v", p.maxAge, err)
+	}
+	return StatusRetryWait, p.retry.Delay(n - 1), err.Error()
 }
 
 // ReplayRun is one replay in progress: it batches, rate-limits, publishes and
@@ -150,10 +300,15 @@ type ReplayRun struct {
 	batch int
 	lim   *rate.Limiter // nil: unlimited
 
-	pending  []ReplayItem  // to publish
-	records  []ReplayEvent // results not recorded yet
-	replayed []int64       // letters acknowledged, not marked yet
-	res      ReplayResult
+	lease    Lease        // the claims' (dead-letter replays)
+	policy   settlePolicy // for letters whose attempt failed
+	onSettle func(x settlement, eventID string)
+
+	pending []ReplayItem  // to publish
+	records []ReplayEvent // results not recorded yet
+	settle  []settlement  // claims ended, not recorded yet
+	ids     []string      // the event id of each settle
+	res     ReplayResult
 }
 
 // StartReplayRun validates the options common to every replay, records the
@@ -161,14 +316,20 @@ type ReplayRun struct {
 // its events. batch is the events published at once (0 means
 // DefaultBatchSize); p may be nil for a dry run.
 func (s *Store) StartReplayRun(ctx context.Context, p Publisher, rp Replay, batch int) (*ReplayRun, error) {
-	if batch <= 0 {
-		batch = DefaultBatchSize
-	}
 	if rp.RatePerSec < 0 {
 		return nil, fmt.Errorf("replay: rate %g is negative (0 means unlimited)", rp.RatePerSec)
 	}
 	if p == nil && !rp.DryRun {
 		return nil, errors.New("replay: no publisher (only a dry run needs none)")
+	}
+	return s.startRun(ctx, p, rp, batch)
+}
+
+// startRun is StartReplayRun without the check of the publisher, which the
+// automatic retries open when they need it.
+func (s *Store) startRun(ctx context.Context, p Publisher, rp Replay, batch int) (*ReplayRun, error) {
+	if batch <= 0 {
+		batch = DefaultBatchSize
 	}
 	if rp.Actor == "" {
 		rp.Actor = "unknown"
@@ -268,7 +429,8 @@ func (r *ReplayRun) wait(ctx context.Context) error {
 }
 
 // Flush publishes the queued events, grouped by topic in order of first
-// appearance, and records their results and the other queued results.
+// appearance, and records their results, the end of their claims and the
+// other queued results.
 func (r *ReplayRun) Flush(ctx context.Context) error {
 	var topics []string
 	groups := map[string][]ReplayItem{}
@@ -283,6 +445,7 @@ func (r *ReplayRun) Flush(ctx context.Context) error {
 	for _, topic := range topics {
 		items := groups[topic]
 		err := stop
+		tried := stop == nil
 		if err == nil {
 			evs := make([]*outbox.Event, len(items))
 			for i, it := range items {
@@ -290,7 +453,10 @@ func (r *ReplayRun) Flush(ctx context.Context) error {
 			}
 			err = r.p.Publish(ctx, topic, evs)
 			if err != nil && ctx.Err() != nil {
-				stop = ctx.Err()
+				stop = context.Cause(ctx)
+				// Kafka did not answer in time: a failed attempt. Otherwise
+				// the replay was stopped: the letters go back untried.
+				tried = errors.Is(stop, errAttemptTimeout)
 			}
 		}
 		var pe *PublishError
@@ -302,9 +468,7 @@ func (r *ReplayRun) Flush(ctx context.Context) error {
 			case err == nil || isPE && pe.Errs[i] == nil:
 				r.res.Published++
 				r.records = append(r.records, e)
-				if it.letter != 0 {
-					r.replayed = append(r.replayed, it.letter)
-				}
+				r.end(it, nil, true)
 				continue
 			case isPE:
 				e.Error = pe.Errs[i].Error()
@@ -313,36 +477,111 @@ func (r *ReplayRun) Flush(ctx context.Context) error {
 			}
 			e.Result = ResultFailed
 			r.fail(e)
+			r.end(it, errors.New(e.Error), tried)
 		}
 	}
 	// Record even when ctx ended: the history must say what reached Kafka.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := r.s.record(rctx, r.id, r.records, r.replayed); err != nil {
+	if err := r.flushRecords(ctx); err != nil {
 		return err
 	}
-	r.records, r.replayed = r.records[:0], r.replayed[:0]
 	if stop != nil {
 		return fmt.Errorf("replay %d stopped: %w", r.id, stop)
 	}
 	return nil
 }
 
-// Finish records the end of the replay, with err the reason it stopped (nil
-// when it ran to the end), and returns the result.
-func (r *ReplayRun) Finish(ctx context.Context, err error) (ReplayResult, error) {
-	if err != nil && len(r.pending)+len(r.records) > 0 {
-		// Stopped early: what was queued was not published.
-		for _, it := range r.pending {
-			r.fail(ReplayEvent{EventID: string(it.Event.ID), DeadLetterID: it.letter, Result: ResultFailed,
-				Error: "not attempted: " + err.Error(), At: time.Now()})
+// errAttemptTimeout is the cause of a context that bounds one attempt of the
+// automatic retries.
+var errAttemptTimeout = errors.New("attempt not acknowledged by Kafka in time")
+
+// end queues the end of the claim on it, if any: err nil means Kafka
+// acknowledged it; otherwise the attempt failed (tried) or it was not
+// attempted.
+func (r *ReplayRun) end(it ReplayItem, err error, tried bool) {
+	c := it.claim
+	if c == nil {
+		return
+	}
+	x := settlement{id: it.letter, attempted: tried}
+	if it.Topic != c.topic {
+		x.topic = it.Topic
+	}
+	switch {
+	case err == nil:
+		x.to = StatusCompleted
+		if x.topic != "" {
+			x.detail = fmt.Sprintf("topic override: published to %s instead of %s", it.Topic, c.topic)
 		}
-		r.pending = nil
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		if rerr := r.s.record(rctx, r.id, r.records, r.replayed); rerr != nil {
+	case !tried:
+		x.to, x.detail = c.before(), "not attempted: "+err.Error()
+	default:
+		x.to, x.wait, x.detail = r.policy.failed(c, err)
+	}
+	r.settle = append(r.settle, x)
+	r.ids = append(r.ids, string(it.Event.ID))
+}
+
+// flushRecords records the queued results and claim ends with the totals so
+// far, even when ctx has ended.
+func (r *ReplayRun) flushRecords(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	counts := r.res.Counts
+	err := r.s.record(rctx, r.id, batchRecord{events: r.records, lease: r.lease, settle: r.settle, counts: &counts})
+	if err != nil {
+		return err
+	}
+	if r.onSettle != nil {
+		for i, x := range r.settle {
+			r.onSettle(x, r.ids[i])
+		}
+	}
+	r.records, r.settle, r.ids = r.records[:0], r.settle[:0], r.ids[:0]
+	return nil
+}
+
+// keepLeases renews the run's claims every third of the lease until stop is
+// called. When a renewal fails, it cancels the returned context with the
+// reason: the replay stops before its claims expire and another replay may
+// take them over while it still publishes.
+func (r *ReplayRun) keepLeases(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(time.Duration(r.lease.millis()) * time.Millisecond / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if _, err := r.s.Renew(ctx, r.lease); err != nil {
+					cancel(fmt.Errorf("replay %d stopped before its claims expire: %w", r.id, err))
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() {
+		close(done)
+		wg.Wait()
+		cancel(nil)
+	}
+}
+
+// Finish records the end of the replay, with err the reason it stopped (nil
+// when it ran to the end), and returns the result. Letters it claimed and did
+// not attempt are released.
+func (r *ReplayRun) Finish(ctx context.Context, err error) (ReplayResult, error) {
+	if err != nil {
+		if rerr := r.abandon(ctx, err); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
-		cancel()
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -350,4 +589,19 @@ func (r *ReplayRun) Finish(ctx context.Context, err error) (ReplayResult, error)
 		err = errors.Join(err, ferr)
 	}
 	return r.res, err
+}
+
+// abandon records the queued events as not attempted because of err,
+// releases their claims, and records what else is queued.
+func (r *ReplayRun) abandon(ctx context.Context, err error) error {
+	if len(r.pending)+len(r.records)+len(r.settle) == 0 {
+		return nil
+	}
+	for _, it := range r.pending {
+		r.fail(ReplayEvent{EventID: string(it.Event.ID), DeadLetterID: it.letter, Result: ResultFailed,
+			Error: "not attempted: " + err.Error(), At: time.Now()})
+		r.end(it, err, false)
+	}
+	r.pending = nil
+	return r.flushRecords(ctx)
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,8 +104,10 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 	letters, _ := s.List(ctx, deadletter.Filter{})
 	for _, l := range letters {
-		if l.Status != deadletter.StatusReplayed || l.ReplayCount != 1 || l.ReplayedAt == nil {
-			t.Errorf("letter %s after replay: status %q, replay_count %d", l.EventID, l.Status, l.ReplayCount)
+		if l.Status != deadletter.StatusCompleted || l.ReplayCount != 1 || l.ReplayedAt == nil || l.Attempts != 1 ||
+			l.ClaimedBy != "" || l.ClaimedUntil != nil {
+			t.Errorf("letter %s after replay: status %q, replay_count %d, attempts %d, claimed by %q until %v",
+				l.EventID, l.Status, l.ReplayCount, l.Attempts, l.ClaimedBy, l.ClaimedUntil)
 		}
 	}
 
@@ -262,9 +265,14 @@ func TestReplayFailures(t *testing.T) {
 	if !strings.Contains(failed["no-key"], "empty_key") || !strings.Contains(failed["bad-topic"], "invalid_topic") {
 		t.Errorf("failures = %v", failed)
 	}
+	// Failed attempts: retry_wait (the automatic retries' state), with the
+	// error and the time of the next attempt, no lease.
 	for _, e := range []string{"no-key", "bad-topic"} {
-		if l := byEventID(t, s, e); l.Status != deadletter.StatusPending {
-			t.Errorf("failed letter %s is %s, want still pending", e, l.Status)
+		l := byEventID(t, s, e)
+		if l.Status != deadletter.StatusRetryWait || l.Attempts != 1 || l.LastAttemptError == "" || l.LastAttemptAt == nil ||
+			l.NextAttemptAt == nil || l.ClaimedBy != "" || l.ReplayCount != 0 {
+			t.Errorf("failed letter %s: status %s, attempts %d, error %q, next attempt %v, claimed by %q",
+				e, l.Status, l.Attempts, l.LastAttemptError, l.NextAttemptAt, l.ClaimedBy)
 		}
 	}
 	if got := testenv.IDs(kafka.MustReadAll(t, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
@@ -334,6 +342,144 @@ func TestReplayCanceled(t *testing.T) {
 	events, _ := s.ListReplayEvents(t.Context(), res.ReplayID)
 	if len(events) != res.Selected {
 		t.Errorf("%d results recorded for %d selected letters", len(events), res.Selected)
+	}
+	// The replay let go of every claim: what it did not publish is pending
+	// again, with no attempt counted, for the next replay.
+	for _, l := range mustList(t, s) {
+		if l.Status == deadletter.StatusCompleted {
+			continue
+		}
+		if l.Status != deadletter.StatusPending || l.ClaimedBy != "" || l.Attempts != 0 {
+			t.Errorf("letter %s after the canceled replay: %s by %q, %d attempts; want pending, no lease, no attempt",
+				l.EventID, l.Status, l.ClaimedBy, l.Attempts)
+		}
+	}
+}
+
+// TestReplayConcurrent: two replays started at the same moment over the same
+// 300 letters publish each exactly once between them, and both take part.
+func TestReplayConcurrent(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	topic := unique("replay.concurrent")
+	seed(t, s, topic, 300)
+	pubs := []*deadletter.KafkaPublisher{newPublisher(t), newPublisher(t)}
+	results := make([]deadletter.ReplayResult, 2)
+	errs := make([]error, 2)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			results[i], errs[i] = s.ReplayDeadLetters(ctx, pubs[i], deadletter.ReplayOptions{
+				Actor: fmt.Sprint("replayer ", i), BatchSize: 10, Rate: 400})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("replay %d: %v", i, err)
+		}
+	}
+	t.Logf("replay A %+v, replay B %+v", results[0].Counts, results[1].Counts)
+	if p := results[0].Published + results[1].Published; p != 300 {
+		t.Errorf("the replays published %d letters together, want 300", p)
+	}
+	if results[0].Published == 0 || results[1].Published == 0 {
+		t.Errorf("one replay published nothing (%d, %d): they did not run at the same time", results[0].Published, results[1].Published)
+	}
+	recs := kafka.MustReadAll(t, topic)
+	seen := map[string]int{}
+	for _, r := range recs {
+		seen[r.Headers[sink.HeaderID]]++
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("event %s published %d times", id, n)
+		}
+	}
+	if len(recs) != 300 || len(seen) != 300 {
+		t.Errorf("Kafka has %d records of %d events, want 300 of 300", len(recs), len(seen))
+	}
+	for _, l := range mustList(t, s) {
+		if l.Status != deadletter.StatusCompleted || l.ReplayCount != 1 {
+			t.Errorf("letter %s: %s, replay_count %d", l.EventID, l.Status, l.ReplayCount)
+		}
+	}
+}
+
+// TestReplaySkipsHeldLetters: a letter another replay holds is skipped, and
+// the history says who holds it.
+func TestReplaySkipsHeldLetters(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	topic := unique("replay.held")
+	seed(t, s, topic, 3)
+	held := byEventID(t, s, "e-01")
+	if c, err := s.Claim(ctx, deadletter.Lease{Owner: "the other replay", Duration: time.Hour}, []int64{held.ID}, false); err != nil || len(c) != 1 {
+		t.Fatalf("claim: %d, %v", len(c), err)
+	}
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "replay", res, deadletter.Counts{Selected: 3, Published: 2, Skipped: 1})
+	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
+	for _, e := range events {
+		if e.EventID == "e-01" && (e.Result != deadletter.ResultSkipped || !strings.Contains(e.Error, "held by the other replay until")) {
+			t.Errorf("held letter's result: %+v", e)
+		}
+	}
+	if got := testenv.IDs(kafka.MustReadAll(t, topic)); !slices.Equal(got, []string{"e-00", "e-02"}) {
+		t.Errorf("Kafka has %v", got)
+	}
+	if l, _ := s.Get(ctx, held.ID); l.Status != deadletter.StatusProcessing || l.ClaimedBy != "the other replay" {
+		t.Errorf("held letter after the replay: %s by %q", l.Status, l.ClaimedBy)
+	}
+}
+
+// TestReplayTopicOverride: a letter whose template produced an invalid topic
+// name is delivered to the topic the replay names; the replay and the
+// letter's transitions record the override.
+func TestReplayTopicOverride(t *testing.T) {
+	ctx := t.Context()
+	s := newStore(t)
+	p := newPublisher(t)
+	bad := letter("bad-topic", "invalid_topic", "A", "T", base)
+	bad.Topic = "outbox.{aggregate_type}"
+	mustAdd(t, s, bad)
+	fixed := unique("replay.override")
+
+	if _, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Topic: "no spaces allowed"}); err == nil {
+		t.Error("a replay to an invalid topic started")
+	}
+	res, err := s.ReplayDeadLetters(ctx, p, deadletter.ReplayOptions{Topic: fixed, Filter: deadletter.Filter{EventIDs: []string{"bad-topic"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "override", res, deadletter.Counts{Selected: 1, Published: 1})
+	if got := testenv.IDs(kafka.MustReadAll(t, fixed)); !slices.Equal(got, []string{"bad-topic"}) {
+		t.Errorf("%s has %v", fixed, got)
+	}
+	l := byEventID(t, s, "bad-topic")
+	if l.Status != deadletter.StatusCompleted || l.Topic != bad.Topic {
+		t.Errorf("letter after the override: %s, topic %q (the letter keeps the topic it was meant for)", l.Status, l.Topic)
+	}
+	replays, _ := s.ListReplays(ctx, 1)
+	if len(replays) != 1 || replays[0].TopicOverride != fixed {
+		t.Errorf("replay history: %+v", replays)
+	}
+	ts, err := s.ListTransitions(ctx, deadletter.TransitionFilter{EventIDs: []string{"bad-topic"}})
+	if err != nil || len(ts) != 2 {
+		t.Fatalf("transitions = %+v, %v", ts, err)
+	}
+	if c := ts[1]; c.To != deadletter.StatusCompleted || c.Topic != fixed || c.ReplayID != res.ReplayID ||
+		!strings.Contains(c.Detail, "topic override: published to "+fixed+" instead of outbox.{aggregate_type}") {
+		t.Errorf("completion transition: %+v", c)
 	}
 }
 

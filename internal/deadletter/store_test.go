@@ -159,7 +159,7 @@ func TestAddTwiceCountsARetry(t *testing.T) {
 	first := letter("e-1", "message_too_large", "42", "OrderPlaced", base)
 	mustAdd(t, s, first)
 	id := byEventID(t, s, "e-1").ID
-	if err := s.MarkReplayed(ctx, id); err != nil {
+	if err := s.MarkCompleted(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 
@@ -199,10 +199,10 @@ func TestListFilters(t *testing.T) {
 	user := letter("u1", "invalid_topic", "U", "Registered", base.Add(5*time.Hour))
 	user.AggregateType = "user"
 	mustAdd(t, s, user)
-	if err := s.MarkReplayed(ctx, byEventID(t, s, "a2").ID); err != nil {
+	if err := s.MarkCompleted(ctx, byEventID(t, s, "a2").ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.MarkReplayed(ctx, byEventID(t, s, "b1").ID); err != nil {
+	if err := s.MarkCompleted(ctx, byEventID(t, s, "b1").ID); err != nil {
 		t.Fatal(err)
 	}
 	ids := func(events ...string) []int64 {
@@ -284,7 +284,7 @@ func TestListFilters(t *testing.T) {
 	})
 }
 
-func TestGetAndMarkReplayed(t *testing.T) {
+func TestGetAndMarkCompleted(t *testing.T) {
 	s := newStore(t)
 	ctx := t.Context()
 	mustAdd(t, s, letter("e-1", "empty_key", "1", "T", base))
@@ -292,7 +292,7 @@ func TestGetAndMarkReplayed(t *testing.T) {
 
 	before := time.Now().Add(-time.Second)
 	for range 2 {
-		if err := s.MarkReplayed(ctx, id); err != nil {
+		if err := s.MarkCompleted(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -300,16 +300,16 @@ func TestGetAndMarkReplayed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != deadletter.StatusReplayed || got.ReplayCount != 2 || got.ReplayedAt == nil || got.ReplayedAt.Before(before) {
-		t.Errorf("after two MarkReplayed: status %q, replay_count %d, replayed_at %v", got.Status, got.ReplayCount, got.ReplayedAt)
+	if got.Status != deadletter.StatusCompleted || got.ReplayCount != 2 || got.ReplayedAt == nil || got.ReplayedAt.Before(before) {
+		t.Errorf("after two MarkCompleted: status %q, replay_count %d, replayed_at %v", got.Status, got.ReplayCount, got.ReplayedAt)
 	}
 
 	_, err = s.Get(ctx, id+1000)
 	if !errors.Is(err, deadletter.ErrNotFound) || !strings.Contains(err.Error(), fmt.Sprint(id+1000)) {
 		t.Errorf("Get(missing) = %v, want ErrNotFound naming the id", err)
 	}
-	if err := s.MarkReplayed(ctx, id+1000); !errors.Is(err, deadletter.ErrNotFound) {
-		t.Errorf("MarkReplayed(missing) = %v, want ErrNotFound", err)
+	if err := s.MarkCompleted(ctx, id+1000); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Errorf("MarkCompleted(missing) = %v, want ErrNotFound", err)
 	}
 }
 
@@ -326,7 +326,7 @@ func TestPurge(t *testing.T) {
 		letter("recent-replayed", "c", "1", "T", recent),
 	)
 	for _, e := range []string{"old-replayed", "old-replayed-lately", "recent-replayed"} {
-		if err := s.MarkReplayed(ctx, byEventID(t, s, e).ID); err != nil {
+		if err := s.MarkCompleted(ctx, byEventID(t, s, e).ID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -520,8 +520,8 @@ GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO %[1]s;`, role, deadletter.Table
 		if _, err := s.ReplayDeadLetters(ctx, nil, deadletter.ReplayOptions{DryRun: true}); err != nil {
 			t.Errorf("dry-run replay as cdc_relay: %v", err)
 		}
-		if err := s.MarkReplayed(ctx, byEventID(t, s, "e-1").ID); err != nil {
-			t.Errorf("MarkReplayed as cdc_relay: %v", err)
+		if err := s.MarkCompleted(ctx, byEventID(t, s, "e-1").ID); err != nil {
+			t.Errorf("MarkCompleted as cdc_relay: %v", err)
 		}
 		if n, err := s.Purge(ctx, time.Now().Add(time.Hour), ""); err != nil || n != 1 {
 			t.Errorf("Purge as cdc_relay = %d, %v", n, err)

@@ -95,6 +95,16 @@ type Metrics struct {
 	Heartbeats        *prometheus.CounterVec // by result
 	DeadLetters       *prometheus.CounterVec // by code
 	DeadLetterBacklog prometheus.Gauge
+	// DeadLettersByStatus is the dead-letter table's letters by status
+	// (deadletter.Statuses), read with the backlog.
+	DeadLettersByStatus *prometheus.GaugeVec
+	// DeadLetterRetries counts the attempts of the automatic retries
+	// (--dlq-auto-retry) by result: the status the letter went to
+	// (DeadLetterRetryResults).
+	DeadLetterRetries *prometheus.CounterVec
+	// DeadLettersDead counts letters the automatic retries gave up on
+	// (status dead): they need an operator.
+	DeadLettersDead prometheus.Counter
 	// TraceContextInvalid counts events whose tracing column held no valid
 	// trace context: they went out without traceparent/tracestate headers.
 	TraceContextInvalid prometheus.Counter
@@ -253,7 +263,19 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"code"}),
 		DeadLetterBacklog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "dead_letter_backlog",
-			Help: "Dead letters not replayed yet (pending), read from the dead-letter table.",
+			Help: "Dead letters not completed yet (pending, processing, retry_wait or dead), read from the dead-letter table.",
+		}),
+		DeadLettersByStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "dead_letters_by_status",
+			Help: "Dead letters in the dead-letter table by status (pending, processing, retry_wait, completed, dead).",
+		}, []string{"status"}),
+		DeadLetterRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "dead_letter_retries_total",
+			Help: "Attempts of the automatic dead-letter retries (--dlq-auto-retry), by result: completed, retry_wait (failed, retried later) or dead (failed, budget spent).",
+		}, []string{"result"}),
+		DeadLettersDead: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "dead_letters_dead_total",
+			Help: "Dead letters the automatic retries gave up on (status dead, after --dlq-auto-retry-budget attempts or --dlq-auto-retry-max-age); an operator must fix and replay or purge them.",
 		}),
 		TraceContextInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "trace_context_invalid_total",
@@ -287,7 +309,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
-		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.Replays,
+		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
+		m.DeadLettersDead, m.Replays,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates,
 		m.OldestUnrelayedAge, m.OutboxWait,
 	)
@@ -303,6 +326,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.TraceSpans.WithLabelValues("failed")
 	m.ProduceErrors.WithLabelValues("transient")
 	m.ProduceErrors.WithLabelValues("permanent")
+	for _, r := range DeadLetterRetryResults {
+		m.DeadLetterRetries.WithLabelValues(r)
+	}
 	return m
 }
 
@@ -341,6 +367,14 @@ func (m *Metrics) ObserveOutboxWait(eventType []byte, d time.Duration) {
 	w.mu.Unlock()
 	o.Observe(d.Seconds())
 }
+
+// DeadLetterRetryResults are the result labels of dead_letter_retries_total:
+// the status an attempt of the automatic retries left the letter in.
+var DeadLetterRetryResults = []string{"completed", "retry_wait", "dead"}
+
+// DeadLetterStatuses are the status labels of dead_letters_by_status, the
+// statuses of deadletter's state model (metrics imports no other package).
+var DeadLetterStatuses = []string{"pending", "processing", "retry_wait", "completed", "dead"}
 
 // SetState marks state as the current relay state.
 func (m *Metrics) SetState(state string) {

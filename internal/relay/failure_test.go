@@ -76,7 +76,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 				return err
 			}, nil
 		}
-		c.DeadLetterBacklog = func(ctx context.Context) (int64, error) { return store.Backlog(ctx) }
+		c.DeadLetterCounts = func(ctx context.Context) (map[string]int64, error) { return store.StatusCounts(ctx) }
 		c.MonitorInterval = 100 * time.Millisecond
 	}
 	e.start()

@@ -18,7 +18,7 @@ type monitor struct {
 	slot      string
 	every     time.Duration
 	heartbeat time.Duration // 0: no heartbeat
-	backlog   func(context.Context) (int64, error)
+	counts    func(context.Context) (map[string]int64, error)
 	retention func(context.Context) (int64, error)
 	pub       *pubWatch // nil: not checked
 	ticks     int
@@ -57,15 +57,32 @@ func (mo *monitor) run(ctx context.Context) {
 				}
 			}
 			mo.ticks++
-			if mo.backlog != nil {
-				if n, err := mo.backlog(ctx); err == nil {
-					mo.m.DeadLetterBacklog.Set(float64(n))
-				}
-			}
+			mo.deadLetters(ctx)
 		case <-hb:
 			mo.beat(ctx)
 		}
 	}
+}
+
+// deadLetters reads the dead letters by status into their gauges.
+func (mo *monitor) deadLetters(ctx context.Context) {
+	if mo.counts == nil {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	counts, err := mo.counts(qctx)
+	if err != nil {
+		return // Postgres unreachable: the stream reports that
+	}
+	var backlog int64
+	for status, n := range counts {
+		mo.m.DeadLettersByStatus.WithLabelValues(status).Set(float64(n))
+		if status != "completed" {
+			backlog += n
+		}
+	}
+	mo.m.DeadLetterBacklog.Set(float64(backlog))
 }
 
 // readSlot exports wal_status and retained WAL, logging wal_status changes.

@@ -167,9 +167,16 @@ type Config struct {
 	// Heartbeat, when positive, writes pg_logical_emit_message at that period so
 	// an idle database's slot keeps moving while others write WAL.
 	Heartbeat time.Duration
-	// DeadLetterBacklog, when set, is read every MonitorInterval into the
-	// dead_letter_backlog metric.
-	DeadLetterBacklog func(context.Context) (int64, error)
+	// DeadLetterCounts, when set, is read every MonitorInterval into the
+	// dead_letters_by_status metric (the letters by status) and the
+	// dead_letter_backlog one (those not "completed").
+	DeadLetterCounts func(context.Context) (map[string]int64, error)
+	// DeadLetterAutoRetry, when set, runs the automatic retries of dead
+	// letters (--dlq-auto-retry) until ctx ends; ready reports whether Kafka
+	// accepts the relay's events now. The relay runs it in the background
+	// from the start of streaming, stops it at shutdown, and calls it again,
+	// with backoff, when it returns an error before.
+	DeadLetterAutoRetry func(ctx context.Context, ready func() bool) error
 	// DeadLetterRetention, when set, deletes dead letters older than the
 	// configured age; it is called every MonitorInterval·60.
 	DeadLetterRetention func(context.Context) (int64, error)
@@ -326,6 +333,23 @@ func New(cfg Config) *Relay {
 // Ready reports whether the relay is streaming and Kafka is accepting events.
 func (r *Relay) Ready() bool { return r.ready.Load() }
 
+// autoRetry runs the dead letters' automatic retries until ctx ends, again
+// after a backoff whenever they fail.
+func (r *Relay) autoRetry(ctx context.Context) {
+	for attempt := 0; ; attempt++ {
+		err := r.cfg.DeadLetterAutoRetry(ctx, r.Ready)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			r.log.Error().Err(err).Msg("automatic dead-letter retries failed; starting them again after a backoff")
+		}
+		if r.cfg.Retry.Sleep(ctx, attempt) != nil {
+			return
+		}
+	}
+}
+
 // Run checks the configuration, then relays until ctx is done, and stops cleanly:
 // it finishes the transaction it is reading, waits for Kafka to acknowledge what
 // is in flight (up to ShutdownTimeout), persists and confirms the checkpoint.
@@ -443,7 +467,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	mon := &monitor{
 		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
-		backlog: cfg.DeadLetterBacklog, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
+		counts: cfg.DeadLetterCounts, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
 		pub: &pubWatch{pool: pool, cfg: r.setupConfig(), log: r.log, fatal: r.fatal},
 	}
 	var wg sync.WaitGroup
@@ -456,6 +480,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer wg.Done()
 		mon.run(bgCtx)
 	}()
+	if cfg.DeadLetterAutoRetry != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.autoRetry(bgCtx)
+		}()
+	}
 	defer func() {
 		stopBg()
 		wg.Wait()

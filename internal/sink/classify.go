@@ -91,6 +91,8 @@ func Code(err error) string {
 			return "invalid_record"
 		case kafka.TopicAuthorizationFailed:
 			return "topic_authorization_failed"
+		case kafka.UnknownTopicOrPartition:
+			return "unknown_topic_or_partition"
 		}
 		return fmt.Sprintf("kafka_%d", int(ke))
 	}

@@ -37,7 +37,7 @@ func TestClassifyAndCode(t *testing.T) {
 		{"request timed out", kafka.RequestTimedOut, Transient, "kafka_7"},
 		{"leader not available", kafka.LeaderNotAvailable, Transient, "kafka_5"},
 		{"not enough replicas", kafka.NotEnoughReplicas, Transient, "kafka_19"},
-		{"unknown topic or partition", kafka.UnknownTopicOrPartition, Transient, "kafka_3"},
+		{"unknown topic or partition", kafka.UnknownTopicOrPartition, Transient, "unknown_topic_or_partition"},
 		{"deadline exceeded", context.DeadlineExceeded, Transient, "timeout"},
 		{"wrapped deadline exceeded", fmt.Errorf("produce 3 events to t/0: %w", context.DeadlineExceeded), Transient, "timeout"},
 		{"connection refused", opErr, Transient, "unknown"},

@@ -74,3 +74,30 @@ func (k *Kafka) RecreateTopic(ctx context.Context, topic string, partitions int)
 	}
 	return k.CreateTopic(ctx, topic, partitions)
 }
+
+// SetTopicConfig sets one config of topic, e.g. max.message.bytes, with an
+// IncrementalAlterConfigs request.
+func (k *Kafka) SetTopicConfig(ctx context.Context, topic, key, value string) error {
+	cl, err := k.endpoint().client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	r := kmsg.NewIncrementalAlterConfigsRequestResource()
+	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name, c.Value = key, &value
+	r.Configs = append(r.Configs, c)
+	req.Resources = append(req.Resources, r)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("set %s=%s on topic %s: %w", key, value, topic, err)
+	}
+	for _, res := range resp.Resources {
+		if err := kerr.ErrorForCode(res.ErrorCode); err != nil {
+			return fmt.Errorf("set %s=%s on topic %s: %w", key, value, topic, err)
+		}
+	}
+	return nil
+}
