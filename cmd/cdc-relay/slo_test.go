@@ -44,7 +44,7 @@ func TestOutboxSLOMetrics(t *testing.T) {
 		return st
 	}
 
-	r := newRelay(t, f.relayArgs("--retry-base", "50ms", "--retry-cap", "200ms"))
+	r := newRelay(t, f.relayArgs("--retry-base", "50ms", "--retry-cap", "200ms", "--monitor-interval", "200ms"))
 	r.start()
 	r.waitReady(30 * time.Second)
 	insert("Placed")
@@ -104,6 +104,22 @@ func TestOutboxSLOMetrics(t *testing.T) {
 	})
 	if sum := r.metric(t, `cdc_relay_outbox_wait_seconds_sum{event_type="Shipped"}`); sum < waited {
 		t.Errorf("outbox_wait_seconds_sum{Shipped} = %v, want the %v s it waited or more", sum, waited)
+	}
+
+	// A replay run by an operator, in its own process, shows in the relay's
+	// replay_history_events; a replay's events never count as outbox waits.
+	if code, out, errOut := runCommand(ctx, t, 60*time.Second, "replay", "--pg-url", f.url, "--kafka-brokers", f.brokers[0],
+		"--topic", f.topic, "--since", "1h"); code != 0 {
+		t.Fatalf("cdc-relay replay: exit %d\n%s\n%s", code, out, errOut)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if v := r.metric(t, `cdc_relay_replay_history_events{kind="outbox",result="published"}`); v != 4 {
+			return fmt.Errorf("replay_history_events{outbox,published} = %v, want the 4 replayed rows", v)
+		}
+		return nil
+	})
+	if v := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Placed"}`); v != 2 {
+		t.Errorf("outbox_wait_seconds_count{Placed} = %v after the replay, want still 2", v)
 	}
 
 	// The relay is down: status decodes the idle slot.

@@ -269,6 +269,14 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			return store.Recorder(name, topic, topicRegex)
 		}
 		cfg.DeadLetterCounts = func(ctx context.Context) (map[string]int64, error) { return store.StatusCounts(ctx) }
+		cfg.ReplayTotals = func(ctx context.Context) ([]relay.ReplayTotal, error) {
+			totals, err := store.ReplayTotals(ctx)
+			out := make([]relay.ReplayTotal, len(totals))
+			for i, t := range totals {
+				out[i] = relay.ReplayTotal{Kind: t.Kind, Result: t.Result, Events: t.Events}
+			}
+			return out, err
+		}
 		if keep := r.DLQRetention; keep > 0 {
 			cfg.DeadLetterRetention = func(ctx context.Context) (int64, error) {
 				return store.Purge(ctx, time.Now().Add(-keep), "")

@@ -169,6 +169,32 @@ func (s *Store) FinishReplay(ctx context.Context, id int64, c Counts) error {
 	return nil
 }
 
+// ReplayTotal is how many events the replays of one kind, in the whole
+// history, ended with one result.
+type ReplayTotal struct {
+	Kind   string // KindDLQ or KindOutbox
+	Result string // ResultPublished, ResultSkipped or ResultFailed
+	Events int64
+}
+
+// ReplayTotals sums the replay history by kind and result (dry runs
+// publish nothing and are left out), a row for every kind and result even
+// when zero. The sums only grow while the history is kept, so a monitoring
+// system can take their rate like a counter's.
+func (s *Store) ReplayTotals(ctx context.Context) ([]ReplayTotal, error) {
+	var out []ReplayTotal
+	for _, kind := range []string{KindDLQ, KindOutbox} {
+		var published, skipped, failed int64
+		if err := s.pool.QueryRow(ctx, `SELECT coalesce(sum(published), 0), coalesce(sum(skipped), 0), coalesce(sum(failed), 0)
+FROM `+s.n.replays+` WHERE kind = $1 AND NOT dry_run`, kind).Scan(&published, &skipped, &failed); err != nil {
+			return nil, s.wrap(err, "sum the replay history")
+		}
+		out = append(out, ReplayTotal{kind, ResultPublished, published}, ReplayTotal{kind, ResultSkipped, skipped},
+			ReplayTotal{kind, ResultFailed, failed})
+	}
+	return out, nil
+}
+
 // ListReplays returns the newest limit replays (0 = all), newest first.
 func (s *Store) ListReplays(ctx context.Context, limit int) ([]Replay, error) {
 	q := `SELECT id, kind, actor, started_at, finished_at, filters, dry_run, forced, rate_per_sec,

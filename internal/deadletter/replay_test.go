@@ -565,3 +565,39 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 			ce.DataBase64, ce.Data(), ce.DataContentType(), ce.ID(), ce.Source(), ce.Extensions())
 	}
 }
+
+// TestReplayTotals: the history's events by kind and result, dry runs left
+// out, every kind and result present.
+func TestReplayTotals(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	for _, r := range []struct {
+		kind   string
+		dry    bool
+		counts deadletter.Counts
+	}{
+		{deadletter.KindOutbox, false, deadletter.Counts{Selected: 5, Published: 4, Failed: 1}},
+		{deadletter.KindOutbox, false, deadletter.Counts{Selected: 2, Published: 2}},
+		{deadletter.KindDLQ, false, deadletter.Counts{Selected: 3, Published: 1, Skipped: 2}},
+		{deadletter.KindDLQ, true, deadletter.Counts{Selected: 9, Published: 9}},
+	} {
+		id, err := s.StartReplay(ctx, deadletter.Replay{Kind: r.kind, Actor: "t", DryRun: r.dry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.FinishReplay(ctx, id, r.counts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.ReplayTotals(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []deadletter.ReplayTotal{
+		{deadletter.KindDLQ, deadletter.ResultPublished, 1}, {deadletter.KindDLQ, deadletter.ResultSkipped, 2}, {deadletter.KindDLQ, deadletter.ResultFailed, 0},
+		{deadletter.KindOutbox, deadletter.ResultPublished, 6}, {deadletter.KindOutbox, deadletter.ResultSkipped, 0}, {deadletter.KindOutbox, deadletter.ResultFailed, 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ReplayTotals = %v, want %v", got, want)
+	}
+}

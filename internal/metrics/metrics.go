@@ -116,8 +116,12 @@ type Metrics struct {
 	// --on-outbox-update warn, error or fatal.
 	OutboxUpdates prometheus.Counter
 	Replays       *prometheus.CounterVec // by kind, result
-	State         *prometheus.GaugeVec   // by state, 1 for the current one
-	BuildInfo     *prometheus.GaugeVec   // by version, goversion
+	// ReplayHistoryEvents is the replay history's events by kind and
+	// result: every replay's, whichever process ran it (cdc-relay replay and
+	// dlq replay run in their own).
+	ReplayHistoryEvents *prometheus.GaugeVec
+	State               *prometheus.GaugeVec // by state, 1 for the current one
+	BuildInfo           *prometheus.GaugeVec // by version, goversion
 }
 
 // New creates the collectors and registers them on reg.
@@ -293,6 +297,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "replayed_events_total",
 			Help: "Events republished by replays, by kind (dlq, outbox) and result.",
 		}, []string{"kind", "result"}),
+		ReplayHistoryEvents: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "replay_history_events",
+			Help: "Events of all replays in the replay history (cdc-relay replay, dlq replay, the relay's backfills and snapshots), by kind (dlq, outbox) and result (published, skipped, failed); it only grows while the history is kept.",
+		}, []string{"kind", "result"}),
 		State: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "state",
 			Help: "1 for the relay's current state, 0 for the others.",
@@ -310,7 +318,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
-		m.DeadLettersDead, m.Replays,
+		m.DeadLettersDead, m.Replays, m.ReplayHistoryEvents,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates,
 		m.OldestUnrelayedAge, m.OutboxWait,
 	)

@@ -19,12 +19,14 @@ type monitor struct {
 	every     time.Duration
 	heartbeat time.Duration // 0: no heartbeat
 	counts    func(context.Context) (map[string]int64, error)
-	retention func(context.Context) (int64, error)
-	pub       *pubWatch // nil: not checked
-	ticks     int
-	h         *handler
-	log       zerolog.Logger
-	m         *metrics.Metrics
+	// replayTotals reads the replay history's totals (Config.ReplayTotals).
+	replayTotals func(context.Context) ([]ReplayTotal, error)
+	retention    func(context.Context) (int64, error)
+	pub          *pubWatch // nil: not checked
+	ticks        int
+	h            *handler
+	log          zerolog.Logger
+	m            *metrics.Metrics
 
 	lastStatus string
 	hbFailing  bool
@@ -58,6 +60,7 @@ func (mo *monitor) run(ctx context.Context) {
 			}
 			mo.ticks++
 			mo.deadLetters(ctx)
+			mo.replays(ctx)
 		case <-hb:
 			mo.beat(ctx)
 		}
@@ -83,6 +86,29 @@ func (mo *monitor) deadLetters(ctx context.Context) {
 		}
 	}
 	mo.m.DeadLetterBacklog.Set(float64(backlog))
+}
+
+// ReplayTotal is how many events the replays of one kind (dlq, outbox) in the
+// replay history ended with one result (published, skipped, failed).
+type ReplayTotal struct {
+	Kind, Result string
+	Events       int64
+}
+
+// replays reads the replay history's totals into their gauge.
+func (mo *monitor) replays(ctx context.Context) {
+	if mo.replayTotals == nil {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	totals, err := mo.replayTotals(qctx)
+	if err != nil {
+		return // Postgres unreachable: the stream reports that
+	}
+	for _, t := range totals {
+		mo.m.ReplayHistoryEvents.WithLabelValues(t.Kind, t.Result).Set(float64(t.Events))
+	}
 }
 
 // readSlot exports wal_status and retained WAL, logging wal_status changes.

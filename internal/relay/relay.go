@@ -171,6 +171,10 @@ type Config struct {
 	// dead_letters_by_status metric (the letters by status) and the
 	// dead_letter_backlog one (those not "completed").
 	DeadLetterCounts func(context.Context) (map[string]int64, error)
+	// ReplayTotals, when set, is read every MonitorInterval into the
+	// replay_history_events metric: the events of every replay in the
+	// history, by kind and result, whichever process ran it.
+	ReplayTotals func(context.Context) ([]ReplayTotal, error)
 	// DeadLetterAutoRetry, when set, runs the automatic retries of dead
 	// letters (--dlq-auto-retry) until ctx ends; ready reports whether Kafka
 	// accepts the relay's events now. The relay runs it in the background
@@ -467,7 +471,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	mon := &monitor{
 		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
-		counts: cfg.DeadLetterCounts, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
+		counts: cfg.DeadLetterCounts, replayTotals: cfg.ReplayTotals, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
 		pub: &pubWatch{pool: pool, cfg: r.setupConfig(), log: r.log, fatal: r.fatal},
 	}
 	var wg sync.WaitGroup
