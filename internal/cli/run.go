@@ -83,7 +83,7 @@ type RunCmd struct {
 	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level."`
 	LogFormat string `default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
 
-	OtelExporter string `name:"otel-exporter" default:"none" enum:"none,otlp" help:"none: the trace context of --column-tracing goes out as the row has it; otlp: also export one PRODUCER span per event that has one, as its child, over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS, _PROTOCOL http/protobuf, http/json or grpc, … and OTEL_SERVICE_NAME, default cdc-relay), and send the relay's span as the traceparent header, so the consumer's span is the relay's child."`
+	OtelExporter string `name:"otel-exporter" default:"none" enum:"none,otlp" help:"none: the trace context of --column-tracing goes out as the row has it; otlp: also export one PRODUCER span per event that has one, as its child, over OTLP/HTTP with protobuf (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4318, _HEADERS, … and OTEL_SERVICE_NAME, default cdc-relay), and send the relay's span as the traceparent header, so the consumer's span is the relay's child."`
 }
 
 // Validate checks the run flags and returns an error naming the flag and its

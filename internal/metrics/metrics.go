@@ -110,7 +110,7 @@ type Metrics struct {
 	TraceContextInvalid prometheus.Counter
 	// TraceSpans counts the relay's own spans (--otel-exporter otlp) by the
 	// result of their export: exported (the receiver accepted them) or
-	// failed (dropped after the exporter's retries).
+	// failed (dropped after the exporter's retries, or rejected by the receiver).
 	TraceSpans *prometheus.CounterVec
 	// OutboxUpdates counts UPDATEs of outbox rows the relay saw with
 	// --on-outbox-update warn, error or fatal.
@@ -287,7 +287,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		TraceSpans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "trace_spans_total",
-			Help: "Spans of published events exported over OTLP with --otel-exporter otlp, by result: exported (the receiver accepted them) or failed (dropped after the exporter's retries; the events are not affected).",
+			Help: "Spans of published events exported over OTLP with --otel-exporter otlp, by result: exported (the receiver accepted them) or failed (dropped after the exporter's retries, or rejected by the receiver; the events are not affected).",
 		}, []string{"result"}),
 		OutboxUpdates: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "outbox_updates_total",

@@ -3,11 +3,8 @@ package testenv
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/hex"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -16,21 +13,16 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
-// OTLPReceiver is an in-process OpenTelemetry trace receiver, as a collector
-// is one: OTLP/HTTP (POST /v1/traces, protobuf, optionally gzip) on HTTPURL
-// and OTLP/gRPC (TraceService/Export) on GRPCAddr. It decodes every request
-// with the OTLP collector types and keeps the spans. It answers every valid
-// request with success.
+// OTLPReceiver is an in-process OpenTelemetry trace receiver, as a
+// collector's OTLP/HTTP endpoint is one: POST /v1/traces, binary protobuf,
+// optionally gzip, on HTTPURL. It decodes every request with the official
+// OTLP collector types (an independent check of the relay's own encoder)
+// and keeps the spans. It answers every valid request with success.
 type OTLPReceiver struct {
 	http *httptest.Server
-	grpc *grpc.Server
-	ln   net.Listener
-	wg   sync.WaitGroup
 
 	mu       sync.Mutex
 	spans    []ReceivedSpan
@@ -39,10 +31,9 @@ type OTLPReceiver struct {
 
 // OTLPRequest is one export request as the receiver got it.
 type OTLPRequest struct {
-	Protocol string      // "http" or "grpc"
-	Path     string      // the HTTP path, or the gRPC method
-	Header   http.Header // HTTP headers, or gRPC metadata
-	Spans    int
+	Path   string // the HTTP path
+	Header http.Header
+	Spans  int
 }
 
 // ReceivedSpan is one span with the resource and scope it was exported under.
@@ -73,25 +64,12 @@ func NewOTLPReceiver(t testing.TB) *OTLPReceiver {
 	return r
 }
 
-// StartOTLPReceiver starts a receiver on loopback ports; Close stops it.
+// StartOTLPReceiver starts a receiver on a loopback port; Close stops it.
 func StartOTLPReceiver() (*OTLPReceiver, error) {
 	r := &OTLPReceiver{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", r.serveHTTP)
 	r.http = httptest.NewServer(mux)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		r.http.Close()
-		return nil, fmt.Errorf("listen for OTLP/gRPC: %w", err)
-	}
-	r.ln = ln
-	r.grpc = grpc.NewServer()
-	coltracepb.RegisterTraceServiceServer(r.grpc, grpcTraces{r: r})
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		_ = r.grpc.Serve(ln) // returns when Close stops the server
-	}()
 	return r, nil
 }
 
@@ -99,16 +77,8 @@ func StartOTLPReceiver() (*OTLPReceiver, error) {
 // (the exporter appends /v1/traces).
 func (r *OTLPReceiver) HTTPURL() string { return r.http.URL }
 
-// GRPCURL is the receiver's OTLP/gRPC endpoint as a URL (plain text), for
-// OTEL_EXPORTER_OTLP_ENDPOINT with OTEL_EXPORTER_OTLP_PROTOCOL=grpc.
-func (r *OTLPReceiver) GRPCURL() string { return "http://" + r.ln.Addr().String() }
-
-// Close stops both servers and waits for them.
-func (r *OTLPReceiver) Close() {
-	r.grpc.Stop()
-	r.wg.Wait()
-	r.http.Close()
-}
+// Close stops the server and waits for its handlers.
+func (r *OTLPReceiver) Close() { r.http.Close() }
 
 // Spans returns the spans received so far, in the order they arrived.
 func (r *OTLPReceiver) Spans() []ReceivedSpan {
@@ -156,7 +126,7 @@ func (r *OTLPReceiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "decode ExportTraceServiceRequest: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	r.record(&msg, OTLPRequest{Protocol: "http", Path: req.URL.Path, Header: req.Header.Clone()})
+	r.record(&msg, OTLPRequest{Path: req.URL.Path, Header: req.Header.Clone()})
 	out, err := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -164,22 +134,6 @@ func (r *OTLPReceiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = io.Copy(w, bytes.NewReader(out))
-}
-
-// grpcTraces is the receiver's TraceService.
-type grpcTraces struct {
-	coltracepb.UnimplementedTraceServiceServer
-	r *OTLPReceiver
-}
-
-func (g grpcTraces) Export(ctx context.Context, msg *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	h := http.Header{}
-	for k, vs := range md {
-		h[http.CanonicalHeaderKey(k)] = vs
-	}
-	g.r.record(msg, OTLPRequest{Protocol: "grpc", Path: coltracepb.TraceService_Export_FullMethodName, Header: h})
-	return &coltracepb.ExportTraceServiceResponse{}, nil
 }
 
 func (r *OTLPReceiver) record(msg *coltracepb.ExportTraceServiceRequest, req OTLPRequest) {

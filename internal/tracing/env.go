@@ -4,38 +4,48 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net/http"
 	"net/url"
 	"path"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The OTLP exporter's variables, without the OTEL_EXPORTER_OTLP_ prefix;
 // each also exists with TRACES_ after it, which wins.
 const otlpPrefix = "OTEL_EXPORTER_OTLP_"
 
-// destination is where and how spans are sent, as the exporter will read it
-// from the environment.
-type destination struct {
-	endpoint string // scheme://host/path
-	protocol string // http/protobuf or http/json
-}
+// protoHTTPProtobuf is the one value of OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL
+// the exporter speaks: OTLP/HTTP with binary protobuf bodies.
+const protoHTTPProtobuf = "http/protobuf"
 
-// Protocols of OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL: the OTLP/HTTP exporter
-// (otlptracehttp) speaks the first two, the OTLP/gRPC one (otlptracegrpc)
-// the third.
+// Defaults of the OTLP/HTTP exporter, as the OpenTelemetry specification
+// gives them.
 const (
-	protoHTTPProtobuf = "http/protobuf"
-	protoHTTPJSON     = "http/json"
-	protoGRPC         = "grpc"
+	defaultEndpoint = "http://localhost:4318"
+	defaultTimeout  = 10 * time.Second
 )
 
-// checkEnv checks the OTEL_* variables the exporters and the SDK read, where
-// they would silently ignore a bad value (a URL that does not parse, an
-// unreadable certificate, a header without '=', an unknown protocol), and
-// returns the destination they name. An error names the variable and never
-// prints a header's value.
-func checkEnv(getenv func(string) string, readFile func(string) ([]byte, error)) (destination, error) {
+// destination is where and how spans are sent, as read from the environment.
+type destination struct {
+	endpoint    string        // scheme://host/path, as logged: no credentials, no query
+	url         string        // what requests go to: the endpoint with its credentials and query
+	protocol    string        // http/protobuf
+	headers     http.Header   // of OTEL_EXPORTER_OTLP_[TRACES_]HEADERS
+	gzip        bool          // OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION=gzip
+	timeout     time.Duration // bounds one export, retries included; 0: no bound of its own
+	timeoutName string        // the variable that set timeout, for errors
+	tls         *tls.Config   // for https: the CA and client certificate of the variables
+}
+
+// readEnv reads the OTEL_EXPORTER_OTLP_* variables the exporter uses, and
+// checks those of the SDK that it would silently replace by its default
+// when bad (the sampler, the batch span processor's numbers). A bad value
+// (a URL that does not parse, an unreadable certificate, a header without
+// '=', a protocol other than http/protobuf) is an error that names the
+// variable and never prints a header's value.
+func readEnv(getenv func(string) string, readFile func(string) ([]byte, error)) (destination, error) {
 	get := func(name string) string { return strings.TrimSpace(getenv(name)) }
 	// signal returns the TRACES_ variable when set, else the general one.
 	signal := func(suffix string) (name, value string) {
@@ -45,44 +55,17 @@ func checkEnv(getenv func(string) string, readFile func(string) ([]byte, error))
 		return otlpPrefix + suffix, get(otlpPrefix + suffix)
 	}
 
-	d := destination{protocol: protoHTTPProtobuf}
-	if name, v := signal("PROTOCOL"); v != "" {
-		switch v {
-		case protoHTTPProtobuf, protoHTTPJSON, protoGRPC:
-			d.protocol = v
-		default:
-			return d, fmt.Errorf("%s=%q: use http/protobuf (the default), http/json or grpc", name, v)
-		}
+	d := destination{protocol: protoHTTPProtobuf, timeout: defaultTimeout, timeoutName: otlpPrefix + "TIMEOUT"}
+	if name, v := signal("PROTOCOL"); v != "" && v != protoHTTPProtobuf {
+		return d, fmt.Errorf("%s=%q: cdc-relay exports OTLP over HTTP with protobuf bodies only: unset it or set http/protobuf, "+
+			"and point %sENDPOINT at the collector's OTLP/HTTP port (4318, where the OpenTelemetry Collector's otlp receiver serves it)",
+			name, v, otlpPrefix)
 	}
 
-	// The endpoint, as the exporters resolve it. OTLP/HTTP: the per-signal
-	// URL as it is (path "/" when it has none), else the general one with
-	// /v1/traces appended to its path, else https://localhost:4318/v1/traces.
-	// OTLP/gRPC: the host of either (per-signal first), else localhost:4317.
-	// The scheme decides TLS, unless an _INSECURE variable says otherwise.
-	u := &url.URL{Scheme: "https", Host: "localhost:4318", Path: "/v1/traces"}
-	if d.protocol == protoGRPC {
-		u.Host = "localhost:4317"
-	}
-	if v := get(otlpPrefix + "ENDPOINT"); v != "" {
-		base, err := endpointURL(otlpPrefix+"ENDPOINT", v)
-		if err != nil {
-			return d, err
-		}
-		u = base
-		u.Path = path.Join(base.Path, "/v1/traces")
-	}
-	if v := get(otlpPrefix + "TRACES_ENDPOINT"); v != "" {
-		full, err := endpointURL(otlpPrefix+"TRACES_ENDPOINT", v)
-		if err != nil {
-			return d, err
-		}
-		u = full
-		if u.Path == "" {
-			u.Path = "/"
-		}
-	}
-	insecure := u.Scheme == "http"
+	// _INSECURE says http (true) or https (false) over the endpoint's
+	// scheme, and gives one to an endpoint written without it.
+	insecureName := ""
+	insecure := false
 	for _, name := range []string{otlpPrefix + "INSECURE", otlpPrefix + "TRACES_INSECURE"} {
 		if v := get(name); v != "" {
 			switch strings.ToLower(v) {
@@ -93,28 +76,66 @@ func checkEnv(getenv func(string) string, readFile func(string) ([]byte, error))
 			default:
 				return d, fmt.Errorf("%s=%q: use true or false", name, v)
 			}
+			insecureName = name
 		}
 	}
-	scheme := "https"
-	if insecure {
-		scheme = "http"
-	}
-	shown := &url.URL{Scheme: scheme, Host: u.Host, Path: u.Path}
-	if d.protocol == protoGRPC {
-		shown.Path = "" // the service's method names the path
-	}
-	d.endpoint = shown.String()
 
-	for _, name := range []string{otlpPrefix + "HEADERS", otlpPrefix + "TRACES_HEADERS"} {
-		if err := checkHeaders(name, get(name)); err != nil {
+	// The endpoint: the per-signal URL as it is (path "/" when it has none),
+	// else the general one with /v1/traces appended to its path, else
+	// http://localhost:4318/v1/traces.
+	u, err := url.Parse(defaultEndpoint + "/v1/traces")
+	if err != nil {
+		return d, fmt.Errorf("parse the default endpoint: %w", err)
+	}
+	if v := get(otlpPrefix + "ENDPOINT"); v != "" {
+		base, err := endpointURL(otlpPrefix+"ENDPOINT", v, insecureName, insecure)
+		if err != nil {
 			return d, err
 		}
+		u = base
+		u.Path = path.Join(base.Path, "/v1/traces")
+		u.RawPath = ""
 	}
+	if v := get(otlpPrefix + "TRACES_ENDPOINT"); v != "" {
+		full, err := endpointURL(otlpPrefix+"TRACES_ENDPOINT", v, insecureName, insecure)
+		if err != nil {
+			return d, err
+		}
+		u = full
+		if u.Path == "" {
+			u.Path = "/"
+		}
+	}
+	if insecureName != "" {
+		u.Scheme = "https"
+		if insecure {
+			u.Scheme = "http"
+		}
+	}
+	d.url = u.String()
+	d.endpoint = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+
+	// Headers: the per-signal variable replaces the general one; both are
+	// checked.
+	headers := map[string]http.Header{}
+	for _, name := range []string{otlpPrefix + "HEADERS", otlpPrefix + "TRACES_HEADERS"} {
+		h, err := parseHeaders(name, get(name))
+		if err != nil {
+			return d, err
+		}
+		headers[name] = h
+	}
+	name, _ := signal("HEADERS")
+	d.headers = headers[name]
+
 	for _, name := range []string{otlpPrefix + "COMPRESSION", otlpPrefix + "TRACES_COMPRESSION"} {
 		if v := get(name); v != "" && v != "gzip" && v != "none" {
 			return d, fmt.Errorf("%s=%q: use gzip or none", name, v)
 		}
 	}
+	_, compression := signal("COMPRESSION")
+	d.gzip = compression == "gzip"
+
 	for _, name := range []string{
 		otlpPrefix + "TIMEOUT", otlpPrefix + "TRACES_TIMEOUT",
 		"OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -125,16 +146,30 @@ func checkEnv(getenv func(string) string, readFile func(string) ([]byte, error))
 			}
 		}
 	}
+	if name, v := signal("TIMEOUT"); v != "" {
+		ms, _ := strconv.Atoi(v) // checked above
+		d.timeout, d.timeoutName = time.Duration(ms)*time.Millisecond, name
+	}
+
+	// TLS: the per-signal CA file, else the general one (else the system's
+	// CAs); the per-signal client certificate and key, else the general pair.
+	d.tls = &tls.Config{MinVersion: tls.VersionTLS12}
+	cas := map[string]*x509.CertPool{}
 	for _, name := range []string{otlpPrefix + "CERTIFICATE", otlpPrefix + "TRACES_CERTIFICATE"} {
 		if file := get(name); file != "" {
 			pem, err := readFile(file)
 			if err != nil {
 				return d, fmt.Errorf("%s: %w", name, err)
 			}
-			if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
 				return d, fmt.Errorf("%s=%s: no PEM certificate in the file", name, file)
 			}
+			cas[name] = pool
 		}
+	}
+	if name, _ := signal("CERTIFICATE"); cas[name] != nil {
+		d.tls.RootCAs = cas[name]
 	}
 	for _, pre := range []string{otlpPrefix, otlpPrefix + "TRACES_"} {
 		certName, keyName := pre+"CLIENT_CERTIFICATE", pre+"CLIENT_KEY"
@@ -153,18 +188,34 @@ func checkEnv(getenv func(string) string, readFile func(string) ([]byte, error))
 		if err != nil {
 			return d, fmt.Errorf("%s: %w", keyName, err)
 		}
-		if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
 			return d, fmt.Errorf("%s and %s: %w", certName, keyName, err)
 		}
+		d.tls.Certificates = []tls.Certificate{pair} // the TRACES_ pair, checked last, wins
 	}
+
 	if err := checkSampler(strings.ToLower(get("OTEL_TRACES_SAMPLER")), get("OTEL_TRACES_SAMPLER_ARG")); err != nil {
 		return d, err
 	}
 	return d, nil
 }
 
-// endpointURL parses an endpoint variable: an http or https URL with a host.
-func endpointURL(name, v string) (*url.URL, error) {
+// endpointURL parses an endpoint variable: an http or https URL with a host,
+// or a host without a scheme when an _INSECURE variable (insecureName) gives
+// it one.
+func endpointURL(name, v, insecureName string, insecure bool) (*url.URL, error) {
+	if !strings.Contains(v, "://") {
+		if insecureName == "" {
+			return nil, fmt.Errorf("%s=%q has no scheme: write http://%s (plain text) or https://%s (TLS), or set %sINSECURE=true for plain text, false for TLS",
+				name, redactURL(v), redactURL(v), redactURL(v), otlpPrefix)
+		}
+		scheme := "https://"
+		if insecure {
+			scheme = "http://"
+		}
+		v = scheme + v
+	}
 	u, err := url.Parse(v)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%s=%q is not an http:// or https:// URL, e.g. http://otel-collector:4318", name, redactURL(v))
@@ -183,27 +234,34 @@ func redactURL(v string) string {
 	return v
 }
 
-// checkHeaders checks a headers variable as the exporter reads it: key=value
-// pairs separated by commas, keys HTTP tokens, values URL-encoded. Values
-// are secrets (API keys) and are never printed.
-func checkHeaders(name, v string) error {
+// parseHeaders reads a headers variable: key=value pairs separated by
+// commas (the W3C baggage format without properties), keys HTTP tokens,
+// values URL-encoded, spaces around either ignored. Values are secrets (API
+// keys) and are never printed.
+func parseHeaders(name, v string) (http.Header, error) {
+	h := http.Header{}
 	if v == "" {
-		return nil
+		return h, nil
 	}
 	for i, pair := range strings.Split(v, ",") {
 		key, val, ok := strings.Cut(pair, "=")
 		key = strings.TrimSpace(key)
 		if !ok {
-			return fmt.Errorf("%s: entry %d has no '=': use key=value,key=value", name, i+1)
+			return nil, fmt.Errorf("%s: entry %d has no '=': use key=value,key=value", name, i+1)
 		}
 		if !isToken(key) {
-			return fmt.Errorf("%s: entry %d: %q is not a header name", name, i+1, key)
+			return nil, fmt.Errorf("%s: entry %d: %q is not a header name", name, i+1, key)
 		}
-		if _, err := url.PathUnescape(val); err != nil {
-			return fmt.Errorf("%s: the value of %s is not URL-encoded (%%XX escapes)", name, key)
+		val, err := url.PathUnescape(strings.TrimSpace(val))
+		if err != nil {
+			return nil, fmt.Errorf("%s: the value of %s is not URL-encoded (%%XX escapes)", name, key)
 		}
+		if !isHeaderValue(val) {
+			return nil, fmt.Errorf("%s: the value of %s holds a control character once decoded", name, key)
+		}
+		h.Add(key, val)
 	}
-	return nil
+	return h, nil
 }
 
 // isToken reports whether s is an HTTP token (a header name).
@@ -214,6 +272,17 @@ func isToken(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// isHeaderValue reports whether s can be sent as a header's value: no
+// control character but tab.
+func isHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
 			return false
 		}
 	}

@@ -11,9 +11,10 @@
 // of the relay's. End finishes the span when Kafka acknowledged the event
 // (with its partition and offset) or when it failed for good. Spans follow
 // the OpenTelemetry messaging semantic conventions v1.24.0 (the span name
-// "<topic> publish", messaging.* attributes); the batch span processor
-// exports them over OTLP (HTTP, or gRPC), configured by the standard OTEL_*
-// variables.
+// "<topic> publish", messaging.* attributes); the SDK's batch span processor
+// hands them to the package's own OTLP/HTTP exporter (binary protobuf,
+// encoded with protowire: the official exporters would link gRPC into the
+// binary), configured by the standard OTEL_* variables.
 //
 // Without --otel-exporter otlp nothing of this package runs: the relay holds
 // no Spans and its headers stay as the row had them.
@@ -31,8 +32,6 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.24.0"
@@ -87,25 +86,24 @@ type Config struct {
 type Spans struct {
 	tp       *sdktrace.TracerProvider
 	tracer   trace.Tracer
-	abort    context.CancelFunc // ends exports in progress (Shutdown's deadline)
+	exp      *exporter
 	endpoint string
 	protocol string
 }
 
-// New checks the OTEL_* environment (an error names the variable to fix)
-// and starts an OTLP exporter behind a batch span processor:
-// OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL picks OTLP/HTTP (http/protobuf, the
-// default, or http/json) or OTLP/gRPC (grpc). The exporter itself reads
-// OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS, _INSECURE, _CERTIFICATE,
-// _CLIENT_CERTIFICATE, _CLIENT_KEY, _COMPRESSION and _TIMEOUT; the SDK reads
-// OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER[_ARG] and
-// OTEL_BSP_*. Nothing connects until the first spans are exported. The
-// caller must call Shutdown.
+// New reads the OTEL_* environment (an error names the variable to fix)
+// and starts an OTLP/HTTP exporter behind the SDK's batch span processor.
+// The exporter reads OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS,
+// _INSECURE, _CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY, _COMPRESSION
+// and _TIMEOUT, and refuses a _PROTOCOL other than http/protobuf; the SDK
+// reads OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
+// OTEL_TRACES_SAMPLER[_ARG] and OTEL_BSP_*. Nothing connects until the
+// first spans are exported. The caller must call Shutdown.
 func New(ctx context.Context, cfg Config) (*Spans, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()
 	}
-	dest, err := checkEnv(os.Getenv, os.ReadFile)
+	dest, err := readEnv(os.Getenv, os.ReadFile)
 	if err != nil {
 		return nil, err
 	}
@@ -113,28 +111,13 @@ func New(ctx context.Context, cfg Config) (*Spans, error) {
 	if err != nil {
 		return nil, err
 	}
-	var otlp sdktrace.SpanExporter
-	if dest.protocol == protoGRPC {
-		otlp, err = otlptracegrpc.New(ctx) // connects lazily, on the first export
-	} else {
-		otlp, err = otlptracehttp.New(ctx)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("create the OTLP (%s) trace exporter for %s: %w", dest.protocol, dest.endpoint, err)
-	}
-	stop, abort := context.WithCancel(context.Background())
-	exp := &exporter{
-		next:     otlp,
-		stop:     stop,
-		log:      cfg.Logger.With().Str("component", "tracing").Logger().Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Minute}),
-		exported: cfg.Metrics.TraceSpans.WithLabelValues("exported"),
-		failed:   cfg.Metrics.TraceSpans.WithLabelValues("failed"),
-	}
+	log := cfg.Logger.With().Str("component", "tracing").Logger().Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Minute})
+	exp := newExporter(dest, cfg.ServiceVersion, log, cfg.Metrics)
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return &Spans{
 		tp:       tp,
 		tracer:   tp.Tracer(scopeName, trace.WithInstrumentationVersion(cfg.ServiceVersion), trace.WithSchemaURL(semconv.SchemaURL)),
-		abort:    abort,
+		exp:      exp,
 		endpoint: dest.endpoint,
 		protocol: dest.protocol,
 	}, nil
@@ -165,8 +148,7 @@ func newResource(ctx context.Context, version string) (*resource.Resource, error
 // credentials, which the exporter takes from headers).
 func (s *Spans) Endpoint() string { return s.endpoint }
 
-// Protocol is the OTLP transport and encoding: http/protobuf, http/json or
-// grpc.
+// Protocol is the OTLP transport and encoding: http/protobuf.
 func (s *Spans) Protocol() string { return s.protocol }
 
 // Start begins the relay's span of ev, a child of the trace context in its
@@ -268,12 +250,12 @@ func (s *Spans) End(ev *outbox.Event, err error, deadLetter bool) {
 // exports in progress are cut short and the rest is dropped: Shutdown still
 // returns only once the processor stopped, and then reports ctx's error.
 func (s *Spans) Shutdown(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, s.abort)
+	stop := context.AfterFunc(ctx, func() { s.exp.abort(context.Cause(ctx)) })
 	defer stop()
 	// Not ctx itself: the provider would return at ctx's end and leave its
-	// goroutine exporting; s.abort makes every export return at once instead.
+	// goroutine exporting; aborting the exporter makes every export return
+	// at once instead. The provider shuts the exporter down last.
 	err := s.tp.Shutdown(context.WithoutCancel(ctx))
-	s.abort()
 	if ctx.Err() != nil {
 		return fmt.Errorf("flush trace spans to %s: %w (the spans not yet exported were dropped)", s.endpoint, context.Cause(ctx))
 	}
