@@ -90,7 +90,7 @@ func runBench(ctx context.Context, args []string) error {
 	reconcile := fs.String("reconcile-partitions", "8,256", "start-up cells: partition counts of the topics the relay drains the headline backlog into, is killed -9 mid-drain and restarted; \"\" skips them")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
-	chartOnly := fs.String("chart-only", "", "only redraw the charts of this results JSON (next to it, as .png)")
+	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
 	var cellList []string
 	fs.Func("cell", "run only this cell (a name -list-cells prints, e.g. drain/txn=1 or latency/rate=10000,txn=10); give it more than once, or several names separated by commas or spaces, for more", func(v string) error {
 		cellList = append(cellList, splitCells(v)...)
@@ -104,12 +104,14 @@ func runBench(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
+		r.Evaluate() // this version's targets
 		base := strings.TrimSuffix(*chartOnly, filepath.Ext(*chartOnly))
 		written, err := writeCharts(r, base)
 		if err != nil {
 			return err
 		}
-		fmt.Println("wrote", strings.Join(written, ", "))
+		r.Print(os.Stdout)
+		fmt.Println("\nwrote", strings.Join(written, ", "))
 		return nil
 	}
 	set := map[string]bool{}

@@ -100,7 +100,7 @@ func drainPlot(r *results.Results) (*plot.Plot, error) {
 	p.Add(l)
 	p.NominalX(names...)
 	p.Y.Min = 0
-	p.Y.Max = top * 1.12
+	p.Y.Max = math.Max(top*1.12, 1) // an empty axis when the headline drain did not run
 	return p, nil
 }
 
@@ -168,6 +168,9 @@ func latencyPlot(r *results.Results) (*plot.Plot, error) {
 		points.Radius = vg.Points(3.5)
 		p.Add(line, points)
 		p.Legend.Add(s.system+" "+s.pct, line, points)
+	}
+	if len(names) == 0 {
+		names = []string{"no steady-load cell ran"}
 	}
 	p.NominalX(names...)
 	p.X.Min, p.X.Max = -0.3, float64(len(names))-0.7

@@ -36,10 +36,21 @@ func TestWriteDrawsAPNG(t *testing.T) {
 	}
 }
 
-func TestWriteWithoutLatency(t *testing.T) {
-	r := &results.Results{Config: results.Config{Events: 10, Rates: []int{1000}}}
-	if err := Write(r, filepath.Join(t.TempDir(), "chart.png")); err != nil {
-		t.Fatal(err)
+func TestWriteWithoutSomeCells(t *testing.T) {
+	tests := []struct {
+		name string
+		r    *results.Results
+	}{
+		{"no latency run", &results.Results{Config: results.Config{Events: 10, Rates: []int{1000}}}},
+		{"matrix without steady loads", &results.Results{Config: results.Config{Events: 10, TxnSizes: []int{1}, Rates: []int{1000}}}},
+		{"nothing ran", &results.Results{Config: results.Config{TxnSizes: []int{1}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := Write(tt.r, filepath.Join(t.TempDir(), "chart.png")); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

@@ -414,8 +414,10 @@ func (r *Results) matrixTargets() []Target {
 		if c.RelayOverLimitCPU > worstCPU.RelayOverLimitCPU {
 			worstCPU = c
 		}
-		if c.Relay.PeakRSSBytes > peak {
-			peak, peakCell = c.Relay.PeakRSSBytes, c.Name
+		for _, d := range append([]Drain{c.Relay}, c.RelayRuns...) {
+			if d.PeakRSSBytes > peak {
+				peak, peakCell = d.PeakRSSBytes, c.Name+" "+d.Name
+			}
 		}
 	}
 	out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell",
