@@ -58,7 +58,8 @@ type Result struct {
 // Run streams cfg.Relay.Slot from its confirmed position until cfg.Count
 // events were decoded, then calls reached (if not nil), reads the rest of the
 // current transaction, confirms its end and, unless cfg.Hold, disconnects.
-// When ctx ends first it returns what it read so far with ctx's error.
+// When ctx ends before the count it returns what it read so far with ctx's
+// error; after the count, the end of ctx is a clean stop (nil).
 func Run(ctx context.Context, cfg Config, reached func()) (Result, error) {
 	rc := cfg.Relay
 	if rc.StatusInterval <= 0 {
@@ -84,15 +85,23 @@ func Run(ctx context.Context, cfg Config, reached func()) (Result, error) {
 	defer s.Close(context.Background())
 	err = s.Run(ctx, h.stop, h)
 	h.res.Confirmed = h.Flushed()
+	if h.res.Events >= cfg.Count && ctx.Err() != nil {
+		// Stopped after the count was reached (the parent may stop the
+		// reader as soon as it read the done line): a clean end.
+		return h.res, nil
+	}
 	if !errors.Is(err, replication.ErrStopped) {
 		return h.res, err
 	}
 	if err := s.SendStatus(ctx, h.Flushed()); err != nil {
+		if h.res.Events >= cfg.Count && ctx.Err() != nil {
+			return h.res, nil
+		}
 		return h.res, err
 	}
 	if cfg.Hold {
 		// Nothing more is expected; the loop answers keepalives until ctx ends.
-		if err := s.Run(ctx, nil, h); err != nil && !errors.Is(err, context.Canceled) {
+		if err := s.Run(ctx, nil, h); err != nil && ctx.Err() == nil {
 			return h.res, err
 		}
 		h.res.Confirmed = h.Flushed()

@@ -34,6 +34,8 @@ type Results struct {
 	// Cells are the drain cells of the matrix in the order they ran (see
 	// Cell). The fields below, Limit to Poller, repeat the headline cell's.
 	Cells []Cell `json:"cells,omitempty"`
+	// FailedCells are drain cells that failed; the run went on without them.
+	FailedCells []FailedCell `json:"failed_cells,omitempty"`
 
 	// LimitRuns are the limit reader before and after the relay; Limit is the
 	// faster of them.
@@ -130,6 +132,12 @@ type Cell struct {
 	RelayOverLimit    float64 `json:"relay_over_limit_rate"`
 	RelayOverLimitCPU float64 `json:"relay_over_limit_cpu_per_event"`
 	RelayOverPoller   float64 `json:"relay_over_poller_rate"`
+}
+
+// FailedCell is a drain cell that failed, and why.
+type FailedCell struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
 }
 
 // Fill computes the cell's ratios.
@@ -402,50 +410,14 @@ func (r *Results) matrixTargets() []Target {
 		cells[0].Fill()
 	}
 	if len(cells) == 0 {
-		return []Target{{Name: "relay ≥ 0.9 × limit, every drain cell", Got: "no drain cell ran", NA: true}}
+		out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell", Got: "no drain cell ran", NA: true})
+	} else {
+		out = append(out, r.drainTargets(cells)...)
 	}
-	worst, worstCPU := cells[0], cells[0]
-	var peak int64
-	peakCell := ""
-	for _, c := range cells {
-		if c.RelayOverLimit < worst.RelayOverLimit {
-			worst = c
-		}
-		if c.RelayOverLimitCPU > worstCPU.RelayOverLimitCPU {
-			worstCPU = c
-		}
-		for _, d := range append([]Drain{c.Relay}, c.RelayRuns...) {
-			if d.PeakRSSBytes > peak {
-				peak, peakCell = d.PeakRSSBytes, c.Name+" "+d.Name
-			}
-		}
+	for _, f := range r.FailedCells {
+		out = append(out, Target{Name: "cell " + f.Name, Got: "FAILED, not measured: " + f.Error})
 	}
-	out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell",
-		Got:  fmt.Sprintf("lowest relay/limit %.2f in %s (%.0f vs %.0f ev/s; %d cells)", worst.RelayOverLimit, worst.Name, worst.Relay.Rate, worst.Limit.Rate, len(cells)),
-		Pass: worst.RelayOverLimit >= 0.9})
-	// The allowance for encoding and producing needs a CPU profile's split
-	// (README): the figure is reported, not judged.
-	out = append(out, Target{Name: "relay CPU/ev ≤ limit's + encode/produce",
-		Got: fmt.Sprintf("highest relay/limit CPU per event %.2f in %s (%.2f vs %.2f µs); the encode/produce share needs a CPU profile", worstCPU.RelayOverLimitCPU, worstCPU.Name, worstCPU.Relay.CPUPerEventUS, worstCPU.Limit.CPUPerEventUS),
-		NA:  true})
-	for _, g := range []struct {
-		name    string
-		of      func(Shape) int
-		without func(Shape) Shape
-	}{
-		{"partitions", func(s Shape) int { return s.Partitions }, func(s Shape) Shape { s.Partitions = 0; return s }},
-		{"topics", func(s Shape) int { return s.Topics }, func(s Shape) Shape { s.Topics = 0; return s }},
-	} {
-		lo, hi, ok := r.spread(g.of, g.without)
-		if !ok {
-			out = append(out, Target{Name: "CPU/ev growth over " + g.name + " ≤ 1.2×", Got: "not measured (one " + g.name + " count)", NA: true})
-			continue
-		}
-		grow := ratio(hi.Relay.CPUPerEventUS, lo.Relay.CPUPerEventUS)
-		out = append(out, Target{Name: "CPU/ev growth over " + g.name + " ≤ 1.2×",
-			Got:  fmt.Sprintf("%.2f× from %d to %d (%.2f → %.2f µs/ev)", grow, g.of(lo.Shape), g.of(hi.Shape), lo.Relay.CPUPerEventUS, hi.Relay.CPUPerEventUS),
-			Pass: grow > 0 && grow <= 1.2})
-	}
+	peak, peakCell := peakRSS(cells)
 	peak = max(peak, r.Ratios.RelayLatencyPeakRSS)
 	if r.Ratios.RelayLatencyPeakRSS >= peak {
 		peakCell = "the latency runs"
@@ -456,6 +428,11 @@ func (r *Results) matrixTargets() []Target {
 		l, ok := r.LatencyOf("relay", 10000, txn)
 		if !ok || l.Samples == 0 {
 			out = append(out, Target{Name: name, Got: "not measured", NA: true})
+			continue
+		}
+		if l.AchievedRate < 0.9*float64(l.Rate) {
+			// The latency then measures the load generator's queue.
+			out = append(out, Target{Name: name, Got: fmt.Sprintf("not measured: the load generator committed only %.0f of %d ev/s (p99 %.0f ms)", l.AchievedRate, l.Rate, l.P99), NA: true})
 			continue
 		}
 		out = append(out, Target{Name: name, Got: fmt.Sprintf("p99 %.2f ms (p50 %.2f, max %.2f)", l.P99, l.P50, l.Max), Pass: l.P99 <= 5})
@@ -485,6 +462,62 @@ func (c Config) Headline() Shape {
 	}
 	return Shape{TxnSize: first(c.TxnSizes, c.TxnSize), Partitions: first(c.PartitionSet, c.Partitions),
 		Topics: first(c.TopicCounts, 1), Payload: first(c.Payloads, c.Payload)}
+}
+
+// peakRSS returns the highest peak RSS of the relay's drains in cells, and
+// which drain it was.
+func peakRSS(cells []Cell) (int64, string) {
+	var peak int64
+	where := ""
+	for _, c := range cells {
+		for _, d := range append([]Drain{c.Relay}, c.RelayRuns...) {
+			if d.PeakRSSBytes > peak {
+				peak, where = d.PeakRSSBytes, c.Name+" "+d.Name
+			}
+		}
+	}
+	return peak, where
+}
+
+// drainTargets are the targets over the drain cells.
+func (r *Results) drainTargets(cells []Cell) []Target {
+	var out []Target
+	worst, worstCPU := cells[0], cells[0]
+	for _, c := range cells {
+		if c.RelayOverLimit < worst.RelayOverLimit {
+			worst = c
+		}
+		if c.RelayOverLimitCPU > worstCPU.RelayOverLimitCPU {
+			worstCPU = c
+		}
+	}
+	out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell",
+		Got:  fmt.Sprintf("lowest relay/limit %.2f in %s (%.0f vs %.0f ev/s; %d cells)", worst.RelayOverLimit, worst.Name, worst.Relay.Rate, worst.Limit.Rate, len(cells)),
+		Pass: worst.RelayOverLimit >= 0.9})
+	// The allowance for encoding and producing needs a CPU profile's split
+	// (README): the figure is reported, not judged.
+	out = append(out, Target{Name: "relay CPU/ev ≤ limit's + encode/produce",
+		Got: fmt.Sprintf("highest relay/limit CPU per event %.2f in %s (%.2f vs %.2f µs); the encode/produce share needs a CPU profile", worstCPU.RelayOverLimitCPU, worstCPU.Name, worstCPU.Relay.CPUPerEventUS, worstCPU.Limit.CPUPerEventUS),
+		NA:  true})
+	for _, g := range []struct {
+		name    string
+		of      func(Shape) int
+		without func(Shape) Shape
+	}{
+		{"partitions", func(s Shape) int { return s.Partitions }, func(s Shape) Shape { s.Partitions = 0; return s }},
+		{"topics", func(s Shape) int { return s.Topics }, func(s Shape) Shape { s.Topics = 0; return s }},
+	} {
+		lo, hi, ok := r.spread(g.of, g.without)
+		if !ok {
+			out = append(out, Target{Name: "CPU/ev growth over " + g.name + " ≤ 1.2×", Got: "not measured (one " + g.name + " count)", NA: true})
+			continue
+		}
+		grow := ratio(hi.Relay.CPUPerEventUS, lo.Relay.CPUPerEventUS)
+		out = append(out, Target{Name: "CPU/ev growth over " + g.name + " ≤ 1.2×",
+			Got:  fmt.Sprintf("%.2f× from %d to %d (%.2f → %.2f µs/ev)", grow, g.of(lo.Shape), g.of(hi.Shape), lo.Relay.CPUPerEventUS, hi.Relay.CPUPerEventUS),
+			Pass: grow > 0 && grow <= 1.2})
+	}
+	return out
 }
 
 // spread returns, of the cells that differ from the headline in one
@@ -554,14 +587,14 @@ func (r *Results) evaluateDelivery() {
 // at-least-once: drain rate ≥ 0.95 ×, p99 within 1 ms at every load.
 func (r *Results) deliveryTargets() []Target {
 	d := r.Delivery
-	if d.AtLeastOnceRate == 0 {
-		return []Target{{Name: "eo drain ≥ 0.95 × at-least-once", Got: "not measured (no at-least-once drain)", NA: true}}
+	out := []Target{{Name: "eo drain ≥ 0.95 × at-least-once", Got: "not measured (no at-least-once drain)", NA: true}}
+	if d.AtLeastOnceRate > 0 {
+		out[0] = Target{
+			Name: "eo drain ≥ 0.95 × at-least-once",
+			Got:  fmt.Sprintf("ratio %.3f (%.0f vs %.0f ev/s)", d.RateRatio, d.EffectivelyOnceRate, d.AtLeastOnceRate),
+			Pass: d.RateRatio >= 0.95,
+		}
 	}
-	out := []Target{{
-		Name: "eo drain ≥ 0.95 × at-least-once",
-		Got:  fmt.Sprintf("ratio %.3f (%.0f vs %.0f ev/s)", d.RateRatio, d.EffectivelyOnceRate, d.AtLeastOnceRate),
-		Pass: d.RateRatio >= 0.95,
-	}}
 	for _, l := range d.Latency {
 		out = append(out, Target{
 			Name: "eo p99 ≤ at-least-once + 1 ms @" + loadLabel(l.Rate, l.TxnSize),
@@ -668,7 +701,11 @@ func (r *Results) printHeadline(w io.Writer) {
 	if r.Limit.Rate == 0 && len(cells) == 0 {
 		return
 	}
+	drained := r.Limit.Rate > 0 || r.Relay.Rate > 0
 	header := []string{"headline", "rate ev/s", "CPU µs/ev", "walsender µs/ev", "PG CPU µs/ev", "WAL B/ev"}
+	if !drained {
+		header = []string{"steady loads"}
+	}
 	for i, lc := range cells {
 		label := "@" + loadLabel(lc.Rate, lc.TxnSize)
 		if i == 0 {
@@ -676,17 +713,29 @@ func (r *Results) printHeadline(w io.Writer) {
 		}
 		header = append(header, label)
 	}
-	header = append(header, "peak RSS")
+	if drained {
+		header = append(header, "peak RSS")
+	}
 	row := func(name, system, delivery string, d Drain) []string {
-		cells := []string{name, fmt.Sprintf("%.0f", d.Rate), fmt.Sprintf("%.2f", d.CPUPerEventUS),
-			fmt.Sprintf("%.2f", d.WalsenderUSPerEvent), fmt.Sprintf("%.2f", d.PGCPUPerEventUS), fmt.Sprintf("%.1f", d.WALPerEvent)}
+		cells := []string{name}
+		if drained {
+			cells = append(cells, fmt.Sprintf("%.0f", d.Rate), fmt.Sprintf("%.2f", d.CPUPerEventUS),
+				fmt.Sprintf("%.2f", d.WalsenderUSPerEvent), fmt.Sprintf("%.2f", d.PGCPUPerEventUS), fmt.Sprintf("%.1f", d.WALPerEvent))
+		}
 		for _, lc := range r.LatencyCells() {
 			l, ok := r.BestLatency(system, delivery, lc.Rate, lc.TxnSize)
 			if !ok || l.Samples == 0 {
 				cells = append(cells, "-")
 				continue
 			}
-			cells = append(cells, fmt.Sprintf("%s/%s/%s", ms(l.P50), ms(l.P99), ms(l.Max)))
+			cell := fmt.Sprintf("%s/%s/%s", ms(l.P50), ms(l.P99), ms(l.Max))
+			if l.AchievedRate < 0.9*float64(l.Rate) {
+				cell += fmt.Sprintf(" (only %.0f ev/s committed)", l.AchievedRate)
+			}
+			cells = append(cells, cell)
+		}
+		if !drained {
+			return cells
 		}
 		return append(cells, mib(d.PeakRSSBytes))
 	}
@@ -698,6 +747,9 @@ func (r *Results) printHeadline(w io.Writer) {
 		rows = append(rows, row("relay", "relay", EffectivelyOnce, r.Relay))
 	}
 	writeTable(w, append(rows, row("poller", "poller", "", r.Poller)))
+	if !drained {
+		return
+	}
 	q := r.Ratios
 	fmt.Fprintf(w, "relay/limit = %.2f   relay CPU/limit CPU = %.2f   relay vs poller (relay/poller): rate %.2f×, PG CPU/ev %.2f×, WAL/ev %.4f×, own CPU/ev %.2f×\n",
 		q.RelayOverLimitRate, q.RelayOverReaderCPU, q.RelayOverPollerRate, q.RelayOverPollerPGCPU, q.RelayOverPollerWAL, q.RelayOverPollerCPU)
@@ -805,6 +857,9 @@ func (r *Results) drains() []Drain {
 			}
 		}
 		return out
+	}
+	if r.Relay.Rate == 0 && r.Limit.Rate == 0 {
+		return nil // only steady loads or start-up cells ran
 	}
 	c := Cell{LimitRuns: r.LimitRuns, RelayRuns: r.RelayRuns, Relay: r.Relay, Poller: r.Poller}
 	return c.drains()

@@ -53,7 +53,18 @@ func (b *bench) drainPhase(ctx context.Context) error {
 				c.Name, done, todo, c.Events, c.Shape.TxnSize, c.Shape.Partitions, c.Shape.Topics, c.Shape.Payload)
 		}
 		if err := b.drainCell(ctx, c, drain, st); err != nil {
-			return fmt.Errorf("cell %s: %w", c.Name, err)
+			if ctx.Err() != nil {
+				return fmt.Errorf("cell %s: %w", c.Name, err)
+			}
+			// One failed cell must not cost the rest of a long matrix: it is
+			// recorded and reported, and the next cell runs.
+			b.say("  cell %s FAILED: %v", c.Name, err)
+			b.res.FailedCells = append(b.res.FailedCells, results.FailedCell{Name: c.Name, Error: err.Error()})
+			for _, db := range []string{"cell_" + c.Tag, "poller_" + c.Tag} {
+				if err := b.pg.Exec(ctx, "postgres", "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
+					b.say("  (could not drop database %s: %v)", db, err)
+				}
+			}
 		}
 	}
 	return nil
