@@ -188,6 +188,14 @@ type Drain struct {
 	WalsenderCPUSeconds float64 `json:"walsender_cpu_seconds,omitempty"`
 	WalsenderUSPerEvent float64 `json:"walsender_cpu_us_per_event,omitempty"`
 	WalsenderUSPerTxn   float64 `json:"walsender_cpu_us_per_txn,omitempty"`
+	// ReaderReads are the reading process's read system calls over its life
+	// (syscr of /proc/<pid>/io: the socket reads, and the few other reads it
+	// made), and per transaction: how finely it took the stream. An eager
+	// reader wakes and reads for nearly every message, and so makes the
+	// walsender send nearly every message alone (its send calls are not in
+	// /proc/<pid>/io).
+	ReaderReads       int64   `json:"reader_read_syscalls,omitempty"`
+	ReaderReadsPerTxn float64 `json:"reader_reads_per_txn,omitempty"`
 	// PGByProcess is Postgres CPU µs per event by kind of server process
 	// (walsender, backend, autovacuum, background, exited), from the start
 	// until the last event was done.
@@ -224,7 +232,9 @@ func (d *Drain) Fill() {
 		d.WalsenderUSPerEvent = d.WalsenderCPUSeconds * 1e6 / n
 	}
 	if d.Transactions > 0 {
-		d.WalsenderUSPerTxn = d.WalsenderCPUSeconds * 1e6 / float64(d.Transactions)
+		t := float64(d.Transactions)
+		d.WalsenderUSPerTxn = d.WalsenderCPUSeconds * 1e6 / t
+		d.ReaderReadsPerTxn = float64(d.ReaderReads) / t
 	}
 }
 
@@ -767,7 +777,7 @@ func (r *Results) printDetails(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %-30s %7d events in %6.2fs = %6.0f ev/s; CPU %5.2fs; PG CPU %5.2fs; WAL %s%s\n",
 			d.Name, d.Events, d.Seconds, d.Rate, d.CPUSeconds, d.PGCPUSeconds, bytesStr(d.WALBytes), extra)
-		fmt.Fprintf(w, "  %-30s Postgres µs/ev by process: %s; the slot's walsender %.2f µs/ev, %.1f µs/txn (%d transactions)\n", "", byProcess(d.PGByProcess), d.WalsenderUSPerEvent, d.WalsenderUSPerTxn, d.Transactions)
+		fmt.Fprintf(w, "  %-30s Postgres µs/ev by process: %s; the slot's walsender %.2f µs/ev, %.1f µs/txn (%d transactions); the reading process %.2f reads/txn\n", "", byProcess(d.PGByProcess), d.WalsenderUSPerEvent, d.WalsenderUSPerTxn, d.Transactions, d.ReaderReadsPerTxn)
 		fmt.Fprintf(w, "  %-30s benchmark process (kfake) CPU %5.2fs; other processes on the machine %5.2fs = %.0f%% of its capacity\n",
 			"", d.BenchCPUSeconds, d.ForeignCPUSeconds, 100*d.ForeignShare)
 	}
@@ -827,7 +837,7 @@ func (r *Results) printDetails(w io.Writer) {
 // event of each process and of the walsender, peak RSS, verification.
 func (r *Results) printCells(w io.Writer) {
 	fmt.Fprintln(w, "drain cells (rate ev/s; CPU µs/ev of the process; walsender µs/ev and µs/txn of the limit's and the relay's drain; peak RSS of the relay):")
-	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn", "relay RSS", "Kafka"}}
+	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "relay RSS", "Kafka"}}
 	for _, c := range r.Cells {
 		ok := "OK"
 		for _, v := range c.Verify {
@@ -838,7 +848,9 @@ func (r *Results) printCells(w io.Writer) {
 		rows = append(rows, []string{c.Name, fmt.Sprint(c.Events), fmt.Sprintf("%.0f", c.Limit.Rate), fmt.Sprintf("%.0f", c.Relay.Rate),
 			fmt.Sprintf("%.0f", c.Poller.Rate), fmt.Sprintf("%.2f", c.RelayOverLimit),
 			fmt.Sprintf("%.2f", c.Limit.CPUPerEventUS), fmt.Sprintf("%.2f", c.Relay.CPUPerEventUS), fmt.Sprintf("%.2f", c.Poller.CPUPerEventUS),
-			fmt.Sprintf("%.2f/%.2f", c.Limit.WalsenderUSPerEvent, c.Relay.WalsenderUSPerEvent), fmt.Sprintf("%.1f", c.Limit.WalsenderUSPerTxn),
+			fmt.Sprintf("%.2f/%.2f", c.Limit.WalsenderUSPerEvent, c.Relay.WalsenderUSPerEvent),
+			fmt.Sprintf("%.1f/%.1f", c.Limit.WalsenderUSPerTxn, c.Relay.WalsenderUSPerTxn),
+			fmt.Sprintf("%.2f/%.2f", c.Limit.ReaderReadsPerTxn, c.Relay.ReaderReadsPerTxn),
 			mib(c.Relay.PeakRSSBytes), ok})
 	}
 	writeTable(w, rows)

@@ -238,10 +238,10 @@ func (b *bench) drainTimeout() time.Duration {
 	return 2*time.Minute + time.Duration(b.cfg.Events)*time.Millisecond
 }
 
-// walsenderCPU returns the CPU time of the walsender streaming slot (the
-// slot's active_pid), over its life so far: a walsender is started for each
-// replication connection, so that is the connection's decoding.
-func walsenderCPU(ctx context.Context, url, slot string) (time.Duration, error) {
+// walsenderOf returns the pid of the walsender streaming slot (the slot's
+// active_pid): a walsender is started for each replication connection, so its
+// counters are the connection's.
+func walsenderOf(ctx context.Context, url, slot string) (int, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return 0, fmt.Errorf("connect to find the walsender: %w", err)
@@ -254,7 +254,27 @@ func walsenderCPU(ctx context.Context, url, slot string) (time.Duration, error) 
 	if pid == nil {
 		return 0, fmt.Errorf("find the walsender of slot %s: the slot is not active", slot)
 	}
-	return pgstat.ProcessCPU(*pid)
+	return *pid, nil
+}
+
+// sampleStream records, into d, the CPU time of the walsender streaming slot
+// over its life so far, and the read system calls of the reading process
+// (pid): how finely it took the stream.
+func sampleStream(ctx context.Context, url, slot string, pid int, d *results.Drain) error {
+	ws, err := walsenderOf(ctx, url, slot)
+	if err != nil {
+		return err
+	}
+	cpu, err := pgstat.ProcessCPU(ws)
+	if err != nil {
+		return err
+	}
+	sc, err := pgstat.ProcessSyscalls(pid)
+	if err != nil {
+		return err
+	}
+	d.WalsenderCPUSeconds, d.ReaderReads = cpu.Seconds(), sc.Reads
+	return nil
 }
 
 // readerDrain runs the limit reader on slot until it decoded the cell's
@@ -279,11 +299,9 @@ func (b *bench) readerDrain(ctx context.Context, slot string) (results.Drain, er
 	if err != nil {
 		return d, err
 	}
-	ws, err := walsenderCPU(ctx, b.relayURL, slot)
-	if err != nil {
+	if err := sampleStream(ctx, b.relayURL, slot, p.PID(), &d); err != nil {
 		return d, err
 	}
-	d.WalsenderCPUSeconds = ws.Seconds()
 	bd, err := w.pg.Breakdown()
 	if err != nil {
 		return d, err
@@ -298,8 +316,8 @@ func (b *bench) readerDrain(ctx context.Context, slot string) (results.Drain, er
 	}
 	d.Seconds = end.Sub(p.Started()).Seconds()
 	d.Fill()
-	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), walsender %.2f µs/ev, Postgres CPU %.2fs, WAL %d B",
-		d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.WalsenderUSPerEvent, d.PGCPUSeconds, d.WALBytes)
+	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), walsender %.2f µs/ev, %.2f reads/txn, Postgres CPU %.2fs, WAL %d B",
+		d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.WalsenderUSPerEvent, d.ReaderReadsPerTxn, d.PGCPUSeconds, d.WALBytes)
 	return d, nil
 }
 
@@ -330,11 +348,9 @@ func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, er
 	if err != nil {
 		return d, err
 	}
-	ws, err := walsenderCPU(ctx, b.relayURL, run.drainSlot())
-	if err != nil {
+	if err := sampleStream(ctx, b.relayURL, run.drainSlot(), r.PID(), &d); err != nil {
 		return d, err
 	}
-	d.WalsenderCPUSeconds = ws.Seconds()
 	bd, err := w.pg.Breakdown()
 	if err != nil {
 		return d, err
@@ -357,8 +373,8 @@ func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, er
 	}
 	d.Seconds = end.Sub(r.Started()).Seconds()
 	d.Fill()
-	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), walsender %.2f µs/ev, peak RSS %.1f MiB, Postgres CPU %.2fs, WAL %d B",
-		d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.WalsenderUSPerEvent, float64(d.PeakRSSBytes)/(1<<20), d.PGCPUSeconds, d.WALBytes)
+	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), walsender %.2f µs/ev, %.2f reads/txn, peak RSS %.1f MiB, Postgres CPU %.2fs, WAL %d B",
+		d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.WalsenderUSPerEvent, d.ReaderReadsPerTxn, float64(d.PeakRSSBytes)/(1<<20), d.PGCPUSeconds, d.WALBytes)
 	return d, nil
 }
 
