@@ -20,7 +20,10 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 )
 
-var colorWalsender = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+var (
+	colorWalsender      = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+	colorWalsenderRelay = color.RGBA{R: 0x17, G: 0xbe, B: 0xcf, A: 0xff}
+)
 
 // Dimension is one dimension of the drain cells.
 type Dimension struct {
@@ -107,7 +110,7 @@ func dimensionPlots(d Dimension, cells []results.Cell) (*plot.Plot, *plot.Plot, 
 	var ticks []plot.Tick
 	rate := []series{{name: "limit reader", c: colorLimit}, {name: "relay", c: colorRelay}, {name: "poller", c: colorPoller}}
 	cpu := []series{{name: "limit reader", c: colorLimit}, {name: "relay", c: colorRelay}, {name: "poller", c: colorPoller},
-		{name: "walsender (limit's drain)", c: colorWalsender, dashed: true}}
+		{name: "walsender, limit's drain", c: colorWalsender, dashed: true}, {name: "walsender, relay's drain", c: colorWalsenderRelay, dashed: true}}
 	for _, c := range cells {
 		x := float64(d.of(c.Shape))
 		ticks = append(ticks, plot.Tick{Value: x, Label: strconv.Itoa(d.of(c.Shape))})
@@ -116,7 +119,7 @@ func dimensionPlots(d Dimension, cells []results.Cell) (*plot.Plot, *plot.Plot, 
 				rate[i].xys = append(rate[i].xys, plotter.XY{X: x, Y: v})
 			}
 		}
-		for i, v := range []float64{c.Limit.CPUPerEventUS, c.Relay.CPUPerEventUS, c.Poller.CPUPerEventUS, c.Limit.WalsenderUSPerEvent} {
+		for i, v := range []float64{c.Limit.CPUPerEventUS, c.Relay.CPUPerEventUS, c.Poller.CPUPerEventUS, c.Limit.WalsenderUSPerEvent, c.Relay.WalsenderUSPerEvent} {
 			if v > 0 {
 				cpu[i].xys = append(cpu[i].xys, plotter.XY{X: x, Y: v})
 			}
