@@ -24,9 +24,11 @@ test:
 demo:
 	$(GO) run ./cmd/cdc-relay-demo
 
-# Throughput/latency benchmark: bare reader vs relay (effectively-once and at-least-once,
-# alternating) vs poller, in one run, plus start-up reconciliation after kill -9.
-# Results go to bench/results/; e.g. `make bench BENCHFLAGS=-quick` for a smoke check.
+# Throughput/latency benchmark over a matrix of cells: the limit reader (the relay's read
+# path, producer discarding) vs the relay (effectively-once and at-least-once, alternating)
+# vs the poller, the walsender's CPU, steady loads and start-up after kill -9. Results go to
+# bench/results/; `make bench BENCHFLAGS=-quick` is a smoke check (under two minutes),
+# `BENCHFLAGS='-cell drain/txn=1'` one cell alone (-list-cells names them).
 bench:
 	$(GO) run ./bench/cmd/bench $(BENCHFLAGS)
 

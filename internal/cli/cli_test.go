@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
 )
 
 // clearEnv unsets every CDC_RELAY_* variable for the test (and restores them
@@ -665,6 +666,59 @@ func TestMemoryLimit(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("SetMemoryLimit(%d), want %d (0: not called)", got, tt.want)
 			}
+		})
+	}
+}
+
+// TestRelayConfig checks that RelayConfig returns what "run" would run with the
+// same flags, and refuses what run would refuse.
+func TestRelayConfig(t *testing.T) {
+	clearEnv(t)
+	base := []string{"--pg-url", "postgres://db/app", "--kafka-brokers", "k1:9092", "--slot", "s1"}
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+		check   func(t *testing.T, cfg relay.Config)
+	}{
+		{name: "defaults", args: base, check: func(t *testing.T, cfg relay.Config) {
+			c, err := parseArgs(t, append([]string{"run"}, base...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := c.Run.config(zerolog.Nop(), metrics.Discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Slot != "s1" || cfg.Topic != want.Topic || cfg.StatusInterval != want.StatusInterval ||
+				cfg.Decoder.ContentType != want.Decoder.ContentType || cfg.Decoder.TracingColumn != want.Decoder.TracingColumn ||
+				cfg.Decoder.CreatedAtColumn != want.Decoder.CreatedAtColumn || cfg.Decoder.Columns != want.Decoder.Columns {
+				t.Errorf("RelayConfig = %+v\nwant the run command's %+v", cfg, want)
+			}
+		}},
+		{name: "flags apply", args: append(slices.Clone(base), "--topic", "bench.{aggregate_type}", "--status-interval", "250ms", "--content-type", "none"),
+			check: func(t *testing.T, cfg relay.Config) {
+				if cfg.Topic != "bench.{aggregate_type}" || cfg.StatusInterval != 250*time.Millisecond || cfg.Decoder.ContentType != "none" {
+					t.Errorf("Topic, StatusInterval, ContentType = %q, %v, %q", cfg.Topic, cfg.StatusInterval, cfg.Decoder.ContentType)
+				}
+			}},
+		{name: "invalid flag value", args: append(slices.Clone(base), "--status-interval", "0s"), wantErr: "status-interval"},
+		{name: "no brokers", args: []string{"--pg-url", "postgres://db/app"}, wantErr: "kafka-brokers"},
+		{name: "help", args: []string{"--help"}, wantErr: "not --help"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := RelayConfig(tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("RelayConfig(%q) error = %v, want one mentioning %q", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, cfg)
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
 	"runtime"
@@ -473,4 +474,25 @@ func (r *RunCmd) Run(ctx context.Context, env Env) error {
 		return &reportedError{runErr}
 	}
 	return nil
+}
+
+// RelayConfig parses the flags of "cdc-relay run" (args without the program
+// and command names), with the environment and any --config file as the
+// command does, and returns the relay configuration the command would run,
+// without connecting anywhere. The benchmark's limit reader reads a slot with
+// exactly the relay's decoder, topic and status settings through it.
+func RelayConfig(args []string) (relay.Config, error) {
+	var c CLI
+	exitCode := -1
+	kctx, err := parse(&c, append([]string{"run"}, args...), io.Discard, io.Discard, func(code int) { exitCode = code })
+	if exitCode >= 0 { // --help
+		return relay.Config{}, errors.New("relay configuration: give the flags of cdc-relay run, not --help")
+	}
+	if err != nil {
+		return relay.Config{}, err
+	}
+	if kctx.Command() != "run" {
+		return relay.Config{}, fmt.Errorf("relay configuration: parsed command %q, not run", kctx.Command())
+	}
+	return c.Run.config(zerolog.Nop(), metrics.Discard())
 }

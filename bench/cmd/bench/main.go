@@ -2,12 +2,13 @@
 // the poller it replaces, in one run on one machine, and writes the results to
 // bench/results (<timestamp>.json, latest.json, latest.png).
 //
-//	go run ./bench/cmd/bench                 # the full run (make bench)
-//	go run ./bench/cmd/bench -quick          # 50k events, 5s latency runs
+//	go run ./bench/cmd/bench                 # the full matrix (make bench)
+//	go run ./bench/cmd/bench -quick          # smoke check, under two minutes
+//	go run ./bench/cmd/bench -list-cells     # the cells; -cell NAME runs one
 //	go run ./bench/cmd/bench -chart-only bench/results/latest.json
 //
-// It re-executes itself for the processes it measures: "bench reader" (the bare
-// pgoutput reader) and "bench poller".
+// It re-executes itself for the processes it measures: "bench reader" (the limit:
+// the relay's read path with a producer that discards) and "bench poller".
 package main
 
 import (
@@ -19,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,15 +32,24 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/reader"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 	"github.com/cdc-relay/cdc-relay/bench/internal/runner"
+	"github.com/cdc-relay/cdc-relay/internal/cli"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if s, ok := <-sigs; ok {
+			cancel(fmt.Errorf("%w by %v", context.Canceled, s))
+		}
+	}()
 	err := run(ctx, os.Args[1:])
-	interrupted := ctx.Err() != nil
-	stop()
-	if err != nil && interrupted && errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "bench: interrupted; every process and temporary directory it started is gone")
+	interrupted := context.Cause(ctx)
+	signal.Stop(sigs)
+	close(sigs)
+	if err != nil && interrupted != nil && errors.Is(err, context.Canceled) {
+		fmt.Fprintf(os.Stderr, "bench: %v; every process and temporary directory it started is gone\n", interrupted)
 		os.Exit(1)
 	}
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
@@ -62,21 +73,29 @@ func run(ctx context.Context, args []string) error {
 // runBench is the benchmark itself.
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	events := fs.Int("events", 500000, "backlog events to drain")
+	events := fs.Int("events", 500000, "backlog events of a drain cell (cells of larger payloads drain fewer: the same bytes as 300 B events, at least 200)")
 	aggregates := fs.Int("aggregates", 10000, "distinct aggregate ids (Kafka keys)")
-	txnSize := fs.Int("txn-size", 100, "backlog events per transaction (at most -aggregates)")
-	payload := fs.Int("payload", 300, "approximate JSON payload size in bytes")
-	rates := fs.String("rates", "1000,10000", "offered loads of the latency runs, events/s, comma-separated")
-	duration := fs.Duration("duration", 20*time.Second, "length of each latency run")
-	quick := fs.Bool("quick", false, "smoke check: 50,000 events, 5s latency runs, 2s quiet waits (unless given explicitly)")
+	txnSizes := fs.String("txn-sizes", "1,10,100,10000", "drain cells: events per transaction (the first is the headline's; each at most -aggregates)")
+	partitions := fs.String("partitions", "8,64,256", "drain cells: partitions of every topic (the first is the headline's)")
+	topics := fs.String("topics", "1,50", "drain cells: topics, one per aggregate type under the relay's {aggregate_type} template (the first is the headline's)")
+	payloads := fs.String("payloads", "300,4096,65536,1048576", "drain cells: approximate JSON payload bytes (the first is the headline's)")
+	rates := fs.String("rates", "1000,10000,30000", "steady-load cells: offered loads, events/s")
+	latTxn := fs.String("latency-txn-sizes", "1,10", "steady-load cells: events per transaction at each rate (a size needing more than 10,000 commits/s is left out)")
+	duration := fs.Duration("duration", 20*time.Second, "length of each steady load")
+	listCells := fs.Bool("list-cells", false, "print the cells of this configuration and exit")
+	quick := fs.Bool("quick", false, "smoke check (under two minutes): 50,000 events, the headline drain cell, the 10k/s×10 steady load for 5s, the 8-partition start-up cell, one round per delivery mode, 1s quiet waits; flags given explicitly win")
 	pollerBatch := fs.Int("poller-batch", 1000, "rows per poller round")
 	pollerIdle := fs.Duration("poller-idle", 100*time.Millisecond, "poller sleep after a round that found nothing")
-	partitions := fs.Int("partitions", 8, "partitions of every topic")
 	rounds := fs.Int("delivery-rounds", 2, "relay drains and latency runs per --delivery mode (effectively-once and at-least-once, alternating)")
-	reconcile := fs.String("reconcile-partitions", "8,256", "partition counts of the topics the relay drains into, is killed -9 mid-drain and restarted (start-up reconciliation); \"\" skips it")
+	reconcile := fs.String("reconcile-partitions", "8,256", "start-up cells: partition counts of the topics the relay drains the headline backlog into, is killed -9 mid-drain and restarted; \"\" skips them")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
-	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 2s; 0: never wait)")
-	chartOnly := fs.String("chart-only", "", "only redraw the chart of this results JSON (next to it, as .png)")
+	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
+	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
+	var cellList []string
+	fs.Func("cell", "run only this cell (a name -list-cells prints, e.g. drain/txn=1 or latency/rate=10000,txn=10); give it more than once, or several names separated by commas or spaces, for more", func(v string) error {
+		cellList = append(cellList, splitCells(v)...)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -85,69 +104,98 @@ func runBench(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		png := strings.TrimSuffix(*chartOnly, filepath.Ext(*chartOnly)) + ".png"
-		if err := chart.Write(r, png); err != nil {
+		r.Evaluate() // this version's targets
+		base := strings.TrimSuffix(*chartOnly, filepath.Ext(*chartOnly))
+		written, err := writeCharts(r, base)
+		if err != nil {
 			return err
 		}
-		fmt.Println("wrote", png)
+		r.Print(os.Stdout)
+		fmt.Println("\nwrote", strings.Join(written, ", "))
 		return nil
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *quick {
-		if !set["events"] {
-			*events = 50000
+		defaults := map[string]func(){
+			"events":               func() { *events = 50000 },
+			"txn-sizes":            func() { *txnSizes = "1" },
+			"partitions":           func() { *partitions = "8" },
+			"topics":               func() { *topics = "1" },
+			"payloads":             func() { *payloads = "300" },
+			"rates":                func() { *rates = "10000" },
+			"latency-txn-sizes":    func() { *latTxn = "10" },
+			"duration":             func() { *duration = 5 * time.Second },
+			"reconcile-partitions": func() { *reconcile = "8" },
+			"delivery-rounds":      func() { *rounds = 1 },
+			"quiet-wait":           func() { *quietWait = time.Second },
 		}
-		if !set["duration"] {
-			*duration = 5 * time.Second
-		}
-		if !set["quiet-wait"] {
-			*quietWait = 2 * time.Second
+		for name, apply := range defaults {
+			if !set[name] {
+				apply()
+			}
 		}
 	}
-	rateList, err := parseRates(*rates)
-	if err != nil {
-		return err
-	}
-	var reconcileList []int
-	if strings.TrimSpace(*reconcile) != "" {
-		if reconcileList, err = parseCounts("-reconcile-partitions", *reconcile); err != nil {
+	cfg := runner.Config{Events: *events, Aggregates: *aggregates, Duration: *duration, Quick: *quick,
+		DeliveryRounds: *rounds, PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, QuietWait: *quietWait,
+		RelayBin: *relayBin, Out: os.Stdout}
+	var err error
+	for _, l := range []struct {
+		flag  string
+		value string
+		into  *[]int
+		empty bool // may be empty
+	}{
+		{"-txn-sizes", *txnSizes, &cfg.TxnSizes, false}, {"-partitions", *partitions, &cfg.PartitionCounts, false},
+		{"-topics", *topics, &cfg.TopicCounts, false}, {"-payloads", *payloads, &cfg.Payloads, false},
+		{"-rates", *rates, &cfg.Rates, true}, {"-latency-txn-sizes", *latTxn, &cfg.LatencyTxnSizes, false},
+		{"-reconcile-partitions", *reconcile, &cfg.ReconcilePartitions, true},
+	} {
+		if *l.into, err = parseCounts(l.flag, l.value); err != nil {
 			return err
 		}
+		if len(*l.into) == 0 && !l.empty {
+			return fmt.Errorf("%s: give at least one value", l.flag)
+		}
 	}
+	cfg.Cells = cellList
 	switch {
 	case *events <= 0:
 		return errors.New("-events must be positive")
 	case *aggregates <= 0:
 		return errors.New("-aggregates must be positive")
-	case *txnSize <= 0 || *txnSize > *aggregates:
-		return errors.New("-txn-size must be between 1 and -aggregates (so an aggregate appears at most once per transaction and the poller's created_at order is its commit order)")
+	case slices.Max(cfg.TxnSizes) > *aggregates:
+		return errors.New("-txn-sizes must be at most -aggregates (so an aggregate appears at most once per transaction and the poller's created_at order is its commit order)")
 	case *duration < time.Second:
 		return errors.New("-duration must be at least 1s")
 	case *pollerBatch <= 0:
 		return errors.New("-poller-batch must be positive")
-	case *partitions <= 0:
-		return errors.New("-partitions must be positive")
 	case *rounds <= 0:
 		return errors.New("-delivery-rounds must be positive")
 	}
-	self, err := os.Executable()
-	if err != nil {
+	if *listCells {
+		for _, n := range cfg.CellNames() {
+			fmt.Println(n)
+		}
+		return nil
+	}
+	if err := cfg.CheckCells(); err != nil {
+		return err
+	}
+	if cfg.Self, err = os.Executable(); err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	dir, err := runner.ResultsDir()
 	if err != nil {
 		return err
 	}
+	if *quick || len(cfg.Cells) > 0 {
+		// Smoke checks and single cells are not the committed figures.
+		dir = filepath.Join(dir, "scratch")
+	}
 
 	start := time.Now()
-	res, err := runner.Run(ctx, runner.Config{
-		Events: *events, Aggregates: *aggregates, TxnSize: *txnSize, Payload: *payload,
-		Rates: rateList, Duration: *duration, Quick: *quick,
-		DeliveryRounds: *rounds, ReconcilePartitions: reconcileList,
-		PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, Partitions: *partitions, QuietWait: *quietWait,
-		RelayBin: *relayBin, Self: self, Out: os.Stdout,
-	})
+	res, err := runner.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -155,29 +203,50 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("create results dir: %w", err)
 	}
 	stamp := start.Format("20060102-150405")
+	var written []string
 	for _, name := range []string{stamp, "latest"} {
 		if err := res.Save(filepath.Join(dir, name+".json")); err != nil {
 			return err
 		}
-		if err := chart.Write(res, filepath.Join(dir, name+".png")); err != nil {
+		w, err := writeCharts(res, filepath.Join(dir, name))
+		if err != nil {
 			return err
 		}
+		written = append(written, w...)
 	}
 	fmt.Println()
 	res.Print(os.Stdout)
-	fmt.Printf("\nwrote %s/{%s,latest}.{json,png}; total %.0fs\n", dir, stamp, time.Since(start).Seconds())
+	fmt.Printf("\nwrote %s/{%s,latest}.json and %d charts; total %.0fs\n", dir, stamp, len(written), time.Since(start).Seconds())
 	return nil
 }
 
-func parseRates(s string) ([]int, error) {
-	out, err := parseCounts("-rates", s)
-	if err != nil {
+// writeCharts draws the summary chart base.png and the curves base-*.png.
+func writeCharts(r *results.Results, base string) ([]string, error) {
+	if err := chart.Write(r, base+".png"); err != nil {
 		return nil, err
 	}
-	if len(out) == 0 {
-		return nil, errors.New("-rates: give at least one rate")
+	curves, err := chart.WriteCurves(r, base)
+	return append([]string{base + ".png"}, curves...), err
+}
+
+// splitCells splits a -cell value into cell names: at spaces, and at commas
+// that start a new cell (a name starts with drain/, startup/ or latency/;
+// latency/rate=R,txn=T holds a comma itself).
+func splitCells(v string) []string {
+	var out []string
+	for _, f := range strings.Fields(v) {
+		parts := strings.Split(f, ",")
+		for _, p := range parts {
+			if len(out) > 0 && !strings.Contains(p, "/") && strings.HasPrefix(out[len(out)-1], "latency/") {
+				out[len(out)-1] += "," + p
+				continue
+			}
+			if p != "" {
+				out = append(out, p)
+			}
+		}
 	}
-	return out, nil
+	return out
 }
 
 // parseCounts parses the comma-separated positive numbers of flag.
@@ -197,21 +266,26 @@ func parseCounts(flag, s string) ([]int, error) {
 	return out, nil
 }
 
-// runReader is the hidden "bench reader" child: the bare pgoutput reader.
+// runReader is the hidden "bench reader" child: the relay's read path with a
+// producer that discards (the limit). Its flags are followed by "--" and the
+// flags the relay binary is run with, from which it takes the relay's
+// configuration (cli.RelayConfig).
 func runReader(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench reader", flag.ContinueOnError)
 	var cfg reader.Config
-	fs.StringVar(&cfg.URL, "url", "", "database URL")
-	fs.StringVar(&cfg.Slot, "slot", "", "logical replication slot (pgoutput)")
-	fs.StringVar(&cfg.Publication, "publication", "cdc_relay_outbox", "publication")
 	fs.IntVar(&cfg.Count, "count", 0, "stop after this many outbox events")
+	fs.BoolVar(&cfg.Hold, "hold", false, "after the count, keep the connection until SIGTERM (the parent reads the walsender's CPU first)")
 	fs.BoolVar(&cfg.Latency, "latency", false, "measure commit → decoded per event; print a summary line at the end")
 	fs.DurationVar(&cfg.WarmUp, "warmup", 0, "with -latency: skip events committed within this time of the first")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if cfg.URL == "" || cfg.Slot == "" || cfg.Count <= 0 {
-		return errors.New("reader: -url, -slot and a positive -count are required")
+	if cfg.Count <= 0 || fs.NArg() == 0 {
+		return errors.New("reader: a positive -count and, after --, the relay's run flags are required")
+	}
+	var err error
+	if cfg.Relay, err = cli.RelayConfig(fs.Args()); err != nil {
+		return fmt.Errorf("reader: %w", err)
 	}
 	res, err := reader.Run(ctx, cfg, func() { fmt.Println(runner.DoneLine) })
 	if cfg.Latency {
@@ -236,6 +310,7 @@ func runPoller(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.URL, "url", "", "database URL")
 	fs.StringVar(&cfg.TopicPrefix, "topic-prefix", "poller.", "topic = prefix + aggregate_type")
 	fs.IntVar(&cfg.BatchSize, "batch", 1000, "rows per round")
+	fs.IntVar(&cfg.BatchBytes, "batch-bytes", 1<<20, "most bytes in one produce batch (and so the largest event)")
 	fs.DurationVar(&cfg.Idle, "idle", 100*time.Millisecond, "sleep after an empty round")
 	fs.IntVar(&cfg.Count, "count", 0, "stop after this many events (0: until SIGTERM)")
 	if err := fs.Parse(args); err != nil {

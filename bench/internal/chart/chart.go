@@ -1,6 +1,6 @@
-// Package chart draws a run's results as a PNG: (a) drain rate of the bare
-// reader, the relay and the poller, (b) latency p50/p99 at each offered load
-// for the relay and the poller.
+// Package chart draws a run's results as PNGs: the summary (a) headline
+// drain rate of the limit reader, the relay and the poller, (b) latency
+// p50/p99 at each steady load; and the matrix's curves (curves.go).
 package chart
 
 import (
@@ -59,14 +59,15 @@ func Write(r *results.Results, path string) error {
 // drainPlot is panel (a): one bar per system, labelled with its rate.
 func drainPlot(r *results.Results) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("(a) backlog drain, %d events", r.Config.Events)
+	h := r.Config.Headline()
+	p.Title.Text = fmt.Sprintf("(a) headline drain: %d events, %d per transaction", r.Config.Events, h.TxnSize)
 	p.Y.Label.Text = "events/s (process start → last event done)"
 	bars := []struct {
 		name string
 		rate float64
 		c    color.Color
 	}{
-		{"bare reader (limit)", r.Limit.Rate, colorLimit},
+		{"limit reader", r.Limit.Rate, colorLimit},
 		{"relay", r.Relay.Rate, colorRelay},
 		{"poller", r.Poller.Rate, colorPoller},
 	}
@@ -99,14 +100,14 @@ func drainPlot(r *results.Results) (*plot.Plot, error) {
 	p.Add(l)
 	p.NominalX(names...)
 	p.Y.Min = 0
-	p.Y.Max = top * 1.12
+	p.Y.Max = math.Max(top*1.12, 1) // an empty axis when the headline drain did not run
 	return p, nil
 }
 
 // latencyPlot is panel (b): p50 and p99 per offered rate, log scale.
 func latencyPlot(r *results.Results) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = "(b) latency: commit → consumer (reader: → decoded), log scale"
+	p.Title.Text = "(b) latency: commit → consumer (limit reader: → decoded), log scale"
 	p.Add(plotter.NewGrid())
 	p.Y.Label.Text = "ms"
 	p.X.Label.Text = "offered load"
@@ -114,9 +115,14 @@ func latencyPlot(r *results.Results) (*plot.Plot, error) {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
 	p.Legend.Left = true
-	names := make([]string, 0, len(r.Config.Rates))
-	for _, rate := range r.Config.Rates {
-		names = append(names, fmt.Sprintf("%d ev/s", rate))
+	cells := r.LatencyCells()
+	names := make([]string, 0, len(cells))
+	for _, lc := range cells {
+		name := fmt.Sprintf("%d ev/s", lc.Rate)
+		if lc.TxnSize > 0 {
+			name += fmt.Sprintf(", %d/txn", lc.TxnSize)
+		}
+		names = append(names, name)
 	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	series := []struct {
@@ -133,8 +139,8 @@ func latencyPlot(r *results.Results) (*plot.Plot, error) {
 	}
 	for _, s := range series {
 		var xys plotter.XYs
-		for i, rate := range r.Config.Rates {
-			l, ok := r.LatencyOf(s.system, rate)
+		for i, lc := range cells {
+			l, ok := r.LatencyOf(s.system, lc.Rate, lc.TxnSize)
 			if !ok || l.Samples == 0 {
 				continue
 			}
@@ -162,6 +168,9 @@ func latencyPlot(r *results.Results) (*plot.Plot, error) {
 		points.Radius = vg.Points(3.5)
 		p.Add(line, points)
 		p.Legend.Add(s.system+" "+s.pct, line, points)
+	}
+	if len(names) == 0 {
+		names = []string{"no steady-load cell ran"}
 	}
 	p.NominalX(names...)
 	p.X.Min, p.X.Max = -0.3, float64(len(names))-0.7

@@ -36,9 +36,63 @@ func TestWriteDrawsAPNG(t *testing.T) {
 	}
 }
 
-func TestWriteWithoutLatency(t *testing.T) {
-	r := &results.Results{Config: results.Config{Events: 10, Rates: []int{1000}}}
-	if err := Write(r, filepath.Join(t.TempDir(), "chart.png")); err != nil {
+func TestWriteWithoutSomeCells(t *testing.T) {
+	tests := []struct {
+		name string
+		r    *results.Results
+	}{
+		{"no latency run", &results.Results{Config: results.Config{Events: 10, Rates: []int{1000}}}},
+		{"matrix without steady loads", &results.Results{Config: results.Config{Events: 10, TxnSizes: []int{1}, Rates: []int{1000}}}},
+		{"nothing ran", &results.Results{Config: results.Config{TxnSizes: []int{1}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := Write(tt.r, filepath.Join(t.TempDir(), "chart.png")); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestWriteCurves(t *testing.T) {
+	head := results.Shape{TxnSize: 1, Partitions: 8, Topics: 1, Payload: 300}
+	txn10, p256 := head, head
+	txn10.TxnSize, p256.Partitions = 10, 256
+	d := func(rate, cpu float64) results.Drain {
+		return results.Drain{Rate: rate, CPUPerEventUS: cpu, WalsenderUSPerEvent: cpu / 2}
+	}
+	r := &results.Results{
+		Config: results.Config{TxnSizes: []int{1, 10}, PartitionSet: []int{8, 256}, TopicCounts: []int{1}, Payloads: []int{300},
+			LatencyCells: []results.LatencyCell{{Rate: 1000, TxnSize: 1}, {Rate: 10000, TxnSize: 10}}},
+		Cells: []results.Cell{
+			{Name: "drain/txn=1", Shape: head, Limit: d(50000, 10), Relay: d(45000, 12), Poller: d(30000, 20)},
+			{Name: "drain/txn=10", Shape: txn10, Limit: d(90000, 6), Relay: d(80000, 7)}, // no poller figure
+			{Name: "drain/partitions=256", Shape: p256, Limit: d(50000, 10), Relay: d(44000, 13), Poller: d(30000, 20)},
+		},
+		Latency: []results.Latency{
+			{System: "relay", Delivery: results.EffectivelyOnce, Rate: 1000, TxnSize: 1, Summary: latency.Summary{Samples: 10, P99: 3}, CPUPerEventUS: 20},
+			{System: "reader", Rate: 10000, TxnSize: 10, Summary: latency.Summary{Samples: 10, P99: 1}, CPUPerEventUS: 9},
+		},
+	}
+	dir := t.TempDir()
+	written, err := WriteCurves(r, filepath.Join(dir, "run"))
+	if err != nil {
 		t.Fatal(err)
+	}
+	want := []string{"run-txn.png", "run-partitions.png", "run-latency.png"} // one topics count, one payload: no curve
+	if len(written) != len(want) {
+		t.Fatalf("wrote %v, want %v", written, want)
+	}
+	for i, p := range written {
+		if filepath.Base(p) != want[i] {
+			t.Errorf("file %d = %s, want %s", i, p, want[i])
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+			t.Errorf("%s is not a PNG", p)
+		}
 	}
 }

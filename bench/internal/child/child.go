@@ -1,5 +1,5 @@
 // Package child runs the benchmark's helper processes (the relay binary, the
-// bare reader, the poller) and reports what the kernel accounted to them: user
+// limit reader, the poller) and reports what the kernel accounted to them: user
 // and system CPU time from wait4's rusage, and peak resident memory (VmHWM).
 package child
 

@@ -75,6 +75,10 @@ type Backlog struct {
 	Payload    int // approximate size of the JSON payload in bytes
 	// AggregateType names the rows' aggregate_type (and so their topic).
 	AggregateType string
+	// Types, when more than 1, spreads the rows over that many aggregate
+	// types, AggregateType followed by 0 … Types-1: aggregate a's rows have
+	// type a mod Types, so each aggregate stays in one topic.
+	Types int
 }
 
 // padFor returns the pad length giving a payload of about size bytes: the rest
@@ -85,7 +89,8 @@ func padFor(size int) int { return max(0, size-40) }
 // Row g (from 0) has aggregate agg-(g mod Aggregates) and payload
 // {"agg": g mod Aggregates, "seq": g div Aggregates, "pad": "xx…"}, so each
 // aggregate's seq counts up in commit order; its id is derived from g, so two
-// loads write the same events. Rows are written by a server-side loop that
+// loads write the same events. With b.Types > 1, row g's aggregate_type is
+// AggregateType followed by (g mod Aggregates) mod Types. Rows are written by a server-side loop that
 // commits every transaction; progress, if not nil, is called after every chunk
 // with the number of rows committed so far.
 func LoadBacklog(ctx context.Context, url string, b Backlog, progress func(done int)) error {
@@ -100,6 +105,10 @@ func LoadBacklog(ctx context.Context, url string, b Backlog, progress func(done 
 		return fmt.Errorf("connect to load backlog: %w", err)
 	}
 	defer conn.Close(context.Background())
+	aggType := fmt.Sprintf("'%s'", b.AggregateType)
+	if b.Types > 1 {
+		aggType = fmt.Sprintf("'%s' || ((g %% %d) %% %d)", b.AggregateType, b.Aggregates, b.Types)
+	}
 	txns := (b.Events + b.TxnSize - 1) / b.TxnSize
 	chunk := max(1, 50000/b.TxnSize) // transactions per round trip
 	for t0 := 0; t0 < txns; t0 += chunk {
@@ -109,12 +118,12 @@ DECLARE k bigint;
 BEGIN
   FOR k IN %[1]d..%[2]d LOOP
     INSERT INTO public.outbox_events (id, aggregate_type, aggregate_id, event_type, payload)
-    SELECT md5('bench-' || g)::uuid, '%[3]s', 'agg-' || (g %% %[4]d), 'BacklogEvent',
+    SELECT md5('bench-' || g)::uuid, %[3]s, 'agg-' || (g %% %[4]d), 'BacklogEvent',
            jsonb_build_object('agg', g %% %[4]d, 'seq', g / %[4]d, 'pad', repeat('x', %[5]d))
       FROM generate_series(k * %[6]d, least((k + 1) * %[6]d, %[7]d) - 1) AS g;
     COMMIT;
   END LOOP;
-END $$`, t0, t1-1, b.AggregateType, b.Aggregates, padFor(b.Payload), b.TxnSize, b.Events)
+END $$`, t0, t1-1, aggType, b.Aggregates, padFor(b.Payload), b.TxnSize, b.Events)
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("insert backlog transactions %d..%d: %w", t0, t1-1, err)
 		}

@@ -171,6 +171,49 @@ func ProcessCPU(pid int) (time.Duration, error) {
 	return st.utime + st.stime, nil
 }
 
+// Syscalls are a process's read and write system calls so far (syscr and
+// syscw of /proc/<pid>/io): read(2), write(2) and their kin, which is how Go
+// reads a socket; send(2) and recv(2), which Postgres uses, are not counted.
+type Syscalls struct {
+	Reads, Writes int64
+}
+
+// ProcessSyscalls returns the read and write system calls of a live process.
+func ProcessSyscalls(pid int) (Syscalls, error) {
+	var sc Syscalls
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return sc, fmt.Errorf("read system calls of process %d: %w", pid, err)
+	}
+	return parseIO(pid, string(b))
+}
+
+// parseIO reads syscr and syscw from the text of /proc/<pid>/io.
+func parseIO(pid int, text string) (Syscalls, error) {
+	var sc Syscalls
+	found := 0
+	for _, line := range strings.Split(text, "\n") {
+		key, v, ok := strings.Cut(line, ":")
+		if !ok || (key != "syscr" && key != "syscw") {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return sc, fmt.Errorf("parse /proc/%d/io %s: %w", pid, key, err)
+		}
+		if key == "syscr" {
+			sc.Reads = n
+		} else {
+			sc.Writes = n
+		}
+		found++
+	}
+	if found != 2 {
+		return sc, fmt.Errorf("parse /proc/%d/io: no syscr and syscw", pid)
+	}
+	return sc, nil
+}
+
 type procStat struct {
 	ppid                         int
 	utime, stime, cutime, cstime time.Duration

@@ -59,3 +59,24 @@ func TestBreakdownCountsExitedProcesses(t *testing.T) {
 		}
 	}
 }
+
+func TestParseIO(t *testing.T) {
+	tests := []struct {
+		name    string
+		text    string
+		want    Syscalls
+		wantErr bool
+	}{
+		{"proc io", "rchar: 6976\nwchar: 12\nsyscr: 10\nsyscw: 3\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n", Syscalls{Reads: 10, Writes: 3}, false},
+		{"missing syscw", "syscr: 10\n", Syscalls{}, true},
+		{"garbage", "syscr: x\nsyscw: 1\n", Syscalls{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseIO(1, tt.text)
+			if (err != nil) != tt.wantErr || (!tt.wantErr && got != tt.want) {
+				t.Errorf("parseIO = %+v, %v; want %+v (error %v)", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}

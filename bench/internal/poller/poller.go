@@ -41,8 +41,10 @@ type Config struct {
 	// TopicPrefix is prepended to the aggregate type to name the topic, like
 	// the relay's --topic '<prefix>{aggregate_type}'.
 	TopicPrefix string
-	BatchSize   int           // rows per round; default 1000
-	Idle        time.Duration // sleep after an empty round; default 100ms
+	BatchSize   int // rows per round; default 1000
+	// BatchBytes bounds one produce batch, and so the largest event; default 1 MiB.
+	BatchBytes int
+	Idle       time.Duration // sleep after an empty round; default 100ms
 	// Count stops the poller once it has published this many events; 0 runs
 	// until ctx is done.
 	Count int
@@ -71,6 +73,9 @@ func Run(ctx context.Context, cfg Config, reached func()) (Stats, error) {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
 	}
+	if cfg.BatchBytes <= 0 {
+		cfg.BatchBytes = 1 << 20
+	}
 	if cfg.Idle <= 0 {
 		cfg.Idle = 100 * time.Millisecond
 	}
@@ -84,7 +89,7 @@ func Run(ctx context.Context, cfg Config, reached func()) (Stats, error) {
 		Balancer:     kafka.Murmur2Balancer{Consistent: true},
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    cfg.BatchSize,
-		BatchBytes:   1 << 20,
+		BatchBytes:   int64(cfg.BatchBytes),
 		// A batch is flushed when full or after BatchTimeout; a polled batch
 		// is rarely a multiple of the partition count, so keep it short.
 		BatchTimeout: time.Millisecond,

@@ -1,30 +1,41 @@
-// Package reader is the benchmark's speed limit: a bare pgoutput reader that
-// streams a logical replication slot, decodes every message with the relay's
-// own decoder and counts outbox events, doing nothing else. Whatever the relay
-// does on top (Kafka, checkpoints, backpressure) shows up as the gap between its
-// rate and this one.
+// Package reader is the benchmark's speed limit: the relay's own read path
+// with a producer that discards. It streams a logical replication slot with
+// internal/replication (the relay's stream loop, standby status updates and
+// keepalive handling), decodes every message with internal/decoder configured
+// exactly as the relay is (the configuration comes from the relay's command
+// line, see cli.RelayConfig), routes each event to its topic with the relay's
+// router, and counts. Everything the relay does on top — Kafka, the
+// checkpoint store, backpressure — shows up as the gap between its rate and
+// this one: relay/limit is what Kafka costs.
 package reader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // Config configures a read.
 type Config struct {
-	URL         string // a normal connection URL; replication=database is added
-	Slot        string // an existing pgoutput slot
-	Publication string
-	Count       int // stop after this many outbox events
-	// StatusInterval is how often the read position is confirmed; default 1s.
-	StatusInterval time.Duration
+	// Relay is the configuration the relay would run with; the reader uses
+	// its PGURL, Slot, Publication, StatusInterval, Decoder, Topic and
+	// TopicRegex.
+	Relay relay.Config
+	Count int // stop after this many outbox events
+	// Hold keeps the connection (and so the server's walsender) open after
+	// the count, still answering keepalives, until ctx ends: the benchmark
+	// reads the walsender's CPU time before it exits.
+	Hold bool
 	// Latency, when set, keeps for every event the time from its commit to
 	// its decoding, except for events committed within WarmUp of the first.
 	Latency bool
@@ -35,7 +46,8 @@ type Config struct {
 type Result struct {
 	Events       int
 	Transactions int
-	PayloadBytes int64
+	// Bytes is the events' size as the relay accounts it (outbox.Event.Size).
+	Bytes int64
 	// Confirmed is the last position confirmed to the slot: the end of the
 	// last complete transaction read, never beyond.
 	Confirmed pglogrepl.LSN
@@ -43,145 +55,138 @@ type Result struct {
 	Latencies []time.Duration
 }
 
-// Run streams cfg.Slot from its confirmed position until cfg.Count events were
-// decoded, then calls reached (if not nil), reads the rest of the current
-// transaction, confirms its end and disconnects. When ctx ends first it returns what
-// it read so far with ctx's error.
+// Run streams cfg.Relay.Slot from its confirmed position until cfg.Count
+// events were decoded, then calls reached (if not nil), reads the rest of the
+// current transaction, confirms its end and, unless cfg.Hold, disconnects.
+// When ctx ends before the count it returns what it read so far with ctx's
+// error; after the count, the end of ctx is a clean stop (nil).
 func Run(ctx context.Context, cfg Config, reached func()) (Result, error) {
-	var res Result
-	if cfg.StatusInterval <= 0 {
-		cfg.StatusInterval = time.Second
+	rc := cfg.Relay
+	if rc.StatusInterval <= 0 {
+		rc.StatusInterval = relay.DefaultStatusInterval
 	}
-	dec, err := decoder.New(decoder.Config{Schema: "public", Table: "outbox_events", Columns: decoder.DefaultColumns()})
+	dec, err := decoder.New(rc.Decoder)
 	if err != nil {
-		return res, fmt.Errorf("build decoder: %w", err)
+		return Result{}, fmt.Errorf("build decoder: %w", err)
 	}
-	pcfg, err := pgconn.ParseConfig(cfg.URL)
+	router, err := route.NewWithRegex(rc.Topic, rc.TopicRegex)
 	if err != nil {
-		return res, fmt.Errorf("parse reader URL: %w", err)
+		return Result{}, fmt.Errorf("build topic router: %w", err)
 	}
-	pcfg.RuntimeParams["replication"] = "database"
-	pcfg.RuntimeParams["application_name"] = "bench-reader"
-	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	h := &counter{dec: dec, router: router, count: cfg.Count, reached: reached, stop: make(chan struct{}),
+		latency: cfg.Latency, warmUp: cfg.WarmUp}
+	s, err := replication.Open(ctx, replication.StreamConfig{
+		URL: rc.PGURL, Slot: rc.Slot, Publication: rc.Publication,
+		StatusInterval: rc.StatusInterval, Logger: zerolog.Nop(), Metrics: metrics.Discard(),
+	}, 0)
 	if err != nil {
-		return res, fmt.Errorf("open replication connection: %w", err)
+		return Result{}, err
 	}
-	defer conn.Close(context.Background())
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", cfg.Publication)},
-	})
-	if err != nil {
-		return res, fmt.Errorf("start replication of slot %q: %w", cfg.Slot, err)
+	defer s.Close(context.Background())
+	err = s.Run(ctx, h.stop, h)
+	h.res.Confirmed = h.Flushed()
+	if h.res.Events >= cfg.Count && ctx.Err() != nil {
+		// Stopped after the count was reached (the parent may stop the
+		// reader as soon as it read the done line): a clean end.
+		return h.res, nil
 	}
-
-	confirm := func() error {
-		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
-			WALWritePosition: res.Confirmed,
-			WALFlushPosition: res.Confirmed,
-			WALApplyPosition: res.Confirmed,
-			ClientTime:       time.Now(),
-		})
-		if err != nil {
-			return fmt.Errorf("confirm %s: %w", res.Confirmed, err)
+	if !errors.Is(err, replication.ErrStopped) {
+		return h.res, err
+	}
+	if err := s.SendStatus(ctx, h.Flushed()); err != nil {
+		if h.res.Events >= cfg.Count && ctx.Err() != nil {
+			return h.res, nil
 		}
-		return nil
+		return h.res, err
 	}
-	var lastCommit pglogrepl.LSN
-	var first time.Time // commit time of the first event
-	// inTxn: a transaction is partly read; announced: reached was called.
-	var inTxn, announced bool
-	// handle processes one message.
-	handle := func(msg pgproto3.BackendMessage) error {
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				return nil
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse keepalive: %w", err)
-				}
-				if ka.ReplyRequested {
-					res.Confirmed = lastCommit
-					return confirm()
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse XLogData: %w", err)
-				}
-				m, err := dec.Decode(xld.WALData)
-				if err != nil {
-					return fmt.Errorf("decode at %s: %w", xld.WALStart, err)
-				}
-				switch m.Kind {
-				case decoder.KindBegin:
-					inTxn = true
-				case decoder.KindEvent:
-					res.Events++
-					res.PayloadBytes += int64(len(m.Event.Payload))
-					if cfg.Latency {
-						if first.IsZero() {
-							first = m.CommitTime
-						}
-						if m.CommitTime.Sub(first) >= cfg.WarmUp {
-							res.Latencies = append(res.Latencies, time.Since(m.CommitTime))
-						}
-					}
-				case decoder.KindCommit:
-					res.Transactions++
-					lastCommit = m.EndLSN
-					inTxn = false
-				}
-				if res.Events >= cfg.Count && !announced {
-					announced = true
-					if reached != nil {
-						reached()
-					}
-				}
-			}
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication stream: %s (SQLSTATE %s)", msg.Message, msg.Code)
-		case *pgproto3.CopyDone:
-			return fmt.Errorf("replication stream ended by the server after %d events", res.Events)
+	if cfg.Hold {
+		// Nothing more is expected; the loop answers keepalives until ctx ends.
+		if err := s.Run(ctx, nil, h); err != nil && ctx.Err() == nil {
+			return h.res, err
 		}
-		return nil
+		h.res.Confirmed = h.Flushed()
 	}
-	// One deadline per status interval, not per message: like the relay's
-	// stream, so neither pays for a timer per message. After the count, the
-	// rest of the transaction is read too, so the confirmed position covers
-	// every event counted and a later read of the slot starts after them.
-	more := func() bool { return res.Events < cfg.Count || inTxn }
-	for more() {
-		res.Confirmed = lastCommit
-		if err := confirm(); err != nil {
-			return res, err
-		}
-		rctx, cancel := context.WithTimeout(ctx, cfg.StatusInterval)
-		for more() {
-			msg, err := conn.ReceiveMessage(rctx)
-			if err != nil {
-				cancel()
-				if ctx.Err() != nil {
-					return res, ctx.Err()
-				}
-				if rctx.Err() != nil || pgconn.Timeout(err) {
-					break
-				}
-				return res, fmt.Errorf("receive replication message: %w", err)
-			}
-			if err := handle(msg); err != nil {
-				cancel()
-				return res, err
-			}
-		}
-		cancel()
-	}
-	res.Confirmed = lastCommit
-	if err := confirm(); err != nil {
-		return res, err
-	}
-	return res, nil
+	return h.res, nil
 }
+
+// counter is the reader's replication.Handler: the relay's handler without
+// the producer and the checkpoint tracker. It decodes, routes and counts;
+// the position it reports as flushed is the end of the last transaction it
+// read, which the relay reports once Kafka acknowledged and the store
+// persisted it.
+type counter struct {
+	dec     *decoder.Decoder
+	router  *route.Router
+	count   int
+	reached func()
+	stop    chan struct{} // closed at the count: Run stops at the next boundary
+	latency bool
+	warmUp  time.Duration
+
+	res     Result
+	inTxn   bool
+	flushed pglogrepl.LSN
+	first   time.Time // commit time of the first event (Latency)
+}
+
+var _ replication.Handler = (*counter)(nil)
+
+// HandleData decodes one pgoutput message.
+func (c *counter) HandleData(_ context.Context, walStart pglogrepl.LSN, data []byte) error {
+	msg, err := c.dec.Decode(data)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message at %s: %w", walStart, err)
+	}
+	switch msg.Kind {
+	case decoder.KindBegin:
+		c.inTxn = true
+	case decoder.KindEvent:
+		if !c.inTxn {
+			return errors.New("decode pgoutput message: insert outside a transaction")
+		}
+		ev := msg.Event
+		topic, err := c.router.Topic(ev)
+		if err != nil {
+			return fmt.Errorf("route event %s: %w", ev.ID, err)
+		}
+		ev.Topic = topic
+		c.res.Events++
+		c.res.Bytes += int64(ev.Size())
+		if c.latency {
+			if c.first.IsZero() {
+				c.first = msg.CommitTime
+			}
+			if msg.CommitTime.Sub(c.first) >= c.warmUp {
+				c.res.Latencies = append(c.res.Latencies, time.Since(msg.CommitTime))
+			}
+		}
+		if c.res.Events == c.count {
+			if c.reached != nil {
+				c.reached()
+			}
+			close(c.stop)
+		}
+	case decoder.KindCommit:
+		c.res.Transactions++
+		c.flushed = msg.EndLSN
+		c.inTxn = false
+	}
+	return nil
+}
+
+// Keepalive moves the flushed position to the server's WAL end between
+// transactions, as the relay's tracker does for an idle stream.
+func (c *counter) Keepalive(serverWALEnd pglogrepl.LSN, _ time.Time) {
+	if !c.inTxn && serverWALEnd > c.flushed {
+		c.flushed = serverWALEnd
+	}
+}
+
+// Flushed is the end of the last complete transaction read.
+func (c *counter) Flushed() pglogrepl.LSN { return c.flushed }
+
+// Backpressure never applies: nothing is in flight.
+func (c *counter) Backpressure() <-chan struct{} { return nil }
+
+// AtBoundary reports whether no transaction is partly read.
+func (c *counter) AtBoundary() bool { return !c.inTxn }

@@ -50,10 +50,10 @@ func TestDeliveryComparison(t *testing.T) {
 	if l.EffectivelyOnceP99 != 8 || l.EffectivelyOnceP50 != 2.5 || l.AtLeastOnceP99 != 7.5 || l.P99DiffMs != 0.5 {
 		t.Errorf("latency %+v: want each mode's run with the lower p99, difference 0.5", l)
 	}
-	if got, _ := r.LatencyOf("relay", 1000); got.Delivery != EffectivelyOnce || got.P99 != 8 {
+	if got, _ := r.LatencyOf("relay", 1000, 0); got.Delivery != EffectivelyOnce || got.P99 != 8 {
 		t.Errorf("LatencyOf(relay) = %+v, want the best effectively-once run", got)
 	}
-	if got, _ := r.LatencyOf("poller", 1000); got.P99 != 60 {
+	if got, _ := r.LatencyOf("poller", 1000, 0); got.P99 != 60 {
 		t.Errorf("LatencyOf(poller) = %+v", got)
 	}
 	pass := map[string]bool{}
@@ -88,10 +88,76 @@ func TestPrintDelivery(t *testing.T) {
 		"relay effectively-once", "relay at-least-once",
 		"ratio 0.969 (target ≥ 0.95: holds)",
 		"p99 difference +0.50 ms (target ≤ +1 ms: holds)",
-		"256-partition topic: killed after 500 of 1000 events acknowledged; restart reconciled 256 partitions in 40 ms, 12 events already in Kafka; ready 0.50s",
+		"256-partition topic: first event acknowledged 0.00s after the first start; killed after 500 of 1000 events acknowledged; restart reconciled 256 partitions in 40 ms, 12 events already in Kafka; ready 0.50s",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// matrix is a run of four drain cells around the headline (1 ev/txn, 8
+// partitions, 1 topic, 300 B) and one steady load.
+func matrix(relayCPU256 float64) *Results {
+	cell := func(name string, s Shape, limit, relay, relayCPU float64, rss int64) Cell {
+		return Cell{Name: name, Shape: s, Limit: Drain{Rate: limit, CPUPerEventUS: 10}, Relay: Drain{Rate: relay, CPUPerEventUS: relayCPU, PeakRSSBytes: rss}, Poller: Drain{Rate: 30000}}
+	}
+	head := Shape{TxnSize: 1, Partitions: 8, Topics: 1, Payload: 300}
+	p256, t50, txn10 := head, head, head
+	p256.Partitions, t50.Topics, txn10.TxnSize = 256, 50, 10
+	r := &Results{
+		Config: Config{TxnSizes: []int{1, 10}, PartitionSet: []int{8, 256}, TopicCounts: []int{1, 50}, Payloads: []int{300},
+			LatencyCells: []LatencyCell{{Rate: 10000, TxnSize: 10}}},
+		Cells: []Cell{
+			cell("drain/txn=1", head, 50000, 47000, 12, 30<<20),
+			cell("drain/txn=10", txn10, 100000, 80000, 8, 31<<20),
+			cell("drain/partitions=256", p256, 50000, 46000, relayCPU256, 40<<20),
+			cell("drain/topics=50", t50, 50000, 46000, 13, 70<<20),
+		},
+		Latency: []Latency{{System: "relay", Delivery: EffectivelyOnce, Rate: 10000, TxnSize: 10, AchievedRate: 9990, Summary: latency.Summary{Samples: 100, P99: 4}}},
+	}
+	r.Cells[0].RelayRuns = []Drain{{Name: "relay eo1", Rate: 40000, PeakRSSBytes: 66 << 20}, {Name: "relay eo2", Rate: 47000, PeakRSSBytes: 30 << 20}}
+	r.Evaluate()
+	return r
+}
+
+func TestMatrixTargets(t *testing.T) {
+	tests := []struct {
+		name        string
+		relayCPU256 float64
+		want        map[string]bool // target name → PASS
+	}{
+		{"partitions within 1.2×", 14, map[string]bool{
+			"relay ≥ 0.9 × limit, every drain cell": false, // txn=10 at 0.80
+			"CPU/ev growth over partitions ≤ 1.2×":  true,
+			"CPU/ev growth over topics ≤ 1.2×":      true,
+			"peak RSS ≤ 64 MiB, every cell":         false, // topics=50 at 70 MiB, and a slower run of txn=1
+			"p99 ≤ 5 ms at 10k/s, 10 ev/txn":        true,
+		}},
+		{"partitions over 1.2×", 15, map[string]bool{"CPU/ev growth over partitions ≤ 1.2×": false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := matrix(tt.relayCPU256)
+			got := map[string]Target{}
+			for _, tg := range r.Targets {
+				got[tg.Name] = tg
+			}
+			for name, pass := range tt.want {
+				tg, ok := got[name]
+				if !ok || tg.NA || tg.Pass != pass {
+					t.Errorf("target %q = %+v (present %v), want pass %v", name, tg, ok, pass)
+				}
+			}
+			if tg := got["peak RSS ≤ 64 MiB, every cell"]; !strings.Contains(tg.Got, "70.0 MiB (drain/topics=50") {
+				t.Errorf("peak RSS target %+v: want the highest of every run", tg)
+			}
+			if tg := got["p99 ≤ 5 ms at 10k/s, 1 ev/txn"]; !tg.NA {
+				t.Errorf("p99 at 10k/s×1 not run: want n/a, got %+v", tg)
+			}
+			if c := r.Cells[1]; math.Abs(c.RelayOverLimit-0.8) > 1e-9 || c.RelayOverLimitCPU != 0.8 {
+				t.Errorf("cell ratios %+v", c)
+			}
+		})
 	}
 }

@@ -1,6 +1,6 @@
 package runner
 
-// The backlog drains: the bare reader, the relay and the check of what reached Kafka.
+// The drain cells: the limit reader, the relay, the poller and the check of what reached Kafka.
 
 import (
 	"context"
@@ -11,44 +11,144 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cdc-relay/cdc-relay/bench/internal/child"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgload"
+	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
-// drainPhase loads the backlog and drains it with the bare reader, the relay
-// and the bare reader again.
+// drainPhase runs the selected drain cells in order. The headline cell's
+// database also hosts the start-up cells (their slots are created with the
+// headline's, before its backlog), so it is set up when only those run.
 func (b *bench) drainPhase(ctx context.Context) error {
+	var startup []int
+	for _, n := range b.cfg.ReconcilePartitions {
+		if b.cfg.selected(startupCellName(n)) {
+			startup = append(startup, n)
+		}
+	}
+	cells := b.cfg.DrainCells()
+	todo := 0
+	for _, c := range cells {
+		if b.cfg.selected(c.Name) {
+			todo++
+		}
+	}
+	done := 0
+	for _, c := range cells {
+		drain := b.cfg.selected(c.Name)
+		var st []int
+		if c.Headline {
+			st = startup
+		}
+		if !drain && len(st) == 0 {
+			continue
+		}
+		if drain {
+			done++
+			b.say("cell %s (%d of %d drain cells): %d events, %d per transaction, %d partitions, %d topics, ~%d B payload",
+				c.Name, done, todo, c.Events, c.Shape.TxnSize, c.Shape.Partitions, c.Shape.Topics, c.Shape.Payload)
+		}
+		if err := b.drainCell(ctx, c, drain, st); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("cell %s: %w", c.Name, err)
+			}
+			// One failed cell must not cost the rest of a long matrix: it is
+			// recorded and reported, and the next cell runs.
+			b.say("  cell %s FAILED: %v", c.Name, err)
+			b.res.FailedCells = append(b.res.FailedCells, results.FailedCell{Name: c.Name, Error: err.Error()})
+			for _, db := range []string{"cell_" + c.Tag, "poller_" + c.Tag} {
+				if err := b.pg.Exec(ctx, "postgres", "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
+					b.say("  (could not drop database %s: %v)", db, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// drainCell commits c's backlog into a database of its own, with the slots
+// of every drain of it created by one statement before; drains it with the
+// limit reader, the relay in each delivery mode and the limit reader again
+// (when drain is set), runs the start-up cells of startup on it, drains a
+// copy with the poller, checks what reached Kafka and drops the databases.
+func (b *bench) drainCell(ctx context.Context, c DrainCell, drain bool, startup []int) error {
+	b.cell = c
+	db := "cell_" + c.Tag
 	var err error
-	if b.relayURL, err = b.pg.CreateDatabase(ctx, "relay"); err != nil {
-		return fmt.Errorf("create relay database: %w", err)
+	if b.relayURL, err = b.pg.CreateDatabase(ctx, db); err != nil {
+		return fmt.Errorf("create database: %w", err)
 	}
 	if err := pgload.ApplyMigrations(ctx, b.relayURL, filepath.Join(b.root, "migrations"), "001_outbox.sql", "002_checkpoints.sql", "005_dead_letters.sql"); err != nil {
 		return err
 	}
-	slots := []string{"reader_a", "reader_b"}
-	for _, run := range b.relayRuns() {
-		slots = append(slots, run.drainSlot())
+	var slots []string
+	if drain {
+		slots = append(slots, "reader_a", "reader_b")
+		for _, run := range b.relayRuns() {
+			slots = append(slots, run.drainSlot())
+			if err := b.createTopics(ctx, c.topics(run.topicPrefix(c.Tag)), c.Shape.Partitions); err != nil {
+				return err
+			}
+		}
 	}
-	for _, n := range b.cfg.ReconcilePartitions {
+	for _, n := range startup {
 		slots = append(slots, reconcileSlot(n))
 	}
 	if err := pgload.CreatePublicationAndSlots(ctx, b.relayURL, publication, slots...); err != nil {
 		return err
 	}
-	b.res.Host.Postgres, err = serverVersion(ctx, b.relayURL)
+	b.say("  slots %s created together; committing the backlog", strings.Join(slots, ", "))
+	secs, err := b.loadBacklog(ctx, b.relayURL, c)
 	if err != nil {
 		return err
 	}
-	b.say("slots %s created together; committing the backlog: %d events, %d per transaction, %d aggregates, ~%d B payload",
-		strings.Join(slots, ", "), b.cfg.Events, b.cfg.TxnSize, b.cfg.Aggregates, b.cfg.Payload)
-	secs, err := b.loadBacklog(ctx, b.relayURL)
-	if err != nil {
+	if c.Headline {
+		b.res.BacklogLoadSeconds = secs
+	}
+	cell := results.Cell{Name: c.Name, Shape: c.Shape, Events: c.Events, Transactions: c.Transactions()}
+	if drain {
+		if err := b.drainRelayAndLimit(ctx, c, &cell); err != nil {
+			return err
+		}
+	}
+	for _, n := range startup {
+		rec, err := b.reconcileRun(ctx, n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", startupCellName(n), err)
+		}
+		b.res.Reconcile = append(b.res.Reconcile, rec)
+		b.res.Verify = append(b.res.Verify, rec.Verify)
+	}
+	if err := b.dropDatabase(ctx, db); err != nil {
 		return err
 	}
-	b.res.BacklogLoadSeconds = secs
+	if !drain {
+		return nil
+	}
+	if err := b.pollerDrain(ctx, c, &cell); err != nil {
+		return err
+	}
+	cell.Fill()
+	b.res.Cells = append(b.res.Cells, cell)
+	b.res.Verify = append(b.res.Verify, cell.Verify...)
+	if c.Headline {
+		b.res.LimitRuns, b.res.Limit = cell.LimitRuns, cell.Limit
+		b.res.RelayRuns, b.res.Relay, b.res.Poller = cell.RelayRuns, cell.Relay, cell.Poller
+	}
+	b.say("  %s: limit %.0f, relay %.0f, poller %.0f ev/s; relay/limit %.2f; CPU µs/ev limit %.2f, relay %.2f, poller %.2f; walsender %.2f µs/ev, %.1f µs/txn; relay peak RSS %.1f MiB",
+		c.Name, cell.Limit.Rate, cell.Relay.Rate, cell.Poller.Rate, cell.RelayOverLimit, cell.Limit.CPUPerEventUS,
+		cell.Relay.CPUPerEventUS, cell.Poller.CPUPerEventUS, cell.Limit.WalsenderUSPerEvent, cell.Limit.WalsenderUSPerTxn,
+		float64(cell.Relay.PeakRSSBytes)/(1<<20))
+	return nil
+}
 
+// drainRelayAndLimit drains the cell's backlog with the limit reader, the
+// relay's runs and the limit reader again, and checks the relay's topics.
+func (b *bench) drainRelayAndLimit(ctx context.Context, c DrainCell, cell *results.Cell) error {
 	a, err := b.readerDrain(ctx, "reader_a")
 	if err != nil {
 		return err
@@ -58,39 +158,62 @@ func (b *bench) drainPhase(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		b.res.RelayRuns = append(b.res.RelayRuns, d)
+		cell.RelayRuns = append(cell.RelayRuns, d)
 	}
 	bb, err := b.readerDrain(ctx, "reader_b")
 	if err != nil {
 		return err
 	}
-	a.Name, bb.Name = "reader_a (before)", "reader_b (after)"
-	b.res.LimitRuns = []results.Drain{a, bb}
-	b.res.Limit = a
+	a.Name, bb.Name = "limit before", "limit after"
+	cell.LimitRuns = []results.Drain{a, bb}
+	cell.Limit = a
 	if bb.Rate > a.Rate {
-		b.res.Limit = bb
+		cell.Limit = bb
 	}
-	b.res.Relay, _ = b.res.BestDrain(results.EffectivelyOnce)
-
-	b.say("verifying the relay's Kafka records")
+	for _, d := range cell.RelayRuns {
+		if d.Delivery == results.EffectivelyOnce && d.Rate > cell.Relay.Rate {
+			cell.Relay = d
+		}
+	}
 	for _, run := range b.relayRuns() {
-		v, err := verifyDrain(ctx, b.brokers, "relay "+run.tag(), run.topicPrefix()+drainAggType, b.cfg.Events)
+		v, err := verifyDrain(ctx, b.brokers, c.Name+" relay "+run.tag(), c.topics(run.topicPrefix(c.Tag)), c.Events)
 		if err != nil {
 			return err
 		}
-		b.res.Verify = append(b.res.Verify, v)
+		cell.Verify = append(cell.Verify, v)
+	}
+	return nil
+}
+
+// createTopics creates topics with n partitions each.
+func (b *bench) createTopics(ctx context.Context, topics []string, n int) error {
+	for _, t := range topics {
+		if err := testenv.CreateTopic(ctx, b.brokers, t, n); err != nil {
+			return fmt.Errorf("create topic %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// dropDatabase drops the slots of database name, then the database.
+func (b *bench) dropDatabase(ctx context.Context, name string) error {
+	if err := b.pg.Exec(ctx, name, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()"); err != nil {
+		return fmt.Errorf("drop the slots of database %s: %w", name, err)
+	}
+	if err := b.pg.Exec(ctx, "postgres", "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
 	}
 	return nil
 }
 
 // loadBacklog commits the backlog on url, then vacuums and checkpoints so the
 // drains that follow do not pay for it.
-func (b *bench) loadBacklog(ctx context.Context, url string) (float64, error) {
+func (b *bench) loadBacklog(ctx context.Context, url string, c DrainCell) (float64, error) {
 	start := time.Now()
 	lastSaid := start
 	err := pgload.LoadBacklog(ctx, url, pgload.Backlog{
-		Events: b.cfg.Events, Aggregates: b.cfg.Aggregates, TxnSize: b.cfg.TxnSize,
-		Payload: b.cfg.Payload, AggregateType: drainAggType,
+		Events: c.Events, Aggregates: b.cfg.Aggregates, TxnSize: c.Shape.TxnSize,
+		Payload: c.Shape.Payload, AggregateType: drainAggType, Types: c.Shape.Topics,
 	}, func(done int) {
 		if time.Since(lastSaid) > 5*time.Second {
 			lastSaid = time.Now()
@@ -101,7 +224,7 @@ func (b *bench) loadBacklog(ctx context.Context, url string) (float64, error) {
 		return 0, err
 	}
 	secs := time.Since(start).Seconds()
-	b.say("backlog committed in %.1fs (%.0f events/s); VACUUM ANALYZE and CHECKPOINT", secs, float64(b.cfg.Events)/secs)
+	b.say("  backlog committed in %.1fs (%.0f events/s); VACUUM ANALYZE and CHECKPOINT", secs, float64(c.Events)/secs)
 	for _, sql := range []string{"VACUUM (ANALYZE) public.outbox_events", "CHECKPOINT"} {
 		if err := execSQL(ctx, url, sql); err != nil {
 			return 0, err
@@ -115,17 +238,59 @@ func (b *bench) drainTimeout() time.Duration {
 	return 2*time.Minute + time.Duration(b.cfg.Events)*time.Millisecond
 }
 
-// readerDrain runs the bare reader on slot until it decoded the backlog.
+// walsenderOf returns the pid of the walsender streaming slot (the slot's
+// active_pid): a walsender is started for each replication connection, so its
+// counters are the connection's.
+func walsenderOf(ctx context.Context, url, slot string) (int, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, fmt.Errorf("connect to find the walsender: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var pid *int
+	if err := conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid); err != nil {
+		return 0, fmt.Errorf("find the walsender of slot %s: %w", slot, err)
+	}
+	if pid == nil {
+		return 0, fmt.Errorf("find the walsender of slot %s: the slot is not active", slot)
+	}
+	return *pid, nil
+}
+
+// sampleStream records, into d, the CPU time of the walsender streaming slot
+// over its life so far, and the read system calls of the reading process
+// (pid): how finely it took the stream.
+func sampleStream(ctx context.Context, url, slot string, pid int, d *results.Drain) error {
+	ws, err := walsenderOf(ctx, url, slot)
+	if err != nil {
+		return err
+	}
+	cpu, err := pgstat.ProcessCPU(ws)
+	if err != nil {
+		return err
+	}
+	sc, err := pgstat.ProcessSyscalls(pid)
+	if err != nil {
+		return err
+	}
+	d.WalsenderCPUSeconds, d.ReaderReads = cpu.Seconds(), sc.Reads
+	return nil
+}
+
+// readerDrain runs the limit reader on slot until it decoded the cell's
+// backlog; it holds its connection until the walsender's CPU was read.
 func (b *bench) readerDrain(ctx context.Context, slot string) (results.Drain, error) {
-	b.say("bare reader on slot %s: decoding %d events", slot, b.cfg.Events)
-	d := results.Drain{Name: slot, Events: b.cfg.Events}
+	c := b.cell
+	b.say("  limit reader (the relay's read path, producer discarding) on slot %s: decoding %d events", slot, c.Events)
+	d := results.Drain{Name: slot, Events: c.Events, Transactions: c.Transactions()}
 	w, err := b.beginWindow(ctx, b.relayURL)
 	if err != nil {
 		return d, err
 	}
 	defer w.close()
-	p, err := child.Start(child.Options{Name: "bare reader", Path: b.cfg.Self, Args: []string{"reader",
-		"-url", b.relayURL, "-slot", slot, "-publication", publication, "-count", strconv.Itoa(b.cfg.Events)}})
+	args := append([]string{"reader", "-count", strconv.Itoa(c.Events), "-hold", "--"},
+		b.relayArgs(b.drainRelayOptions(slot, relayRun{delivery: results.EffectivelyOnce}), "127.0.0.1:0")...)
+	p, err := child.Start(child.Options{Name: "limit reader", Path: b.cfg.Self, Args: args})
 	if err != nil {
 		return d, err
 	}
@@ -134,12 +299,15 @@ func (b *bench) readerDrain(ctx context.Context, slot string) (results.Drain, er
 	if err != nil {
 		return d, err
 	}
+	if err := sampleStream(ctx, b.relayURL, slot, p.PID(), &d); err != nil {
+		return d, err
+	}
 	bd, err := w.pg.Breakdown()
 	if err != nil {
 		return d, err
 	}
 	d.PGByProcess = perEvent(bd, d.Events)
-	usage, err := p.Wait(exitWait, stopGrace) // it exits by itself after confirming
+	usage, err := p.Stop(stopGrace) // it holds the connection until told
 	if err != nil {
 		return d, err
 	}
@@ -148,28 +316,39 @@ func (b *bench) readerDrain(ctx context.Context, slot string) (results.Drain, er
 	}
 	d.Seconds = end.Sub(p.Started()).Seconds()
 	d.Fill()
-	b.say("  %.0f events/s, CPU %.2fs, Postgres CPU %.2fs, WAL %d B", d.Rate, d.CPUSeconds, d.PGCPUSeconds, d.WALBytes)
+	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), walsender %.2f µs/ev, %.2f reads/txn, Postgres CPU %.2fs, WAL %d B",
+		d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.WalsenderUSPerEvent, d.ReaderReadsPerTxn, d.PGCPUSeconds, d.WALBytes)
 	return d, nil
+}
+
+// drainRelayOptions are the relay's options for a drain of the current cell
+// from slot in run's delivery mode; the limit reader is given the same.
+func (b *bench) drainRelayOptions(slot string, run relayRun) relayOptions {
+	return relayOptions{slot: slot, topicPrefix: run.topicPrefix(b.cell.Tag), delivery: run.delivery}
 }
 
 // relayDrain runs the relay binary in run's delivery mode on its slot until
 // Kafka acknowledged the backlog, then stops it with SIGTERM.
 func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, error) {
-	b.say("relay (built binary, --delivery %s, round %d) on slot %s: until Kafka acknowledged %d events",
-		run.delivery, run.round, run.drainSlot(), b.cfg.Events)
-	d := results.Drain{Name: "relay " + run.tag(), Events: b.cfg.Events, Delivery: run.delivery, Round: run.round}
+	c := b.cell
+	b.say("  relay (built binary, --delivery %s, round %d) on slot %s: until Kafka acknowledged %d events",
+		run.delivery, run.round, run.drainSlot(), c.Events)
+	d := results.Drain{Name: "relay " + run.tag(), Events: c.Events, Transactions: c.Transactions(), Delivery: run.delivery, Round: run.round}
 	w, err := b.beginWindow(ctx, b.relayURL)
 	if err != nil {
 		return d, err
 	}
 	defer w.close()
-	r, err := b.startRelay(relayOptions{slot: run.drainSlot(), topicPrefix: run.topicPrefix(), delivery: run.delivery})
+	r, err := b.startRelay(b.drainRelayOptions(run.drainSlot(), run))
 	if err != nil {
 		return d, err
 	}
 	defer func() { _, _ = r.Stop(stopGrace) }() // a no-op once stopped; cleanup on early return
-	end, err := r.waitPublished(ctx, b.cfg.Events, b.drainTimeout())
+	end, err := r.waitPublished(ctx, c.Events, b.drainTimeout())
 	if err != nil {
+		return d, err
+	}
+	if err := sampleStream(ctx, b.relayURL, run.drainSlot(), r.PID(), &d); err != nil {
 		return d, err
 	}
 	bd, err := w.pg.Breakdown()
@@ -194,18 +373,23 @@ func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, er
 	}
 	d.Seconds = end.Sub(r.Started()).Seconds()
 	d.Fill()
-	b.say("  %.0f events/s, CPU %.2fs, peak RSS %.1f MiB, Postgres CPU %.2fs, WAL %d B", d.Rate, d.CPUSeconds, float64(d.PeakRSSBytes)/(1<<20), d.PGCPUSeconds, d.WALBytes)
+	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), walsender %.2f µs/ev, %.2f reads/txn, peak RSS %.1f MiB, Postgres CPU %.2fs, WAL %d B",
+		d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.WalsenderUSPerEvent, d.ReaderReadsPerTxn, float64(d.PeakRSSBytes)/(1<<20), d.PGCPUSeconds, d.WALBytes)
 	return d, nil
 }
 
-// verifyDrain reads a drain's topic back with kgo and checks that every event
+// verifyDrain reads a drain's topics back with kgo and checks that every event
 // arrived and that, per aggregate, the payload's seq increases in offset order
 // (repeats of an event id count as duplicates, not as order violations).
-func verifyDrain(ctx context.Context, brokers []string, system, topic string, n int) (results.Verify, error) {
+func verifyDrain(ctx context.Context, brokers []string, system string, topics []string, n int) (results.Verify, error) {
+	topic := topics[0]
+	if len(topics) > 1 {
+		topic = fmt.Sprintf("%s … (%d topics)", topics[0], len(topics))
+	}
 	v := results.Verify{System: system, Topic: topic}
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	recs, err := testenv.ReadAll(rctx, brokers, topic)
+	recs, err := testenv.ReadAll(rctx, brokers, topics...)
 	if err != nil {
 		return v, fmt.Errorf("read back %s: %w", topic, err)
 	}

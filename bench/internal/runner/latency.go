@@ -1,12 +1,13 @@
 package runner
 
-// The latency runs under steady load: relay and poller through Kafka, the bare reader alone.
+// The latency runs under steady load: relay and poller through Kafka, the limit reader alone.
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +19,37 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 )
+
+// latencyPhase runs the selected steady-load cells: through the relay, then
+// the limit reader alone, on a database of their own, then the poller.
+func (b *bench) latencyPhase(ctx context.Context) error {
+	cells := b.latencyCells()
+	if len(cells) == 0 {
+		return nil
+	}
+	var err error
+	if b.relayURL, err = b.pg.CreateDatabase(ctx, "latency"); err != nil {
+		return fmt.Errorf("create latency database: %w", err)
+	}
+	if err := pgload.ApplyMigrations(ctx, b.relayURL, filepath.Join(b.root, "migrations"), "001_outbox.sql", "002_checkpoints.sql", "005_dead_letters.sql"); err != nil {
+		return err
+	}
+	if err := pgload.CreatePublicationAndSlots(ctx, b.relayURL, publication); err != nil {
+		return err
+	}
+	names := make([]string, len(cells))
+	for i, lc := range cells {
+		names[i] = lc.Name()
+	}
+	b.say("steady-load cells %s", strings.Join(names, ", "))
+	if err := b.relayLatencyPhase(ctx); err != nil {
+		return err
+	}
+	if err := b.readerLatencyPhase(ctx); err != nil {
+		return err
+	}
+	return b.pollerLatencyPhase(ctx)
+}
 
 // relayLatencyPhase runs the steady loads through the relay once per
 // delivery mode and round, alternating the modes (ABAB): each run is a
@@ -35,7 +67,13 @@ func (b *bench) relayLatencyPhase(ctx context.Context) error {
 // relayLatencyRun is one relay process through every offered load.
 func (b *bench) relayLatencyRun(ctx context.Context, run relayRun) error {
 	b.say("relay latency (--delivery %s, round %d): starting the relay on slot %s", run.delivery, run.round, run.latSlot())
-	r, err := b.startRelay(relayOptions{slot: run.latSlot(), topicPrefix: run.topicPrefix(), delivery: run.delivery})
+	prefix := run.topicPrefix("lat")
+	for _, lc := range b.latencyCells() {
+		if err := b.createTopics(ctx, []string{prefix + latAggType(lc)}, b.cfg.Headline().Partitions); err != nil {
+			return err
+		}
+	}
+	r, err := b.startRelay(relayOptions{slot: run.latSlot(), topicPrefix: prefix, delivery: run.delivery})
 	if err != nil {
 		return err
 	}
@@ -43,7 +81,7 @@ func (b *bench) relayLatencyRun(ctx context.Context, run relayRun) error {
 	if err := r.waitReady(ctx, time.Minute); err != nil {
 		return err
 	}
-	if err := b.latencyRuns(ctx, "relay", run, b.relayURL, run.topicPrefix(), r.Process, r.exited, r); err != nil {
+	if err := b.latencyRuns(ctx, "relay", run, b.relayURL, prefix, r.Process, r.exited, r); err != nil {
 		return err
 	}
 	usage, err := r.Stop(stopGrace)
@@ -64,14 +102,15 @@ func (b *bench) relayLatencyRun(ctx context.Context, run relayRun) error {
 	return nil
 }
 
-// latencyRuns offers each rate for the configured duration to system, which
-// reads url and writes topics topicPrefix+"lat<rate>"; alive reports whether
+// latencyRuns offers each steady-load cell for the configured duration to
+// system, which reads url and writes topics topicPrefix+latAggType; alive reports whether
 // the system under test, proc, still runs. run names the relay's delivery
 // mode and round (zero for other systems). With relay set, the relay's own
 // metrics (commit → ack histogram, produce requests) are read around each run.
 func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, url, topicPrefix string, proc *child.Process, alive func() error, relay *relayProc) error {
-	for _, rate := range b.cfg.Rates {
-		agg := latAggType(rate)
+	for _, lc := range b.latencyCells() {
+		rate := lc.Rate
+		agg := latAggType(lc)
 		topic := topicPrefix + agg
 		c := latency.Start(ctx, b.brokers, topic)
 		// Let the consumer join before the first commit.
@@ -101,8 +140,8 @@ func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, ur
 		start := time.Now()
 		c.KeepFrom(start.Add(b.warmup()))
 		sr, err := pgload.RunSteady(ctx, url, pgload.Steady{
-			Rate: rate, Duration: b.cfg.Duration, AggregateType: agg,
-			Aggregates: b.cfg.Aggregates, Payload: b.cfg.Payload,
+			Rate: rate, TxnSize: lc.TxnSize, Duration: b.cfg.Duration, AggregateType: agg,
+			Aggregates: b.cfg.Aggregates, Payload: b.cfg.Headline().Payload,
 		})
 		if err != nil {
 			_, _ = c.Close() // the load error is what matters
@@ -153,32 +192,33 @@ func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, ur
 		if run.delivery != "" {
 			name = fmt.Sprintf("%s (%s)", system, run)
 		}
-		b.say("  %s @%d/s: achieved %.0f ev/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples, %d missing)",
-			name, rate, l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
+		b.say("  %s %s: achieved %.0f ev/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples, %d missing)",
+			name, lc.Name(), l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
 	}
 	return nil
 }
 
-// readerLatencyPhase measures the floor under the relay's latency: the bare
+// readerLatencyPhase measures the floor under the relay's latency: the limit
 // reader, alone (the relay is stopped), timing commit → decoded on a slot
 // created for it, at the same offered loads.
 func (b *bench) readerLatencyPhase(ctx context.Context) error {
 	const slot = "reader_lat"
-	b.say("bare reader latency: slot %s (the relay is stopped)", slot)
+	b.say("limit reader latency: slot %s (the relay is stopped)", slot)
 	if err := execSQL(ctx, b.relayURL, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", slot)); err != nil {
 		return err
 	}
-	for _, rate := range b.cfg.Rates {
-		st := pgload.Steady{Rate: rate, Duration: b.cfg.Duration, AggregateType: latAggType(rate),
-			Aggregates: b.cfg.Aggregates, Payload: b.cfg.Payload}
+	for _, lc := range b.latencyCells() {
+		rate := lc.Rate
+		st := pgload.Steady{Rate: rate, TxnSize: lc.TxnSize, Duration: b.cfg.Duration, AggregateType: latAggType(lc),
+			Aggregates: b.cfg.Aggregates, Payload: b.cfg.Headline().Payload}
 		txnSize, txns, _ := st.Plan()
 		expected := txnSize * txns
 		if err := b.waitForQuietMachine(ctx); err != nil {
 			return err
 		}
-		p, err := child.Start(child.Options{Name: "bare reader", Path: b.cfg.Self, Args: []string{"reader",
-			"-url", b.relayURL, "-slot", slot, "-publication", publication, "-count", strconv.Itoa(expected),
-			"-latency", "-warmup", b.warmup().String()}})
+		args := append([]string{"reader", "-count", strconv.Itoa(expected), "-latency", "-warmup", b.warmup().String(), "--"},
+			b.relayArgs(relayOptions{slot: slot, topicPrefix: relayTopicPrefix + "lat.reader.", delivery: results.EffectivelyOnce}, "127.0.0.1:0")...)
+		p, err := child.Start(child.Options{Name: "limit reader", Path: b.cfg.Self, Args: args})
 		if err != nil {
 			return err
 		}
@@ -187,11 +227,11 @@ func (b *bench) readerLatencyPhase(ctx context.Context) error {
 			err = serr
 		}
 		if err != nil {
-			return fmt.Errorf("bare reader latency at %d/s: %w", rate, err)
+			return fmt.Errorf("limit reader latency, %s: %w", lc.Name(), err)
 		}
 		b.res.Latency = append(b.res.Latency, l)
-		b.say("  reader @%d/s: achieved %.0f ev/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples, %d missing)",
-			rate, l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
+		b.say("  limit reader %s: achieved %.0f ev/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples, %d missing)",
+			lc.Name(), l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
 	}
 	return nil
 }

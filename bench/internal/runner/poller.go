@@ -1,6 +1,6 @@
 package runner
 
-// The poller phase: the same backlog in a fresh database, drained and then under steady load.
+// The poller: each drain cell's backlog copied into a fresh database and drained; the steady loads.
 
 import (
 	"context"
@@ -14,29 +14,39 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 )
 
-// pollerPhase loads the same backlog into a fresh database and drains it with
-// the poller, then runs the steady loads through it.
-func (b *bench) pollerPhase(ctx context.Context) error {
+// pollerDrain loads the cell's backlog into a fresh database, drains it with
+// the poller into the cell's poller topics, checks them and drops the
+// database.
+func (b *bench) pollerDrain(ctx context.Context, c DrainCell, cell *results.Cell) error {
+	db := "poller_" + c.Tag
 	var err error
-	if b.pollerURL, err = b.pg.CreateDatabase(ctx, "poller"); err != nil {
+	if b.pollerURL, err = b.pg.CreateDatabase(ctx, db); err != nil {
 		return fmt.Errorf("create poller database: %w", err)
 	}
 	if err := pgload.ApplyMigrations(ctx, b.pollerURL, filepath.Join(b.root, "migrations"), "001_outbox.sql"); err != nil {
 		return err
 	}
-	b.say("poller: committing the same backlog into a fresh database")
-	if b.res.PollerLoadSeconds, err = b.loadBacklog(ctx, b.pollerURL); err != nil {
+	prefix := pollerTopicPrfx + c.Tag + "."
+	if err := b.createTopics(ctx, c.topics(prefix), c.Shape.Partitions); err != nil {
 		return err
 	}
+	b.say("  poller: committing the same backlog into a fresh database")
+	secs, err := b.loadBacklog(ctx, b.pollerURL, c)
+	if err != nil {
+		return err
+	}
+	if c.Headline {
+		b.res.PollerLoadSeconds = secs
+	}
 
-	b.say("poller: draining %d events (batch %d, idle sleep %s)", b.cfg.Events, b.cfg.PollerBatch, b.cfg.PollerIdle)
-	d := results.Drain{Name: "poller", Events: b.cfg.Events}
+	b.say("  poller: draining %d events (batch %d, idle sleep %s)", c.Events, b.cfg.PollerBatch, b.cfg.PollerIdle)
+	d := results.Drain{Name: "poller", Events: c.Events, Transactions: c.Transactions()}
 	w, err := b.beginWindow(ctx, b.pollerURL)
 	if err != nil {
 		return err
 	}
 	defer w.close()
-	p, err := b.startPoller(b.cfg.Events)
+	p, err := b.startPoller(c.Events, prefix, c.Shape.Payload)
 	if err != nil {
 		return err
 	}
@@ -59,18 +69,35 @@ func (b *bench) pollerPhase(ctx context.Context) error {
 	}
 	d.Seconds = end.Sub(p.Started()).Seconds()
 	d.Fill()
-	b.res.Poller = d
-	b.say("  %.0f events/s, CPU %.2fs, Postgres CPU %.2fs, WAL %d B", d.Rate, d.CPUSeconds, d.PGCPUSeconds, d.WALBytes)
+	cell.Poller = d
+	b.say("    %.0f events/s, CPU %.2fs (%.2f µs/ev), Postgres CPU %.2fs, WAL %d B", d.Rate, d.CPUSeconds, d.CPUPerEventUS, d.PGCPUSeconds, d.WALBytes)
 
-	b.say("verifying the poller's Kafka records")
-	v, err := verifyDrain(ctx, b.brokers, "poller", pollerTopicPrfx+drainAggType, b.cfg.Events)
+	v, err := verifyDrain(ctx, b.brokers, c.Name+" poller", c.topics(prefix), c.Events)
 	if err != nil {
 		return err
 	}
-	b.res.Verify = append(b.res.Verify, v)
+	cell.Verify = append(cell.Verify, v)
+	return b.dropDatabase(ctx, db)
+}
 
+// pollerLatencyPhase runs the steady loads through the poller, on a
+// database of its own.
+func (b *bench) pollerLatencyPhase(ctx context.Context) error {
+	var err error
+	if b.pollerURL, err = b.pg.CreateDatabase(ctx, "poller_latency"); err != nil {
+		return fmt.Errorf("create poller database: %w", err)
+	}
+	if err := pgload.ApplyMigrations(ctx, b.pollerURL, filepath.Join(b.root, "migrations"), "001_outbox.sql"); err != nil {
+		return err
+	}
+	prefix := pollerTopicPrfx + "lat."
+	for _, lc := range b.latencyCells() {
+		if err := b.createTopics(ctx, []string{prefix + latAggType(lc)}, b.cfg.Headline().Partitions); err != nil {
+			return err
+		}
+	}
 	b.say("poller latency: starting the poller")
-	lp, err := b.startPoller(0)
+	lp, err := b.startPoller(0, prefix, b.cfg.Headline().Payload)
 	if err != nil {
 		return err
 	}
@@ -83,7 +110,7 @@ func (b *bench) pollerPhase(ctx context.Context) error {
 			return nil
 		}
 	}
-	if err := b.latencyRuns(ctx, "poller", relayRun{}, b.pollerURL, pollerTopicPrfx, lp, alive, nil); err != nil {
+	if err := b.latencyRuns(ctx, "poller", relayRun{}, b.pollerURL, prefix, lp, alive, nil); err != nil {
 		return err
 	}
 	if _, err := lp.Stop(stopGrace); err != nil {
@@ -92,9 +119,12 @@ func (b *bench) pollerPhase(ctx context.Context) error {
 	return nil
 }
 
-// startPoller starts the poller child; count 0 runs it until stopped.
-func (b *bench) startPoller(count int) (*child.Process, error) {
+// startPoller starts the poller child writing topics prefix+aggregate_type;
+// count 0 runs it until stopped. Its produce batches have room for events of
+// payload bytes.
+func (b *bench) startPoller(count int, prefix string, payload int) (*child.Process, error) {
 	return child.Start(child.Options{Name: "poller", Path: b.cfg.Self, Args: []string{"poller",
-		"-url", b.pollerURL, "-brokers", strings.Join(b.brokers, ","), "-topic-prefix", pollerTopicPrfx,
-		"-batch", strconv.Itoa(b.cfg.PollerBatch), "-idle", b.cfg.PollerIdle.String(), "-count", strconv.Itoa(count)}})
+		"-url", b.pollerURL, "-brokers", strings.Join(b.brokers, ","), "-topic-prefix", prefix,
+		"-batch", strconv.Itoa(b.cfg.PollerBatch), "-batch-bytes", strconv.Itoa(max(1<<20, 2*payload+64<<10)),
+		"-idle", b.cfg.PollerIdle.String(), "-count", strconv.Itoa(count)}})
 }

@@ -34,25 +34,14 @@ func reconcileTopic(n int) string {
 	return relayTopicPrefix + "rec" + strconv.Itoa(n) + "." + drainAggType
 }
 
-// reconcilePhase, for each configured partition count, drains the backlog
-// with the relay (effectively-once) into a topic of that many partitions,
-// kills it with SIGKILL half-way, restarts it, and records what its
-// start-up reconciliation logged and how long it took to be ready.
-func (b *bench) reconcilePhase(ctx context.Context) error {
-	for _, n := range b.cfg.ReconcilePartitions {
-		rec, err := b.reconcileRun(ctx, n)
-		if err != nil {
-			return fmt.Errorf("reconciliation after kill -9, %d partitions: %w", n, err)
-		}
-		b.res.Reconcile = append(b.res.Reconcile, rec)
-		b.res.Verify = append(b.res.Verify, rec.Verify)
-	}
-	return nil
-}
-
-// reconcileRun is one kill -9 and restart into a topic of n partitions.
+// reconcileRun is the start-up cell of n partitions, on the headline
+// cell's backlog: the relay (effectively-once) drains it into a topic of n
+// partitions, is killed with SIGKILL half-way and restarted at once; the
+// cell records the time to the first acknowledged event of both starts and
+// what the restart's reconciliation logged and took.
 func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, error) {
-	rec := results.Reconcile{TopicPartitions: n, Events: b.cfg.Events}
+	events := b.cell.Events
+	rec := results.Reconcile{TopicPartitions: n, Events: events}
 	topic := reconcileTopic(n)
 	if err := testenv.CreateTopic(ctx, b.brokers, topic, n); err != nil {
 		return rec, err
@@ -64,13 +53,18 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 	if err := b.waitForQuietMachine(ctx); err != nil {
 		return rec, err
 	}
-	killAt := max(1, b.cfg.Events/2)
-	b.say("relay into %s (%d partitions): drain, kill -9 after %d events acknowledged, restart", topic, n, killAt)
+	killAt := max(1, events/2)
+	b.say("%s: relay into %s (%d partitions): drain, kill -9 after %d events acknowledged, restart", startupCellName(n), topic, n, killAt)
 	first, err := b.startRelay(opts)
 	if err != nil {
 		return rec, err
 	}
 	defer func() { _, _ = first.Kill() }() // a no-op once killed; cleanup on early return
+	at, err := first.waitPublished(ctx, 1, b.drainTimeout())
+	if err != nil {
+		return rec, err
+	}
+	rec.FirstAckSeconds = at.Sub(first.Started()).Seconds()
 	if _, err := first.waitPublished(ctx, killAt, b.drainTimeout()); err != nil {
 		return rec, err
 	}
@@ -82,7 +76,7 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 	if _, err := first.Kill(); err != nil {
 		return rec, err
 	}
-	if rec.KilledAfter >= b.cfg.Events {
+	if rec.KilledAfter >= events {
 		b.say("  note: the drain had finished before the kill (-events too small for the kill to land mid-drain)")
 	}
 
@@ -97,6 +91,13 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 		return rec, err
 	}
 	rec.ReadySeconds = time.Since(again.Started()).Seconds()
+	if rec.KilledAfter < events {
+		at, err := again.waitPublished(ctx, 1, b.drainTimeout())
+		if err != nil {
+			return rec, err
+		}
+		rec.RestartFirstAckSeconds = at.Sub(again.Started()).Seconds()
+	}
 	line, err := logs.wait(ctx, 10*time.Second)
 	if err != nil {
 		return rec, err
@@ -110,12 +111,12 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 		return rec, fmt.Errorf("parse the relay's reconciliation log line %q: fields partitions, duration_ms, already_in_kafka expected (%v)", line, err)
 	}
 	rec.Partitions, rec.DurationMs, rec.AlreadyInKafka = *f.Partitions, *f.DurationMs, *f.AlreadyInKafka
-	b.say("  killed after %d acknowledged; restart: reconciled %d partitions in %d ms, %d events already in Kafka; ready after %.2fs",
-		rec.KilledAfter, rec.Partitions, rec.DurationMs, rec.AlreadyInKafka, rec.ReadySeconds)
+	b.say("  first event acknowledged %.2fs after the start; killed after %d acknowledged; restart: reconciled %d partitions in %d ms, %d events already in Kafka; ready after %.2fs, first new event acknowledged after %.2fs",
+		rec.FirstAckSeconds, rec.KilledAfter, rec.Partitions, rec.DurationMs, rec.AlreadyInKafka, rec.ReadySeconds, rec.RestartFirstAckSeconds)
 
 	// Let the restarted relay finish, then check nothing was lost or sent twice.
 	wctx, cancel := context.WithTimeout(ctx, b.drainTimeout())
-	_, err = testenv.WaitForRecords(wctx, b.brokers, b.cfg.Events, topic)
+	_, err = testenv.WaitForRecords(wctx, b.brokers, events, topic)
 	cancel()
 	if err != nil {
 		return rec, fmt.Errorf("wait for the restarted relay to finish: %w", err)
@@ -123,7 +124,7 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 	if _, err := again.Stop(stopGrace); err != nil {
 		return rec, fmt.Errorf("stop relay after the drain: %w", err)
 	}
-	if rec.Verify, err = verifyDrain(ctx, b.brokers, fmt.Sprintf("relay kill -9, %d partitions", n), topic, b.cfg.Events); err != nil {
+	if rec.Verify, err = verifyDrain(ctx, b.brokers, fmt.Sprintf("relay kill -9, %d partitions", n), []string{topic}, events); err != nil {
 		return rec, err
 	}
 	return rec, nil

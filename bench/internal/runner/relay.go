@@ -32,8 +32,10 @@ type relayOptions struct {
 	stderr      io.Writer // also receives the relay's log, when set
 }
 
-// startRelay starts the built relay on the relay database.
-func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
+// relayArgs are the flags of `cdc-relay run` for o, serving metrics on
+// addr. The limit reader is given the same flags, so it decodes and routes
+// with the relay's configuration.
+func (b *bench) relayArgs(o relayOptions, addr string) []string {
 	if o.logLevel == "" {
 		o.logLevel = "warn"
 	}
@@ -41,26 +43,31 @@ func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
 	if o.topic != "" {
 		topic = o.topic
 	}
+	return []string{
+		"--pg-url", b.relayURL,
+		"--kafka-brokers", strings.Join(b.brokers, ","),
+		"--slot", o.slot,
+		"--publication", publication,
+		"--topic", topic,
+		"--delivery", o.delivery,
+		"--metrics-addr", addr,
+		"--log-format", "json",
+		"--log-level", o.logLevel,
+	}
+}
+
+// startRelay starts the built relay on the relay database.
+func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
 	port, err := testenv.FreePort()
 	if err != nil {
 		return nil, fmt.Errorf("pick metrics port: %w", err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	p, err := child.Start(child.Options{
-		Name: "relay",
-		Path: b.relayBin,
-		Dir:  b.tmp, // where a file checkpoint store would go; the table store is used
-		Args: []string{"run",
-			"--pg-url", b.relayURL,
-			"--kafka-brokers", strings.Join(b.brokers, ","),
-			"--slot", o.slot,
-			"--publication", publication,
-			"--topic", topic,
-			"--delivery", o.delivery,
-			"--metrics-addr", addr,
-			"--log-format", "json",
-			"--log-level", o.logLevel,
-		},
+		Name:   "relay",
+		Path:   b.relayBin,
+		Dir:    b.tmp, // where a file checkpoint store would go; the table store is used
+		Args:   append([]string{"run"}, b.relayArgs(o, addr)...),
 		Stderr: o.stderr,
 	})
 	if err != nil {

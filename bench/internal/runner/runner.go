@@ -1,6 +1,6 @@
 // Package runner runs the whole benchmark in one process: a throwaway Postgres
 // 15, an in-process Kafka broker (kfake), and, as separate processes so the
-// kernel accounts their CPU and memory, the bare reader (the speed limit), the
+// kernel accounts their CPU and memory, the limit reader (the speed limit), the
 // relay binary and the poller it replaces. It measures backlog drains, latency
 // under steady load and what Postgres spends, and returns the results.
 package runner
@@ -44,25 +44,33 @@ const (
 
 // Config configures a run.
 type Config struct {
-	Events     int           // backlog size
-	Aggregates int           // distinct aggregate ids
-	TxnSize    int           // backlog rows per transaction
-	Payload    int           // approximate payload bytes
-	Rates      []int         // offered loads for the latency runs, events/s
-	Duration   time.Duration // of each latency run
-	Quick      bool          // recorded only
+	Events     int // backlog size of a drain cell (fewer for large payloads)
+	Aggregates int // distinct aggregate ids
+	// The drain cells' dimensions: the first value of each is the
+	// headline's, and every other value is a cell that differs from the
+	// headline in that dimension only (see DrainCells).
+	TxnSizes        []int // events per transaction
+	PartitionCounts []int // partitions of every topic
+	TopicCounts     []int // aggregate types, one topic each
+	Payloads        []int // approximate payload bytes
+	// Rates and LatencyTxnSizes make the steady-load cells (LatencyCells).
+	Rates           []int
+	LatencyTxnSizes []int
+	Duration        time.Duration // of each steady load
+	Quick           bool          // recorded only
+	// Cells, when not empty, are the only cells that run (CellNames).
+	Cells []string
 	// DeliveryRounds is how many times the relay's drain and latency runs
 	// are repeated in each --delivery mode, alternating
 	// effectively-once, at-least-once, effectively-once, … (ABAB).
 	DeliveryRounds int
-	// ReconcilePartitions are the partition counts of the topics the relay
-	// drains into, is killed -9 and restarted, for the start-up
-	// reconciliation figures; empty skips that phase.
+	// ReconcilePartitions are the partition counts of the start-up cells:
+	// the relay drains the headline backlog into a topic of that many
+	// partitions, is killed -9 and restarted.
 	ReconcilePartitions []int
 
 	PollerBatch int
 	PollerIdle  time.Duration
-	Partitions  int
 	// QuietWait bounds how long each measurement waits for processes outside
 	// the benchmark to use less than a tenth of the machine; 0 measures at once.
 	QuietWait time.Duration
@@ -89,18 +97,22 @@ var PGSettings = map[string]string{
 
 // bench is one run's state.
 type bench struct {
-	cfg       Config
-	out       io.Writer
-	started   time.Time
-	root      string // module root
-	tmp       string
-	relayBin  string
-	pg        *testenv.Postgres
-	cpu       *pgstat.CPUSampler
-	brokers   []string
+	cfg      Config
+	out      io.Writer
+	started  time.Time
+	root     string // module root
+	tmp      string
+	relayBin string
+	pg       *testenv.Postgres
+	cpu      *pgstat.CPUSampler
+	brokers  []string
+	res      *results.Results
+	// relayURL is the database the relay and the limit reader read now (a
+	// drain cell's, the steady loads'); pollerURL the poller's; cell is the
+	// drain cell running.
 	relayURL  string
 	pollerURL string
-	res       *results.Results
+	cell      DrainCell
 }
 
 // Run runs every phase in order and returns the evaluated results. It stops
@@ -111,15 +123,18 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	if b.out == nil {
 		b.out = io.Discard
 	}
+	head := cfg.Headline()
 	b.res = &results.Results{
 		Started: b.started,
 		Host:    results.Host{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()},
 		Config: results.Config{
-			Events: cfg.Events, Aggregates: cfg.Aggregates, TxnSize: cfg.TxnSize, Payload: cfg.Payload,
+			Events: cfg.Events, Aggregates: cfg.Aggregates, TxnSize: head.TxnSize, Payload: head.Payload,
 			Rates: cfg.Rates, LatencySeconds: cfg.Duration.Seconds(), WarmupSeconds: b.warmup().Seconds(),
 			Quick: cfg.Quick, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
-			Partitions: cfg.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
+			Partitions: head.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
 			DeliveryRounds: cfg.DeliveryRounds, ReconcilePartitions: cfg.ReconcilePartitions,
+			TxnSizes: cfg.TxnSizes, PartitionSet: cfg.PartitionCounts, TopicCounts: cfg.TopicCounts, Payloads: cfg.Payloads,
+			LatencyCells: b.latencyCells(), Cells: cfg.Cells,
 		},
 	}
 	var err error
@@ -151,7 +166,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 			return nil, err
 		}
 	}
-	b.say("starting PostgreSQL 15 and the in-process Kafka broker (kfake, %d partitions)", cfg.Partitions)
+	b.say("starting PostgreSQL 15 and the in-process Kafka broker (kfake)")
 	if b.pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{Settings: PGSettings}); err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
@@ -166,7 +181,11 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	if b.cpu, err = pgstat.NewCPUSampler(b.pg.DataDir()); err != nil {
 		return nil, err
 	}
-	kafka, err := testenv.StartKafka(testenv.KafkaOptions{Partitions: cfg.Partitions, Topics: b.topics(), NoAutoCreate: true})
+	if b.res.Host.Postgres, err = serverVersion(ctx, b.pg.URL("postgres")); err != nil {
+		return nil, err
+	}
+	kafka, err := testenv.StartKafka(testenv.KafkaOptions{Partitions: head.Partitions, NoAutoCreate: true,
+		BrokerConfigs: map[string]string{"message.max.bytes": strconv.Itoa(brokerMaxMessageBytes)}})
 	if err != nil {
 		return nil, fmt.Errorf("start kafka: %w", err)
 	}
@@ -176,16 +195,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	if err := b.drainPhase(ctx); err != nil {
 		return nil, err
 	}
-	if err := b.reconcilePhase(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.relayLatencyPhase(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.readerLatencyPhase(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.pollerPhase(ctx); err != nil {
+	if err := b.latencyPhase(ctx); err != nil {
 		return nil, err
 	}
 	b.res.Seconds = time.Since(b.started).Seconds()
@@ -205,25 +215,26 @@ func (b *bench) say(format string, args ...any) {
 // warmup is the start of each latency run whose samples are not kept.
 func (b *bench) warmup() time.Duration { return min(time.Second, b.cfg.Duration/5) }
 
-// topics are the run's topics created up front with the partition count:
-// each relay run (delivery mode and round) has its own, so every drain and
-// latency consumer reads only that run's records. The reconciliation phase
-// creates its own topics with their partition counts.
-func (b *bench) topics() []string {
-	ts := []string{pollerTopicPrfx + drainAggType}
-	for _, r := range b.cfg.Rates {
-		ts = append(ts, pollerTopicPrfx+latAggType(r))
-	}
-	for _, run := range b.relayRuns() {
-		ts = append(ts, run.topicPrefix()+drainAggType)
-		for _, r := range b.cfg.Rates {
-			ts = append(ts, run.topicPrefix()+latAggType(r))
-		}
-	}
-	return ts
+// brokerMaxMessageBytes is the broker's message.max.bytes: room for the
+// 1 MiB-payload cells (the relay sends an event larger than
+// --batch-max-bytes alone in its batch).
+const brokerMaxMessageBytes = 8 << 20
+
+// latAggType is the aggregate type, and so topic suffix, of a steady load.
+func latAggType(lc results.LatencyCell) string {
+	return "lat" + strconv.Itoa(lc.Rate) + "x" + strconv.Itoa(lc.TxnSize)
 }
 
-func latAggType(rate int) string { return "lat" + strconv.Itoa(rate) }
+// latencyCells are the selected steady-load cells.
+func (b *bench) latencyCells() []results.LatencyCell {
+	var out []results.LatencyCell
+	for _, lc := range b.cfg.LatencyCells() {
+		if b.cfg.selected(lc.Name()) {
+			out = append(out, lc)
+		}
+	}
+	return out
+}
 
 // deliveries are the relay's --delivery modes the benchmark compares, in the
 // order each round runs them.
@@ -259,17 +270,19 @@ func (r relayRun) tag() string {
 // String names the run in progress lines and results.
 func (r relayRun) String() string { return fmt.Sprintf("%s #%d", r.delivery, r.round) }
 
-// drainSlot is the slot the run drains the backlog from, created before the
-// backlog was committed.
+// drainSlot is the slot the run drains a cell's backlog from, created with
+// the cell's other slots before the backlog was committed.
 func (r relayRun) drainSlot() string { return "relay_" + r.tag() }
 
 // latSlot is the slot of the run's latency loads; the relay creates it when it
 // starts, at the end of the WAL.
 func (r relayRun) latSlot() string { return "relay_lat_" + r.tag() }
 
-// topicPrefix starts the names of the run's topics: its drain and latency
-// loads go to topicPrefix + aggregate_type.
-func (r relayRun) topicPrefix() string { return relayTopicPrefix + r.tag() + "." }
+// topicPrefix starts the names of the run's topics in a drain cell (cell
+// tag) or the steady loads ("lat"): they go to topicPrefix + aggregate_type.
+func (r relayRun) topicPrefix(cell string) string {
+	return relayTopicPrefix + cell + "." + r.tag() + "."
+}
 
 // moduleRoot finds the repository root from the working directory.
 func moduleRoot() (string, error) {
@@ -342,12 +355,13 @@ func serverVersion(ctx context.Context, url string) (string, error) {
 func (b *bench) notes() []string {
 	return []string{
 		fmt.Sprintf("one %d-CPU machine runs everything: Postgres, the Kafka broker (kfake, inside the benchmark process), the latency consumer, the load generator and the process measured", runtime.NumCPU()),
-		"rate = events / (process start → last event done): the relay until cdc_relay_events_published_total (Kafka acks=all) reached N, polled every 50 ms; reader and poller until they reported N; start-up is included",
-		"CPU µs/ev: getrusage of the child process over its whole life (utime+stime); peak RSS: its VmHWM, sampled every 100 ms and before it is stopped; the limit is the faster of the two bare-reader runs (before and after the relay)",
+		"limit reader = the relay's own read path (internal/replication's stream loop, status updates and keepalives; internal/decoder and the topic router configured from the relay's flags, cli.RelayConfig) feeding a handler that counts: everything the relay does but Kafka and the checkpoint store; its slot is created by the same statement as the relay's, and it drains before and after the relay, the faster run kept",
+		"rate = events / (process start → last event done): the relay until cdc_relay_events_published_total (Kafka acks=all) reached N, polled every 50 ms; limit reader and poller until they reported N; start-up is included",
+		"CPU µs/ev: getrusage of the child process over its whole life (utime+stime); peak RSS: its VmHWM, sampled every 100 ms and before it is stopped; walsender µs/ev and µs/txn: utime+stime in /proc/<pid>/stat of the slot's walsender (pg_replication_slots.active_pid; a new process per connection) when the last event was done, per event and per transaction: the ceiling of any logical-replication reader",
 		"PG CPU µs/ev: utime+stime of the postmaster and all its children (live ones from /proc/<pid>/stat, exited ones through the postmaster's cutime/cstime) from just before the process started until its sessions ended, background processes included; WAL = pg_current_wal_insert_lsn() difference over the same window",
-		fmt.Sprintf("latency = receive time − commit_time header: commit → consumer-visible, an upper bound of commit → Kafka ack; the bare reader's is commit → decoded, measured alone on its own slot after the relay stopped (the floor Postgres' walsender sets); the first %s of each run is warm-up and not counted; load: 4 connections, max(1, rate/1000) events per autocommitted INSERT", b.warmup()),
+		fmt.Sprintf("latency = receive time − commit_time header: commit → consumer-visible, an upper bound of commit → Kafka ack; the limit reader's is commit → decoded, measured alone on its own slot after the relay stopped (the floor Postgres' walsender sets); the first %s of each run is warm-up and not counted; load: 4 connections, each cell's events per autocommitted INSERT", b.warmup()),
 		fmt.Sprintf("poller: BEGIN; SELECT … ORDER BY created_at, id LIMIT %d FOR UPDATE SKIP LOCKED; produce with kafka-go's Writer (acks=all, murmur2, whole batch per call, 1 ms batch timeout); DELETE the published rows (delete, not UPDATE published_at); COMMIT; sleeps %s when a poll finds nothing; commit_time from pg_xact_commit_timestamp(xmin)", b.cfg.PollerBatch, b.cfg.PollerIdle),
-		"Postgres µs/ev by process: walsender = logical decoding for the reader or the relay; backend = client sessions (the poller's SELECT/DELETE, the load generator's INSERTs); exited = sessions that ended before the sample (e.g. the load generator's at the end of a latency run)",
+		"Postgres µs/ev by process: walsender = logical decoding for the limit reader or the relay; backend = client sessions (the poller's SELECT/DELETE, the load generator's INSERTs); exited = sessions that ended before the sample (e.g. the load generator's at the end of a latency run)",
 		"Postgres runs with testenv's fsync=off and full_page_writes=off, so WAL figures hold no full-page images (the poller's DELETEs would add some after every checkpoint) and commits never wait for a disk",
 	}
 }
