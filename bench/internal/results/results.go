@@ -501,9 +501,19 @@ func (r *Results) drainTargets(cells []Cell) []Target {
 			worstCPU = c
 		}
 	}
-	out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell",
-		Got:  fmt.Sprintf("lowest relay/limit %.2f in %s (%.0f vs %.0f ev/s; %d cells)", worst.RelayOverLimit, worst.Name, worst.Relay.Rate, worst.Limit.Rate, len(cells)),
-		Pass: worst.RelayOverLimit >= 0.9})
+	got := fmt.Sprintf("lowest relay/limit %.2f in %s (%.0f vs %.0f ev/s; %d cells)", worst.RelayOverLimit, worst.Name, worst.Relay.Rate, worst.Limit.Rate, len(cells))
+	var above []string
+	for _, c := range cells {
+		if c.RelayOverLimit > 1 {
+			above = append(above, c.Name)
+		}
+	}
+	if len(above) > 0 {
+		// An eager reader makes the walsender dearer (bench/README.md): there
+		// the limit reader is no ceiling, the walsender's figures are.
+		got += fmt.Sprintf("; above 1 in %s: no ceiling there, read the walsender's CPU per transaction", strings.Join(above, ", "))
+	}
+	out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell", Got: got, Pass: worst.RelayOverLimit >= 0.9})
 	// The allowance for encoding and producing needs a CPU profile's split
 	// (README): the figure is reported, not judged.
 	out = append(out, Target{Name: "relay CPU/ev ≤ limit's + encode/produce",
