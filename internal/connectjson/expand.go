@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -112,7 +113,7 @@ func parseValue(d *json.Decoder) (*node, error) {
 				if err != nil {
 					return nil, err
 				}
-				if i := indexOf(n.keys, key); i >= 0 {
+				if i := slices.Index(n.keys, key); i >= 0 {
 					n.vals[i] = val
 					continue
 				}
@@ -124,15 +125,6 @@ func parseValue(d *json.Decoder) (*node, error) {
 		}
 	}
 	return nil, fmt.Errorf("unexpected JSON token %v", t)
-}
-
-func indexOf(keys []string, k string) int {
-	for i, x := range keys {
-		if x == k {
-			return i
-		}
-	}
-	return -1
 }
 
 // number classifies a JSON number as Jackson's parser does.

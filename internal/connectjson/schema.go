@@ -3,6 +3,7 @@ package connectjson
 import (
 	"math"
 	"strconv"
+	"strings"
 )
 
 // schema is a Kafka Connect schema, as much of one as the outbox needs.
@@ -154,7 +155,7 @@ func appendJavaDouble(b []byte, f float64, bits int) []byte {
 	if abs == 0 || (abs >= 1e-3 && abs < 1e7) {
 		s := strconv.FormatFloat(f, 'f', -1, bits)
 		b = append(b, s...)
-		if !containsByte(s, '.') {
+		if !strings.Contains(s, ".") {
 			b = append(b, ".0"...)
 		}
 		return b
@@ -168,7 +169,7 @@ func appendJavaDouble(b []byte, f float64, bits int) []byte {
 		}
 	}
 	b = append(b, mant...)
-	if !containsByte(mant, '.') {
+	if !strings.Contains(mant, ".") {
 		b = append(b, ".0"...)
 	}
 	b = append(b, 'E')
@@ -180,13 +181,4 @@ func appendJavaDouble(b []byte, f float64, bits int) []byte {
 		exp = exp[1:]
 	}
 	return append(b, exp...)
-}
-
-func containsByte(s string, c byte) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return true
-		}
-	}
-	return false
 }
