@@ -1,6 +1,7 @@
 // Package admin serves the relay's HTTP surface: /metrics (Prometheus), /healthz
-// (the process is alive) and /readyz (streaming and producing). Nothing here
-// changes state: every route is a GET (HEAD), and there is no other route.
+// (the process is alive) and /readyz (streaming and producing), and, when asked
+// for, Go's profiles under /debug/pprof/. Nothing here changes state: every
+// route is a GET (HEAD), and there is no other route.
 //
 // With a token set, every request must carry "Authorization: Bearer <token>"
 // (except /healthz and /readyz when Config.OpenProbes is set); the token is
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -37,6 +39,10 @@ type Config struct {
 	// OpenProbes serves /healthz and /readyz without the token, for probes
 	// that cannot send a secret header. /metrics still needs it.
 	OpenProbes bool
+	// Pprof also serves net/http/pprof's profiles under /debug/pprof/ (behind
+	// the token like /metrics): CPU, heap and allocation profiles of the
+	// running relay, for diagnosing where its time and memory go.
+	Pprof bool
 	// Logger receives the start line and a serve failure.
 	Logger zerolog.Logger
 }
@@ -63,6 +69,13 @@ func Handler(cfg Config) http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index) // heap, allocs, goroutine… by name
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	if cfg.Token == "" {
 		return mux
 	}
@@ -125,7 +138,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}()
 	log.Info().Str("addr", ln.Addr().String()).Bool("token", cfg.Token != "").
-		Bool("open_probes", cfg.Token != "" && cfg.OpenProbes).Msg("serving /metrics, /healthz, /readyz")
+		Bool("open_probes", cfg.Token != "" && cfg.OpenProbes).Bool("pprof", cfg.Pprof).Msg("serving /metrics, /healthz, /readyz")
 	return s, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -169,5 +170,58 @@ func TestShutdownExpiredContext(t *testing.T) {
 	case <-done: // nil (no open connections) or ctx.Err(): either way it returned
 	case <-time.After(5 * time.Second):
 		t.Fatal("Shutdown with a canceled context did not return")
+	}
+}
+
+// TestPprof: the profiles are served only when asked for, and behind the
+// token like /metrics.
+func TestPprof(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tests := []struct {
+		name   string
+		cfg    admin.Config
+		header string
+		path   string
+		code   int
+		body   string // a substring the body must contain
+	}{
+		{"off by default", admin.Config{}, "", "/debug/pprof/", http.StatusNotFound, ""},
+		{"index", admin.Config{Pprof: true}, "", "/debug/pprof/", http.StatusOK, "heap"},
+		{"heap profile", admin.Config{Pprof: true}, "", "/debug/pprof/heap?debug=1", http.StatusOK, "heap profile"},
+		{"cpu profile", admin.Config{Pprof: true}, "", "/debug/pprof/profile?seconds=1", http.StatusOK, ""},
+		{"needs the token", admin.Config{Pprof: true, Token: "s3cret", OpenProbes: true}, "", "/debug/pprof/heap", http.StatusUnauthorized, ""},
+		{"with the token", admin.Config{Pprof: true, Token: "s3cret"}, "Bearer s3cret", "/debug/pprof/goroutine?debug=1", http.StatusOK, "goroutine profile"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Registry, tt.cfg.Ready, tt.cfg.Logger = reg, func() bool { return true }, zerolog.Nop()
+			srv := httptest.NewServer(admin.Handler(tt.cfg))
+			defer srv.Close()
+			req, err := http.NewRequest(http.MethodGet, srv.URL+tt.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.header != "" {
+				req.Header.Set("Authorization", tt.header)
+			}
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tt.code {
+				t.Fatalf("GET %s: status %d, want %d; body %.200q", tt.path, resp.StatusCode, tt.code, b)
+			}
+			if !strings.Contains(string(b), tt.body) {
+				t.Errorf("GET %s: body lacks %q: %.300q", tt.path, tt.body, b)
+			}
+			if tt.code == http.StatusOK && len(b) == 0 {
+				t.Errorf("GET %s: empty body", tt.path)
+			}
+		})
 	}
 }

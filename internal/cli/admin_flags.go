@@ -19,6 +19,7 @@ type AdminFlags struct {
 	MetricsToken      string `help:"Bearer token every request to the HTTP endpoints must send (Authorization: Bearer TOKEN); prefer --metrics-token-file." placeholder:"TOKEN"`
 	MetricsTokenFile  string `type:"path" help:"Read --metrics-token from this file instead (e.g. a mounted secret)." placeholder:"FILE"`
 	MetricsOpenProbes bool   `help:"With a token, serve /healthz and /readyz without it (for probes that cannot send a secret header); /metrics still needs it."`
+	Pprof             bool   `help:"Also serve Go's CPU, heap and allocation profiles under /debug/pprof/ on --metrics-addr (behind the token like /metrics), e.g. go tool pprof http://127.0.0.1:9187/debug/pprof/profile?seconds=30."`
 }
 
 // validate reads --metrics-token-file and checks the token (RunCmd.Validate
@@ -71,7 +72,7 @@ func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log
 	}
 	srv, err := admin.Start(admin.Config{
 		Addr: a.MetricsAddr, Registry: reg, Ready: ready,
-		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Logger: log,
+		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Pprof: a.Pprof, Logger: log,
 	})
 	if err != nil {
 		return nil, flagError("metrics-addr", err.Error())

@@ -182,6 +182,7 @@ var defaults = kong.Vars{
 	"default_batch_max_events":    strconv.Itoa(sink.DefaultBatchMaxEvents),
 	"default_batch_max_bytes":     strconv.Itoa(sink.DefaultBatchMaxBytes),
 	"default_status_interval":     shortDuration(relay.DefaultStatusInterval),
+	"default_read_coalesce":       shortDuration(relay.DefaultReadCoalesce),
 	"default_shutdown_timeout":    shortDuration(relay.DefaultShutdownTimeout),
 	"default_kafka_start_timeout": shortDuration(relay.DefaultKafkaStartWait),
 	"default_monitor_interval":    shortDuration(relay.DefaultMonitorInterval),

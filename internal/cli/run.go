@@ -73,6 +73,7 @@ type RunCmd struct {
 	BatchMaxBytes     int           `default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
 	StatusInterval    time.Duration `default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
+	ReadCoalesce      time.Duration `default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
 	ShutdownTimeout   time.Duration `default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
 	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
 	RetryBase         time.Duration `default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
@@ -129,6 +130,9 @@ func (r *RunCmd) Validate() error {
 		if d.v <= 0 {
 			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
 		}
+	}
+	if r.ReadCoalesce < 0 {
+		return flagError("read-coalesce", "must be 0 (wake for every message) or a positive duration such as 500us")
 	}
 	if err := r.validateSlotLoss(); err != nil {
 		return err
@@ -251,6 +255,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		RelayName:        relayName(r.RelayName),
 		MaxInFlightBytes: int64(r.MaxInFlightMiB) << 20,
 		StatusInterval:   r.StatusInterval,
+		ReadCoalesce:     r.ReadCoalesce,
 		ShutdownTimeout:  r.ShutdownTimeout,
 		KafkaStartWait:   r.KafkaStartTimeout,
 		Heartbeat:        r.HeartbeatInterval,

@@ -155,6 +155,11 @@ type Config struct {
 	RelayName        string
 	MaxInFlightBytes int64         // backpressure threshold (DefaultMaxInFlightBytes)
 	StatusInterval   time.Duration // standby status period (DefaultStatusInterval)
+	// ReadCoalesce is how long a read of the replication stream may wait for
+	// more bytes before it wakes the relay (replication.StreamConfig); 0, the
+	// zero value, wakes it for every message. The command line's default is
+	// DefaultReadCoalesce.
+	ReadCoalesce time.Duration
 	// PersistInterval bounds how long a watermark moved by acknowledged events
 	// waits to be persisted; saves are coalesced to one per interval
 	// (DefaultPersistInterval). A restart after a crash starts from the store,
@@ -223,6 +228,7 @@ const (
 const (
 	DefaultMaxInFlightBytes = 16 << 20
 	DefaultStatusInterval   = time.Second
+	DefaultReadCoalesce     = time.Millisecond
 	DefaultPersistInterval  = 100 * time.Millisecond
 	DefaultIdleCheckpoint   = 10 * time.Second
 	DefaultShutdownTimeout  = 10 * time.Second

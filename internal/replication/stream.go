@@ -58,9 +58,13 @@ type StreamConfig struct {
 	URL            string // the user's normal connection URL; replication=database is added
 	Slot           string
 	Publication    string
-	StatusInterval time.Duration  // standby status update period; must be positive
-	Logger         zerolog.Logger // should carry the slot name
-	Metrics        *metrics.Metrics
+	StatusInterval time.Duration // standby status update period; must be positive
+	// ReadCoalesce is how long a read of a TCP stream may wait for more bytes
+	// before waking the reader (SO_RCVLOWAT sized from the byte rate; see
+	// coalesce.go); 0 wakes it for every message.
+	ReadCoalesce time.Duration
+	Logger       zerolog.Logger // should carry the slot name
+	Metrics      *metrics.Metrics
 }
 
 // Stream is one replication connection streaming a slot.
@@ -77,6 +81,12 @@ type Stream struct {
 // canceled context interrupts reads through a deadline, so the connection stays
 // usable (pgx's default would send a cancel request to the walsender).
 func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	return connectReplication(ctx, url, 0)
+}
+
+// connectReplication is ConnectReplication with reads coalesced over
+// coalesce (0: not).
+func connectReplication(ctx context.Context, url string, coalesce time.Duration) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse Postgres URL (check --pg-url / CDC_RELAY_PG_URL): %w", redactErr(err))
@@ -87,6 +97,9 @@ func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	}
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	if coalesce > 0 {
+		cfg.DialFunc = coalescingDialer(cfg.DialFunc, coalesce)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -104,7 +117,7 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()
 	}
-	conn, err := ConnectReplication(ctx, cfg.URL)
+	conn, err := connectReplication(ctx, cfg.URL, cfg.ReadCoalesce)
 	if err != nil {
 		return nil, err
 	}

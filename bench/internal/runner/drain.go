@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/child"
+	"github.com/cdc-relay/cdc-relay/bench/internal/cpusplit"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgload"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
@@ -153,6 +154,7 @@ func (b *bench) drainRelayAndLimit(ctx context.Context, c DrainCell, cell *resul
 	if err != nil {
 		return err
 	}
+	b.limitSeconds = a.Seconds
 	for _, run := range b.relayRuns() {
 		d, err := b.relayDrain(ctx, run)
 		if err != nil {
@@ -339,14 +341,36 @@ func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, er
 		return d, err
 	}
 	defer w.close()
-	r, err := b.startRelay(b.drainRelayOptions(run.drainSlot(), run))
+	o := b.drainRelayOptions(run.drainSlot(), run)
+	o.pprof = b.cfg.ProfileDir != "" && run.delivery == results.EffectivelyOnce && run.round == 1
+	r, err := b.startRelay(o)
 	if err != nil {
 		return d, err
 	}
 	defer func() { _, _ = r.Stop(stopGrace) }() // a no-op once stopped; cleanup on early return
+	var prof *cpuProfile
+	if o.pprof {
+		// Most of the drain, from its start: as long as the limit reader took.
+		secs := min(30, max(1, int(0.9*b.limitSeconds)))
+		prof = r.startCPUProfile(ctx, secs, filepath.Join(b.cfg.ProfileDir, c.Tag+"-cpu.pprof"))
+	}
 	end, err := r.waitPublished(ctx, c.Events, b.drainTimeout())
 	if err != nil {
 		return d, err
+	}
+	if prof != nil {
+		if err := r.saveProfile(ctx, "allocs", filepath.Join(b.cfg.ProfileDir, c.Tag+"-allocs.pprof")); err != nil {
+			return d, err
+		}
+		split, err := prof.wait()
+		if err != nil {
+			return d, err
+		}
+		d.CPUSplit = map[string]float64{}
+		for _, sh := range split {
+			d.CPUSplit[sh.Part] = sh.Percent
+		}
+		b.say("    relay CPU profile (%s): %s", prof.path, cpusplit.Format(split))
 	}
 	if err := sampleStream(ctx, b.relayURL, run.drainSlot(), r.PID(), &d); err != nil {
 		return d, err

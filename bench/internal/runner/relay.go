@@ -7,12 +7,14 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/child"
+	"github.com/cdc-relay/cdc-relay/bench/internal/cpusplit"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -29,6 +31,7 @@ type relayOptions struct {
 	topic       string    // a fixed topic instead, when set
 	delivery    string    // --delivery
 	logLevel    string    // --log-level; "" is warn
+	pprof       bool      // --pprof
 	stderr      io.Writer // also receives the relay's log, when set
 }
 
@@ -43,7 +46,7 @@ func (b *bench) relayArgs(o relayOptions, addr string) []string {
 	if o.topic != "" {
 		topic = o.topic
 	}
-	return []string{
+	args := []string{
 		"--pg-url", b.relayURL,
 		"--kafka-brokers", strings.Join(b.brokers, ","),
 		"--slot", o.slot,
@@ -54,6 +57,10 @@ func (b *bench) relayArgs(o relayOptions, addr string) []string {
 		"--log-format", "json",
 		"--log-level", o.logLevel,
 	}
+	if o.pprof {
+		args = append(args, "--pprof")
+	}
+	return append(args, b.cfg.RelayFlags...)
 }
 
 // startRelay starts the built relay on the relay database.
@@ -245,6 +252,74 @@ func (r *relayProc) waitReady(ctx context.Context, timeout time.Duration) error 
 		}
 	}
 	return fmt.Errorf("relay not ready within %s%s", timeout, stderrSuffix(r.StderrTail()))
+}
+
+// cpuProfile is a CPU profile of the relay being taken.
+type cpuProfile struct {
+	path  string
+	done  chan struct{}
+	split []cpusplit.Share
+	err   error
+}
+
+// startCPUProfile asks the relay (started with --pprof) for a CPU profile of
+// the next secs seconds, saves it at path and splits it by part, in a
+// goroutine that wait joins.
+func (r *relayProc) startCPUProfile(ctx context.Context, secs int, path string) *cpuProfile {
+	p := &cpuProfile{path: path, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		// The admin server listens a few milliseconds after the process starts.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			p.err = r.saveProfile(ctx, "profile?seconds="+strconv.Itoa(secs), path)
+			if p.err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if p.err != nil {
+			return
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			p.err = fmt.Errorf("open the relay's CPU profile: %w", err)
+			return
+		}
+		defer f.Close()
+		p.split, _, p.err = cpusplit.Split(f)
+	}()
+	return p
+}
+
+// wait returns the profile's split once it was taken.
+func (p *cpuProfile) wait() ([]cpusplit.Share, error) {
+	<-p.done
+	return p.split, p.err
+}
+
+// saveProfile writes the relay's /debug/pprof/<name> to path.
+func (r *relayProc) saveProfile(ctx context.Context, name, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.base+"/debug/pprof/"+name, nil)
+	if err != nil {
+		return fmt.Errorf("build profile request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("get the relay's %s profile: %w", name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("get the relay's %s profile: %s", name, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read the relay's %s profile: %w", name, err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("save the relay's %s profile: %w", name, err)
+	}
+	return nil
 }
 
 func stderrSuffix(tail string) string {

@@ -75,8 +75,17 @@ type Config struct {
 	// the benchmark to use less than a tenth of the machine; 0 measures at once.
 	QuietWait time.Duration
 
+	// ProfileDir, when set, receives a CPU and an allocation profile of the
+	// relay's first effectively-once drain of every drain cell
+	// (<cell>-cpu.pprof, <cell>-allocs.pprof), and the CPU profile's split by
+	// part is printed and recorded.
+	ProfileDir string
+
 	// RelayBin is a cdc-relay binary to measure; "" builds ./cmd/cdc-relay.
 	RelayBin string
+	// RelayFlags are added to the flags of every relay and limit reader run
+	// (e.g. --read-coalesce 0), after the benchmark's own.
+	RelayFlags []string
 	// Self is the benchmark executable, re-executed as "reader" and "poller".
 	Self string
 	// Out receives progress lines.
@@ -113,6 +122,9 @@ type bench struct {
 	relayURL  string
 	pollerURL string
 	cell      DrainCell
+	// limitSeconds is the current cell's first limit drain's length: how long
+	// the relay's CPU profile of the cell lasts (bench -profile).
+	limitSeconds float64
 }
 
 // Run runs every phase in order and returns the evaluated results. It stops
@@ -130,7 +142,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 		Config: results.Config{
 			Events: cfg.Events, Aggregates: cfg.Aggregates, TxnSize: head.TxnSize, Payload: head.Payload,
 			Rates: cfg.Rates, LatencySeconds: cfg.Duration.Seconds(), WarmupSeconds: b.warmup().Seconds(),
-			Quick: cfg.Quick, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
+			Quick: cfg.Quick, RelayFlags: cfg.RelayFlags, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
 			Partitions: head.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
 			DeliveryRounds: cfg.DeliveryRounds, ReconcilePartitions: cfg.ReconcilePartitions,
 			TxnSizes: cfg.TxnSizes, PartitionSet: cfg.PartitionCounts, TopicCounts: cfg.TopicCounts, Payloads: cfg.Payloads,
