@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -30,6 +31,12 @@ type txn struct {
 	end       pglogrepl.LSN
 	at        time.Time // commit time
 }
+
+// TxnBytes is what one tracked transaction costs the Tracker's memory: its
+// entry, twice, as the ring doubles when full. The relay counts it against
+// its read-ahead bound with every event, as an event may be its
+// transaction's only one.
+const TxnBytes = 2 * int(unsafe.Sizeof(txn{}))
 
 func (x *txn) done() bool { return x.committed && x.acked == x.added }
 

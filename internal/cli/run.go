@@ -68,7 +68,7 @@ type RunCmd struct {
 	checkpointTableFlag `embed:"" set:"checkpoint_table_note= (checkpoint-store=table)"`
 	CheckpointFile      string `default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB; reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
+	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
 	BatchMaxEvents    int           `default:"${default_batch_max_events}" help:"Most events in one produce request."`
 	BatchMaxBytes     int           `default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`

@@ -5,6 +5,7 @@ package outbox
 import (
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 	"go.opentelemetry.io/otel/trace"
@@ -130,13 +131,22 @@ type Event struct {
 	Span trace.Span
 }
 
-// Size is the number of bytes the event holds, used for in-flight accounting.
+// Size is the number of bytes the event's values hold, plus a little: what
+// it adds to a produce request (the sink's batch bounds count it).
 func (e *Event) Size() int {
 	n := len(e.ID) + len(e.AggregateType) + len(e.AggregateID) + len(e.EventType) + len(e.Payload)
 	for _, h := range e.Headers {
 		n += len(h.Key) + len(h.Value)
 	}
 	return n + 64
+}
+
+// Footprint is the heap the event costs while it is in flight: its values
+// twice (as decoded, and encoded in a produce request until Kafka acknowledges
+// it) and the Event itself with its headers. The relay's read-ahead bound
+// counts it, so that --max-in-flight-mib bounds memory, not only payload bytes.
+func (e *Event) Footprint() int {
+	return 2*e.Size() + int(unsafe.Sizeof(Event{})) + cap(e.Headers)*int(unsafe.Sizeof(Header{}))
 }
 
 // EventError is a permanent failure of one event (it will fail the same way on

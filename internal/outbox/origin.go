@@ -31,9 +31,33 @@ func NewOrigin(systemID string, timeline int32, slot string) *Origin {
 // "7312345678901234567:1:cdc_relay:0/16B3F48:3" — to dst.
 func (o *Origin) AppendPosition(dst []byte, commitLSN pglogrepl.LSN, index uint32) []byte {
 	dst = append(dst, o.prefix...)
-	dst = append(dst, commitLSN.String()...)
+	dst = AppendLSN(dst, commitLSN)
 	dst = append(dst, ':')
 	return strconv.AppendUint(dst, uint64(index), 10)
+}
+
+// AppendLSN appends lsn as Postgres and pglogrepl.LSN.String write it
+// ("16/B374D848": upper-case hex halves) to dst, without fmt: every event's
+// position and commit-LSN header is one.
+func AppendLSN(dst []byte, lsn pglogrepl.LSN) []byte {
+	dst = appendUpperHex(dst, uint32(lsn>>32))
+	dst = append(dst, '/')
+	return appendUpperHex(dst, uint32(lsn))
+}
+
+func appendUpperHex(dst []byte, v uint32) []byte {
+	const digits = "0123456789ABCDEF"
+	var b [8]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = digits[v&0xF]
+		v >>= 4
+		if v == 0 {
+			break
+		}
+	}
+	return append(dst, b[i:]...)
 }
 
 // Position is a source position read back from a message.

@@ -98,7 +98,7 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 			h.spans.Start(ev)
 		}
 		h.tracker.Add(h.seq, 1)
-		n := h.inFlight.Add(int64(ev.Size()))
+		n := h.inFlight.Add(inFlightBytes(ev))
 		h.m.InFlightBytes.Set(float64(n))
 		if routeErr != nil {
 			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
@@ -186,11 +186,17 @@ func (h *handler) settle(ctx context.Context, ev *outbox.Event, err error) error
 	return nil
 }
 
+// inFlightBytes is what ev counts against the read-ahead bound: the heap it
+// costs until Kafka acknowledges it, and its transaction's tracker entry.
+func inFlightBytes(ev *outbox.Event) int64 {
+	return int64(ev.Footprint() + checkpoint.TxnBytes)
+}
+
 // ack counts ev as done: Kafka acknowledged it, or its dead letter is stored.
 func (h *handler) ack(ev *outbox.Event) {
 	h.lastAckCommit.Store(ev.CommitTime.UnixNano())
 	h.tracker.Ack(ev.Seq, 1)
-	size := int64(ev.Size())
+	size := inFlightBytes(ev)
 	before := h.inFlight.Add(-size) + size
 	h.m.InFlightBytes.Set(float64(before - size))
 	if before >= h.max && before-size < h.max {

@@ -11,6 +11,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
 // Header keys the sink sets on every message.
@@ -156,7 +158,7 @@ func (e *encoder) release(buf *wireBuf) {
 func (e *encoder) lsnBytes(lsn pglogrepl.LSN) []byte {
 	if lsn != e.lsn || e.lsnText == nil {
 		e.lsn = lsn
-		e.lsnText = append(e.lsnText[:0], lsn.String()...)
+		e.lsnText = outbox.AppendLSN(e.lsnText[:0], lsn)
 	}
 	return e.lsnText
 }

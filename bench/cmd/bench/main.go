@@ -91,7 +91,7 @@ func runBench(ctx context.Context, args []string) error {
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
 	relayFlags := fs.String("relay-flags", "", "flags added to every relay and limit reader run, space-separated (e.g. \"--read-coalesce 0\" to compare a setting)")
-	profileDir := fs.String("profile", "", "save a CPU and an allocation profile of the relay's first effectively-once drain of each drain cell in this directory (<cell>-cpu.pprof, <cell>-allocs.pprof; read with go tool pprof), and print the CPU split by part: read, decode, encode+produce, checkpoint+ack, gc")
+	profileDir := fs.String("profile", "", "save a CPU and a heap profile of the relay's first effectively-once drain of each drain cell in this directory (<cell>-cpu.pprof, <cell>-heap.pprof; read with go tool pprof), and print the CPU split by part: read, decode, encode+produce, checkpoint+ack, gc")
 	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
 	var cellList []string
 	fs.Func("cell", "run only this cell (a name -list-cells prints, e.g. drain/txn=1 or latency/rate=10000,txn=10); give it more than once, or several names separated by commas or spaces, for more", func(v string) error {

@@ -349,17 +349,29 @@ func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, er
 	}
 	defer func() { _, _ = r.Stop(stopGrace) }() // a no-op once stopped; cleanup on early return
 	var prof *cpuProfile
+	heapDone := make(chan error, 1)
 	if o.pprof {
 		// Most of the drain, from its start: as long as the limit reader took.
 		secs := min(30, max(1, int(0.9*b.limitSeconds)))
 		prof = r.startCPUProfile(ctx, secs, filepath.Join(b.cfg.ProfileDir, c.Tag+"-cpu.pprof"))
+		// The heap half-way through, while events are in flight (the profile
+		// also holds the allocations since the start).
+		go func() {
+			select {
+			case <-ctx.Done():
+				heapDone <- ctx.Err()
+				return
+			case <-time.After(time.Duration(b.limitSeconds / 2 * float64(time.Second))):
+			}
+			heapDone <- r.saveProfile(ctx, "heap", filepath.Join(b.cfg.ProfileDir, c.Tag+"-heap.pprof"))
+		}()
 	}
 	end, err := r.waitPublished(ctx, c.Events, b.drainTimeout())
 	if err != nil {
 		return d, err
 	}
 	if prof != nil {
-		if err := r.saveProfile(ctx, "allocs", filepath.Join(b.cfg.ProfileDir, c.Tag+"-allocs.pprof")); err != nil {
+		if err := <-heapDone; err != nil {
 			return d, err
 		}
 		split, err := prof.wait()

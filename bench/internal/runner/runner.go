@@ -75,9 +75,9 @@ type Config struct {
 	// the benchmark to use less than a tenth of the machine; 0 measures at once.
 	QuietWait time.Duration
 
-	// ProfileDir, when set, receives a CPU and an allocation profile of the
+	// ProfileDir, when set, receives a CPU and a heap profile of the
 	// relay's first effectively-once drain of every drain cell
-	// (<cell>-cpu.pprof, <cell>-allocs.pprof), and the CPU profile's split by
+	// (<cell>-cpu.pprof, <cell>-heap.pprof), and the CPU profile's split by
 	// part is printed and recorded.
 	ProfileDir string
 
