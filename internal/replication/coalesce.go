@@ -77,7 +77,6 @@ type coalescingConn struct {
 	rateBytes   int       // bytes read in it
 	lowatError  error     // setsockopt failed once: coalescing stays off
 	socketReads int       // reads of the socket (tests)
-	lowatSets   int       // SO_RCVLOWAT changes (tests)
 }
 
 // SetReadDeadline records t as the caller's deadline and applies it.
@@ -214,7 +213,6 @@ func (c *coalescingConn) setLowat(v int) {
 		return
 	}
 	c.lowat = v
-	c.lowatSets++
 }
 
 func isTimeout(err error) bool {
