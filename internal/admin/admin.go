@@ -52,6 +52,9 @@ type Server struct {
 	srv  *http.Server
 	addr net.Addr
 	done chan struct{}
+	// stop cancels every request's context, so that a request that waits
+	// (a CPU profile of N seconds) ends when the server shuts down.
+	stop context.CancelFunc
 }
 
 // Handler returns the admin routes, behind the token check when cfg.Token is
@@ -125,10 +128,13 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
+	base, stop := context.WithCancel(context.Background())
 	s := &Server{
-		srv:  &http.Server{Handler: Handler(cfg), ReadHeaderTimeout: 5 * time.Second},
+		srv: &http.Server{Handler: Handler(cfg), ReadHeaderTimeout: 5 * time.Second,
+			BaseContext: func(net.Listener) context.Context { return base }},
 		addr: ln.Addr(),
 		done: make(chan struct{}),
+		stop: stop,
 	}
 	log := cfg.Logger
 	go func() {
@@ -145,8 +151,11 @@ func Start(cfg Config) (*Server, error) {
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.addr }
 
-// Shutdown stops the server and waits for its goroutine.
+// Shutdown stops the server and waits for its goroutine. Requests in
+// progress see their context canceled: a CPU profile being taken ends early
+// rather than holding the stop up.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.stop()
 	err := s.srv.Shutdown(ctx)
 	<-s.done
 	return err

@@ -225,3 +225,62 @@ func TestPprof(t *testing.T) {
 		})
 	}
 }
+
+// TestShutdownEndsAProfile: a CPU profile being taken (30 s asked for) does
+// not hold a clean stop up: Shutdown returns within its 10 s bound, without
+// an error, and the profile's request ends.
+func TestShutdownEndsAProfile(t *testing.T) {
+	srv, err := admin.Start(admin.Config{Addr: "127.0.0.1:0", Registry: prometheus.NewRegistry(),
+		Ready: func() bool { return true }, Pprof: true, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + srv.Addr().String()
+	var ended chan int
+	profile := func() {
+		ended = make(chan int, 1)
+		go func(ended chan<- int) {
+			resp, err := http.Get(base + "/debug/pprof/profile?seconds=30")
+			if err != nil {
+				ended <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			ended <- resp.StatusCode
+		}(ended)
+	}
+	profile()
+	// The profile is being taken once a second one is refused (one at a
+	// time). A probe that won the race instead made the 30 s one fail: ask
+	// again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(base + "/debug/pprof/profile?seconds=1")
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusInternalServerError {
+				break
+			}
+		}
+		select {
+		case <-ended:
+			profile()
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the 30 s profile never started")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown during a profile: %v", err)
+	}
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the profile's request did not end after Shutdown")
+	}
+}
