@@ -47,6 +47,11 @@ type KafkaOptions struct {
 	// kept, and a broker started on it again reloads its data.
 	DataDir string
 
+	// InMemory keeps the log in memory only: no DataDir, and Start after
+	// Stop fails, as the data would be gone. For measurements, where the
+	// fake's own file writes (one per partition batch) are not Kafka's cost.
+	InMemory bool
+
 	// Port is the TCP port on 127.0.0.1; 0 picks a free one.
 	Port int
 
@@ -115,7 +120,7 @@ type Kafka struct {
 }
 
 // StartKafka starts a one-broker kfake cluster on 127.0.0.1 that persists to
-// opts.DataDir (a temporary directory by default). Call Close to stop it and
+// opts.DataDir (a temporary directory by default; nowhere with InMemory). Call Close to stop it and
 // remove the temporary directory.
 //
 // If CDC_RELAY_TEST_KAFKA_BROKERS is set, StartKafka uses those brokers
@@ -139,7 +144,10 @@ func StartKafka(opts KafkaOptions) (*Kafka, error) {
 			return nil, err
 		}
 	}
-	if k.opts.DataDir == "" {
+	if opts.InMemory && opts.DataDir != "" {
+		return nil, errors.New("start kafka: InMemory and a DataDir exclude each other")
+	}
+	if k.opts.DataDir == "" && !opts.InMemory {
 		dir, err := os.MkdirTemp("", "cdc-relay-kafka-")
 		if err != nil {
 			return nil, fmt.Errorf("create kafka temp dir: %w", err)
@@ -271,9 +279,11 @@ func (k *Kafka) endpoint() endpoint {
 // clusterOpts returns the kfake options for a start on port (0: any).
 func (k *Kafka) clusterOpts(port int) []kfake.Opt {
 	opts := []kfake.Opt{
-		kfake.DataDir(k.opts.DataDir),
 		kfake.DefaultNumPartitions(k.opts.Partitions),
 		kfake.SeedTopics(int32(k.opts.Partitions), k.opts.Topics...),
+	}
+	if !k.opts.InMemory {
+		opts = append(opts, kfake.DataDir(k.opts.DataDir))
 	}
 	if port != 0 {
 		opts = append(opts, kfake.Ports(port))
@@ -328,7 +338,7 @@ func (k *Kafka) External() bool { return k.external }
 func (k *Kafka) Brokers() []string { return append([]string(nil), k.brokers...) }
 
 // DataDir returns the directory the local broker persists to, or "" for
-// external brokers.
+// external and in-memory brokers.
 func (k *Kafka) DataDir() string {
 	if k.external {
 		return ""
@@ -376,6 +386,9 @@ func (k *Kafka) Start() error {
 	}
 	if k.cluster != nil {
 		return nil
+	}
+	if k.opts.InMemory {
+		return errors.New("start kafka: an in-memory broker cannot start again with its data")
 	}
 	deadline := time.Now().Add(kafkaRelistenTimeout)
 	for {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -372,6 +373,31 @@ func TestKafkaKeepsGivenDataDir(t *testing.T) {
 	}
 	if err := k.Start(); err == nil {
 		t.Errorf("Start after Close succeeded")
+	}
+}
+
+func TestKafkaInMemory(t *testing.T) {
+	t.Parallel()
+	if _, err := StartKafka(KafkaOptions{InMemory: true, DataDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "InMemory and a DataDir") {
+		t.Errorf("StartKafka with InMemory and a DataDir: %v, want an error naming both", err)
+	}
+	ctx := testContext(t)
+	k := NewKafka(t, KafkaOptions{InMemory: true})
+	RequireLocalKafka(t, k)
+	if d := k.DataDir(); d != "" {
+		t.Errorf("DataDir() = %q, want none", d)
+	}
+	produce(ctx, t, k.Brokers(), &kgo.Record{Topic: "mem", Value: []byte("v")})
+	got, err := ReadAll(ctx, k.Brokers(), "mem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || string(got[0].Value) != "v" {
+		t.Errorf("ReadAll = %v, want one record v", got)
+	}
+	k.Stop()
+	if err := k.Start(); err == nil || !strings.Contains(err.Error(), "in-memory") {
+		t.Errorf("Start after Stop: %v, want an error: the data is gone", err)
 	}
 }
 

@@ -73,7 +73,7 @@ func run(ctx context.Context, args []string) error {
 // runBench is the benchmark itself.
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	events := fs.Int("events", 500000, "backlog events of a drain cell (cells of larger payloads drain fewer: the same bytes as 300 B events, at least 200)")
+	events := fs.Int("events", 500000, "backlog events of a drain cell (cells of larger payloads drain fewer: the same bytes as 300 B events, but at least 256 MiB and 200 events)")
 	aggregates := fs.Int("aggregates", 10000, "distinct aggregate ids (Kafka keys)")
 	txnSizes := fs.String("txn-sizes", "1,10,100,10000", "drain cells: events per transaction (the first is the headline's; each at most -aggregates)")
 	partitions := fs.String("partitions", "8,64,256", "drain cells: partitions of every topic (the first is the headline's)")

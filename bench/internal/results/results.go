@@ -216,8 +216,9 @@ type Drain struct {
 	BenchCPUSeconds   float64 `json:"bench_process_cpu_seconds"`
 	ForeignCPUSeconds float64 `json:"foreign_cpu_seconds"`
 	ForeignShare      float64 `json:"foreign_share"`
-	// ProduceRequests and MeanBatch are the relay's produce requests during
-	// the drain and their mean size in events (relay only).
+	// ProduceRequests and MeanBatch are the relay's produce batches (one
+	// partition's records in a request; cdc_relay_produce_batches_total)
+	// during the drain and their mean size in events (relay only).
 	ProduceRequests int     `json:"produce_requests,omitempty"`
 	MeanBatch       float64 `json:"mean_batch_events,omitempty"`
 	// ProduceP50Ms and ProduceP99Ms: produce request sent → acknowledged
@@ -839,13 +840,13 @@ func (r *Results) printDetails(w io.Writer) {
 	for _, d := range r.drains() {
 		extra := ""
 		if d.CheckpointSaves > 0 {
-			extra = fmt.Sprintf(", %d checkpoint saves, %d produce requests of %.1f events", d.CheckpointSaves, d.ProduceRequests, d.MeanBatch)
+			extra = fmt.Sprintf(", %d checkpoint saves, %d produce batches of %.1f events", d.CheckpointSaves, d.ProduceRequests, d.MeanBatch)
 		}
 		fmt.Fprintf(w, "  %-30s %7d events in %6.2fs = %6.0f ev/s; CPU %5.2fs; PG CPU %5.2fs; WAL %s%s\n",
 			d.Name, d.Events, d.Seconds, d.Rate, d.CPUSeconds, d.PGCPUSeconds, bytesStr(d.WALBytes), extra)
 		fmt.Fprintf(w, "  %-30s Postgres µs/ev by process: %s; the slot's walsender %.2f µs/ev, %.1f µs/txn (%d transactions); the reading process %.2f reads/txn\n", "", byProcess(d.PGByProcess), d.WalsenderUSPerEvent, d.WalsenderUSPerTxn, d.Transactions, d.ReaderReadsPerTxn)
-		fmt.Fprintf(w, "  %-30s benchmark process (kfake) CPU %5.2fs; other processes on the machine %5.2fs = %.0f%% of its capacity\n",
-			"", d.BenchCPUSeconds, d.ForeignCPUSeconds, 100*d.ForeignShare)
+		fmt.Fprintf(w, "  %-30s benchmark process (kfake) CPU %5.2fs; other processes on the machine %5.2fs = %.0f%% of its capacity; all together %.2f of %d cores busy\n",
+			"", d.BenchCPUSeconds, d.ForeignCPUSeconds, 100*d.ForeignShare, d.CoresBusy(), r.Host.CPUs)
 	}
 	fmt.Fprintln(w, "latency (relay, poller: commit_time header → record received by a kgo consumer, i.e. commit → consumer-visible, ≥ commit → ack; limit reader: commit → decoded, alone):")
 	for _, l := range r.Latency {
@@ -858,7 +859,7 @@ func (r *Results) printDetails(w io.Writer) {
 		fmt.Fprintf(w, "         CPU %.2f µs/ev (%s process), Postgres %.2f µs/ev (%s; backends do the inserts); other processes took %.0f%% of the machine\n",
 			l.CPUPerEventUS, l.System, l.PGCPUPerEventUS, byProcess(l.PGByProcess), 100*l.ForeignShare)
 		if l.ProduceRequests > 0 {
-			fmt.Fprintf(w, "         relay's own metrics (per produce request, histogram estimates): commit → ack p50 %s p99 %s ms, of which send → ack p50 %s p99 %s ms; %d produce requests, %.1f events each\n",
+			fmt.Fprintf(w, "         relay's own metrics (per produce batch, histogram estimates): commit → ack p50 %s p99 %s ms, of which send → ack p50 %s p99 %s ms; %d produce batches, %.1f events each\n",
 				ms(l.RelayAckP50Ms), ms(l.RelayAckP99Ms), ms(l.ProduceP50Ms), ms(l.ProduceP99Ms), l.ProduceRequests, l.MeanBatch)
 		}
 	}
@@ -906,7 +907,7 @@ func (r *Results) printDetails(w io.Writer) {
 // event of each process and of the walsender, peak RSS, verification.
 func (r *Results) printCells(w io.Writer) {
 	fmt.Fprintln(w, "drain cells (rate ev/s; CPU µs/ev of the process; walsender µs/ev and µs/txn of the limit's and the relay's drain; peak RSS of the relay):")
-	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "relay RSS", "Kafka"}}
+	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "cores busy lim/relay", "relay RSS", "Kafka"}}
 	for _, c := range r.Cells {
 		ok := "OK"
 		for _, v := range c.Verify {
@@ -920,9 +921,21 @@ func (r *Results) printCells(w io.Writer) {
 			fmt.Sprintf("%.2f/%.2f", c.Limit.WalsenderUSPerEvent, c.Relay.WalsenderUSPerEvent),
 			fmt.Sprintf("%.1f/%.1f", c.Limit.WalsenderUSPerTxn, c.Relay.WalsenderUSPerTxn),
 			fmt.Sprintf("%.2f/%.2f", c.Limit.ReaderReadsPerTxn, c.Relay.ReaderReadsPerTxn),
+			fmt.Sprintf("%.2f/%.2f", c.Limit.CoresBusy(), c.Relay.CoresBusy()),
 			mib(c.Relay.PeakRSSBytes), ok})
 	}
 	writeTable(w, rows)
+}
+
+// CoresBusy is how many of the machine's cores were busy during the drain:
+// the process measured, Postgres, the benchmark process (the broker) and
+// everything else, over its window. Near the machine's count, whatever ran
+// beside the process measured took CPU it would otherwise have had.
+func (d Drain) CoresBusy() float64 {
+	if d.WindowSeconds <= 0 {
+		return 0
+	}
+	return (d.CPUSeconds + d.PGCPUSeconds + d.BenchCPUSeconds + d.ForeignCPUSeconds) / d.WindowSeconds
 }
 
 // drains are every drain of the run in the order they ran: the limit reader

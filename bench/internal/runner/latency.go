@@ -106,7 +106,7 @@ func (b *bench) relayLatencyRun(ctx context.Context, run relayRun) error {
 // system, which reads url and writes topics topicPrefix+latAggType; alive reports whether
 // the system under test, proc, still runs. run names the relay's delivery
 // mode and round (zero for other systems). With relay set, the relay's own
-// metrics (commit → ack histogram, produce requests) are read around each run.
+// metrics (commit → ack histogram, produce batches) are read around each run.
 func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, url, topicPrefix string, proc *child.Process, alive func() error, relay *relayProc) error {
 	for _, lc := range b.latencyCells() {
 		rate := lc.Rate

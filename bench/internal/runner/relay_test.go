@@ -6,7 +6,9 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
+	"time"
 )
 
 // exposition renders an end-to-end histogram with the given cumulative
@@ -63,5 +65,41 @@ func TestRelayMetrics(t *testing.T) {
 		if math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("quantile %v = %v, want %v", tc.q, got, tc.want)
 		}
+	}
+}
+
+func TestPollDelay(t *testing.T) {
+	tests := []struct {
+		name       string
+		elapsed    time.Duration
+		done, want float64
+		delay      time.Duration
+	}{
+		{"nothing yet", 300 * time.Millisecond, 0, 1000, pollFine},
+		{"done", 3 * time.Second, 1000, 1000, pollFine},
+		{"far from the end", 2 * time.Second, 100, 1000, time.Second},
+		{"a quarter of what is left", time.Second, 500, 1000, 250 * time.Millisecond},
+		{"near the end", time.Second, 990, 1000, pollFine},
+	}
+	for _, tt := range tests {
+		if got := pollDelay(tt.elapsed, tt.done, tt.want); got != tt.delay {
+			t.Errorf("%s: pollDelay(%s, %v, %v) = %s, want %s", tt.name, tt.elapsed, tt.done, tt.want, got, tt.delay)
+		}
+	}
+}
+
+func TestRelayMetricsByName(t *testing.T) {
+	var query []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		query = req.URL.Query()["name[]"]
+		fmt.Fprint(w, exposition(10, [4]int{0, 0, 0, 0}))
+	}))
+	defer srv.Close()
+	r := &relayProc{base: srv.URL}
+	if _, err := r.metrics(context.Background(), "cdc_relay_events_published_total"); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(query, []string{"cdc_relay_events_published_total"}) {
+		t.Fatalf("name[] = %q, want the one metric asked for", query)
 	}
 }
