@@ -54,6 +54,9 @@ func (k *Kafka) dispatch() {
 		}
 		k.mu.Lock()
 		for _, ts := range k.newTopics {
+			for _, p := range ts.parts {
+				p.leaderBusy.Store(byBroker[p.leader])
+			}
 			parts = append(parts, ts.parts...)
 		}
 		k.newTopics = nil
@@ -71,7 +74,7 @@ func (k *Kafka) dispatch() {
 		// Build one request per idle broker from its ready partitions, once the
 		// input paused, enough is queued, or the oldest event waited Linger.
 		now := time.Now()
-		wakeAt, send := k.gate(now, parts, byBroker)
+		wakeAt, send := k.gate(now, parts)
 		if send {
 			var reqs map[int32]*request
 			reqs, wakeAt = k.collect(now, parts, byBroker, &refreshing, refreshed)
@@ -80,6 +83,7 @@ func (k *Kafka) dispatch() {
 			}
 			for b, r := range reqs {
 				byBroker[b] = true
+				markBusy(parts, b, true)
 				inFlight++
 				req, err := enc.build(k, r)
 				r.start = time.Now()
@@ -117,6 +121,7 @@ func (k *Kafka) dispatch() {
 		case r := <-done:
 			inFlight--
 			byBroker[r.broker] = false
+			markBusy(parts, r.broker, false)
 			refresh, ok := k.apply(r)
 			enc.release(r.buf)
 			if refresh && !refreshing {
@@ -135,8 +140,21 @@ func (k *Kafka) dispatch() {
 			for _, p := range parts {
 				if l, ok := leaders[p.topic]; ok && p.id < len(l) {
 					p.leader = l[p.id]
+					p.leaderBusy.Store(byBroker[p.leader])
 				}
 			}
+		}
+	}
+}
+
+// markBusy records on each of broker's partitions whether it has a request
+// in flight (partition.leaderBusy). The dispatcher clears it before it looks at
+// the queues again, so an event queued after that look finds it clear and
+// wakes the dispatcher.
+func markBusy(parts []*partition, broker int32, busy bool) {
+	for _, p := range parts {
+		if p.leader == broker {
+			p.leaderBusy.Store(busy)
 		}
 	}
 }
@@ -153,7 +171,7 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		return reqs, wakeAt
 	}
 	for _, p := range parts {
-		if p.inFlight || byBroker[p.leader] && reqs[p.leader] == nil {
+		if p.inFlight || byBroker[p.leader] {
 			continue
 		}
 		if now.Before(p.notBefore) {
@@ -214,10 +232,10 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 // and batches of an input that paused (the stream has nothing more buffered)
 // go at once; while events keep arriving it waits, up to Linger after the
 // oldest queued event, for more to join them. When it waits it says until when.
-func (k *Kafka) gate(now time.Time, parts []*partition, busy map[int32]bool) (wakeAt time.Time, send bool) {
+func (k *Kafka) gate(now time.Time, parts []*partition) (wakeAt time.Time, send bool) {
 	total, oldest := 0, int64(0)
 	for _, p := range parts {
-		if p.inFlight || busy[p.leader] || now.Before(p.notBefore) {
+		if p.inFlight || p.leaderBusy.Load() || now.Before(p.notBefore) {
 			continue
 		}
 		if p.retry.items != nil {
@@ -253,18 +271,11 @@ func (k *Kafka) gate(now time.Time, parts []*partition, busy map[int32]bool) (wa
 // leadership may have moved (metadata should be refreshed) and whether any
 // partition was acknowledged.
 func (k *Kafka) apply(r *request) (refresh, ok bool) {
-	type key struct {
-		topic string
-		part  int32
-	}
-	byPart := map[key]produceAPI.ResponsePartition{}
+	var answers responseIndex
 	if r.err == nil {
-		for _, t := range r.res.Topics {
-			for _, rp := range t.Partitions {
-				byPart[key{t.Topic, rp.Partition}] = rp
-			}
-		}
+		answers.init(r.res)
 	}
+	answeredAt := time.Now() // one clock read per response, not per batch
 	for i, p := range r.parts {
 		if k.ctx.Err() != nil { // closed, or halted by a Done: the rest is abandoned
 			return false, ok
@@ -281,7 +292,7 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 		)
 		if r.err != nil {
 			err = fmt.Errorf("produce %d events to %s/%d: %w", n, p.topic, p.id, r.err)
-		} else if rp, answered = byPart[key{p.topic, int32(p.id)}]; !answered {
+		} else if rp, answered = answers.find(p.topic, int32(p.id)); !answered {
 			err = fmt.Errorf("produce %d events to %s/%d: no answer for the partition", n, p.topic, p.id)
 		} else if code = kafka.Error(rp.ErrorCode); code == kafka.DuplicateSequenceNumber && b.pf.id >= 0 {
 			// The broker already holds the batch: an earlier attempt was
@@ -297,7 +308,7 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 		}
 		if err == nil {
 			ok = true
-			k.acked(p, b, rp.BaseOffset, r.start)
+			k.acked(p, b, rp.BaseOffset, r.start, answeredAt)
 			continue
 		}
 		if k.ctx.Err() != nil {
@@ -347,6 +358,56 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 	return refresh, ok
 }
 
+// responseIndex finds each partition's answer in a produce response. Brokers
+// answer in the request's order, which apply walks, so a lookup is usually the
+// next answer; a map of them all is built only for a response in another
+// order. Building that map for every response was most of apply's own cost at
+// 256 partitions.
+type responseIndex struct {
+	flat   []answer
+	next   int
+	byPart map[answerKey]produceAPI.ResponsePartition
+}
+
+type answerKey struct {
+	topic string
+	part  int32
+}
+
+type answer struct {
+	answerKey
+	rp produceAPI.ResponsePartition
+}
+
+func (x *responseIndex) init(res *produceAPI.Response) {
+	n := 0
+	for _, t := range res.Topics {
+		n += len(t.Partitions)
+	}
+	x.flat = make([]answer, 0, n)
+	for _, t := range res.Topics {
+		for _, rp := range t.Partitions {
+			x.flat = append(x.flat, answer{answerKey{t.Topic, rp.Partition}, rp})
+		}
+	}
+}
+
+// find returns the answer for topic/part; ok is false when there is none.
+func (x *responseIndex) find(topic string, part int32) (produceAPI.ResponsePartition, bool) {
+	if x.next < len(x.flat) && x.flat[x.next].part == part && x.flat[x.next].topic == topic {
+		x.next++
+		return x.flat[x.next-1].rp, true
+	}
+	if x.byPart == nil {
+		x.byPart = make(map[answerKey]produceAPI.ResponsePartition, len(x.flat))
+		for _, a := range x.flat {
+			x.byPart[a.answerKey] = a.rp
+		}
+	}
+	rp, ok := x.byPart[answerKey{topic, part}]
+	return rp, ok
+}
+
 // setFailing tracks how many partitions are retrying and logs only the first
 // failure and the last recovery, not every attempt.
 func (k *Kafka) setFailing(on bool, err error, p *partition) {
@@ -366,9 +427,9 @@ func (k *Kafka) setFailing(on bool, err error, p *partition) {
 	}
 }
 
-// acked reports a batch acknowledged at baseOffset (-1: unknown) and advances
-// the partition's sequence past it.
-func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start time.Time) {
+// acked reports a batch acknowledged at baseOffset (-1: unknown), sent at
+// start and answered at now, and advances the partition's sequence past it.
+func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start, now time.Time) {
 	batch := b.items
 	if b.pf.id >= 0 {
 		p.seq = nextSeq(b.pf.seq, len(batch))
@@ -385,7 +446,6 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start time.Time) 
 	if p.limit > 0 && !p.hasQueued() {
 		p.limit = 0
 	}
-	now := time.Now()
 	m := k.cfg.Metrics
 	m.ProduceBatches.Inc()
 	m.ProduceBatchSize.Observe(float64(len(batch)))

@@ -46,6 +46,12 @@ type partition struct {
 	// looked at again when the response comes, so a new event need not wake the
 	// dispatcher (each wake-up is a futex call and a scheduler round).
 	sending atomic.Bool
+	// leaderBusy: the partition's leader has a request in flight. The
+	// dispatcher looks at every partition again when its response comes, so
+	// an event that finds the queue empty need not wake it meanwhile either;
+	// with hundreds of partitions most events find their queue empty. Set by
+	// the dispatcher (markBusy).
+	leaderBusy atomic.Bool
 
 	// Dispatcher-owned.
 	// end is the offset after the partition's last acknowledged batch (-1
@@ -87,7 +93,7 @@ func (p *partition) push(it item) {
 		p.since = now
 	}
 	p.mu.Unlock()
-	if first && !p.sending.Load() {
+	if first && !p.sending.Load() && !p.leaderBusy.Load() {
 		p.k.signal()
 	}
 }

@@ -107,7 +107,8 @@ func (k *Kafka) settleVerdict(v verdict) (halted bool) {
 		k.log.Info().Str("topic", p.topic).Int("partition", p.id).Int("events", found).Int64("offset", v.offsets[0]).
 			Msg("a batch of unknown fate is in Kafka; not sending it again")
 		b.pf.id = -1 // its session is gone: do not advance the new one's sequence
-		k.acked(p, b, v.offsets[0], time.Now())
+		now := time.Now()
+		k.acked(p, b, v.offsets[0], now, now)
 		return k.ctx.Err() != nil
 	case 0:
 		b.everUnknown = false // verifiably not in Kafka: sending it duplicates nothing
