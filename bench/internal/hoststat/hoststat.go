@@ -23,6 +23,9 @@ type Snapshot struct {
 	At   time.Time
 	Busy time.Duration // all CPUs, every process, non-idle
 	Self time.Duration // this process, user+system
+	// Waiting is the time at least one runnable task waited for a CPU
+	// (/proc/pressure/cpu "some" total; -1 when the kernel has no PSI).
+	Waiting time.Duration
 }
 
 // Take reads the counters now.
@@ -53,19 +56,71 @@ func Take() (Snapshot, error) {
 		return s, fmt.Errorf("getrusage: %w", err)
 	}
 	s.Self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	if s.Waiting, err = cpuPressure(); err != nil {
+		return s, err
+	}
 	return s, nil
+}
+
+// cpuPressure reads the "some" total of /proc/pressure/cpu, -1 when the file
+// does not exist (a kernel without PSI).
+func cpuPressure() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if os.IsNotExist(err) {
+		return -1, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read /proc/pressure/cpu: %w", err)
+	}
+	return parsePressure(string(b))
+}
+
+// parsePressure returns the total of the "some" line of a PSI file
+// ("some avg10=… avg60=… avg300=… total=<µs>").
+func parsePressure(s string) (time.Duration, error) {
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "some" {
+			continue
+		}
+		for _, kv := range f[1:] {
+			if v, ok := strings.CutPrefix(kv, "total="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("parse /proc/pressure/cpu: %w", err)
+				}
+				return time.Duration(n) * time.Microsecond, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("parse /proc/pressure/cpu: no \"some … total=\" in %q", s)
 }
 
 // Delta is what the machine spent between two snapshots.
 type Delta struct {
-	Wall time.Duration
-	Busy time.Duration // every process
-	Self time.Duration // the benchmark process
+	Wall    time.Duration
+	Busy    time.Duration // every process
+	Self    time.Duration // the benchmark process
+	Waiting time.Duration // some task waited for a CPU; -1 unknown
 }
 
 // Sub returns the usage between before and s.
 func (s Snapshot) Sub(before Snapshot) Delta {
-	return Delta{Wall: s.At.Sub(before.At), Busy: s.Busy - before.Busy, Self: s.Self - before.Self}
+	d := Delta{Wall: s.At.Sub(before.At), Busy: s.Busy - before.Busy, Self: s.Self - before.Self, Waiting: -1}
+	if s.Waiting >= 0 && before.Waiting >= 0 {
+		d.Waiting = s.Waiting - before.Waiting
+	}
+	return d
+}
+
+// WaitShare is the share of the window in which some runnable task waited
+// for a CPU: near 0 every task ran when it could, near 1 the machine was
+// oversubscribed throughout. -1 when the kernel does not say.
+func (d Delta) WaitShare() float64 {
+	if d.Waiting < 0 || d.Wall <= 0 {
+		return -1
+	}
+	return min(1, d.Waiting.Seconds()/d.Wall.Seconds())
 }
 
 // Foreign returns the CPU time of processes other than the benchmark, given

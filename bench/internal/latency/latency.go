@@ -17,10 +17,16 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
+// Sample is one event's latency and when its transaction committed.
+type Sample struct {
+	Commit  time.Time
+	Latency time.Duration
+}
+
 // Consumer tails one topic and keeps one latency sample per record.
 type Consumer struct {
 	mu       sync.Mutex
-	samples  []time.Duration
+	samples  []Sample
 	received int
 	noHeader int
 	since    time.Time // samples of events committed before are not kept
@@ -51,7 +57,7 @@ func (c *Consumer) record(r testenv.Record) {
 	if err != nil {
 		c.noHeader++
 	} else if !ct.Before(c.since) {
-		c.samples = append(c.samples, now.Sub(ct))
+		c.samples = append(c.samples, Sample{Commit: ct, Latency: now.Sub(ct)})
 	}
 	select {
 	case c.arrived <- struct{}{}:
@@ -119,21 +125,55 @@ type Summary struct {
 	P50      float64 `json:"p50_ms"`
 	P99      float64 `json:"p99_ms"`
 	Max      float64 `json:"max_ms"`
+	// TailWindows counts the TailWindow-long spans of commit time that hold
+	// the tail, the samples at or above p99 and above p50: a few mean the
+	// tail is a few stalls, many that it is spread over the run, 0 that
+	// there is none.
+	TailWindows int `json:"tail_windows"`
+	// CommitPause is the longest time between two consecutive commits among
+	// the samples: under a steady load, how long Postgres (or the machine)
+	// stopped committing.
+	CommitPause float64 `json:"commit_pause_ms"`
 }
 
-// Summarize returns nearest-rank percentiles of samples.
-func Summarize(samples []time.Duration) Summary {
+// TailWindow is the span of commit time Summary.TailWindows counts in.
+const TailWindow = 100 * time.Millisecond
+
+// Summarize returns nearest-rank percentiles of samples and where their tail
+// lies.
+func Summarize(samples []Sample) Summary {
 	s := Summary{Samples: len(samples)}
 	if len(samples) == 0 {
 		return s
 	}
-	sorted := slices.Clone(samples)
-	slices.Sort(sorted)
+	lat := make([]time.Duration, len(samples))
+	for i, x := range samples {
+		lat[i] = x.Latency
+	}
+	slices.Sort(lat)
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	rank := func(p float64) time.Duration {
-		i := int(math.Ceil(p*float64(len(sorted)))) - 1
-		return sorted[min(max(i, 0), len(sorted)-1)]
+		i := int(math.Ceil(p*float64(len(lat)))) - 1
+		return lat[min(max(i, 0), len(lat)-1)]
 	}
-	s.P50, s.P99, s.Max = ms(rank(0.50)), ms(rank(0.99)), ms(sorted[len(sorted)-1])
+	p50, p99 := rank(0.50), rank(0.99)
+	s.P50, s.P99, s.Max = ms(p50), ms(p99), ms(lat[len(lat)-1])
+
+	windows := map[int64]bool{}
+	commits := make([]int64, 0, len(samples))
+	for _, x := range samples {
+		at := x.Commit.UnixNano()
+		if x.Latency >= p99 && x.Latency > p50 {
+			windows[at/int64(TailWindow)] = true
+		}
+		commits = append(commits, at)
+	}
+	s.TailWindows = len(windows)
+	slices.Sort(commits)
+	var pause int64
+	for i := 1; i < len(commits); i++ {
+		pause = max(pause, commits[i]-commits[i-1])
+	}
+	s.CommitPause = ms(time.Duration(pause))
 	return s
 }

@@ -5,19 +5,61 @@ import (
 	"time"
 )
 
-func TestSummarizeNearestRank(t *testing.T) {
-	var samples []time.Duration
-	for i := 100; i >= 1; i-- { // unsorted on purpose
-		samples = append(samples, time.Duration(i)*time.Millisecond)
+func TestSummarize(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ms := time.Millisecond
+	// steady returns n samples committed every gap from t0, latency 1 ms,
+	// unsorted on purpose.
+	steady := func(n int, gap time.Duration) []Sample {
+		var out []Sample
+		for i := n - 1; i >= 0; i-- {
+			out = append(out, Sample{Commit: t0.Add(time.Duration(i) * gap), Latency: ms})
+		}
+		return out
 	}
-	s := Summarize(samples)
-	if s.Samples != 100 || s.P50 != 50 || s.P99 != 99 || s.Max != 100 {
-		t.Fatalf("Summarize = %+v, want 100 samples, p50 50, p99 99, max 100", s)
+	// stalled is 1,000 samples 1 ms apart, of which the 11 committed in
+	// [500 ms, 511 ms) waited 80 ms: more than 1%, all in one window.
+	stalled := steady(1000, ms)
+	for i := range stalled {
+		if at := stalled[i].Commit.Sub(t0); at >= 500*ms && at < 511*ms {
+			stalled[i].Latency = 80 * ms
+		}
 	}
-	if got := Summarize(nil); got != (Summary{}) {
-		t.Fatalf("Summarize(nil) = %+v, want zero", got)
+	// spread has 12 slow samples, one every 90 ms: in ten windows.
+	spread := steady(1000, ms)
+	for i := range spread {
+		if spread[i].Commit.Sub(t0)%(90*ms) == 0 {
+			spread[i].Latency = 80 * ms
+		}
 	}
-	if got := Summarize([]time.Duration{3 * time.Millisecond}); got.P50 != 3 || got.P99 != 3 || got.Max != 3 {
-		t.Fatalf("Summarize(one) = %+v, want 3 everywhere", got)
+	// paused stops committing for 250 ms after 400 ms.
+	paused := steady(1000, ms)
+	for i := range paused {
+		if paused[i].Commit.Sub(t0) >= 400*ms {
+			paused[i].Commit = paused[i].Commit.Add(250 * ms)
+		}
+	}
+	var ranks []Sample
+	for i := 100; i >= 1; i-- {
+		ranks = append(ranks, Sample{Commit: t0, Latency: time.Duration(i) * ms})
+	}
+	tests := []struct {
+		name    string
+		samples []Sample
+		want    Summary
+	}{
+		{"none", nil, Summary{}},
+		{"one", []Sample{{Commit: t0, Latency: 3 * ms}}, Summary{Samples: 1, P50: 3, P99: 3, Max: 3}},
+		{"nearest rank", ranks, Summary{Samples: 100, P50: 50, P99: 99, Max: 100, TailWindows: 1}},
+		{"tail in one stall", stalled, Summary{Samples: 1000, P50: 1, P99: 80, Max: 80, TailWindows: 1, CommitPause: 1}},
+		{"tail spread over the run", spread, Summary{Samples: 1000, P50: 1, P99: 80, Max: 80, TailWindows: 10, CommitPause: 1}},
+		{"commits paused, no tail", paused, Summary{Samples: 1000, P50: 1, P99: 1, Max: 1, CommitPause: 251}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Summarize(tt.samples); got != tt.want {
+				t.Fatalf("Summarize = %+v, want %+v", got, tt.want)
+			}
+		})
 	}
 }

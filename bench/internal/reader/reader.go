@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -52,7 +53,7 @@ type Result struct {
 	// last complete transaction read, never beyond.
 	Confirmed pglogrepl.LSN
 	// Latencies are commit → decoded times (Config.Latency only).
-	Latencies []time.Duration
+	Latencies []latency.Sample
 }
 
 // Run streams cfg.Relay.Slot from its confirmed position until cfg.Count
@@ -157,7 +158,7 @@ func (c *counter) HandleData(_ context.Context, walStart pglogrepl.LSN, data []b
 				c.first = msg.CommitTime
 			}
 			if msg.CommitTime.Sub(c.first) >= c.warmUp {
-				c.res.Latencies = append(c.res.Latencies, time.Since(msg.CommitTime))
+				c.res.Latencies = append(c.res.Latencies, latency.Sample{Commit: msg.CommitTime, Latency: time.Since(msg.CommitTime)})
 			}
 		}
 		if c.res.Events == c.count {

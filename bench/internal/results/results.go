@@ -216,6 +216,10 @@ type Drain struct {
 	BenchCPUSeconds   float64 `json:"bench_process_cpu_seconds"`
 	ForeignCPUSeconds float64 `json:"foreign_cpu_seconds"`
 	ForeignShare      float64 `json:"foreign_share"`
+	// CPUWaitShare is the share of the window in which some runnable task
+	// waited for a CPU (Linux PSI; -1 unknown, 0 in results from before it
+	// was measured).
+	CPUWaitShare float64 `json:"cpu_wait_share"`
 	// ProduceRequests and MeanBatch are the relay's produce batches (one
 	// partition's records in a request; cdc_relay_produce_batches_total)
 	// during the drain and their mean size in events (relay only).
@@ -264,6 +268,7 @@ type Latency struct {
 	PGCPUPerEventUS float64            `json:"pg_cpu_us_per_event"`
 	PGByProcess     map[string]float64 `json:"pg_cpu_us_per_event_by_process,omitempty"`
 	ForeignShare    float64            `json:"foreign_share"`
+	CPUWaitShare    float64            `json:"cpu_wait_share"` // as in Drain
 	// The relay's own view (relay only), from its metrics over the run:
 	// cdc_relay_end_to_end_latency_seconds (commit → Kafka ack of the oldest
 	// event of each produce request, estimated from histogram buckets), and
@@ -319,6 +324,9 @@ type DeliveryLatency struct {
 	AtLeastOnceP99s     []float64 `json:"at_least_once_p99s_ms"`
 	// P99DiffMs is effectively-once p99 − at-least-once p99.
 	P99DiffMs float64 `json:"p99_diff_ms"`
+	// The tail windows (latency.Summary.TailWindows) of the runs compared.
+	EffectivelyOnceTailWindows int `json:"effectively_once_tail_windows"`
+	AtLeastOnceTailWindows     int `json:"at_least_once_tail_windows"`
 	// Unreached says the load generator committed less than 90% of the
 	// offered rate in a run compared ("" when both reached it): the
 	// latencies then measure its queue, and the target is not judged.
@@ -457,7 +465,7 @@ func (r *Results) matrixTargets() []Target {
 			out = append(out, Target{Name: name, Got: fmt.Sprintf("not measured: the load generator committed only %.0f of %d ev/s (p99 %.0f ms)", l.AchievedRate, l.Rate, l.P99), NA: true})
 			continue
 		}
-		out = append(out, Target{Name: name, Got: fmt.Sprintf("p99 %.2f ms (p50 %.2f, max %.2f)", l.P99, l.P50, l.Max), Pass: l.P99 <= 5})
+		out = append(out, Target{Name: name, Got: fmt.Sprintf("p99 %.2f ms (p50 %.2f, max %.2f; tail in %s)", l.P99, l.P50, l.Max, tailWindows(l.TailWindows)), Pass: l.P99 <= 5})
 	}
 	for _, lc := range r.LatencyCells() {
 		if lc.Rate != 30000 {
@@ -635,7 +643,8 @@ func (r *Results) evaluateDelivery() {
 			continue
 		}
 		dl := DeliveryLatency{Rate: lc.Rate, TxnSize: lc.TxnSize, EffectivelyOnceP50: e.P50, EffectivelyOnceP99: e.P99,
-			AtLeastOnceP50: a.P50, AtLeastOnceP99: a.P99, P99DiffMs: e.P99 - a.P99}
+			AtLeastOnceP50: a.P50, AtLeastOnceP99: a.P99, P99DiffMs: e.P99 - a.P99,
+			EffectivelyOnceTailWindows: e.TailWindows, AtLeastOnceTailWindows: a.TailWindows}
 		if low := 0.9 * float64(lc.Rate); e.AchievedRate < low || a.AchievedRate < low {
 			dl.Unreached = fmt.Sprintf("the load generator committed only %.0f and %.0f of %d ev/s", e.AchievedRate, a.AchievedRate, lc.Rate)
 		}
@@ -675,7 +684,8 @@ func (r *Results) deliveryTargets() []Target {
 		}
 		out = append(out, Target{
 			Name: "eo p99 ≤ at-least-once + 1 ms @" + loadLabel(l.Rate, l.TxnSize),
-			Got:  fmt.Sprintf("%+.2f ms (p99 %.2f vs %.2f ms)", l.P99DiffMs, l.EffectivelyOnceP99, l.AtLeastOnceP99),
+			Got: fmt.Sprintf("%+.2f ms (p99 %.2f vs %.2f ms; tails in %d and %d windows of %s)", l.P99DiffMs, l.EffectivelyOnceP99, l.AtLeastOnceP99,
+				l.EffectivelyOnceTailWindows, l.AtLeastOnceTailWindows, latency.TailWindow),
 			Pass: l.P99DiffMs <= 1,
 		})
 	}
@@ -832,6 +842,26 @@ func (r *Results) printHeadline(w io.Writer) {
 		q.RelayOverLimitRate, q.RelayOverReaderCPU, q.RelayOverPollerRate, q.RelayOverPollerPGCPU, q.RelayOverPollerWAL, q.RelayOverPollerCPU)
 }
 
+// cpuWait says how oversubscribed the machine's CPUs were (WaitShare).
+func cpuWait(share float64) string {
+	if share < 0 {
+		return "CPU pressure unknown (no /proc/pressure/cpu)"
+	}
+	return fmt.Sprintf("some task waited for a CPU %.0f%% of the time", 100*share)
+}
+
+// tailWindows says in how many windows of commit time a latency tail lies.
+func tailWindows(n int) string {
+	w := latency.TailWindow.String()
+	switch n {
+	case 0:
+		return "no window (p99 is p50: there is no tail)"
+	case 1:
+		return "one " + w + " window"
+	}
+	return fmt.Sprintf("%d windows of %s", n, w)
+}
+
 // printDetails prints every drain and latency run, the checks of Kafka, the
 // targets and the notes.
 func (r *Results) printDetails(w io.Writer) {
@@ -845,8 +875,8 @@ func (r *Results) printDetails(w io.Writer) {
 		fmt.Fprintf(w, "  %-30s %7d events in %6.2fs = %6.0f ev/s; CPU %5.2fs; PG CPU %5.2fs; WAL %s%s\n",
 			d.Name, d.Events, d.Seconds, d.Rate, d.CPUSeconds, d.PGCPUSeconds, bytesStr(d.WALBytes), extra)
 		fmt.Fprintf(w, "  %-30s Postgres µs/ev by process: %s; the slot's walsender %.2f µs/ev, %.1f µs/txn (%d transactions); the reading process %.2f reads/txn\n", "", byProcess(d.PGByProcess), d.WalsenderUSPerEvent, d.WalsenderUSPerTxn, d.Transactions, d.ReaderReadsPerTxn)
-		fmt.Fprintf(w, "  %-30s benchmark process (kfake) CPU %5.2fs; other processes on the machine %5.2fs = %.0f%% of its capacity; all together %.2f of %d cores busy\n",
-			"", d.BenchCPUSeconds, d.ForeignCPUSeconds, 100*d.ForeignShare, d.CoresBusy(), r.Host.CPUs)
+		fmt.Fprintf(w, "  %-30s benchmark process (kfake) CPU %5.2fs; other processes on the machine %5.2fs = %.0f%% of its capacity; all together %.2f of %d cores busy; %s\n",
+			"", d.BenchCPUSeconds, d.ForeignCPUSeconds, 100*d.ForeignShare, d.CoresBusy(), r.Host.CPUs, cpuWait(d.CPUWaitShare))
 	}
 	fmt.Fprintln(w, "latency (relay, poller: commit_time header → record received by a kgo consumer, i.e. commit → consumer-visible, ≥ commit → ack; limit reader: commit → decoded, alone):")
 	for _, l := range r.Latency {
@@ -856,8 +886,10 @@ func (r *Results) printDetails(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %-6s offered %6d ev/s (%2d ev/txn): achieved %8.0f ev/s, %7d committed, %7d received, %d missing; p50 %s p99 %s max %s ms over %d samples\n",
 			system, l.Rate, l.TxnSize, l.AchievedRate, l.Committed, l.Received, l.Missing, ms(l.P50), ms(l.P99), ms(l.Max), l.Samples)
-		fmt.Fprintf(w, "         CPU %.2f µs/ev (%s process), Postgres %.2f µs/ev (%s; backends do the inserts); other processes took %.0f%% of the machine\n",
-			l.CPUPerEventUS, l.System, l.PGCPUPerEventUS, byProcess(l.PGByProcess), 100*l.ForeignShare)
+		fmt.Fprintf(w, "         CPU %.2f µs/ev (%s process), Postgres %.2f µs/ev (%s; backends do the inserts); other processes took %.0f%% of the machine; %s\n",
+			l.CPUPerEventUS, l.System, l.PGCPUPerEventUS, byProcess(l.PGByProcess), 100*l.ForeignShare, cpuWait(l.CPUWaitShare))
+		fmt.Fprintf(w, "         tail: the samples at or above p99 committed within %s; the longest pause between two commits was %s ms\n",
+			tailWindows(l.TailWindows), ms(l.CommitPause))
 		if l.ProduceRequests > 0 {
 			fmt.Fprintf(w, "         relay's own metrics (per produce batch, histogram estimates): commit → ack p50 %s p99 %s ms, of which send → ack p50 %s p99 %s ms; %d produce batches, %.1f events each\n",
 				ms(l.RelayAckP50Ms), ms(l.RelayAckP99Ms), ms(l.ProduceP50Ms), ms(l.ProduceP99Ms), l.ProduceRequests, l.MeanBatch)

@@ -170,6 +170,7 @@ func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, ur
 			l.PGByProcess = perEvent(m1.pg.Breakdown(m0.pg), sr.Committed)
 			hd := m1.host.Sub(m0.host)
 			l.ForeignShare = hd.Foreign(m1.proc-m0.proc, m1.pg.Sub(m0.pg)).Seconds() / hd.Capacity().Seconds()
+			l.CPUWaitShare = hd.WaitShare()
 		}
 		if relay != nil {
 			after, err := relay.metrics(ctx)
@@ -304,6 +305,7 @@ func (b *bench) readerLatencyRun(ctx context.Context, p *child.Process, st pgloa
 		l.PGByProcess = perEvent(pg1.Breakdown(pg0), sr.Committed)
 		hd := h1.Sub(h0)
 		l.ForeignShare = hd.Foreign(usage.CPU(), pg1.Sub(pg0)).Seconds() / hd.Capacity().Seconds()
+		l.CPUWaitShare = hd.WaitShare()
 	}
 	return l, nil
 }

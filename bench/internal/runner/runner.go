@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/hoststat"
+	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -376,7 +377,8 @@ func (b *bench) notes() []string {
 		"rate = events / (process start → last event done): the relay until cdc_relay_events_published_total (Kafka acks=all) reached N, polled every 50 ms near the end (a quarter of the time left, at most 1 s, before); limit reader and poller until they reported N; start-up is included",
 		"CPU µs/ev: getrusage of the child process over its whole life (utime+stime); peak RSS: its VmHWM, sampled every 100 ms and before it is stopped; walsender µs/ev and µs/txn: utime+stime in /proc/<pid>/stat of the slot's walsender (pg_replication_slots.active_pid; a new process per connection) when the last event was done, per event and per transaction: the ceiling of any logical-replication reader",
 		"PG CPU µs/ev: utime+stime of the postmaster and all its children (live ones from /proc/<pid>/stat, exited ones through the postmaster's cutime/cstime) from just before the process started until its sessions ended, background processes included; WAL = pg_current_wal_insert_lsn() difference over the same window",
-		fmt.Sprintf("latency = receive time − commit_time header: commit → consumer-visible, an upper bound of commit → Kafka ack; the limit reader's is commit → decoded, measured alone on its own slot after the relay stopped (the floor Postgres' walsender sets); the first %s of each run is warm-up and not counted; load: 4 connections, each cell's events per autocommitted INSERT", b.warmup()),
+		fmt.Sprintf("latency = receive time − commit_time header: commit → consumer-visible, an upper bound of commit → Kafka ack; the limit reader's is commit → decoded, measured alone on its own slot after the relay stopped (the floor Postgres' walsender sets); the first %s of each run is warm-up and not counted; load: 4 connections, each cell's events per autocommitted INSERT; tail: the %s windows of commit time that hold the samples at or above p99 (a few: the tail is a few stalls), and the longest pause between two commits (Postgres or the machine stopped committing)", b.warmup(), latency.TailWindow),
+		"CPU pressure: the share of a window in which some runnable task waited for a CPU (Linux PSI, /proc/pressure/cpu \"some\"): how oversubscribed the machine was, which explains tails and rates better than its load average",
 		fmt.Sprintf("poller: BEGIN; SELECT … ORDER BY created_at, id LIMIT %d FOR UPDATE SKIP LOCKED; produce with kafka-go's Writer (acks=all, murmur2, whole batch per call, 1 ms batch timeout); DELETE the published rows (delete, not UPDATE published_at); COMMIT; sleeps %s when a poll finds nothing; commit_time from pg_xact_commit_timestamp(xmin)", b.cfg.PollerBatch, b.cfg.PollerIdle),
 		"Postgres µs/ev by process: walsender = logical decoding for the limit reader or the relay; backend = client sessions (the poller's SELECT/DELETE, the load generator's INSERTs); exited = sessions that ended before the sample (e.g. the load generator's at the end of a latency run)",
 		"Postgres runs with testenv's fsync=off and full_page_writes=off, so WAL figures hold no full-page images (the poller's DELETEs would add some after every checkpoint) and commits never wait for a disk",

@@ -134,6 +134,7 @@ func (b *bench) endWindow(ctx context.Context, w *window, url string, child chil
 	foreign := hd.Foreign(child.CPU(), u.CPU)
 	d.ForeignCPUSeconds = foreign.Seconds()
 	d.ForeignShare = foreign.Seconds() / hd.Capacity().Seconds()
+	d.CPUWaitShare = hd.WaitShare()
 	return nil
 }
 
