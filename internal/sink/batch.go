@@ -8,7 +8,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"sync/atomic"
 
 	"github.com/segmentio/kafka-go/compress"
@@ -320,43 +319,10 @@ func (w *appendWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// wireBuf holds the encoded batches of one request. It is reused for a later
-// request only once kafka-go has read every batch (readers counts those not
-// read yet) and the request is over.
+// wireBuf holds one encoded produce request (wire.go). It is reused for a
+// later request only once the request was written (readers, 1 until then,
+// is 0) and is over.
 type wireBuf struct {
 	b       []byte
 	readers atomic.Int32
-}
-
-// batchReader is one batch of a wireBuf, read once by kafka-go while it
-// encodes the request.
-type batchReader struct {
-	buf  *wireBuf
-	b    []byte
-	done bool
-}
-
-func (r *batchReader) Read(p []byte) (int, error) {
-	if len(r.b) == 0 {
-		r.finish()
-		return 0, io.EOF
-	}
-	n := copy(p, r.b)
-	r.b = r.b[n:]
-	return n, nil
-}
-
-// WriteTo writes the batch in one call; io.Copy prefers it to Read.
-func (r *batchReader) WriteTo(w io.Writer) (int64, error) {
-	n, err := w.Write(r.b)
-	r.b = r.b[n:]
-	r.finish()
-	return int64(n), err
-}
-
-func (r *batchReader) finish() {
-	if !r.done {
-		r.done = true
-		r.buf.readers.Add(-1)
-	}
 }

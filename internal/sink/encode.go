@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
-	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
@@ -71,57 +69,75 @@ type encoder struct {
 const maxFreeBufs = 8
 
 // build encodes r's batches, already stamped (see Kafka.stamp), into one
-// produce request.
-func (e *encoder) build(k *Kafka, r *request) (*rawproduce.Request, error) {
+// produce request: a frame of its own wire format (wire.go), partitions
+// grouped by topic in the order of r.
+func (e *encoder) build(k *Kafka, r *request) (*produceExchange, error) {
 	buf := e.buffer()
 	codec := k.cfg.Compression.Codec()
 	e.configure(&k.cfg)
-	topics := make([]rawproduce.RequestTopic, 0, 1)
-	readers := make([]batchReader, len(r.parts))
-	ends := make([]int, len(r.parts))
-	var err error
-	for i := range r.parts {
-		b := &r.batches[i]
-		// kafka-go copies a raw record set as it is: with its int32 size.
-		at := len(buf.b)
-		buf.b = append(buf.b, 0, 0, 0, 0)
-		if buf.b, err = e.appendBatch(buf.b, b.items, b.ts, b.pf, codec); err != nil {
-			e.free = append(e.free, buf)
-			return nil, fmt.Errorf("encode %d events for %s/%d: %w", len(b.items), r.parts[i].topic, r.parts[i].id, err)
-		}
-		binary.BigEndian.PutUint32(buf.b[at:], uint32(len(buf.b)-at-4))
-		ends[i] = len(buf.b)
-	}
-	// Slices into buf.b are taken once it no longer grows.
-	buf.readers.Store(int32(len(r.parts)))
-	r.buf = buf
+	// Topics in order of first appearance; the dispatcher lists a topic's
+	// partitions together, so order mostly stays r's.
+	order := make([]int, 0, len(r.parts))
+	topics := 0
 	for i, p := range r.parts {
-		start := 0
-		if i > 0 {
-			start = ends[i-1]
+		if i > 0 && p.topic == r.parts[i-1].topic {
+			continue
 		}
-		readers[i] = batchReader{buf: buf, b: buf.b[start:ends[i]:ends[i]]}
-		ti := -1
-		for j := range topics {
-			if topics[j].Topic == p.topic {
-				ti = j
-				break
+		topics++
+	}
+	if topics > 1 {
+		seen := make(map[string]bool, topics)
+		topics = 0
+		for i, p := range r.parts {
+			if seen[p.topic] {
+				continue
+			}
+			seen[p.topic] = true
+			topics++
+			for j := i; j < len(r.parts); j++ {
+				if r.parts[j].topic == p.topic {
+					order = append(order, j)
+				}
 			}
 		}
-		if ti < 0 {
-			ti = len(topics)
-			topics = append(topics, rawproduce.RequestTopic{Topic: p.topic})
+	} else {
+		for i := range r.parts {
+			order = append(order, i)
 		}
-		topics[ti].Partitions = append(topics[ti].Partitions, rawproduce.RequestPartition{
-			Partition: int32(p.id),
-			RecordSet: protocol.RawRecordSet{Reader: &readers[i]},
-		})
 	}
-	return &rawproduce.Request{
-		Acks:    int16(kafka.RequireAll),
-		Timeout: int32(k.cfg.RequestTimeout / time.Millisecond),
-		Topics:  topics,
-	}, nil
+	x := &produceExchange{buf: buf, parts: make([]wirePartition, 0, len(r.parts)), corr: k.corr.Add(1)}
+	b := appendFrameHead(buf.b[:0], x.corr, k.clientID, int16(kafka.RequireAll), int32(k.cfg.RequestTimeout/time.Millisecond), topics)
+	var err error
+	for n, i := range order {
+		p := r.parts[i]
+		if n == 0 || p.topic != r.parts[order[n-1]].topic {
+			b = appendString16(b, p.topic)
+			count := 0
+			for _, j := range order[n:] {
+				if r.parts[j].topic != p.topic {
+					break
+				}
+				count++
+			}
+			b = binary.BigEndian.AppendUint32(b, uint32(count))
+		}
+		b = binary.BigEndian.AppendUint32(b, uint32(p.id))
+		at := len(b)
+		b = append(b, 0, 0, 0, 0) // the record set's size
+		bt := &r.batches[i]
+		if b, err = e.appendBatch(b, bt.items, bt.ts, bt.pf, codec); err != nil {
+			buf.b = b[:0]
+			e.free = append(e.free, buf)
+			return nil, fmt.Errorf("encode %d events for %s/%d: %w", len(bt.items), p.topic, p.id, err)
+		}
+		binary.BigEndian.PutUint32(b[at:], uint32(len(b)-at-4))
+		x.parts = append(x.parts, wirePartition{topic: p.topic, id: int32(p.id)})
+	}
+	finishFrame(b, 0)
+	buf.b = b
+	buf.readers.Store(1)
+	r.buf = buf
+	return x, nil
 }
 
 // configure takes the record format of cfg: tombstones and CloudEvents.
@@ -145,9 +161,9 @@ func (e *encoder) buffer() *wireBuf {
 	return &wireBuf{}
 }
 
-// release takes back the buffer of a finished request. One kafka-go has not
-// read to the end (the request was abandoned before it was written) may still
-// be read: it is left to the garbage collector.
+// release takes back the buffer of a finished request. One not written yet
+// (the request was abandoned before kafka-go handed it a connection) may
+// still be: it is left to the garbage collector.
 func (e *encoder) release(buf *wireBuf) {
 	if buf != nil && buf.readers.Load() == 0 && len(e.free) < maxFreeBufs {
 		e.free = append(e.free, buf)

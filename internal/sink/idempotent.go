@@ -15,7 +15,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
-	"github.com/segmentio/kafka-go/protocol/rawproduce"
 )
 
 // session is a producer session: the producer id and epoch batches carry
@@ -198,7 +197,7 @@ func sessionError(code kafka.Error) bool {
 // broker said it timed out or appended without enough replicas.
 func unknownFate(reqErr error, code kafka.Error, answered bool) bool {
 	if reqErr != nil {
-		var rerr *rawproduce.Error // kafka-go found no broker to send to
+		var rerr *noRouteError // kafka-go's metadata names no broker to send to
 		var oerr *net.OpError
 		if errors.As(reqErr, &rerr) || errors.As(reqErr, &oerr) && oerr.Op == "dial" {
 			return false
@@ -217,7 +216,7 @@ func unknownFate(reqErr error, code kafka.Error, answered bool) bool {
 // empty key, which a real broker may answer with COORDINATOR_NOT_AVAILABLE
 // (while it creates __transaction_state) or refuse under ACLs; an idempotent
 // producer's id comes from any broker. It is registered as an override type
-// of the API (as kafka-go's rawproduce is), with initproducerid.Request's
+// of the API, with initproducerid.Request's
 // fields, so kafka-go encodes it by its own layout.
 type anyBrokerInit struct {
 	_                    struct{} `kafka:"min=v2,max=v4,tag"`
@@ -227,8 +226,8 @@ type anyBrokerInit struct {
 	ProducerEpoch        int16    `kafka:"min=v3,max=v4"`
 }
 
-// anyBrokerInitOverride is anyBrokerInit's override key; kafka-go uses 0
-// for rawproduce, of another API.
+// anyBrokerInitOverride is anyBrokerInit's override key (kafka-go uses 0 for
+// its rawproduce, of another API).
 const anyBrokerInitOverride protocol.OverrideTypeKey = 1
 
 func init() {

@@ -33,7 +33,8 @@
 // that gives no producer id makes the sink produce without idempotence
 // ({reason="producer_id_unavailable"}); Idempotent says which. The sink writes
 // the RecordBatch v2 format itself (batch.go), because kafka-go's encoder
-// cannot carry a producer id.
+// cannot carry a producer id, and the produce requests and their answers too
+// (wire.go), on connections kafka-go's Transport keeps.
 //
 // Retries are owned here and only here: requests go through kafka-go's Transport,
 // which does not retry, instead of kafka-go's Writer, whose own MaxAttempts would
@@ -222,6 +223,11 @@ type Kafka struct {
 	sessions    chan session
 	verified    chan verdict // batches of unknown fate looked up in their partition
 
+	// Produce requests on the wire (wire.go): the client id they carry and
+	// the counter of their correlation ids.
+	clientID string
+	corr     atomic.Int32
+
 	errOnce sync.Once
 	err     error
 	halted  chan struct{}
@@ -265,6 +271,7 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With().Str("component", "sink").Logger(),
 		transport: transport,
+		clientID:  transport.ClientID,
 		conns:     conns,
 		addr:      kafka.TCP(cfg.Brokers...),
 		balancer:  kafka.Murmur2Balancer{Consistent: true},
