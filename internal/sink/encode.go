@@ -75,51 +75,36 @@ func (e *encoder) build(k *Kafka, r *request) (*produceExchange, error) {
 	buf := e.buffer()
 	codec := k.cfg.Compression.Codec()
 	e.configure(&k.cfg)
-	// Topics in order of first appearance; the dispatcher lists a topic's
-	// partitions together, so order mostly stays r's.
+	// Partitions grouped by topic, topics in order of first appearance; the
+	// dispatcher lists a topic's partitions together, so order mostly stays
+	// r's. groups[g] is how many partitions the g-th topic has.
 	order := make([]int, 0, len(r.parts))
-	topics := 0
+	var groups []int
+	placed := make([]bool, len(r.parts))
 	for i, p := range r.parts {
-		if i > 0 && p.topic == r.parts[i-1].topic {
+		if placed[i] {
 			continue
 		}
-		topics++
-	}
-	if topics > 1 {
-		seen := make(map[string]bool, topics)
-		topics = 0
-		for i, p := range r.parts {
-			if seen[p.topic] {
-				continue
-			}
-			seen[p.topic] = true
-			topics++
-			for j := i; j < len(r.parts); j++ {
-				if r.parts[j].topic == p.topic {
-					order = append(order, j)
-				}
+		n := len(order)
+		for j := i; j < len(r.parts); j++ {
+			if !placed[j] && r.parts[j].topic == p.topic {
+				placed[j] = true
+				order = append(order, j)
 			}
 		}
-	} else {
-		for i := range r.parts {
-			order = append(order, i)
-		}
+		groups = append(groups, len(order)-n)
 	}
 	x := &produceExchange{buf: buf, parts: make([]wirePartition, 0, len(r.parts)), corr: k.corr.Add(1)}
-	b := appendFrameHead(buf.b[:0], x.corr, k.clientID, int16(kafka.RequireAll), int32(k.cfg.RequestTimeout/time.Millisecond), topics)
+	b := appendFrameHead(buf.b[:0], x.corr, k.clientID, int16(kafka.RequireAll), int32(k.cfg.RequestTimeout/time.Millisecond), len(groups))
 	var err error
+	next := 0 // where the next topic's partitions start in order
 	for n, i := range order {
 		p := r.parts[i]
-		if n == 0 || p.topic != r.parts[order[n-1]].topic {
+		if n == next {
 			b = appendString16(b, p.topic)
-			count := 0
-			for _, j := range order[n:] {
-				if r.parts[j].topic != p.topic {
-					break
-				}
-				count++
-			}
-			b = binary.BigEndian.AppendUint32(b, uint32(count))
+			b = binary.BigEndian.AppendUint32(b, uint32(groups[0]))
+			next += groups[0]
+			groups = groups[1:]
 		}
 		b = binary.BigEndian.AppendUint32(b, uint32(p.id))
 		at := len(b)

@@ -90,20 +90,15 @@ func (x *produceExchange) Required(versions map[protocol.ApiKey]int16) bool {
 // RawExchange writes the request on rw and reads its answer. An error leaves
 // the connection in an unknown state; kafka-go then closes it.
 func (x *produceExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
-	written := false
-	defer func() {
-		if !written {
-			x.buf.readers.Add(-1)
-		}
-	}()
+	// readers drops to 0 once the buffer will not be written any more: from
+	// then on the dispatcher may reuse it.
 	if x.version < minProduceVersion {
+		x.buf.readers.Add(-1)
 		return nil, fmt.Errorf("the broker speaks Produce up to v%d; record batches with idempotence need v%d (Kafka 0.11 or later)", x.version, minProduceVersion)
 	}
 	b := x.buf.b
 	binary.BigEndian.PutUint16(b[6:], uint16(x.version))
 	_, err := rw.Write(b)
-	// From here the dispatcher may reuse the buffer.
-	written = true
 	x.buf.readers.Add(-1)
 	if err != nil {
 		return nil, fmt.Errorf("write produce request: %w", err)
@@ -214,10 +209,10 @@ func (r *answerReader) bytes16() []byte {
 }
 
 // count reads an array length, bounded by what is left (each element takes
-// at least min bytes), so a corrupt one cannot make the sink allocate much.
-func (r *answerReader) count(min int) int {
+// at least each bytes), so a corrupt one cannot make the sink allocate much.
+func (r *answerReader) count(each int) int {
 	n := int(r.int32())
-	if r.err == nil && (n < 0 || n*min > len(r.b)) {
+	if r.err == nil && (n < 0 || n*each > len(r.b)) {
 		r.err = fmt.Errorf("array of %d elements in %d bytes", n, len(r.b))
 	}
 	if r.err != nil {
