@@ -574,6 +574,15 @@ func (r *Results) drainTargets(cells []Cell) []Target {
 		// the limit reader is no ceiling, the walsender's figures are.
 		got += fmt.Sprintf("; above 1 in %s: no ceiling there, read the walsender's CPU per transaction", strings.Join(above, ", "))
 	}
+	for _, c := range cells {
+		if c.RelayOverLimit < 0.9 && c.Limit.Rate > 0 {
+			if bound := c.Relay.CPUBoundRate(r.Host.CPUs); bound > 0 {
+				// Below the target: say whether the machine's CPU allows it at all.
+				got += fmt.Sprintf("; %s: the relay, Postgres and the broker took %.0f µs of CPU per event, so %d cores bound it at %.0f ev/s (%.2f × limit) with every core busy",
+					c.Name, c.Relay.MachineCPUPerEventUS(), r.Host.CPUs, bound, bound/c.Limit.Rate)
+			}
+		}
+	}
 	out = append(out, Target{Name: "relay ≥ 0.9 × limit, every drain cell", Got: got, Pass: worst.RelayOverLimit >= 0.9})
 	out = append(out, cpuAllowanceTarget(cells, worstCPU))
 	for _, g := range []struct {
@@ -938,8 +947,8 @@ func (r *Results) printDetails(w io.Writer) {
 // printCells prints one line per drain cell: rates, relay/limit, CPU per
 // event of each process and of the walsender, peak RSS, verification.
 func (r *Results) printCells(w io.Writer) {
-	fmt.Fprintln(w, "drain cells (rate ev/s; CPU µs/ev of the process; walsender µs/ev and µs/txn of the limit's and the relay's drain; peak RSS of the relay):")
-	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "cores busy lim/relay", "relay RSS", "Kafka"}}
+	fmt.Fprintln(w, "drain cells (rate ev/s; CPU µs/ev of the process; walsender µs/ev and µs/txn of the limit's and the relay's drain; CPU bound: the fastest ev/s the machine's cores allow at the CPU per event the process, Postgres and the broker took; peak RSS of the relay):")
+	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "cores busy lim/relay", "CPU bound lim/relay", "relay RSS", "Kafka"}}
 	for _, c := range r.Cells {
 		ok := "OK"
 		for _, v := range c.Verify {
@@ -954,6 +963,7 @@ func (r *Results) printCells(w io.Writer) {
 			fmt.Sprintf("%.1f/%.1f", c.Limit.WalsenderUSPerTxn, c.Relay.WalsenderUSPerTxn),
 			fmt.Sprintf("%.2f/%.2f", c.Limit.ReaderReadsPerTxn, c.Relay.ReaderReadsPerTxn),
 			fmt.Sprintf("%.2f/%.2f", c.Limit.CoresBusy(), c.Relay.CoresBusy()),
+			fmt.Sprintf("%.0f/%.0f", c.Limit.CPUBoundRate(r.Host.CPUs), c.Relay.CPUBoundRate(r.Host.CPUs)),
 			mib(c.Relay.PeakRSSBytes), ok})
 	}
 	writeTable(w, rows)
@@ -968,6 +978,29 @@ func (d Drain) CoresBusy() float64 {
 		return 0
 	}
 	return (d.CPUSeconds + d.PGCPUSeconds + d.BenchCPUSeconds + d.ForeignCPUSeconds) / d.WindowSeconds
+}
+
+// MachineCPUPerEventUS is the CPU the drain took per event on the machine:
+// the process measured, Postgres and the benchmark process (the broker), but
+// not what ran outside the benchmark. 0 when not measured.
+func (d Drain) MachineCPUPerEventUS() float64 {
+	if d.Events <= 0 || d.CPUSeconds <= 0 {
+		return 0
+	}
+	return (d.CPUSeconds + d.PGCPUSeconds + d.BenchCPUSeconds) * 1e6 / float64(d.Events)
+}
+
+// CPUBoundRate is the fastest the drain could have gone on cores CPUs at the
+// CPU per event it took (MachineCPUPerEventUS), with every core busy all the
+// time. A drain whose bound is below another's rate cannot reach that rate on
+// this machine by waiting less; only by costing the machine less. 0 when not
+// measured.
+func (d Drain) CPUBoundRate(cores int) float64 {
+	us := d.MachineCPUPerEventUS()
+	if us <= 0 || cores <= 0 {
+		return 0
+	}
+	return float64(cores) * 1e6 / us
 }
 
 // drains are every drain of the run in the order they ran: the limit reader

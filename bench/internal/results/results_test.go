@@ -184,3 +184,52 @@ func TestMatrixTargets(t *testing.T) {
 		})
 	}
 }
+
+func TestCPUBoundRate(t *testing.T) {
+	tests := []struct {
+		name   string
+		d      Drain
+		cores  int
+		wantUS float64
+		want   float64
+	}{
+		// The 64 KiB cell of 2026-12-01: relay 0.80 s, Postgres 1.26 s, broker 0.76 s.
+		{"relay beside the broker", Drain{Events: 4096, CPUSeconds: 0.80, PGCPUSeconds: 1.26, BenchCPUSeconds: 0.76}, 2, 688.48, 2904.9},
+		{"outside CPU not counted", Drain{Events: 1000, CPUSeconds: 0.5, PGCPUSeconds: 0.5, ForeignCPUSeconds: 9}, 2, 1000, 2000},
+		{"not measured", Drain{Events: 1000}, 2, 0, 0},
+		{"no events", Drain{CPUSeconds: 1}, 2, 0, 0},
+		{"cores unknown", Drain{Events: 1000, CPUSeconds: 1}, 0, 1000, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.d.MachineCPUPerEventUS(); math.Abs(got-tt.wantUS) > 0.01 {
+				t.Errorf("MachineCPUPerEventUS = %.2f, want %.2f", got, tt.wantUS)
+			}
+			if got := tt.d.CPUBoundRate(tt.cores); math.Abs(got-tt.want) > 0.1 {
+				t.Errorf("CPUBoundRate(%d) = %.1f, want %.1f", tt.cores, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDrainTargetSaysCPUBound(t *testing.T) {
+	r := matrix(14)
+	r.Host.CPUs = 2
+	// txn=10 is below 0.9: 80,000 against 100,000 ev/s.
+	r.Cells[1].Relay.Events, r.Cells[1].Relay.CPUSeconds, r.Cells[1].Relay.PGCPUSeconds, r.Cells[1].Relay.BenchCPUSeconds = 100000, 0.8, 1.2, 0.5
+	r.Evaluate()
+	for _, tg := range r.Targets {
+		if tg.Name != "relay ≥ 0.9 × limit, every drain cell" {
+			continue
+		}
+		want := "drain/txn=10: the relay, Postgres and the broker took 25 µs of CPU per event, so 2 cores bound it at 80000 ev/s (0.80 × limit)"
+		if tg.Pass || !strings.Contains(tg.Got, want) {
+			t.Errorf("target %+v: want a MISS saying %q", tg, want)
+		}
+		if strings.Contains(tg.Got, "drain/txn=1:") {
+			t.Errorf("target %q: a cell at or above 0.9 needs no bound", tg.Got)
+		}
+		return
+	}
+	t.Fatal("no relay ≥ 0.9 × limit target")
+}
