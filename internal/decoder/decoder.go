@@ -720,19 +720,8 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 		return Message{}, fmt.Errorf("%d trailing bytes after tuple", len(b)-p)
 	}
 
-	// Second pass: copy the kept values into one buffer. make with length 0 does
-	// not allocate but still returns a non-nil slice, as empty values need.
-	total := 0
-	for _, col := range d.out.keep {
-		total += spans[col].n
-	}
-	buf := make([]byte, total)
-	o := 0
-	for _, col := range d.out.keep {
-		s := &spans[col]
-		s.dst = o
-		o += copy(buf[o:], b[s.off:s.off+s.n])
-	}
+	// Second pass: copy the kept values into one buffer.
+	buf := keptValues(b, spans, d.out.keep)
 
 	var ev *outbox.Event
 	var hdr []outbox.Header
@@ -838,6 +827,47 @@ func (d *Decoder) SetNotNull(columns map[string]bool) { d.notNull = columns }
 
 // value returns the column's bytes in buf, nil for NULL. The capacity is clipped so
 // that an append by a consumer cannot overwrite the next value.
+// maxKeptGap is how many bytes that are not kept values (column headers, and
+// columns not kept) keptValues copies along with them to copy them in one go.
+const maxKeptGap = 256
+
+// keptValues copies the values of the kept columns of message b into one new
+// buffer and sets their spans' dst. When the values lie close together in b,
+// as in an outbox row, it clones the stretch that holds them all, gaps
+// included: a clone is not zeroed before the copy, which at 1 MiB payloads
+// cost 6% of the relay's CPU. Otherwise (a large column not kept lies between
+// them) it copies them one by one, so the event does not keep that column
+// alive. The buffer is never nil, as empty values need.
+func keptValues(b []byte, spans []span, keep []int) []byte {
+	lo, hi, total := len(b), 0, 0
+	for _, col := range keep {
+		if s := spans[col]; s.n > 0 {
+			total += s.n
+			lo, hi = min(lo, s.off), max(hi, s.off+s.n)
+		}
+	}
+	if total > 0 && hi-lo-total <= maxKeptGap {
+		buf := append([]byte(nil), b[lo:hi]...)
+		for _, col := range keep {
+			if s := &spans[col]; s.n > 0 {
+				s.dst = s.off - lo
+			} else {
+				s.dst = 0 // empty or NULL: any place in buf will do
+			}
+		}
+		return buf
+	}
+	// make with length 0 does not allocate but still returns a non-nil slice.
+	buf := make([]byte, total)
+	o := 0
+	for _, col := range keep {
+		s := &spans[col]
+		s.dst = o
+		o += copy(buf[o:], b[s.off:s.off+s.n])
+	}
+	return buf
+}
+
 func value(buf []byte, s span) []byte {
 	if s.null {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -673,17 +674,69 @@ func primed(tb testing.TB, cfg Config) *Decoder {
 
 // BenchmarkDecodeInsert decodes one outbox insert of a typical size (~300 bytes).
 func BenchmarkDecodeInsert(b *testing.B) {
-	d := primed(b, defaultConfig())
-	in := insertMsg(outboxID,
-		txt("0190a3c2-7b1e-7cc4-9d1f-3c5e8a2b4f61"), txt("order"), txt("order-1234567"), txt("OrderPlaced"),
-		txt(`{"order_id":"order-1234567","customer_id":"c-987","total":{"amount":"129.90","currency":"EUR"},"items":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}]}`),
-		txt("2024-05-01 12:00:00.123456+00"), txt("7f0c1e2d-5b8a-4f3e-9c6d-2a1b0e9f8d7c"))
-	b.ReportAllocs()
-	b.SetBytes(int64(len(in)))
-	for b.Loop() {
-		m, err := d.Decode(in)
-		if err != nil || m.Kind != KindEvent {
-			b.Fatal(m.Kind, err)
-		}
+	order := `{"order_id":"order-1234567","customer_id":"c-987","total":{"amount":"129.90","currency":"EUR"},"items":[{"sku":"A-1","qty":2},{"sku":"B-7","qty":1}]}`
+	for _, size := range []int{len(order), 64 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("payload=%d", size), func(b *testing.B) {
+			payload := order
+			if size > len(order) {
+				payload = `{"pad":"` + strings.Repeat("x", size-10) + `"}`
+			}
+			d := primed(b, defaultConfig())
+			in := insertMsg(outboxID,
+				txt("0190a3c2-7b1e-7cc4-9d1f-3c5e8a2b4f61"), txt("order"), txt("order-1234567"), txt("OrderPlaced"),
+				txt(payload), txt("2024-05-01 12:00:00.123456+00"), txt("7f0c1e2d-5b8a-4f3e-9c6d-2a1b0e9f8d7c"))
+			b.ReportAllocs()
+			b.SetBytes(int64(len(in)))
+			for b.Loop() {
+				m, err := d.Decode(in)
+				if err != nil || m.Kind != KindEvent {
+					b.Fatal(m.Kind, err)
+				}
+			}
+		})
+	}
+}
+
+func TestKeptValues(t *testing.T) {
+	big := strings.Repeat("z", maxKeptGap+1)
+	tests := []struct {
+		name    string
+		msg     string // values at the offsets below, other bytes stand for headers
+		spans   []span
+		keep    []int
+		want    []string // per kept column; "<nil>" for NULL
+		wantLen int      // bytes copied: the stretch, or only the values
+	}{
+		{"close together: one clone, gaps included", "..id....payload..",
+			[]span{{off: 2, n: 2}, {off: 8, n: 7}}, []int{0, 1}, []string{"id", "payload"}, 13},
+		{"an unkept column wider than maxKeptGap: value by value", "..id.." + big + "..payload",
+			[]span{{off: 2, n: 2}, {off: 6, n: len(big)}, {off: 8 + len(big), n: 7}}, []int{0, 2}, []string{"id", "payload"}, 9},
+		{"empty and NULL outside the stretch", "x..id..pay",
+			[]span{{off: 0, n: 0}, {off: 3, n: 2}, {off: 7, n: 3}, {null: true}}, []int{0, 1, 2, 3}, []string{"", "id", "pay", "<nil>"}, 7},
+		{"nothing but empty values", "....",
+			[]span{{off: 1, n: 0}, {null: true}}, []int{0, 1}, []string{"", "<nil>"}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := []byte(tt.msg)
+			spans := slices.Clone(tt.spans)
+			buf := keptValues(msg, spans, tt.keep)
+			if buf == nil || len(buf) != tt.wantLen {
+				t.Fatalf("buffer of %d bytes (nil %v), want %d", len(buf), buf == nil, tt.wantLen)
+			}
+			for i := range msg {
+				msg[i] = '#' // the values must not alias the message
+			}
+			for i, col := range tt.keep {
+				v := value(buf, spans[col])
+				got := string(v)
+				if v == nil {
+					got = "<nil>"
+				}
+				if got != tt.want[i] {
+					t.Errorf("column %d = %q, want %q", col, got, tt.want[i])
+				}
+			}
+		})
 	}
 }
