@@ -22,7 +22,7 @@ func TestDrainCells(t *testing.T) {
 		{"drain/txn=10000", results.Shape{TxnSize: 10000, Partitions: 8, Topics: 1, Payload: 300}, 500000},
 		{"drain/partitions=256", results.Shape{TxnSize: 1, Partitions: 256, Topics: 1, Payload: 300}, 500000},
 		{"drain/topics=50", results.Shape{TxnSize: 1, Partitions: 8, Topics: 50, Payload: 300}, 500000},
-		{"drain/payload=1048576", results.Shape{TxnSize: 1, Partitions: 8, Topics: 1, Payload: 1048576}, 256},
+		{"drain/payload=1048576", results.Shape{TxnSize: 1, Partitions: 8, Topics: 1, Payload: 1048576}, 1024},
 	}
 	var got []cell
 	for i, c := range cfg.DrainCells() {
@@ -40,11 +40,11 @@ func TestCellEvents(t *testing.T) {
 	tests := []struct{ events, payload, want int }{
 		{500000, 300, 500000},
 		{500000, 100, 500000},
-		{500000, 4096, 65536},   // minCellBytes
-		{2000000, 4096, 146484}, // the events' budget, above minCellBytes
-		{500000, 65536, 4096},
-		{500000, 1048576, 256},
-		{500000, 4 << 20, minCellEvents},
+		{500000, 4096, 262144},  // minCellBytes
+		{4000000, 4096, 292968}, // the events' budget, above minCellBytes
+		{500000, 65536, 16384},
+		{500000, 1048576, 1024},
+		{500000, 16 << 20, minCellEvents},
 		{100, 4096, 100}, // never more than asked
 	}
 	for _, tt := range tests {
