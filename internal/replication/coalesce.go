@@ -110,10 +110,21 @@ func (c *coalescingConn) Read(b []byte) (int, error) {
 		c.r += n
 		return n, nil
 	}
+	if len(b) >= coalesceBuffer {
+		// As large as our buffer (pgconn reading a large message): going
+		// through it would only copy every byte once more.
+		n, err := c.readSocket(b)
+		c.socketReads++
+		c.account(n)
+		if n == 0 {
+			return 0, err
+		}
+		return n, nil // an error with data comes back on the next read
+	}
 	if c.buf == nil {
 		c.buf = make([]byte, coalesceBuffer)
 	}
-	n, err := c.readSocket()
+	n, err := c.readSocket(c.buf)
 	c.socketReads++
 	c.account(n)
 	if n == 0 {
@@ -125,8 +136,8 @@ func (c *coalescingConn) Read(b []byte) (int, error) {
 	return m, nil // an error with data comes back on the next read
 }
 
-// readSocket fills c.buf from the socket once.
-func (c *coalescingConn) readSocket() (int, error) {
+// readSocket fills dst from the socket once.
+func (c *coalescingConn) readSocket(dst []byte) (int, error) {
 	outer := c.outerDeadline()
 	if c.lowat != c.chunk {
 		c.setLowat(c.chunk)
@@ -138,7 +149,7 @@ func (c *coalescingConn) readSocket() (int, error) {
 				return 0, err
 			}
 		}
-		return c.Conn.Read(c.buf)
+		return c.Conn.Read(dst)
 	}
 	d := c.now().Add(2 * c.window)
 	if !outer.IsZero() && outer.Before(d) {
@@ -148,7 +159,7 @@ func (c *coalescingConn) readSocket() (int, error) {
 	if err := c.Conn.SetReadDeadline(d); err != nil {
 		return 0, err
 	}
-	n, err := c.Conn.Read(c.buf)
+	n, err := c.Conn.Read(dst)
 	if n > 0 || !isTimeout(err) {
 		return n, err
 	}
@@ -164,7 +175,7 @@ func (c *coalescingConn) readSocket() (int, error) {
 	if err := c.Conn.SetReadDeadline(outer); err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(c.buf)
+	return c.Conn.Read(dst)
 }
 
 // account adds n bytes to the rate window and, at its end, sizes the chunk

@@ -100,6 +100,53 @@ func TestCoalescingWaitsForAChunk(t *testing.T) {
 	}
 }
 
+// TestCoalescingLargeReads: a read into a buffer as large as the
+// connection's own goes straight to the socket, without that buffer; bytes
+// a small read left buffered still come first, whole and in order.
+func TestCoalescingLargeReads(t *testing.T) {
+	c, srv := tcpPair(t, 10*time.Millisecond)
+	want := make([]byte, 3*coalesceBuffer+123)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	go func() { _, _ = srv.Write(want) }()
+	got := make([]byte, 0, len(want))
+	big := make([]byte, 2*coalesceBuffer)
+	for len(got) < len(want) {
+		n, err := c.Read(big)
+		if err != nil {
+			t.Fatalf("large read after %d bytes: %v", len(got), err)
+		}
+		got = append(got, big[:n]...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes of large reads changed or out of order")
+	}
+	if c.buf != nil {
+		t.Errorf("large reads went through the connection's %d-byte buffer", len(c.buf))
+	}
+
+	// A small read buffers what the socket has; a large read then returns
+	// those bytes before reading the socket again.
+	go func() { _, _ = srv.Write(want) }()
+	small := make([]byte, 10)
+	n, err := io.ReadFull(c, small)
+	if err != nil {
+		t.Fatalf("small read: %v", err)
+	}
+	got = append(got[:0], small[:n]...)
+	for len(got) < len(want) {
+		n, err := c.Read(big)
+		if err != nil {
+			t.Fatalf("large read after %d bytes: %v", len(got), err)
+		}
+		got = append(got, big[:n]...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes after a small read changed or out of order")
+	}
+}
+
 // TestCoalescingTakesWhatIsThere: a chunk that does not come within twice the
 // window does not hold a read up: it returns the few bytes there are, long
 // before the caller's deadline.
