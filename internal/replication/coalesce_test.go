@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -110,15 +111,8 @@ func TestCoalescingLargeReads(t *testing.T) {
 		want[i] = byte(i * 7)
 	}
 	go func() { _, _ = srv.Write(want) }()
-	got := make([]byte, 0, len(want))
 	big := make([]byte, 2*coalesceBuffer)
-	for len(got) < len(want) {
-		n, err := c.Read(big)
-		if err != nil {
-			t.Fatalf("large read after %d bytes: %v", len(got), err)
-		}
-		got = append(got, big[:n]...)
-	}
+	got := readLarge(t, c, big, nil, len(want))
 	if !bytes.Equal(got, want) {
 		t.Fatal("bytes of large reads changed or out of order")
 	}
@@ -134,17 +128,25 @@ func TestCoalescingLargeReads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("small read: %v", err)
 	}
-	got = append(got[:0], small[:n]...)
-	for len(got) < len(want) {
+	got = readLarge(t, c, big, small[:n], len(want))
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes after a small read changed or out of order")
+	}
+}
+
+// readLarge appends to got what reads into big return until it holds total
+// bytes.
+func readLarge(t *testing.T, c *coalescingConn, big, got []byte, total int) []byte {
+	t.Helper()
+	got = slices.Clone(got)
+	for len(got) < total {
 		n, err := c.Read(big)
 		if err != nil {
 			t.Fatalf("large read after %d bytes: %v", len(got), err)
 		}
 		got = append(got, big[:n]...)
 	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("bytes after a small read changed or out of order")
-	}
+	return got
 }
 
 // TestCoalescingTakesWhatIsThere: a chunk that does not come within twice the
