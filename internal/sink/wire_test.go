@@ -300,23 +300,26 @@ func TestProduceExchangeBroker(t *testing.T) {
 // writes it and decodes a franz-go-encoded answer: the sink's CPU per request
 // outside the broker, which grows with the partition batches in it.
 func BenchmarkProduceExchange(b *testing.B) {
-	for _, parts := range []int{8, 256} {
-		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
+	for _, c := range []struct{ topics, parts int }{{1, 8}, {1, 256}, {50, 8}} {
+		b.Run(fmt.Sprintf("topics=%d,partitions=%d", c.topics, c.parts), func(b *testing.B) {
 			k := &Kafka{clientID: "cdc-relay"}
 			r := &request{}
-			evs := stream(parts, 2*parts)
+			evs := stream(c.parts, 2*c.parts*c.topics)
 			res := kmsg.NewPtrProduceResponse()
 			res.Version = 8
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic = "bench.orders"
-			for i := range parts {
-				r.parts = append(r.parts, &partition{topic: rt.Topic, id: i})
-				r.batches = append(r.batches, batch{items: []item{{ev: evs[2*i]}, {ev: evs[2*i+1]}}, ts: 1, pf: producerFields{id: 1, seq: 5}})
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition, rp.BaseOffset = int32(i), int64(100*i)
-				rt.Partitions = append(rt.Partitions, rp)
+			for tp := range c.topics {
+				rt := kmsg.NewProduceResponseTopic()
+				rt.Topic = fmt.Sprintf("bench.orders%d", tp)
+				for i := range c.parts {
+					e := 2 * (tp*c.parts + i)
+					r.parts = append(r.parts, &partition{topic: rt.Topic, id: i})
+					r.batches = append(r.batches, batch{items: []item{{ev: evs[e]}, {ev: evs[e+1]}}, ts: 1, pf: producerFields{id: 1, seq: 5}})
+					rp := kmsg.NewProduceResponseTopicPartition()
+					rp.Partition, rp.BaseOffset = int32(i), int64(100*i)
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				res.Topics = append(res.Topics, rt)
 			}
-			res.Topics = append(res.Topics, rt)
 			body := res.AppendTo(nil)
 			answer := binary.BigEndian.AppendUint32(nil, uint32(len(body)+4))
 			answer = binary.BigEndian.AppendUint32(answer, 1)
