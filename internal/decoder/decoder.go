@@ -825,8 +825,6 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 // added later is by default.
 func (d *Decoder) SetNotNull(columns map[string]bool) { d.notNull = columns }
 
-// value returns the column's bytes in buf, nil for NULL. The capacity is clipped so
-// that an append by a consumer cannot overwrite the next value.
 // maxKeptGap is how many bytes that are not kept values (column headers, and
 // columns not kept) keptValues copies along with them to copy them in one go.
 const maxKeptGap = 256
@@ -868,6 +866,8 @@ func keptValues(b []byte, spans []span, keep []int) []byte {
 	return buf
 }
 
+// value returns the column's bytes in buf, nil for NULL. The capacity is clipped so
+// that an append by a consumer cannot overwrite the next value.
 func value(buf []byte, s span) []byte {
 	if s.null {
 		return nil

@@ -110,25 +110,24 @@ func (c *coalescingConn) Read(b []byte) (int, error) {
 		c.r += n
 		return n, nil
 	}
-	if len(b) >= coalesceBuffer {
-		// As large as our buffer (pgconn reading a large message): going
-		// through it would only copy every byte once more.
-		n, err := c.readSocket(b)
-		c.socketReads++
-		c.account(n)
-		if n == 0 {
-			return 0, err
+	// A read as large as our buffer (pgconn reading a large message) fills
+	// the caller's: going through ours would only copy every byte once more.
+	direct := len(b) >= coalesceBuffer
+	dst := b
+	if !direct {
+		if c.buf == nil {
+			c.buf = make([]byte, coalesceBuffer)
 		}
-		return n, nil // an error with data comes back on the next read
+		dst = c.buf
 	}
-	if c.buf == nil {
-		c.buf = make([]byte, coalesceBuffer)
-	}
-	n, err := c.readSocket(c.buf)
+	n, err := c.readSocket(dst)
 	c.socketReads++
 	c.account(n)
 	if n == 0 {
 		return 0, err
+	}
+	if direct {
+		return n, nil // an error with data comes back on the next read
 	}
 	c.r, c.w = 0, n
 	m := copy(b, c.buf[:n])
