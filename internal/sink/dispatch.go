@@ -358,15 +358,19 @@ func (k *Kafka) apply(r *request) (refresh, ok bool) {
 	return refresh, ok
 }
 
-// responseIndex finds each partition's answer in a produce response. Brokers
-// answer in the request's order, which apply walks, so a lookup is usually the
-// next answer; a map of them all is built only for a response in another
-// order. Building that map for every response was most of apply's own cost at
-// 256 partitions.
+// responseIndex finds each partition's answer in a produce response. apply
+// walks the partitions in the order build wrote them (grouped by topic), and
+// brokers answer a topic's partitions in that order, so a lookup is usually
+// the next answer. Topics may come back in any order (kfake answers from a
+// map; Kafka promises none): a change of topic looks the topic up, and only a
+// response whose partitions are out of order within a topic gets a map of
+// them all. Building that map for every response was most of apply's own cost
+// at 256 partitions, and at 50 topics it was built for nearly every response.
 type responseIndex struct {
-	flat   []answer
-	next   int
-	byPart map[answerKey]produceAPI.ResponsePartition
+	res     *produceAPI.Response
+	t, p    int // the next answer expected: res.Topics[t].Partitions[p]
+	byTopic map[string]int
+	byPart  map[answerKey]*produceAPI.ResponsePartition
 }
 
 type answerKey struct {
@@ -374,38 +378,51 @@ type answerKey struct {
 	part  int32
 }
 
-type answer struct {
-	answerKey
-	rp produceAPI.ResponsePartition
-}
-
-func (x *responseIndex) init(res *produceAPI.Response) {
-	n := 0
-	for _, t := range res.Topics {
-		n += len(t.Partitions)
-	}
-	x.flat = make([]answer, 0, n)
-	for _, t := range res.Topics {
-		for _, rp := range t.Partitions {
-			x.flat = append(x.flat, answer{answerKey{t.Topic, rp.Partition}, rp})
-		}
-	}
-}
+func (x *responseIndex) init(res *produceAPI.Response) { *x = responseIndex{res: res} }
 
 // find returns the answer for topic/part; ok is false when there is none.
 func (x *responseIndex) find(topic string, part int32) (produceAPI.ResponsePartition, bool) {
-	if x.next < len(x.flat) && x.flat[x.next].part == part && x.flat[x.next].topic == topic {
-		x.next++
-		return x.flat[x.next-1].rp, true
-	}
-	if x.byPart == nil {
-		x.byPart = make(map[answerKey]produceAPI.ResponsePartition, len(x.flat))
-		for _, a := range x.flat {
-			x.byPart[a.answerKey] = a.rp
+	ts := x.res.Topics
+	if x.t < len(ts) && ts[x.t].Topic != topic {
+		if t, ok := x.topic(topic); ok {
+			x.t, x.p = t, 0
 		}
 	}
-	rp, ok := x.byPart[answerKey{topic, part}]
-	return rp, ok
+	if x.t < len(ts) && ts[x.t].Topic == topic {
+		if ps := ts[x.t].Partitions; x.p < len(ps) && ps[x.p].Partition == part {
+			x.p++
+			return ps[x.p-1], true
+		}
+	}
+	if x.byPart == nil {
+		x.byPart = make(map[answerKey]*produceAPI.ResponsePartition)
+		for i := range ts {
+			for j := range ts[i].Partitions {
+				rp := &ts[i].Partitions[j]
+				x.byPart[answerKey{ts[i].Topic, rp.Partition}] = rp
+			}
+		}
+	}
+	if rp := x.byPart[answerKey{topic, part}]; rp != nil {
+		return *rp, true
+	}
+	return produceAPI.ResponsePartition{}, false
+}
+
+// topic returns the index of name's answers: mostly the next topic's.
+func (x *responseIndex) topic(name string) (int, bool) {
+	ts := x.res.Topics
+	if x.t+1 < len(ts) && ts[x.t+1].Topic == name {
+		return x.t + 1, true
+	}
+	if x.byTopic == nil {
+		x.byTopic = make(map[string]int, len(ts))
+		for i := len(ts) - 1; i >= 0; i-- { // the first of duplicate names wins
+			x.byTopic[ts[i].Topic] = i
+		}
+	}
+	t, ok := x.byTopic[name]
+	return t, ok
 }
 
 // setFailing tracks how many partitions are retrying and logs only the first

@@ -62,6 +62,10 @@ type encoder struct {
 	tombstones bool
 	raw        []byte     // uncompressed records, when compressing
 	free       []*wireBuf // buffers of finished requests
+	// groupOf and counts are group's scratch: a topic's index in the
+	// request, and how many partitions each topic has.
+	groupOf map[string]int
+	counts  []int
 }
 
 // maxFreeBufs bounds the buffers kept for reuse: about one per broker with a
@@ -69,42 +73,23 @@ type encoder struct {
 const maxFreeBufs = 8
 
 // build encodes r's batches, already stamped (see Kafka.stamp), into one
-// produce request: a frame of its own wire format (wire.go), partitions
-// grouped by topic in the order of r.
+// produce request: a frame of its own wire format (wire.go). It first orders
+// r's partitions by topic (see group), the order apply then walks.
 func (e *encoder) build(k *Kafka, r *request) (*produceExchange, error) {
 	buf := e.buffer()
 	codec := k.cfg.Compression.Codec()
 	e.configure(&k.cfg)
-	// Partitions grouped by topic, topics in order of first appearance; the
-	// dispatcher lists a topic's partitions together, so order mostly stays
-	// r's. groups[g] is how many partitions the g-th topic has.
-	order := make([]int, 0, len(r.parts))
-	var groups []int
-	placed := make([]bool, len(r.parts))
-	for i, p := range r.parts {
-		if placed[i] {
-			continue
-		}
-		n := len(order)
-		for j := i; j < len(r.parts); j++ {
-			if !placed[j] && r.parts[j].topic == p.topic {
-				placed[j] = true
-				order = append(order, j)
-			}
-		}
-		groups = append(groups, len(order)-n)
-	}
-	x := &produceExchange{buf: buf, parts: make([]wirePartition, 0, len(r.parts)), corr: k.corr.Add(1)}
-	b := appendFrameHead(buf.b[:0], x.corr, k.clientID, int16(kafka.RequireAll), int32(k.cfg.RequestTimeout/time.Millisecond), len(groups))
+	topics, counts := e.group(r)
+	x := &produceExchange{buf: buf, parts: make([]wirePartition, 0, len(r.parts)), topics: topics, corr: k.corr.Add(1)}
+	b := appendFrameHead(buf.b[:0], x.corr, k.clientID, int16(kafka.RequireAll), int32(k.cfg.RequestTimeout/time.Millisecond), len(topics))
 	var err error
-	next := 0 // where the next topic's partitions start in order
-	for n, i := range order {
-		p := r.parts[i]
-		if n == next {
+	next := 0 // where the next topic's partitions start
+	for i, p := range r.parts {
+		if i == next {
 			b = appendString16(b, p.topic)
-			b = binary.BigEndian.AppendUint32(b, uint32(groups[0]))
-			next += groups[0]
-			groups = groups[1:]
+			b = binary.BigEndian.AppendUint32(b, uint32(counts[0]))
+			next += counts[0]
+			counts = counts[1:]
 		}
 		b = binary.BigEndian.AppendUint32(b, uint32(p.id))
 		at := len(b)
@@ -123,6 +108,54 @@ func (e *encoder) build(k *Kafka, r *request) (*produceExchange, error) {
 	buf.readers.Store(1)
 	r.buf = buf
 	return x, nil
+}
+
+// group orders r's partitions (and their batches) by topic, topics in order
+// of first appearance, as a request must list them, and returns the topics and
+// how many partitions each has. The dispatcher lists a topic's partitions
+// together, so r is nearly always in that order already: one pass comparing
+// neighbours finds that, looking a topic up only where it changes.
+func (e *encoder) group(r *request) (topics []string, counts []int) {
+	if e.groupOf == nil {
+		e.groupOf = map[string]int{}
+	}
+	clear(e.groupOf)
+	counts = e.counts[:0]
+	topics = make([]string, 0, max(cap(counts), 1)) // as many as earlier requests had
+	sorted := true
+	g := 0
+	for i, p := range r.parts {
+		if i == 0 || p.topic != r.parts[i-1].topic {
+			var seen bool
+			if g, seen = e.groupOf[p.topic]; !seen {
+				g = len(topics)
+				e.groupOf[p.topic] = g
+				topics = append(topics, p.topic)
+				counts = append(counts, 0)
+			}
+			sorted = sorted && !seen
+		}
+		counts[g]++
+	}
+	e.counts = counts
+	if sorted {
+		return topics, counts
+	}
+	// A stable counting sort by topic: the order of a topic's partitions is
+	// kept.
+	at := make([]int, len(topics))
+	for g := 1; g < len(topics); g++ {
+		at[g] = at[g-1] + counts[g-1]
+	}
+	parts := make([]*partition, len(r.parts))
+	batches := make([]batch, len(r.batches))
+	for i, p := range r.parts {
+		g := e.groupOf[p.topic]
+		parts[at[g]], batches[at[g]] = p, r.batches[i]
+		at[g]++
+	}
+	r.parts, r.batches = parts, batches
+	return topics, counts
 }
 
 // configure takes the record format of cfg: tombstones and CloudEvents.

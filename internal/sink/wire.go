@@ -34,6 +34,7 @@ const maxAnswerBytes = 64 << 20
 type produceExchange struct {
 	buf     *wireBuf // the whole frame; readers is 1 until it was written
 	parts   []wirePartition
+	topics  []string // the distinct topics of parts, in their order
 	corr    int32
 	version int16
 }
@@ -118,7 +119,7 @@ func (x *produceExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error
 	if _, err := io.ReadFull(rw, body); err != nil {
 		return nil, fmt.Errorf("read produce response: %w", err)
 	}
-	res, err := decodeProduceResponse(body, x.version, x.parts)
+	res, err := decodeProduceResponse(body, x.version, x.topics, len(x.parts))
 	if err != nil {
 		return nil, fmt.Errorf("decode produce response v%d: %w", x.version, err)
 	}
@@ -221,17 +222,24 @@ func (r *answerReader) count(each int) int {
 	return n
 }
 
-// decodeProduceResponse decodes a Produce response body of version v (3–8).
-// Topic names the request sent (parts) are reused instead of allocated.
-func decodeProduceResponse(body []byte, v int16, parts []wirePartition) (*produceAPI.Response, error) {
+// decodeProduceResponse decodes a Produce response body of version v (3–8)
+// to a request of parts partitions. Topic names the request sent (topics) are
+// reused instead of allocated, and the partitions' answers share one slice.
+func decodeProduceResponse(body []byte, v int16, topics []string, parts int) (*produceAPI.Response, error) {
 	r := &answerReader{b: body}
 	res := &produceAPI.Response{}
 	res.Topics = make([]produceAPI.ResponseTopic, r.count(6))
+	answers := make([]produceAPI.ResponsePartition, 0, parts)
 	for i := range res.Topics {
 		t := &res.Topics[i]
 		name := r.bytes16()
-		t.Topic = topicName(name, parts)
-		t.Partitions = make([]produceAPI.ResponsePartition, r.count(14))
+		t.Topic = topicName(name, topics, i)
+		if n := r.count(14); len(answers)+n <= cap(answers) {
+			t.Partitions = answers[len(answers) : len(answers)+n : len(answers)+n]
+			answers = answers[:len(answers)+n]
+		} else {
+			t.Partitions = make([]produceAPI.ResponsePartition, n)
+		}
 		for j := range t.Partitions {
 			p := &t.Partitions[j]
 			p.Partition = r.int32()
@@ -259,14 +267,14 @@ func decodeProduceResponse(body []byte, v int16, parts []wirePartition) (*produc
 }
 
 // topicName returns name as a string, the request's own when it is one of
-// its topics.
-func topicName(name []byte, parts []wirePartition) string {
-	for i := range parts {
-		if i > 0 && parts[i].topic == parts[i-1].topic {
-			continue
-		}
-		if parts[i].topic == string(name) {
-			return parts[i].topic
+// its topics; the i-th is tried first.
+func topicName(name []byte, topics []string, i int) string {
+	if i < len(topics) && topics[i] == string(name) {
+		return topics[i]
+	}
+	for _, t := range topics {
+		if t == string(name) {
+			return t
 		}
 	}
 	return string(name)

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,6 +194,51 @@ func serveProduce(c net.Conn, v int16, r *request) error {
 	return nil
 }
 
+// TestEncoderGroup checks the order build writes partitions in, which apply
+// then walks: grouped by topic, topics in order of first appearance, each
+// topic's partitions (with their batches) in the request's order.
+func TestEncoderGroup(t *testing.T) {
+	tests := []struct {
+		name   string
+		topics string // one letter per partition of the request, in order
+		want   string // the partitions' topics and ids after group
+		counts []int
+	}{
+		{"one topic", "aaa", "a0 a1 a2", []int{3}},
+		{"already grouped", "aabbbc", "a0 a1 b2 b3 b4 c5", []int{2, 3, 1}},
+		{"interleaved", "abab", "a0 a2 b1 b3", []int{2, 2}},
+		{"a topic back at the end", "abcda", "a0 a4 b1 c2 d3", []int{2, 1, 1, 1}},
+		{"one partition", "z", "z0", []int{1}},
+	}
+	var e encoder // reused: group's scratch must not leak between requests
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &request{}
+			for i, c := range tt.topics {
+				r.parts = append(r.parts, &partition{topic: string(c), id: i})
+				r.batches = append(r.batches, batch{ts: int64(i)})
+			}
+			topics, counts := e.group(r)
+			var got []string
+			for i, p := range r.parts {
+				if r.batches[i].ts != int64(p.id) {
+					t.Fatalf("partition %s/%d has the batch of partition %d", p.topic, p.id, r.batches[i].ts)
+				}
+				got = append(got, fmt.Sprintf("%s%d", p.topic, p.id))
+			}
+			var wantTopics []string
+			for _, w := range strings.Fields(tt.want) {
+				if len(wantTopics) == 0 || wantTopics[len(wantTopics)-1] != w[:1] {
+					wantTopics = append(wantTopics, w[:1])
+				}
+			}
+			if strings.Join(got, " ") != tt.want || !reflect.DeepEqual(topics, wantTopics) || !reflect.DeepEqual(counts, tt.counts) {
+				t.Fatalf("group(%s) = %v, topics %v, counts %v; want %s, %v, %v", tt.topics, got, topics, counts, tt.want, wantTopics, tt.counts)
+			}
+		})
+	}
+}
+
 // TestProduceExchangeRefuses checks the exchanges that must fail: a broker
 // too old for record batches (nothing written), an answer to another
 // request, an implausible size, a connection closed mid-answer.
@@ -246,16 +293,16 @@ func (c *scriptedConn) Write(b []byte) (int, error) { return c.out.Write(b) }
 // larger than the bytes left is refused before anything is allocated for it.
 func TestDecodeProduceResponseTruncated(t *testing.T) {
 	body := kmsgAnswer(8).AppendTo(nil)
-	if _, err := decodeProduceResponse(body, 8, nil); err != nil {
+	if _, err := decodeProduceResponse(body, 8, nil, 0); err != nil {
 		t.Fatalf("whole body: %v", err)
 	}
 	for n := 0; n < len(body); n++ {
-		if res, err := decodeProduceResponse(body[:n], 8, nil); err == nil {
+		if res, err := decodeProduceResponse(body[:n], 8, nil, 0); err == nil {
 			t.Fatalf("%d of %d bytes decoded as %+v, want an error", n, len(body), res)
 		}
 	}
 	huge := binary.BigEndian.AppendUint32(nil, 1<<30)
-	if _, err := decodeProduceResponse(huge, 8, nil); err == nil {
+	if _, err := decodeProduceResponse(huge, 8, nil, 0); err == nil {
 		t.Fatal("a topic count of 2^30 in 4 bytes decoded, want an error")
 	}
 }
@@ -320,6 +367,9 @@ func BenchmarkProduceExchange(b *testing.B) {
 				}
 				res.Topics = append(res.Topics, rt)
 			}
+			// kfake answers topics in its map's order, and Kafka promises
+			// none: the answer lists them backwards.
+			slices.Reverse(res.Topics)
 			body := res.AppendTo(nil)
 			answer := binary.BigEndian.AppendUint32(nil, uint32(len(body)+4))
 			answer = binary.BigEndian.AppendUint32(answer, 1)
@@ -339,8 +389,17 @@ func BenchmarkProduceExchange(b *testing.B) {
 				}
 				x.Required(map[protocol.ApiKey]int16{protocol.Produce: maxProduceVersion})
 				in.Reset(answer)
-				if _, err := x.RawExchange(conn); err != nil {
+				m, err := x.RawExchange(conn)
+				if err != nil {
 					b.Fatal(err)
+				}
+				// apply's lookups of every partition's answer.
+				var answers responseIndex
+				answers.init(m.(*produceAPI.Response))
+				for _, p := range r.parts {
+					if _, ok := answers.find(p.topic, int32(p.id)); !ok {
+						b.Fatalf("no answer for %s/%d", p.topic, p.id)
+					}
 				}
 				e.release(r.buf)
 			}
