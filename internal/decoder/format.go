@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -207,23 +209,10 @@ func CheckContentType(setting string) error {
 	}
 	media, _, _ := strings.Cut(setting, ";")
 	typ, sub, ok := strings.Cut(strings.TrimSpace(media), "/")
-	if !ok || !isToken(typ) || !isToken(sub) || strings.ContainsAny(setting, "\r\n") {
+	if !ok || !httpguts.ValidHeaderFieldName(typ) || !httpguts.ValidHeaderFieldName(sub) || strings.ContainsAny(setting, "\r\n") {
 		return fmt.Errorf("%q is not auto, none or a MIME type such as application/vnd.apache.avro+binary", setting)
 	}
 	return nil
-}
-
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Format is how the relay turns an outbox row's column text into the message

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The OTLP exporter's variables, without the OTEL_EXPORTER_OTLP_ prefix;
@@ -249,7 +251,7 @@ func parseHeaders(name, v string) (http.Header, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s: entry %d has no '=': use key=value,key=value", name, i+1)
 		}
-		if !isToken(key) {
+		if !httpguts.ValidHeaderFieldName(key) {
 			return nil, fmt.Errorf("%s: entry %d: %q is not a header name", name, i+1, key)
 		}
 		val, err := url.PathUnescape(strings.TrimSpace(val))
@@ -262,20 +264,6 @@ func parseHeaders(name, v string) (http.Header, error) {
 		h.Add(key, val)
 	}
 	return h, nil
-}
-
-// isToken reports whether s is an HTTP token (a header name).
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // isHeaderValue reports whether s can be sent as a header's value: no
