@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/pgtext"
 )
 
 // Type OIDs of the PostgreSQL types a column may have here.
@@ -154,7 +156,7 @@ func appendColumn(b []byte, c Column, v []byte) ([]byte, error) {
 		}
 		return strconv.AppendInt(b, t.Unix()/86400, 10), nil
 	case oidTimestamp:
-		t, err := time.Parse("2006-01-02 15:04:05.999999999", string(v))
+		t, err := pgtext.Timestamp(v)
 		if err != nil {
 			return bad(err)
 		}
@@ -167,26 +169,13 @@ func appendColumn(b []byte, c Column, v []byte) ([]byte, error) {
 		case "infinity", "-infinity":
 			return appendString(b, string(v)), nil
 		}
-		t, err := parseTimestampTZ(string(v))
+		t, err := pgtext.TimestampTZ(v)
 		if err != nil {
 			return bad(err)
 		}
 		return appendString(b, zonedTimestamp(t, c.precision())), nil
 	}
 	return appendString(b, string(v)), nil
-}
-
-// parseTimestampTZ reads timestamptz output in the ISO DateStyle, whose zone
-// is the session's: hours, or hours:minutes, or hours:minutes:seconds.
-func parseTimestampTZ(s string) (time.Time, error) {
-	var err error
-	for _, layout := range []string{"2006-01-02 15:04:05.999999999-07", "2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05.999999999-07:00:00"} {
-		var t time.Time
-		if t, err = time.Parse(layout, s); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, err
 }
 
 // zonedTimestamp formats t as Debezium's ZonedTimestamp does for a column of

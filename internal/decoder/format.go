@@ -11,6 +11,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/pgtext"
 )
 
 // Type OIDs of the built-in column types whose values the relay treats
@@ -58,14 +59,6 @@ func ParsePartition(text []byte) (int64, error) {
 	return n, nil
 }
 
-// Text forms of timestamptz and timestamp with DateStyle ISO (the default):
-// the offset as Postgres abbreviates it, and no offset for a timestamp.
-var timestampLayouts = []string{
-	"2006-01-02 15:04:05.999999999Z07",
-	"2006-01-02 15:04:05.999999999Z07:00",
-	"2006-01-02 15:04:05.999999999Z07:00:00",
-}
-
 // ParseTimestamp reads the text of a --column-timestamp value of type typ
 // (see CheckTimestampType): a timestamptz in its text form with DateStyle
 // ISO (any offset), a timestamp as UTC, or an integer as Unix milliseconds.
@@ -84,104 +77,14 @@ func ParseTimestamp(typ uint32, text []byte) (time.Time, error) {
 	if s == "infinity" || s == "-infinity" {
 		return time.Time{}, nil
 	}
-	if t, ok := parseISOTimestamp(text, typ == TypeTimestamp); ok {
+	read := pgtext.TimestampTZ
+	if typ == TypeTimestamp {
+		read = pgtext.Timestamp
+	}
+	if t, err := read(text); err == nil {
 		return t, nil
 	}
-	if typ == TypeTimestamp {
-		if t, err := time.Parse("2006-01-02 15:04:05.999999999", s); err == nil {
-			return t, nil
-		}
-	} else {
-		for _, layout := range timestampLayouts {
-			if t, err := time.Parse(layout, s); err == nil {
-				return t.UTC(), nil
-			}
-		}
-	}
 	return time.Time{}, fmt.Errorf("timestamp column: cannot read %q (the relay reads DateStyle ISO, Postgres's default)", clip(text))
-}
-
-// parseISOTimestamp reads the common forms of timestamp and timestamptz
-// output with DateStyle ISO without time.Parse's cost (every event pays it
-// for the created-at column): "YYYY-MM-DD HH:MM:SS[.ffffff]" and, unless
-// noZone, an offset "+HH[:MM[:SS]]". It reports false for anything else
-// (years beyond 9999, BC), which ParseTimestamp then reads the slow way.
-func parseISOTimestamp(b []byte, noZone bool) (time.Time, bool) {
-	if len(b) < 19 || b[4] != '-' || b[7] != '-' || b[10] != ' ' || b[13] != ':' || b[16] != ':' {
-		return time.Time{}, false
-	}
-	num := func(i, n int) (int, bool) {
-		v := 0
-		for _, c := range b[i : i+n] {
-			if c < '0' || c > '9' {
-				return 0, false
-			}
-			v = v*10 + int(c-'0')
-		}
-		return v, true
-	}
-	year, ok1 := num(0, 4)
-	month, ok2 := num(5, 2)
-	day, ok3 := num(8, 2)
-	hour, ok4 := num(11, 2)
-	minute, ok5 := num(14, 2)
-	sec, ok6 := num(17, 2)
-	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || sec > 59 {
-		return time.Time{}, false
-	}
-	p, nsec := 19, 0
-	if p < len(b) && b[p] == '.' {
-		p++
-		digits := 0
-		for p < len(b) && b[p] >= '0' && b[p] <= '9' && digits < 9 {
-			nsec = nsec*10 + int(b[p]-'0')
-			p++
-			digits++
-		}
-		if digits == 0 {
-			return time.Time{}, false
-		}
-		for ; digits < 9; digits++ {
-			nsec *= 10
-		}
-	}
-	offset := 0
-	if !noZone {
-		if p+3 > len(b) || (b[p] != '+' && b[p] != '-') {
-			return time.Time{}, false
-		}
-		sign := 1
-		if b[p] == '-' {
-			sign = -1
-		}
-		h, ok := num(p+1, 2)
-		if !ok {
-			return time.Time{}, false
-		}
-		offset, p = h*3600, p+3
-		for _, unit := range []int{60, 1} {
-			if p == len(b) {
-				break
-			}
-			if p+3 > len(b) || b[p] != ':' {
-				return time.Time{}, false
-			}
-			v, ok := num(p+1, 2)
-			if !ok {
-				return time.Time{}, false
-			}
-			offset, p = offset+v*unit, p+3
-		}
-		offset *= sign
-	}
-	if p != len(b) {
-		return time.Time{}, false
-	}
-	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC)
-	if t.Day() != day { // 31 February and the like
-		return time.Time{}, false
-	}
-	return t.Add(-time.Duration(offset) * time.Second), true
 }
 
 // Content-type settings (--content-type) besides an explicit MIME type.

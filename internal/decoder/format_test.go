@@ -384,55 +384,6 @@ func TestPartitionColumn(t *testing.T) {
 	}
 }
 
-// TestParseISOTimestampAgreesWithTimeParse: the fast path reads what
-// time.Parse reads, and declines (for the slow path) what it cannot.
-func TestParseISOTimestampAgreesWithTimeParse(t *testing.T) {
-	tests := []struct {
-		text   string
-		noZone bool
-		ok     bool
-	}{
-		{"2021-03-04 03:06:07.891+00", false, true},
-		{"2021-03-04 08:36:07.891234+05:30", false, true},
-		{"1969-12-31 23:59:59.999999-03:30:15", false, true},
-		{"2024-02-29 00:00:00+14", false, true},
-		{"2021-03-04 03:06:07", true, true},
-		{"2021-03-04 03:06:07.1", true, true},
-		{"2021-03-04 03:06:07.123456789", true, true},
-		{"2023-02-29 00:00:00+00", false, false}, // no such day
-		{"2021-03-04 03:06:07.+00", false, false},
-		{"2021-03-04 03:06:07", false, false}, // timestamptz needs its zone
-		{"2021-03-04 24:00:00+00", false, false},
-		{"12021-03-04 03:06:07+00", false, false},
-		{"2021-03-04 03:06:07+00 BC", false, false},
-		{"2021-03-04 03:06:07+0", false, false},
-	}
-	for _, tc := range tests {
-		got, ok := parseISOTimestamp([]byte(tc.text), tc.noZone)
-		if ok != tc.ok {
-			t.Errorf("parseISOTimestamp(%q) ok = %v, want %v", tc.text, ok, tc.ok)
-			continue
-		}
-		if !ok {
-			continue
-		}
-		layouts := timestampLayouts
-		if tc.noZone {
-			layouts = []string{"2006-01-02 15:04:05.999999999"}
-		}
-		var want time.Time
-		var err error
-		for _, l := range layouts {
-			if want, err = time.Parse(l, tc.text); err == nil {
-				break
-			}
-		}
-		if err != nil || !got.Equal(want) {
-			t.Errorf("parseISOTimestamp(%q) = %s, time.Parse = %s, %v", tc.text, got, want, err)
-		}
-	}
-}
-
 func BenchmarkParseTimestamp(b *testing.B) {
 	text := []byte("2021-03-04 08:36:07.891234+05:30")
 	for b.Loop() {
