@@ -258,23 +258,12 @@ func parseHeaders(name, v string) (http.Header, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: the value of %s is not URL-encoded (%%XX escapes)", name, key)
 		}
-		if !isHeaderValue(val) {
+		if !httpguts.ValidHeaderFieldValue(val) {
 			return nil, fmt.Errorf("%s: the value of %s holds a control character once decoded", name, key)
 		}
 		h.Add(key, val)
 	}
 	return h, nil
-}
-
-// isHeaderValue reports whether s can be sent as a header's value: no
-// control character but tab.
-func isHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 // checkSampler checks OTEL_TRACES_SAMPLER and its argument, which the SDK
