@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 		}
 		b.say("measuring the relay binary %s", b.relayBin)
 	} else {
-		b.say("building the relay (go build ./cmd/cdc-relay)")
+		b.say("building the relay (CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' ./cmd/cdc-relay, as the Dockerfile does)")
 		if err := b.buildRelay(ctx); err != nil {
 			return nil, err
 		}
@@ -344,8 +344,11 @@ func (b *bench) buildRelay(ctx context.Context) error {
 		return fmt.Errorf("find the go command to build the relay (put it on PATH): %w", err)
 	}
 	b.relayBin = filepath.Join(b.tmp, "cdc-relay")
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", b.relayBin, "./cmd/cdc-relay")
+	// Built as the Dockerfile builds the shipped binary: static, without
+	// symbol tables.
+	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", b.relayBin, "./cmd/cdc-relay")
 	cmd.Dir = b.root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build relay: %w\n%s", err, out)
 	}
