@@ -79,6 +79,11 @@ type Event struct {
 	EventType     []byte
 	Payload       []byte // Kafka message value, as stored (JSON text for jsonb, raw bytes for bytea)
 	Headers       []Header
+	// Values is the buffer the decoder copied the row's values into, which
+	// the byte slices above share unless something replaced them; nil for
+	// events built elsewhere. decoder.(*Decoder).Recycle takes it back for
+	// reuse once the event is done.
+	Values []byte
 	// PayloadType says what Payload holds, as its column's type tells
 	// (decoder.Format); the structured CloudEvents format writes it
 	// accordingly.
@@ -146,7 +151,9 @@ func (e *Event) Size() int {
 // it) and the Event itself with its headers. The relay's read-ahead bound
 // counts it, so that --max-in-flight-mib bounds memory, not only payload bytes.
 func (e *Event) Footprint() int {
-	return 2*e.Size() + int(unsafe.Sizeof(Event{})) + cap(e.Headers)*int(unsafe.Sizeof(Header{}))
+	// A reused value buffer may be somewhat larger than the values in it.
+	slack := cap(e.Values) - len(e.Values)
+	return 2*e.Size() + slack + int(unsafe.Sizeof(Event{})) + cap(e.Headers)*int(unsafe.Sizeof(Header{}))
 }
 
 // EventError is a permanent failure of one event (it will fail the same way on

@@ -113,6 +113,7 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 			if present {
 				h.ledger.Acked(ev)
 				h.ack(ev)
+				h.dec.Recycle(ev)
 				return nil
 			}
 		}
@@ -183,6 +184,9 @@ func (h *handler) settle(ctx context.Context, ev *outbox.Event, err error) error
 		h.spans.End(ev, err, err != nil)
 	}
 	h.ack(ev)
+	// Nothing reads the event after this: the sink is done with it and
+	// the dead letter, if any, is stored.
+	h.dec.Recycle(ev)
 	return nil
 }
 

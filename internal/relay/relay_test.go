@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -488,6 +489,71 @@ func TestPerAggregateOrder(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(e.m.ProduceBatches); got < 20 {
 		t.Errorf("only %v produce batches; the test wants many batches per partition", got)
+	}
+}
+
+// TestLargeEventsKeepTheirBytes streams events large enough that the decoder
+// reuses the value buffers of acknowledged ones (decoder.Recycle), with a
+// read-ahead bound of a few events, so that buffers come back while others
+// are in flight: every record must hold exactly its own row's bytes.
+func TestLargeEventsKeepTheirBytes(t *testing.T) {
+	e := newEnv(t)
+	e.cfgHook = func(c *relay.Config) {
+		c.MaxInFlightBytes = 1 << 20
+		c.Sink.BatchMaxEvents = 4
+	}
+	e.start()
+	const n = 300
+	payload := func(i int) string {
+		size := (16 + i%4*12) << 10 // four sizes, each reusing its own buffers
+		return fmt.Sprintf(`{"n": %d, "fill": "%s"}`, i, strings.Repeat(string(rune('a'+i%26)), size))
+	}
+	ctx := context.Background()
+	for i := 0; i < n; i += 3 { // a few events per transaction, some alone
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for j := i; j < min(i+1+i%3, n); j++ {
+				if _, err := tx.Exec(ctx, "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', $1, 'E', $2)",
+					fmt.Sprintf("agg-%d", j%7), payload(j)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := 0
+	for i := 0; i < n; i += 3 {
+		want += min(i+1+i%3, n) - i
+	}
+	recs := e.waitRecords(want)
+	if len(recs) != want {
+		t.Fatalf("got %d records, want %d", len(recs), want)
+	}
+	seen := make(map[int]bool)
+	for _, r := range recs {
+		var p struct{ N int }
+		if err := json.Unmarshal(r.Value, &p); err != nil {
+			t.Fatalf("record at %d/%d: %v", r.Partition, r.Offset, err)
+		}
+		var got, exp any
+		if err := json.Unmarshal([]byte(payload(p.N)), &exp); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(r.Value, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, exp) {
+			t.Fatalf("record of event %d (%d bytes) does not hold its row's payload", p.N, len(r.Value))
+		}
+		if k := fmt.Sprintf("agg-%d", p.N%7); string(r.Key) != k {
+			t.Fatalf("record of event %d has key %q, want %q", p.N, r.Key, k)
+		}
+		if seen[p.N] {
+			t.Fatalf("event %d published twice", p.N)
+		}
+		seen[p.N] = true
 	}
 }
 

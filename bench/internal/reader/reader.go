@@ -161,6 +161,7 @@ func (c *counter) HandleData(_ context.Context, walStart pglogrepl.LSN, data []b
 				c.res.Latencies = append(c.res.Latencies, latency.Sample{Commit: msg.CommitTime, Latency: time.Since(msg.CommitTime)})
 			}
 		}
+		c.dec.Recycle(ev) // done with it, as the relay is once Kafka acknowledged it
 		if c.res.Events == c.count {
 			if c.reached != nil {
 				c.reached()

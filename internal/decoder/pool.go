@@ -1,0 +1,92 @@
+package decoder
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+)
+
+// Bounds of the value buffers kept for reuse (valuePool).
+const (
+	// minPooled is the smallest buffer kept: below it a fresh allocation
+	// costs about what a copy does, and the garbage collector handles small
+	// objects cheaply. At 1 MiB payloads, copying the values into a fresh
+	// buffer took 140 ms of CPU against 80 ms into a reused one.
+	minPooled = 16 << 10
+	// maxPooledBytes and maxPooledBufs bound what the pool holds, memory
+	// that --max-in-flight-mib does not count. One produce response may
+	// acknowledge tens of events at once: with at most 16 buffers, 30% of
+	// 64 KiB events still got a fresh one.
+	maxPooledBytes = 8 << 20
+	maxPooledBufs  = 64
+	// A buffer is reused for a need of n bytes only when its capacity is
+	// at most n + n/slackDivisor, so that an event does not pin a buffer
+	// much larger than what the in-flight bound counts for it.
+	slackDivisor = 4
+)
+
+// valuePool holds the value buffers of events the caller is done with
+// (Decoder.Recycle) for the events decoded next. It is safe for concurrent
+// use: events are decoded on the stream's goroutine and recycled where
+// Kafka's acknowledgements arrive.
+type valuePool struct {
+	mu    sync.Mutex
+	free  [][]byte
+	bytes int
+}
+
+// get returns a buffer of length n from the pool, or nil when none fits (or
+// n is below minPooled). Its contents are whatever an earlier event left.
+func (p *valuePool) get(n int) []byte {
+	if n < minPooled {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// The most recently recycled first: the likeliest to be in a cache.
+	for i := len(p.free) - 1; i >= 0; i-- {
+		b := p.free[i]
+		if c := cap(b); c >= n && c <= n+n/slackDivisor {
+			p.free = slices.Delete(p.free, i, i+1) // which clears the vacated slot
+			p.bytes -= c
+			return b[:n]
+		}
+	}
+	return nil
+}
+
+// put keeps b for a later get, unless it is small or the pool is full: then
+// the garbage collector takes it.
+func (p *valuePool) put(b []byte) {
+	c := cap(b)
+	if c < minPooled {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) >= maxPooledBufs || p.bytes+c > maxPooledBytes {
+		return
+	}
+	p.free = append(p.free, b[:0])
+	p.bytes += c
+}
+
+// Recycle takes back the value buffer of ev (outbox.Event.Values), an event
+// a Decoder returned, for the events decoded next. Call it once the event is
+// done, acknowledged by Kafka or stored as a dead letter, when nothing will
+// read its values again: the next event may overwrite them. Recycle clears
+// ev's byte fields, so that a late reader finds them empty rather than
+// another event's bytes. Events without a value buffer (built elsewhere,
+// or already recycled) are left alone. Safe for use concurrently with
+// Decode.
+func (d *Decoder) Recycle(ev *outbox.Event) {
+	if ev.Values == nil {
+		return
+	}
+	buf := ev.Values
+	ev.Values = nil
+	ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, ev.Payload = nil, nil, nil, nil, nil
+	ev.Headers = nil
+	d.pool.put(buf)
+}
