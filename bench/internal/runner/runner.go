@@ -14,7 +14,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -174,7 +176,6 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 		}
 		b.say("measuring the relay binary %s", b.relayBin)
 	} else {
-		b.say("building the relay (CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' ./cmd/cdc-relay, as the Dockerfile does)")
 		if err := b.buildRelay(ctx); err != nil {
 			return nil, err
 		}
@@ -346,7 +347,15 @@ func (b *bench) buildRelay(ctx context.Context) error {
 	b.relayBin = filepath.Join(b.tmp, "cdc-relay")
 	// Built as the Dockerfile builds the shipped binary: static, without
 	// symbol tables.
-	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags", "-s -w", "-o", b.relayBin, "./cmd/cdc-relay")
+	args := []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", b.relayBin, "./cmd/cdc-relay"}
+	shown := slices.Clone(args)
+	for i, a := range shown {
+		if strings.Contains(a, " ") {
+			shown[i] = "'" + a + "'"
+		}
+	}
+	b.say("building the relay (CGO_ENABLED=0 go %s, as the Dockerfile does)", strings.Join(shown, " "))
+	cmd := exec.CommandContext(ctx, goBin, args...)
 	cmd.Dir = b.root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
