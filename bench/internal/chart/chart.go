@@ -56,7 +56,8 @@ func Write(r *results.Results, path string) error {
 	return nil
 }
 
-// drainPlot is panel (a): one bar per system, labelled with its rate.
+// drainPlot is panel (a): one bar per system, labelled with its rate, and
+// the walsender's ceiling across them.
 func drainPlot(r *results.Results) (*plot.Plot, error) {
 	p := plot.New()
 	h := r.Config.Headline()
@@ -98,9 +99,22 @@ func drainPlot(r *results.Results) (*plot.Plot, error) {
 		l.TextStyle[i].YAlign = draw.YBottom
 	}
 	p.Add(l)
+	if ceil := (results.Cell{Limit: r.Limit, Relay: r.Relay}).WalsenderCeiling(); ceil > 0 {
+		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: ceil}, {X: float64(len(bars)) - 0.5, Y: ceil}})
+		if err != nil {
+			return nil, fmt.Errorf("draw walsender ceiling: %w", err)
+		}
+		line.Color = colorWalsender
+		line.Width = vg.Points(2)
+		line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+		p.Add(line)
+		p.Legend.Add(fmt.Sprintf("walsender ceiling: one core ÷ %.1f µs/ev = %.0f ev/s", 1e6/ceil, ceil), line)
+		p.Legend.Top = true
+		top = math.Max(top, ceil)
+	}
 	p.NominalX(names...)
 	p.Y.Min = 0
-	p.Y.Max = math.Max(top*1.12, 1) // an empty axis when the headline drain did not run
+	p.Y.Max = math.Max(top*1.2, 1) // an empty axis when the headline drain did not run
 	return p, nil
 }
 

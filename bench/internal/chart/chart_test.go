@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"gonum.org/v1/plot/plotter"
+
 	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
 )
@@ -94,5 +96,33 @@ func TestWriteCurves(t *testing.T) {
 		if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
 			t.Errorf("%s is not a PNG", p)
 		}
+	}
+}
+
+func TestSpansDecades(t *testing.T) {
+	line := func(ys ...float64) series {
+		var s series
+		for i, y := range ys {
+			s.xys = append(s.xys, plotter.XY{X: float64(i + 1), Y: y})
+		}
+		return s
+	}
+	tests := []struct {
+		name  string
+		lines []series
+		want  bool
+	}{
+		{"payload cells", []series{line(49031, 41140, 6015, 203), line(51907, 173)}, true},
+		{"partition cells", []series{line(49031, 50688, 53325), line(25223, 58333)}, false},
+		{"across lines", []series{line(100), line(2100)}, true},
+		{"a zero (not measured) keeps linear", []series{line(0, 50000)}, false},
+		{"empty", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := spansDecades(tt.lines); got != tt.want {
+				t.Errorf("spansDecades = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

@@ -104,17 +104,19 @@ type series struct {
 	xys    plotter.XYs
 }
 
-// dimensionPlots are the two panels of a dimension: drain rate, and CPU µs
-// per event of the processes and of the walsender.
+// dimensionPlots are the two panels of a dimension: drain rate with the
+// walsender's ceiling, and CPU µs per event of the processes and of the
+// walsender.
 func dimensionPlots(d Dimension, cells []results.Cell) (*plot.Plot, *plot.Plot, error) {
 	var ticks []plot.Tick
-	rate := []series{{name: "limit reader", c: colorLimit}, {name: "relay", c: colorRelay}, {name: "poller", c: colorPoller}}
+	rate := []series{{name: "limit reader", c: colorLimit}, {name: "relay", c: colorRelay}, {name: "poller", c: colorPoller},
+		{name: "walsender ceiling (one core)", c: colorWalsender, dashed: true}}
 	cpu := []series{{name: "limit reader", c: colorLimit}, {name: "relay", c: colorRelay}, {name: "poller", c: colorPoller},
 		{name: "walsender, limit's drain", c: colorWalsender, dashed: true}, {name: "walsender, relay's drain", c: colorWalsenderRelay, dashed: true}}
 	for _, c := range cells {
 		x := float64(d.of(c.Shape))
 		ticks = append(ticks, plot.Tick{Value: x, Label: strconv.Itoa(d.of(c.Shape))})
-		for i, v := range []float64{c.Limit.Rate, c.Relay.Rate, c.Poller.Rate} {
+		for i, v := range []float64{c.Limit.Rate, c.Relay.Rate, c.Poller.Rate, c.WalsenderCeiling()} {
 			if v > 0 {
 				rate[i].xys = append(rate[i].xys, plotter.XY{X: x, Y: v})
 			}
@@ -125,7 +127,11 @@ func dimensionPlots(d Dimension, cells []results.Cell) (*plot.Plot, *plot.Plot, 
 			}
 		}
 	}
-	rp, err := linePlot("drain rate by "+d.Label, d.Label, "events/s (process start → last event)", ticks, rate, true, false)
+	ylabel, logY := "events/s (process start → last event)", spansDecades(rate)
+	if logY {
+		ylabel += " (log)"
+	}
+	rp, err := linePlot("drain rate by "+d.Label, d.Label, ylabel, ticks, rate, true, logY)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -134,6 +140,19 @@ func dimensionPlots(d Dimension, cells []results.Cell) (*plot.Plot, *plot.Plot, 
 		return nil, nil, err
 	}
 	return rp, cp, nil
+}
+
+// spansDecades reports whether the lines' values span more than a factor of
+// 20, where a linear axis would flatten the small ones to its floor (the
+// payload cells drain at 60k and 200 events/s).
+func spansDecades(lines []series) bool {
+	lo, hi := math.Inf(1), 0.0
+	for _, s := range lines {
+		for _, xy := range s.xys {
+			lo, hi = math.Min(lo, xy.Y), math.Max(hi, xy.Y)
+		}
+	}
+	return lo > 0 && hi/lo > 20
 }
 
 // p99Plot is p99 (commit → consumer-visible; the limit reader's commit →

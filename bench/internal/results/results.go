@@ -947,8 +947,8 @@ func (r *Results) printDetails(w io.Writer) {
 // printCells prints one line per drain cell: rates, relay/limit, CPU per
 // event of each process and of the walsender, peak RSS, verification.
 func (r *Results) printCells(w io.Writer) {
-	fmt.Fprintln(w, "drain cells (rate ev/s; CPU µs/ev of the process; walsender µs/ev and µs/txn of the limit's and the relay's drain; CPU bound: the fastest ev/s the machine's cores allow at the CPU per event the process, Postgres and the broker took; peak RSS of the relay):")
-	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "cores busy lim/relay", "CPU bound lim/relay", "relay RSS", "Kafka"}}
+	fmt.Fprintln(w, "drain cells (rate ev/s; CPU µs/ev of the process; walsender ceiling: one core ÷ the lower of the two walsenders' CPU per event, the fastest any reader of the slot could go; walsender µs/ev and µs/txn of the limit's and the relay's drain; CPU bound: the fastest ev/s the machine's cores allow at the CPU per event the process, Postgres and the broker took; peak RSS of the relay):")
+	rows := [][]string{{"cell", "events", "limit", "relay", "poller", "walsender ceiling", "relay/limit", "CPU limit", "CPU relay", "CPU poller", "walsender lim/relay", "ws µs/txn lim/relay", "reads/txn lim/relay", "cores busy lim/relay", "CPU bound lim/relay", "relay RSS", "Kafka"}}
 	for _, c := range r.Cells {
 		ok := "OK"
 		for _, v := range c.Verify {
@@ -957,7 +957,7 @@ func (r *Results) printCells(w io.Writer) {
 			}
 		}
 		rows = append(rows, []string{c.Name, fmt.Sprint(c.Events), fmt.Sprintf("%.0f", c.Limit.Rate), fmt.Sprintf("%.0f", c.Relay.Rate),
-			fmt.Sprintf("%.0f", c.Poller.Rate), fmt.Sprintf("%.2f", c.RelayOverLimit),
+			fmt.Sprintf("%.0f", c.Poller.Rate), fmt.Sprintf("%.0f", c.WalsenderCeiling()), fmt.Sprintf("%.2f", c.RelayOverLimit),
 			fmt.Sprintf("%.2f", c.Limit.CPUPerEventUS), fmt.Sprintf("%.2f", c.Relay.CPUPerEventUS), fmt.Sprintf("%.2f", c.Poller.CPUPerEventUS),
 			fmt.Sprintf("%.2f/%.2f", c.Limit.WalsenderUSPerEvent, c.Relay.WalsenderUSPerEvent),
 			fmt.Sprintf("%.1f/%.1f", c.Limit.WalsenderUSPerTxn, c.Relay.WalsenderUSPerTxn),
@@ -1001,6 +1001,24 @@ func (d Drain) CPUBoundRate(cores int) float64 {
 		return 0
 	}
 	return float64(cores) * 1e6 / us
+}
+
+// WalsenderCeiling is the fastest the drain's slot could have been read, in
+// events/s, at the CPU per event its walsender took: logical decoding of a
+// slot runs in that one process, so it gets one core at most, whatever the
+// reader does. 0 when not measured (the poller).
+func (d Drain) WalsenderCeiling() float64 {
+	if d.WalsenderUSPerEvent <= 0 {
+		return 0
+	}
+	return 1e6 / d.WalsenderUSPerEvent
+}
+
+// WalsenderCeiling is the higher of the limit reader's and the relay's
+// walsender ceilings: the walsender's cost per transaction depends on how it
+// is read, so the cheaper of the two is what the cell showed possible.
+func (c Cell) WalsenderCeiling() float64 {
+	return max(c.Limit.WalsenderCeiling(), c.Relay.WalsenderCeiling())
 }
 
 // drains are every drain of the run in the order they ran: the limit reader

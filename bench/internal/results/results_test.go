@@ -212,6 +212,27 @@ func TestCPUBoundRate(t *testing.T) {
 	}
 }
 
+func TestWalsenderCeiling(t *testing.T) {
+	ws := func(us float64) Drain { return Drain{WalsenderUSPerEvent: us} }
+	tests := []struct {
+		name string
+		c    Cell
+		want float64
+	}{
+		// The headline of 2026-12-02: the relay's walsender took 18.9 µs, the limit's 20.2.
+		{"the cheaper walsender counts", Cell{Limit: ws(20.2), Relay: ws(18.9)}, 52910.1},
+		{"limit only", Cell{Limit: ws(4.0)}, 250000},
+		{"not measured", Cell{Poller: ws(0)}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.c.WalsenderCeiling(); math.Abs(got-tt.want) > 0.1 {
+				t.Errorf("WalsenderCeiling = %.1f, want %.1f", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestDrainTargetSaysCPUBound(t *testing.T) {
 	r := matrix(14)
 	r.Host.CPUs = 2

@@ -140,9 +140,9 @@ func (b *bench) drainCell(ctx context.Context, c DrainCell, drain bool, startup 
 		b.res.LimitRuns, b.res.Limit = cell.LimitRuns, cell.Limit
 		b.res.RelayRuns, b.res.Relay, b.res.Poller = cell.RelayRuns, cell.Relay, cell.Poller
 	}
-	b.say("  %s: limit %.0f, relay %.0f, poller %.0f ev/s; relay/limit %.2f; CPU µs/ev limit %.2f, relay %.2f, poller %.2f; walsender %.2f µs/ev, %.1f µs/txn; relay peak RSS %.1f MiB",
+	b.say("  %s: limit %.0f, relay %.0f, poller %.0f ev/s; relay/limit %.2f; CPU µs/ev limit %.2f, relay %.2f, poller %.2f; walsender %.2f µs/ev, %.1f µs/txn (ceiling %.0f ev/s); relay peak RSS %.1f MiB",
 		c.Name, cell.Limit.Rate, cell.Relay.Rate, cell.Poller.Rate, cell.RelayOverLimit, cell.Limit.CPUPerEventUS,
-		cell.Relay.CPUPerEventUS, cell.Poller.CPUPerEventUS, cell.Limit.WalsenderUSPerEvent, cell.Limit.WalsenderUSPerTxn,
+		cell.Relay.CPUPerEventUS, cell.Poller.CPUPerEventUS, cell.Limit.WalsenderUSPerEvent, cell.Limit.WalsenderUSPerTxn, cell.WalsenderCeiling(),
 		float64(cell.Relay.PeakRSSBytes)/(1<<20))
 	return nil
 }
