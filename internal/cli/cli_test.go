@@ -140,7 +140,7 @@ func TestHelpPlaceholders(t *testing.T) {
 // name flagError prints.
 func TestEveryFlagHasEnv(t *testing.T) {
 	var c CLI
-	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix), defaults)
+	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix), kong.PostBuild(expandDefaults))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -720,5 +720,31 @@ func TestRelayConfig(t *testing.T) {
 			}
 			tt.check(t, cfg)
 		})
+	}
+}
+
+// TestExpandDefaults checks that a flag's ${name} default comes from defaults
+// and that a name defaults lacks is still refused, by kong, as undefined.
+func TestExpandDefaults(t *testing.T) {
+	var known struct {
+		Interval time.Duration `default:"${default_status_interval}"`
+	}
+	p, err := kong.New(&known, kong.PostBuild(expandDefaults), kong.Exit(func(int) {}))
+	if err != nil {
+		t.Fatalf("build a parser over a known default: %v", err)
+	}
+	if _, err := p.Parse(nil); err != nil {
+		t.Fatalf("parse no arguments: %v", err)
+	}
+	if known.Interval != relay.DefaultStatusInterval {
+		t.Errorf("interval %v, want relay.DefaultStatusInterval %v", known.Interval, relay.DefaultStatusInterval)
+	}
+
+	var unknown struct {
+		Interval time.Duration `default:"${default_no_such_thing}"`
+	}
+	_, err = kong.New(&unknown, kong.PostBuild(expandDefaults))
+	if err == nil || !strings.Contains(err.Error(), "default_no_such_thing") {
+		t.Errorf("an unknown default name: error %v, want one naming default_no_such_thing", err)
 	}
 }

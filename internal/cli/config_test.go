@@ -424,7 +424,7 @@ metrics-token-file: `+tokenFile+`
 func runFlagNames(t *testing.T) []string {
 	t.Helper()
 	var c CLI
-	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix), defaults)
+	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.DefaultEnvars(EnvPrefix), kong.PostBuild(expandDefaults))
 	if err != nil {
 		t.Fatal(err)
 	}
