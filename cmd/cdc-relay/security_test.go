@@ -360,7 +360,11 @@ func psqlFile(ctx context.Context, t *testing.T, dbURL, file string, vars ...str
 		args = append(args, "-v", v)
 	}
 	args = append(args, "-d", dbURL, "-f", filepath.Join("..", "..", "migrations", file))
-	cmd := exec.CommandContext(ctx, filepath.Join(testenv.PGBinDir, "psql"), args...)
+	psql, err := testenv.PGClient(ctx, "psql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, psql, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PG") {
 			cmd.Env = append(cmd.Env, kv)

@@ -28,9 +28,6 @@ const (
 	// starting one. Its value is a URL of a superuser on a server with
 	// wal_level=logical, e.g. postgres://postgres:secret@db:5432/postgres.
 	EnvPGURL = "CDC_RELAY_TEST_PG_URL"
-
-	// PGBinDir is where the PostgreSQL 15 server binaries are expected.
-	PGBinDir = "/usr/lib/postgresql/15/bin"
 )
 
 // pgStartAttempts is how many free ports StartPostgres tries when another
@@ -82,8 +79,10 @@ type Postgres struct {
 	// Set once by StartPostgres or AttachPostgres.
 	external *url.URL    // nil for a local cluster
 	user     *serverUser // nil: run binaries as the current user
-	binDir   string
-	rootDir  string // temporary directory holding dataDir and logFile
+	bin      PGBin       // zero for an external server
+	version  string      // server_version, e.g. "15.14"
+	major    int         // server_version_num / 10000
+	rootDir  string      // temporary directory holding dataDir and logFile
 	dataDir  string
 	logFile  string
 	port     int
@@ -94,8 +93,9 @@ type Postgres struct {
 	closed  bool
 }
 
-// StartPostgres initialises a new PostgreSQL 15 cluster in a temporary
-// directory and starts it on a free port of 127.0.0.1, with wal_level=logical
+// StartPostgres initialises a new PostgreSQL cluster in a temporary
+// directory, with the server binaries FindPGBin finds (Bin says which), and
+// starts it on a free port of 127.0.0.1, with wal_level=logical
 // (or opts.WalLevel), trust authentication for the user "postgres" and
 // durability switched off for speed. Call Close to stop it and delete its
 // files.
@@ -106,11 +106,15 @@ func StartPostgres(ctx context.Context, opts PGOptions) (*Postgres, error) {
 	if raw := os.Getenv(EnvPGURL); raw != "" {
 		return AttachPostgres(ctx, raw, opts)
 	}
-	return startLocal(ctx, PGBinDir, opts)
+	bin, err := FindPGBin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return startLocal(ctx, bin, opts)
 }
 
-// startLocal is StartPostgres with the binaries in binDir.
-func startLocal(ctx context.Context, binDir string, opts PGOptions) (*Postgres, error) {
+// startLocal is StartPostgres with the binaries bin.
+func startLocal(ctx context.Context, bin PGBin, opts PGOptions) (*Postgres, error) {
 	walLevel := opts.WalLevel
 	if walLevel == "" {
 		walLevel = "logical"
@@ -122,10 +126,8 @@ func startLocal(ctx context.Context, binDir string, opts PGOptions) (*Postgres, 
 	if err := checkHBA(opts.HBA); err != nil {
 		return nil, err
 	}
-	for _, bin := range []string{"initdb", "pg_ctl", "postgres"} {
-		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
-			return nil, fmt.Errorf("PostgreSQL 15 binaries not found in %s: apt-get install postgresql-15 (or set %s): %w", binDir, EnvPGURL, err)
-		}
+	if missing := missingServerBinaries(bin.Dir); len(missing) > 0 {
+		return nil, fmt.Errorf("start postgres: %s has no %s", bin.Dir, strings.Join(missing, ", "))
 	}
 	user, err := lookupServerUser()
 	if err != nil {
@@ -139,7 +141,9 @@ func startLocal(ctx context.Context, binDir string, opts PGOptions) (*Postgres, 
 	}
 	p := &Postgres{
 		user:    user,
-		binDir:  binDir,
+		bin:     bin,
+		version: bin.Version,
+		major:   bin.Major,
 		rootDir: root,
 		dataDir: filepath.Join(root, "data"),
 		logFile: filepath.Join(root, "postgres.log"),
@@ -347,6 +351,11 @@ func AttachPostgres(ctx context.Context, rawURL string, opts PGOptions) (*Postgr
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
 		return nil, fmt.Errorf("query wal_level of %s: %w", u.Redacted(), err)
 	}
+	var num int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int").Scan(&p.version, &num); err != nil {
+		return nil, fmt.Errorf("query server version of %s: %w", u.Redacted(), err)
+	}
+	p.major = num / 10000
 	if level != "logical" {
 		return nil, fmt.Errorf("check external postgres %s: wal_level is %q, need logical", u.Redacted(), level)
 	}
@@ -367,6 +376,7 @@ func NewPostgres(t testing.TB, opts PGOptions) *Postgres {
 	if err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
+	t.Logf("postgres: %s", p.Describe())
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {
 			t.Errorf("close postgres: %v", err)
@@ -386,6 +396,29 @@ func RequireLocal(t testing.TB, p *Postgres) {
 
 // External reports whether p wraps a server named by CDC_RELAY_TEST_PG_URL.
 func (p *Postgres) External() bool { return p.external != nil }
+
+// Bin returns the server binaries a local cluster runs, and how they were
+// found; it is the zero PGBin for an external server.
+func (p *Postgres) Bin() PGBin { return p.bin }
+
+// Version returns the server's version, e.g. "15.14": from
+// `postgres --version` for a local cluster, server_version for an external one.
+func (p *Postgres) Version() string { return p.version }
+
+// Major returns the server's major version, e.g. 15, for tests of features
+// that differ between majors.
+func (p *Postgres) Major() int { return p.major }
+
+// Describe says which server p is, for a log line: "PostgreSQL 15.14 from
+// /usr/lib/postgresql/15/bin (pg_config --bindir), port 41234" or
+// "external PostgreSQL 16.4 at postgres://postgres:xxxxx@db:5432/postgres
+// (CDC_RELAY_TEST_PG_URL)". It never holds a password.
+func (p *Postgres) Describe() string {
+	if p.external != nil {
+		return fmt.Sprintf("external PostgreSQL %s at %s (%s)", p.version, p.external.Redacted(), EnvPGURL)
+	}
+	return fmt.Sprintf("%s, port %d", p.bin, p.port)
+}
 
 // URL returns a connection URL for database on p. For a local cluster it is
 // postgres://postgres@127.0.0.1:PORT/DATABASE?sslmode=disable; for an external
@@ -614,7 +647,7 @@ func (p *Postgres) stopLocked(mode string) error {
 // run runs a PostgreSQL binary as the server's OS user and returns its
 // combined output.
 func (p *Postgres) run(ctx context.Context, bin string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(p.binDir, bin), args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(p.bin.Dir, bin), args...)
 	cmd.Dir = p.rootDir
 	cmd.Env = serverEnv()
 	// pg_ctl hands the server the log file, not our pipes; should that

@@ -1,5 +1,5 @@
 // Package testenv starts real, throwaway infrastructure for tests, the demo and
-// the benchmarks: a PostgreSQL 15 cluster (initdb + pg_ctl), an in-process
+// the benchmarks: a PostgreSQL cluster (initdb + pg_ctl, binaries from FindPGBin), an in-process
 // Kafka-protocol broker (kfake) and an in-process OTLP trace receiver. It also reads Kafka back with franz-go's kgo,
 // a different client than the relay's kafka-go producer, so a test never
 // checks the producer with itself.
