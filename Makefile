@@ -20,9 +20,10 @@ build:
 test:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-# End-to-end demo: Postgres -> relay -> Kafka, all local.
+# End-to-end demo: Postgres -> relay -> Kafka, all local. Flags go in DEMOFLAGS, e.g.
+# make demo DEMOFLAGS='-events 0' (insert your own rows; it prints the psql command).
 demo:
-	$(GO) run ./cmd/cdc-relay-demo
+	$(GO) run ./cmd/cdc-relay-demo $(DEMOFLAGS)
 
 # Throughput/latency benchmark over a matrix of cells: the limit reader (the relay's read
 # path, producer discarding) vs the relay (effectively-once and at-least-once, alternating)

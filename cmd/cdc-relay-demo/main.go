@@ -1,18 +1,23 @@
 // Command cdc-relay-demo runs the relay for real on embedded defaults: it starts a
-// throwaway Postgres 15 (wal_level=logical) and an in-process Kafka-protocol
-// broker, creates the outbox table, runs cdc-relay against them, inserts sample
-// outbox rows in transactions (with some rolled back), and prints every Kafka
-// message as a separate consumer receives it.
+// throwaway Postgres (wal_level=logical; server binaries found as
+// testenv.FindPGBin says, e.g. $CDC_RELAY_PG_BINDIR) and an in-process
+// Kafka-protocol broker, creates the outbox table, runs cdc-relay against them,
+// inserts sample outbox rows in transactions (with some rolled back), and prints
+// every Kafka message as a separate consumer receives it.
 //
-//	go run ./cmd/cdc-relay-demo            # 20 events, then a clean stop
-//	go run ./cmd/cdc-relay-demo -events 0  # until Ctrl-C
+//	go run ./cmd/cdc-relay-demo             # 20 events, then a clean stop
+//	go run ./cmd/cdc-relay-demo -events 0   # no sample events: prints a psql command
+//	                                        # to insert your own, runs until Ctrl-C
+//	go run ./cmd/cdc-relay-demo -events -1  # sample events until Ctrl-C
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -40,19 +45,30 @@ func main() {
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cdc-relay-demo", flag.ContinueOnError)
-	events := fs.Int("events", 20, "outbox events to insert (0: keep inserting until Ctrl-C)")
+	events := fs.Int("events", 20, "sample outbox events to insert, then stop (0: none, wait for yours until Ctrl-C; -1: keep inserting until Ctrl-C)")
 	every := fs.Duration("every", 300*time.Millisecond, "pause between transactions")
 	verbose := fs.Bool("relay-logs", false, "show the relay's own log lines")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 
-	say("starting a throwaway PostgreSQL 15 (wal_level=logical)...")
+	say("starting a throwaway PostgreSQL (wal_level=logical)...")
 	pg, err := testenv.StartPostgres(ctx, testenv.PGOptions{})
 	if err != nil {
 		return err
 	}
 	defer pg.Close()
+	switch b := pg.Bin(); {
+	case pg.External():
+		say("postgres: %s", pg.Describe())
+	case b.Source == testenv.EnvPGBinDir:
+		say("postgres: PostgreSQL %s from %s (%s)", b.Version, b.Dir, b.Source)
+	default:
+		say("postgres: PostgreSQL %s from %s (found via %s; %s=DIR picks another)", b.Version, b.Dir, b.Source, testenv.EnvPGBinDir)
+	}
 	url, err := pg.CreateDatabase(ctx, "shop")
 	if err != nil {
 		return err
@@ -121,10 +137,16 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("connect to demo database: %w", err)
 	}
 	defer conn.Close(context.Background())
-
-	say("inserting outbox rows; each committed INSERT should appear in Kafka (rolled-back ones never do)")
 	committed := 0
-	for i := 0; *events == 0 || committed < *events; i++ {
+
+	if *events == 0 {
+		say("insert a row yourself (in another terminal); it appears below as a kafka line. Ctrl-C stops the demo.")
+		say("  %s", psqlInsert(ctx, url))
+		<-ctx.Done()
+		goto done
+	}
+	say("inserting outbox rows; each committed INSERT should appear in Kafka (rolled-back ones never do)")
+	for i := 0; *events < 0 || committed < *events; i++ {
 		select {
 		case <-ctx.Done():
 			goto done
@@ -157,13 +179,36 @@ done:
 			return fmt.Errorf("only %d of %d committed events arrived in Kafka", s, committed)
 		}
 	}
-	say("all %d committed events arrived; stopping the relay cleanly", committed)
+	if *events == 0 {
+		mu.Lock()
+		say("%d events arrived in Kafka; stopping the relay cleanly", seen)
+		mu.Unlock()
+	} else {
+		say("all %d committed events arrived; stopping the relay cleanly", committed)
+	}
 	stopRelay()
 	if err := <-relayDone; err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
+	if *events > 0 {
+		say("to insert rows yourself: make demo DEMOFLAGS='-events 0' (or go run ./cmd/cdc-relay-demo -events 0)")
+	}
 	say("done. Next: `make test` runs the whole suite; README.md shows production setup.")
 	return nil
+}
+
+// psqlInsert returns a shell command that inserts one outbox row into the
+// demo database at url: psql from PATH (else the one beside the server
+// binaries), stopping with a non-zero exit on any error. The payload is built
+// with jsonb_build_object so the command needs no nested quotes in any shell.
+func psqlInsert(ctx context.Context, url string) string {
+	psql := "psql"
+	if _, err := exec.LookPath("psql"); err != nil {
+		if p, err := testenv.PGClient(ctx, "psql"); err == nil {
+			psql = p
+		}
+	}
+	return psql + ` "` + url + `" -v ON_ERROR_STOP=1 -c "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'order-42', 'OrderPlaced', jsonb_build_object('total', 42))"`
 }
 
 func waitReady(ctx context.Context, relays <-chan *relay.Relay, done <-chan error) error {

@@ -4,8 +4,12 @@
 #
 #   bash deploy/postgres/check-migrations.sh          (or: make check-migrations)
 #
-# Needs the PostgreSQL server binaries (Debian: apt-get install postgresql-15); set PGBIN
-# to use another version. As root, the cluster runs as the "postgres" OS user. The cluster
+# Needs the PostgreSQL server binaries (initdb, pg_ctl, postgres), found as the tests find
+# them: $CDC_RELAY_PG_BINDIR, else $PGBIN (this script's older name for it), else
+# `pg_config --bindir` if that directory has initdb, else initdb on PATH, else Debian's
+# /usr/lib/postgresql/15/bin, else the newest /usr/lib/postgresql/<major>/bin. psql and
+# pg_recvlogical come from the same directory, else from PATH. As root, the cluster runs as
+# the "postgres" OS user, which must be able to execute the binaries. The cluster
 # lives in a temporary directory, listens on 127.0.0.1 on a free port and is stopped and
 # deleted on exit, whatever happens.
 #
@@ -24,7 +28,6 @@
 #         replication connection are all refused.
 set -euo pipefail
 
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 MIGRATIONS="$ROOT/migrations"
 RELAY_PASSWORD='check-migrations-secret'
@@ -32,14 +35,60 @@ RELAY_PASSWORD='check-migrations-secret'
 step() { printf '\n==> %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
 
-[[ -x "$PGBIN/initdb" ]] || fail "no $PGBIN/initdb (install postgresql-15, or set PGBIN)"
-
 # Run a server-side binary as the cluster's OS user.
 if [[ $EUID -eq 0 ]]; then
     as_pg() { runuser -u postgres -- "$@"; }
 else
     as_pg() { "$@"; }
 fi
+
+# The server binaries, in internal/testenv's order (FindPGBin); sets PGBIN and PGBIN_FROM.
+has_server() { [[ -x "$1/initdb" && -x "$1/pg_ctl" && -x "$1/postgres" ]]; }
+find_pgbin() {
+    local d p
+    if [[ -n "${CDC_RELAY_PG_BINDIR:-}" ]]; then
+        has_server "$CDC_RELAY_PG_BINDIR" ||
+            fail "CDC_RELAY_PG_BINDIR=$CDC_RELAY_PG_BINDIR lacks initdb, pg_ctl or postgres; set it to the directory holding them"
+        PGBIN=$CDC_RELAY_PG_BINDIR PGBIN_FROM=CDC_RELAY_PG_BINDIR; return
+    fi
+    if [[ -n "${PGBIN:-}" ]]; then
+        has_server "$PGBIN" || fail "PGBIN=$PGBIN lacks initdb, pg_ctl or postgres"
+        PGBIN_FROM=PGBIN; return
+    fi
+    if command -v pg_config >/dev/null && d=$(pg_config --bindir 2>/dev/null) && has_server "$d"; then
+        PGBIN=$d PGBIN_FROM="pg_config --bindir"; return
+    fi
+    if p=$(command -v initdb); then
+        d=$(dirname "$p")
+        has_server "$d" || d=$(dirname "$(readlink -f "$p")")
+        if has_server "$d"; then PGBIN=$d PGBIN_FROM="initdb on PATH"; return; fi
+    fi
+    for d in /usr/lib/postgresql/15/bin $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4,4nr); do
+        if has_server "$d"; then PGBIN=$d PGBIN_FROM="Debian layout"; return; fi
+    done
+    fail "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found
+  tried: CDC_RELAY_PG_BINDIR, PGBIN (unset); pg_config --bindir; initdb on PATH; /usr/lib/postgresql/<major>/bin
+  fix, one of:
+    - set CDC_RELAY_PG_BINDIR to the directory holding them, e.g. CDC_RELAY_PG_BINDIR=/usr/lib/postgresql/16/bin
+    - install the server so pg_config or PATH finds it: apt-get install postgresql-15 (Debian, Ubuntu),
+      brew install postgresql@16 (macOS), dnf install postgresql-server (Fedora, RHEL),
+      or put an existing server's bin directory on PATH"
+}
+find_pgbin
+# A client program beside the server binaries, else on PATH.
+client() {
+    if [[ -x "$PGBIN/$1" ]]; then echo "$PGBIN/$1"
+    else command -v "$1" || fail "no $1 in $PGBIN nor on PATH (apt-get install postgresql-client)"; fi
+}
+PSQL=$(client psql)
+PG_RECVLOGICAL=$(client pg_recvlogical)
+if ! version=$(cd / && as_pg "$PGBIN/postgres" --version 2>&1); then
+    [[ $EUID -ne 0 ]] || version="$version (as OS user postgres: as root the cluster runs as
+  postgres, which must be able to read and execute $PGBIN and search every directory above
+  it: chmod o+rx them, or unpack the binaries under /opt or /usr/local)"
+    fail "cannot run $PGBIN/postgres --version: $version"
+fi
+echo "postgres: PostgreSQL ${version#postgres (PostgreSQL) } from $PGBIN (found via $PGBIN_FROM); psql: $PSQL"
 
 WORK=$(mktemp -d /tmp/cdc-relay-migcheck.XXXXXX)
 chmod 755 "$WORK"
@@ -79,14 +128,14 @@ as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$WORK/server.log" -w start -o \
 # Admin sessions over the socket; cdc_relay sessions over TCP with its password.
 psql_as() { # user db [psql args...]
     local user=$1 db=$2; shift 2
-    "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U "$user" -d "$db" "$@"
+    "$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U "$user" -d "$db" "$@"
 }
 relay_dsn() { # db [extra conninfo]
     echo "host=127.0.0.1 port=$PORT dbname=$1 user=cdc_relay password=$RELAY_PASSWORD ${2:-}"
 }
 relay() { # db [psql args...]
     local db=$1; shift
-    "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -At "$(relay_dsn "$db")" "$@"
+    "$PSQL" -X -q -v ON_ERROR_STOP=1 -At "$(relay_dsn "$db")" "$@"
 }
 expect_refused() { # description, then the command
     local what=$1; shift
@@ -142,8 +191,8 @@ got=$(psql_as postgres relaydb -At -c "SELECT has_database_privilege('cdc_relay'
 [[ "$got" == t ]] || fail "cdc_relay lacks CONNECT on relaydb"
 
 step "cdc_relay: logical replication connection (replication=database), pg_hba has no 'replication' line"
-"$PGBIN/psql" -X -v ON_ERROR_STOP=1 -At "$(relay_dsn relaydb replication=database)" -c 'IDENTIFY_SYSTEM'
-"$PGBIN/psql" -X -v ON_ERROR_STOP=1 -At "$(relay_dsn relaydb replication=database)" \
+"$PSQL" -X -v ON_ERROR_STOP=1 -At "$(relay_dsn relaydb replication=database)" -c 'IDENTIFY_SYSTEM'
+"$PSQL" -X -v ON_ERROR_STOP=1 -At "$(relay_dsn relaydb replication=database)" \
     -c 'CREATE_REPLICATION_SLOT cdc_relay_check_stream LOGICAL pgoutput'
 
 step "cdc_relay: pg_create_logical_replication_slot on a normal connection"
@@ -175,7 +224,7 @@ echo "pgoutput message types: $types"
 
 step "cdc_relay: stream the slot over the replication protocol (pg_recvlogical)"
 endpos=$(psql_as postgres relaydb -At -c 'SELECT pg_current_wal_lsn()')
-"$PGBIN/pg_recvlogical" -d "$(relay_dsn relaydb)" --slot cdc_relay_check_stream --start \
+"$PG_RECVLOGICAL" -d "$(relay_dsn relaydb)" --slot cdc_relay_check_stream --start \
     -o proto_version=1 -o publication_names=cdc_relay_outbox --endpos "$endpos" \
     --no-loop -f "$WORK/stream.bin"
 echo "streamed $(stat -c %s "$WORK/stream.bin") bytes up to $endpos"
@@ -202,7 +251,7 @@ expect_refused "DELETE from cdc_relay_checkpoints" relay relaydb -c 'DELETE FROM
 expect_refused "CREATE PUBLICATION" relay relaydb -c 'CREATE PUBLICATION p2 FOR TABLE public.outbox_events'
 expect_refused "CREATE TABLE in schema public" relay relaydb -c 'CREATE TABLE public.t (i int)'
 expect_refused "physical replication connection (no 'replication' line in pg_hba.conf)" \
-    "$PGBIN/psql" -X -At "$(relay_dsn relaydb replication=true)" -c 'IDENTIFY_SYSTEM'
+    "$PSQL" -X -At "$(relay_dsn relaydb replication=true)" -c 'IDENTIFY_SYSTEM'
 
 step "cleanup: drop the slots"
 psql_as postgres relaydb -At -c \
