@@ -181,7 +181,11 @@ done:
 	}
 	if *events == 0 {
 		mu.Lock()
-		say("%d events arrived in Kafka; stopping the relay cleanly", seen)
+		noun := "events"
+		if seen == 1 {
+			noun = "event"
+		}
+		say("%d %s arrived in Kafka; stopping the relay cleanly", seen, noun)
 		mu.Unlock()
 	} else {
 		say("all %d committed events arrived; stopping the relay cleanly", committed)
