@@ -168,7 +168,7 @@ func runPGConfig(ctx context.Context, pgConfig string) (string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("%s --bindir: %v %s", pgConfig, err, bytes.TrimSpace(stderr.Bytes()))
+		return "", fmt.Errorf("%s --bindir: %v%s", pgConfig, err, outputSuffix(stderr.Bytes()))
 	}
 	dir := strings.TrimSpace(string(out))
 	if dir == "" {
@@ -286,11 +286,20 @@ func serverVersion(ctx context.Context, dir string, user *serverUser) (string, i
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		if user != nil && (errors.Is(err, fs.ErrPermission) || bytes.Contains(out, []byte("ermission denied"))) {
-			return "", 0, fmt.Errorf("run %s --version as OS user postgres (PostgreSQL refuses to run as root, so it runs as postgres): %w %s\n"+
+			return "", 0, fmt.Errorf("run %s --version as OS user postgres (PostgreSQL refuses to run as root, so it runs as postgres): %w%s\n"+
 				"  the postgres user must be able to read and execute %s and search every directory above it:"+
-				" chmod o+rx the directories, or unpack the binaries under /opt or /usr/local", bin, err, bytes.TrimSpace(out), dir)
+				" chmod o+rx the directories, or unpack the binaries under /opt or /usr/local", bin, err, outputSuffix(out), dir)
 		}
-		return "", 0, fmt.Errorf("run %s --version: %w %s", bin, err, bytes.TrimSpace(out))
+		return "", 0, fmt.Errorf("run %s --version: %w%s", bin, err, outputSuffix(out))
 	}
 	return parsePostgresVersion(string(out))
+}
+
+// outputSuffix is a command's output for the end of an error: ": OUTPUT",
+// or "" when it printed nothing.
+func outputSuffix(out []byte) string {
+	if out = bytes.TrimSpace(out); len(out) == 0 {
+		return ""
+	}
+	return ": " + string(out)
 }
