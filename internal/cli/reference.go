@@ -31,10 +31,16 @@ func WriteReference(w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("build the command line model: %w", err)
 	}
-	r := &refWriter{w: w}
-	root := kctx.Model.Node
-	r.printf("### Flags every command takes\n\n")
-	r.flags(root.Flags)
+	return writeReference(w, kctx.Model.Node)
+}
+
+// writeReference is WriteReference over any command line model.
+func writeReference(w io.Writer, root *kong.Node) error {
+	r := &refWriter{w: w, program: root.Name}
+	if len(visibleFlags(root.Flags)) > 0 {
+		r.printf("### Flags every command takes\n\n")
+		r.flags(root.Flags)
+	}
 	for _, n := range root.Children {
 		r.command(n)
 	}
@@ -43,8 +49,9 @@ func WriteReference(w io.Writer) error {
 
 // refWriter accumulates the first write error, so the walk reads straight.
 type refWriter struct {
-	w   io.Writer
-	err error
+	w       io.Writer
+	err     error
+	program string // the root command's name
 	// printed are the commands whose flags were written in full, so a
 	// command taking all of one's flags (config print takes run's) refers
 	// to it instead of repeating them.
@@ -107,7 +114,7 @@ func (r *refWriter) command(n *kong.Node) {
 	}
 	flags := visibleFlags(n.Flags)
 	if len(n.Children) == 0 || len(flags) > 0 || len(n.Positional) > 0 {
-		path := "cdc-relay " + n.Path()
+		path := r.program + " " + n.Path()
 		r.printf("### `%s`\n\n%s\n\n", path, n.Help)
 		if len(n.Positional) > 0 {
 			r.printf("Arguments:\n\n")
@@ -140,21 +147,22 @@ func (r *refWriter) command(n *kong.Node) {
 }
 
 // flags writes one table per kong group, in the order the groups first
-// appear, then the flags without a group; without groups, one table.
+// appear, then the flags without a group; without groups, one table. Groups
+// are told apart by key: kong builds a Group value per tagged field.
 func (r *refWriter) flags(all []*kong.Flag) {
 	all = visibleFlags(all)
 	var order []*kong.Group
-	byGroup := map[*kong.Group][]*kong.Flag{}
+	byGroup := map[string][]*kong.Flag{}
 	var ungrouped []*kong.Flag
 	for _, f := range all {
 		if f.Group == nil {
 			ungrouped = append(ungrouped, f)
 			continue
 		}
-		if _, ok := byGroup[f.Group]; !ok {
+		if _, ok := byGroup[f.Group.Key]; !ok {
 			order = append(order, f.Group)
 		}
-		byGroup[f.Group] = append(byGroup[f.Group], f)
+		byGroup[f.Group.Key] = append(byGroup[f.Group.Key], f)
 	}
 	for _, g := range order {
 		r.printf("**%s**", g.Title)
@@ -162,7 +170,7 @@ func (r *refWriter) flags(all []*kong.Flag) {
 			r.printf(": %s", refLine(g.Description))
 		}
 		r.printf("\n\n")
-		r.table(byGroup[g])
+		r.table(byGroup[g.Key])
 	}
 	if len(ungrouped) > 0 {
 		if len(order) > 0 {

@@ -83,3 +83,45 @@ func TestReferenceCoversEveryFlag(t *testing.T) {
 	}
 	walk(kctx.Model.Node)
 }
+
+// TestReferenceGroups checks that flags with a kong group are listed under
+// its title, in the order the groups first appear, and the rest after them;
+// a command without groups gets one table with no heading.
+func TestReferenceGroups(t *testing.T) {
+	var grammar struct {
+		Run struct {
+			PGURL   string `name:"pg-url" group:"Postgres" help:"The database."`
+			Brokers string `group:"Kafka" help:"The brokers."`
+			Slot    string `group:"Postgres" default:"s" help:"The slot."`
+			Other   bool   `help:"Something else."`
+		} `cmd:"" help:"Run it."`
+		Plain struct {
+			Limit int `default:"5" help:"How many."`
+		} `cmd:"" help:"No groups."`
+	}
+	k, err := kong.New(&grammar, kong.Name("x"), kong.DefaultEnvars("X"), kong.Exit(func(int) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := writeReference(&b, k.Model.Node); err != nil {
+		t.Fatal(err)
+	}
+	ref := b.String()
+	order := []string{"### `x run`", "**Postgres**", "`--pg-url`", "`--slot`", "**Kafka**", "`--brokers`", "**Other flags**", "`--other`", "### `x plain`", "`--limit`"}
+	at := 0
+	for _, want := range order {
+		i := strings.Index(ref[at:], want)
+		if i < 0 {
+			t.Fatalf("%q missing or out of order in:\n%s", want, ref)
+		}
+		at += i + len(want)
+	}
+	plain := ref[strings.Index(ref, "### `x plain`"):]
+	if strings.Contains(plain, "**") {
+		t.Errorf("a command without groups got a group heading:\n%s", plain)
+	}
+	if !strings.Contains(ref, "| `--slot` | `X_SLOT` | `slot` | `s` | The slot. |") {
+		t.Errorf("--slot's row is not as expected:\n%s", ref)
+	}
+}
