@@ -67,7 +67,7 @@ func TestMarkdownLinks(t *testing.T) {
 }
 
 // markdownFiles lists the .md files under root, skipping hidden directories
-// (.git) and testdata.
+// (.git).
 func markdownFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
@@ -75,7 +75,7 @@ func markdownFiles(t *testing.T) []string {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+		if d.IsDir() && path != root && strings.HasPrefix(d.Name(), ".") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(d.Name(), ".md") {
