@@ -9,7 +9,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # staticcheck, run from the Go module proxy at this version (no separate install).
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: build test demo bench chaos lint staticcheck check-migrations clean
+.PHONY: build test demo docs bench chaos lint staticcheck check-migrations clean
 
 # Build the relay into bin/cdc-relay: static (no cgo), as the Dockerfile builds it.
 build:
@@ -24,6 +24,11 @@ test:
 # make demo DEMOFLAGS='-events 0' (insert your own rows; it prints the psql command).
 demo:
 	$(GO) run ./cmd/cdc-relay-demo $(DEMOFLAGS)
+
+# Regenerate the flag reference in docs/configuration.md from the command line's own
+# flag definitions (internal/cli); a test fails when it is stale.
+docs:
+	$(GO) run ./internal/cli/gendocs
 
 # Throughput/latency benchmark over a matrix of cells: the limit reader (the relay's read
 # path, producer discarding) vs the relay (effectively-once and at-least-once, alternating)
