@@ -3,9 +3,9 @@
 // fate. (Within one producer session the sink's idempotent producer keeps a
 // retry from appending twice; this package covers what it cannot.)
 //
-// The Decider is the only code that decides whether Kafka holds an event, by
-// one rule: same event id AND same source position, from the same database
-// and slot. It is asked on two paths. At start-up (and after each reconnect)
+// The Decider (decider.go) is the only code that decides whether Kafka holds
+// an event, by one rule: same event id AND same source position, from the
+// same database and slot. It is asked on two paths. At start-up (and after each reconnect)
 // the Gate reads each partition from the offset stored with the checkpoint to
 // its high watermark and lets the relay skip a replayed event only when the
 // rule finds it there. For a batch of unknown fate whose producer session is
@@ -30,10 +30,12 @@ import (
 )
 
 // Decider is the one decider of DESIGN invariant 8: whether Kafka already
-// holds an event. Both paths that might send an event a second time ask it:
-// the Gate at start-up reconciliation (events a restarted or reconnected
-// stream replays) and the sink for a batch of unknown fate (Verify). Neither
-// matches records itself.
+// holds an event. Both paths that might send an event a second time go
+// through its rule, written once (key and index below): the Gate's start-up
+// reconciliation (events a restarted or reconnected stream replays) keeps the
+// records it reads in an index and takes each replayed event from it, and the
+// sink asks Verify for a batch of unknown fate. The sink never matches
+// records itself.
 //
 // The rule, for both: a record read back from Kafka is the event exactly when
 // it carries the event's id (header sink.HeaderID) AND its source position
