@@ -1,10 +1,8 @@
 package dedup
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -57,8 +55,10 @@ type Summary struct {
 	Took       time.Duration // time spent reading them
 }
 
-// Gate decides, for each event a (re)started stream replays, whether Kafka
-// already holds it. It is used from the stream's goroutine only.
+// Gate is the start-up reconciliation of invariant 8: for each event a
+// (re)started stream replays, it reads where the relay's records of it can be
+// (from the offsets stored with the checkpoint) and asks the Decider's rule
+// whether Kafka already holds it. It is used from the stream's goroutine only.
 type Gate struct {
 	cfg GateConfig
 	log zerolog.Logger
@@ -67,23 +67,11 @@ type Gate struct {
 	start     pglogrepl.LSN // the stream's start: replayed events commit at or after it
 	cutoff    pglogrepl.LSN // events committed at or after it were never sent
 	stored    checkpoint.Offsets
-	topics    map[string]bool // prepared since Arm
-	lastTopic string          // of the previous Check, prepared
-	found     map[position]record
-	skipped   int             // replayed events skipped since Arm
-	noted     map[string]bool // fallbacks logged, by reason and topic
-}
-
-type position struct {
-	lsn   pglogrepl.LSN
-	index uint32
-}
-
-type record struct {
-	id        []byte
-	topic     string
-	partition int32
-	offset    int64
+	topics    map[string]bool   // prepared since Arm
+	lastTopic string            // of the previous Check, prepared
+	found     map[string]*index // per topic read: the records of replayed events
+	skipped   int               // replayed events skipped since Arm
+	noted     map[string]bool   // fallbacks logged, by reason and topic
 }
 
 // NewGate returns a disarmed Gate.
@@ -108,7 +96,7 @@ func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []st
 	g.stored = g.cfg.Ledger.At(start)
 	g.topics = map[string]bool{}
 	g.lastTopic = ""
-	g.found = map[position]record{}
+	g.found = map[string]*index{}
 	g.skipped = 0
 	if !g.armed {
 		return Summary{}, nil
@@ -123,7 +111,7 @@ func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []st
 		sum.Partitions += n
 	}
 	sum.Replay = true
-	sum.Found = len(g.found)
+	sum.Found = g.held()
 	sum.Took = time.Since(t0)
 	g.cfg.Metrics.ReconcileDuration.Observe(sum.Took.Seconds())
 	return sum, nil
@@ -143,13 +131,13 @@ func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool,
 	if topic != g.lastTopic {
 		if !g.topics[topic] {
 			t0 := time.Now()
-			before := len(g.found)
+			before := g.held()
 			n, err := g.reconcile(ctx, topic, g.armed)
 			if err != nil {
 				return false, err
 			}
 			if n > 0 {
-				took, found := time.Since(t0), len(g.found)-before
+				took, found := time.Since(t0), g.held()-before
 				g.cfg.Metrics.ReconcileDuration.Observe(took.Seconds())
 				g.log.Info().Str("topic", topic).Int("partitions", n).Int64("duration_ms", took.Milliseconds()).
 					Int("already_in_kafka", found).
@@ -162,12 +150,14 @@ func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool,
 	if !g.armed {
 		return false, nil
 	}
-	pos := position{ev.CommitLSN, ev.Index}
-	r, ok := g.found[pos]
-	if !ok || r.topic != topic || !bytes.Equal(r.id, ev.ID) {
+	x := g.found[topic]
+	if x == nil {
 		return false, nil
 	}
-	delete(g.found, pos)
+	r, ok := x.take(ev)
+	if !ok {
+		return false, nil
+	}
 	ev.Partition, ev.Offset = r.partition, r.offset
 	g.cfg.Metrics.DuplicatesSuppressed.Inc()
 	g.skipped++
@@ -181,7 +171,7 @@ func (g *Gate) disarm() {
 		g.log.Info().Int("skipped", g.skipped).Int("topics", len(g.topics)).Str("cutoff", g.cutoff.String()).
 			Msgf("replay done: %d replayed events were already in Kafka and not sent again", g.skipped)
 	}
-	if n := len(g.found); n > 0 {
+	if n := g.held(); n > 0 {
 		// Records of ours no replayed event matched: older copies, or events
 		// the stream no longer replays (a changed publication or filter).
 		g.log.Debug().Int("unmatched", n).Msg("replay passed the cutoff")
@@ -233,7 +223,7 @@ func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, err
 		g.topics[topic] = true
 		return 0, nil
 	}
-	var mu sync.Mutex
+	x := newIndex(g.cfg.Origin, g.start, g.cutoff)
 	eg, ectx := errgroup.WithContext(ctx)
 	eg.SetLimit(g.cfg.Concurrency)
 	for p := 0; p < n; p++ {
@@ -260,19 +250,7 @@ func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, err
 		part := p
 		eg.Go(func() error {
 			return g.cfg.Reader.Scan(ectx, topic, part, from, r.End, func(off int64, id, src []byte) error {
-				if id == nil || src == nil {
-					return nil // not ours: a replay, a backfill or another producer
-				}
-				pos, ok, err := g.cfg.Origin.ParsePosition(src)
-				if err != nil || !ok || pos.CommitLSN < g.start || pos.CommitLSN >= g.cutoff {
-					return nil
-				}
-				k := position{pos.CommitLSN, pos.Index}
-				mu.Lock()
-				if _, dup := g.found[k]; !dup {
-					g.found[k] = record{id: bytes.Clone(id), topic: topic, partition: int32(part), offset: off}
-				}
-				mu.Unlock()
+				x.add(int32(part), off, id, src)
 				return nil
 			})
 		})
@@ -280,8 +258,19 @@ func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, err
 	if err := eg.Wait(); err != nil {
 		return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
 	}
+	g.found[topic] = x
 	g.topics[topic] = true
 	return n, nil
+}
+
+// held returns how many records of replayed events the Gate found and no
+// event has matched yet.
+func (g *Gate) held() int {
+	n := 0
+	for _, x := range g.found {
+		n += x.len()
+	}
+	return n
 }
 
 // fallback counts a fallback to sending and logs it once per reason and topic.

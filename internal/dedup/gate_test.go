@@ -26,11 +26,14 @@ type written struct {
 	origin *outbox.Origin // nil: no source position header
 	lsn    pglogrepl.LSN
 	index  uint32
+	noID   bool // no id header
 }
 
 func (w written) record(topic string) *kgo.Record {
-	r := &kgo.Record{Topic: topic, Partition: w.part, Value: []byte(w.id),
-		Headers: []kgo.RecordHeader{{Key: sink.HeaderID, Value: []byte(w.id)}}}
+	r := &kgo.Record{Topic: topic, Partition: w.part, Value: []byte(w.id)}
+	if !w.noID {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: sink.HeaderID, Value: []byte(w.id)})
+	}
 	if w.origin != nil {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: sink.HeaderSource, Value: w.origin.AppendPosition(nil, w.lsn, w.index)})
 	}

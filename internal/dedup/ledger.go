@@ -1,15 +1,3 @@
-// Package dedup owns DESIGN invariant 8 across runs of the relay: an event
-// Kafka already holds is not appended again after a crash, a restart or a
-// reconnect. (Within one producer session the sink's idempotent producer keeps
-// a retry from appending twice.)
-//
-// The Ledger records where Kafka stored each acknowledged event, so that every
-// checkpoint carries, per partition, the offset where records of events after
-// it can start. The Gate, armed before each stream (re)start, reads each
-// partition from there to its high watermark and lets the relay skip a
-// replayed event only when the same event — same id and same source position
-// of the same database and slot — is verifiably in the partition. Whatever it
-// cannot prove is sent again: at-least-once stays the floor.
 package dedup
 
 import (

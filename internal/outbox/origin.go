@@ -68,7 +68,9 @@ type Position struct {
 
 // ParsePosition reads a position written by AppendPosition. ok is false when
 // the position is well formed but of another origin; an error means it is not
-// a position at all.
+// a position at all. Its one caller is internal/dedup's Decider, the only
+// code that decides whether Kafka already holds an event (invariant 8): match
+// records through it, never by parsing or comparing positions elsewhere.
 func (o *Origin) ParsePosition(b []byte) (p Position, ok bool, err error) {
 	if !bytes.HasPrefix(b, o.prefix) {
 		if bytes.Count(b, []byte{':'}) != 4 {

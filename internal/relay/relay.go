@@ -420,6 +420,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	sinkCfg.Logger = r.log
 	sinkCfg.Metrics = r.m
 	sinkCfg.Idempotent = cfg.Delivery == DeliveryEffectivelyOnce
+	if sinkCfg.Idempotent {
+		// The one decider of what Kafka already holds, for batches of
+		// unknown fate; the gate below applies its rule at start-up.
+		sinkCfg.Verifier = dedup.Decider{}
+	}
 	if topic, fixed := router.Fixed(); fixed {
 		sinkCfg.Topics = []string{topic}
 	}

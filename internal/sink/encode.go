@@ -22,7 +22,8 @@ const (
 	HeaderCommitTime    = "commit_time"
 	// HeaderSource is the event's source position (outbox.Origin.AppendPosition),
 	// set only on events read from the replication stream: with the id, it is
-	// how a restarted relay recognises records it already delivered.
+	// how internal/dedup's Decider recognises records the relay already
+	// delivered (at start-up, and for a batch of unknown fate; see Verifier).
 	HeaderSource = "source_position"
 )
 

@@ -168,7 +168,7 @@ func (k *Kafka) stamp(p *partition, b *batch, now time.Time) {
 	if !b.built {
 		b.ts = now.UnixMilli()
 	}
-	b.built, b.gen, b.everUnknown = true, k.sess.gen, false
+	b.built, b.gen, b.everUnknown, b.undecided = true, k.sess.gen, false, false
 	b.pf = noProducer
 	if k.sess.id >= 0 {
 		b.pf = producerFields{id: k.sess.id, epoch: k.sess.epoch, seq: p.seq}

@@ -44,8 +44,11 @@ func startIdem(t *testing.T, idempotent bool, partitions, events int, tweak func
 	testenv.RequireLocalKafka(t, kf)
 	r := &idemRun{kf: kf, m: metrics.New(prometheus.NewRegistry()), logs: &testenv.Buffer{}, evs: stream(20, events)}
 	r.acks = newAckLog(len(r.evs))
+	if TestVerifier == nil {
+		t.Fatal("no Verifier: verifier_test.go sets dedup's Decider")
+	}
 	cfg := Config{
-		Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: idempotent,
+		Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: idempotent, Verifier: TestVerifier,
 		Retry: fastRetry, RequestTimeout: 5 * time.Second, BatchMaxEvents: 10,
 		Logger: zerolog.New(r.logs), Metrics: r.m,
 	}

@@ -27,8 +27,10 @@
 // or rejects the session (UNKNOWN_PRODUCER_ID, OUT_OF_ORDER_SEQUENCE_NUMBER,
 // a fenced epoch), the sink gets a new producer id in the background, and
 // every partition restarts at sequence 0 with it, re-sending its failed batch
-// first, unchanged, so no key is reordered; a batch with an unknown earlier
-// attempt may then be duplicated, which the sink logs and counts
+// first, unchanged, so no key is reordered. A batch with an unknown earlier
+// attempt is first looked up in its partition, and Config.Verifier decides
+// whether Kafka holds it (verify.go); when it cannot tell, the batch is
+// re-sent and may be duplicated, which the sink logs and counts
 // (cdc_relay_delivery_fallbacks_total{reason="producer_reset"}). A broker
 // that gives no producer id makes the sink produce without idempotence
 // ({reason="producer_id_unavailable"}); Idempotent says which. The sink writes
@@ -77,6 +79,11 @@ type Config struct {
 	// batch re-sent after a lost answer is not appended twice. Open falls
 	// back to producing without it when the broker gives no producer id.
 	Idempotent bool
+	// Verifier decides whether Kafka holds a batch of unknown fate once its
+	// producer session is gone (see Verifier; internal/dedup's Decider).
+	// Nil: such a batch is re-sent blind, counted as the producer_reset
+	// fallback.
+	Verifier Verifier
 	// CloudEventsSource, when set, makes every record a CloudEvent in the
 	// Kafka binding's binary content mode: ce_specversion 1.0, ce_id the event
 	// id, ce_source this value, ce_type the event type, ce_time the commit

@@ -28,6 +28,9 @@ type batch struct {
 	// unknown: the last attempt ended without an answer, so the broker may
 	// have appended it; everUnknown: some attempt in this session did.
 	unknown, everUnknown bool
+	// undecided: after its session was gone, the Verifier could not tell
+	// whether Kafka holds it, so it is re-sent without another look.
+	undecided bool
 }
 
 // partition is one topic-partition: its queue (filled by Produce) and its delivery

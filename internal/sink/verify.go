@@ -3,77 +3,124 @@ package sink
 // Verification: a batch whose last attempt may have been appended, when the
 // producer session it was sent in is gone (the broker forgot or fenced the
 // producer id), cannot be deduplicated by the broker any more. Before it is
-// re-sent in the new session, the partition is read from where the batch
-// would be: when its events are there — same id and same source position —
-// they are acknowledged as they are; when none is, the batch is sent. Only
-// what cannot be decided (events without a source position, a partition with
-// no acknowledged batch yet, part of the batch found) is re-sent blind, and
-// counted as the producer_reset fallback.
+// re-sent in the new session, the sink reads the partition from where the
+// batch would be and asks the Verifier (internal/dedup's Decider) whether
+// Kafka holds it; the sink never decides that itself. Held, the batch is
+// acknowledged where it is; absent, it is sent; undecided (or with no
+// Verifier, or a partition with no acknowledged batch yet), it is re-sent
+// blind and counted as the producer_reset fallback.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
-// verdict is the outcome of reading a partition for a batch of unknown fate.
+// Verifier decides, for DESIGN invariant 8, whether Kafka already holds the
+// events of a batch of unknown fate: a batch whose last attempt may have been
+// appended under a producer session the broker no longer knows, so that the
+// broker cannot drop a copy. The sink asks it before re-sending such a batch
+// and acts on its verdict; it never matches records itself.
+// internal/dedup's Decider implements it, by the rule it also applies at
+// start-up reconciliation.
+//
+// The rule: a record is one of the events exactly when it carries the event's
+// id (HeaderID) and its source position (HeaderSource) of the same database
+// system identifier, timeline and slot, commit LSN and index. Nothing else
+// counts as the event: not the same id at another position, not another id at
+// the same position, not a record without those headers.
+//
+// Verify decides the fate of evs, the events of one batch of one partition in
+// the order they were batched. scan reads that partition from where the batch
+// would have been appended (the offset after its last acknowledged batch) to
+// its high watermark, calling fn with each record's offset, id header and
+// source position header (nil when absent), in offset order. Verify calls
+// scan at most once, and not at all when it can decide without reading. It
+// returns scan's error (the sink reads again after a backoff) or a Verdict:
+//
+//   - FateHeld: every event is in the partition; the batch was appended whole,
+//     its first record at Verdict.Offset. The sink acknowledges the events
+//     there and does not send them again.
+//   - FateAbsent: none of them is: sending the batch duplicates nothing.
+//   - FateUndecided: anything else (an event without a source position, part
+//     of the batch found): the sink re-sends the batch and counts the
+//     producer_reset fallback. When it cannot prove an event is in Kafka, the
+//     sink sends it: at-least-once stays the floor.
+type Verifier interface {
+	Verify(ctx context.Context, evs []*outbox.Event, scan ScanFunc) (Verdict, error)
+}
+
+// ScanFunc reads a partition for a Verifier: it calls fn with each record's
+// offset, id header and source position header (nil when absent), in offset
+// order, and stops with fn's error.
+type ScanFunc func(ctx context.Context, fn func(offset int64, id, source []byte) error) error
+
+// Fate is what a Verifier found of a batch of unknown fate.
+type Fate int8
+
+// The fates a Verifier decides (see Verifier).
+const (
+	FateUndecided Fate = iota // cannot be proved either way: re-send, a counted fallback
+	FateAbsent                // verifiably not in Kafka: send
+	FateHeld                  // verifiably in Kafka, appended whole: do not send
+)
+
+// Verdict is a Verifier's answer for a batch of unknown fate.
+type Verdict struct {
+	Fate Fate
+	// Offset is where the batch's first record is, when Fate is FateHeld.
+	Offset int64
+}
+
+// verdict is the outcome of verifying a batch, for the dispatcher.
 type verdict struct {
-	p       *partition
-	b       batch
-	offsets []int64 // per event, where it was found (-1: not found)
-	err     error
+	p   *partition
+	b   batch
+	v   Verdict
+	err error
 }
 
 // mustVerify reports whether b, about to be built for p, must be looked up
 // first: an earlier attempt may be in Kafka under a producer session that is
-// gone, and the partition says where to look.
+// gone, the partition says where to look, and no lookup in this session was
+// undecided already.
 func (k *Kafka) mustVerify(p *partition, b batch) bool {
-	if !b.built || !b.everUnknown || b.pf.id < 0 || b.gen == k.sess.gen || p.end < 0 {
-		return false
-	}
-	for _, it := range b.items {
-		if it.ev.Origin == nil {
-			return false
-		}
-	}
-	return true
+	return k.cfg.Verifier != nil && b.built && b.everUnknown && !b.undecided && b.pf.id >= 0 &&
+		b.gen != k.sess.gen && p.end >= 0
 }
 
-// verify reads p from the end of its last acknowledged batch to its high
-// watermark in the background, for the events of b; the verdict comes back
+// verify asks the Verifier about b in the background, reading p from the end
+// of its last acknowledged batch to its high watermark; the verdict comes back
 // on k.verified. p counts as in flight meanwhile, so nothing of it is sent.
 func (k *Kafka) verify(p *partition, b batch) {
 	p.inFlight = true
 	p.sending.Store(true)
-	want := make(map[string]int, len(b.items)) // source position → index in b
+	evs := make([]*outbox.Event, len(b.items))
 	for i, it := range b.items {
-		want[string(it.ev.Origin.AppendPosition(nil, it.ev.CommitLSN, it.ev.Index))] = i
+		evs[i] = it.ev
 	}
-	from := p.end
+	topic, id, from := p.topic, p.id, p.end
+	scan := func(ctx context.Context, fn func(offset int64, id, source []byte) error) error {
+		ranges, err := k.Ranges(ctx, topic, id+1)
+		if err != nil {
+			return err
+		}
+		return k.Scan(ctx, topic, id, from, ranges[id].End, fn)
+	}
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		v := verdict{p: p, b: b, offsets: make([]int64, len(b.items))}
-		for i := range v.offsets {
-			v.offsets[i] = -1
-		}
 		ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
 		defer cancel()
-		ranges, err := k.Ranges(ctx, p.topic, p.id+1)
-		if err == nil {
-			err = k.Scan(ctx, p.topic, p.id, from, ranges[p.id].End, func(off int64, id, src []byte) error {
-				if i, ok := want[string(src)]; ok && bytes.Equal(id, b.items[i].ev.ID) && v.offsets[i] < 0 {
-					v.offsets[i] = off
-				}
-				return nil
-			})
-		}
-		if err != nil {
-			v.err = fmt.Errorf("look up a batch of unknown fate in %s/%d: %w", p.topic, p.id, err)
+		res := verdict{p: p, b: b}
+		res.v, res.err = k.cfg.Verifier.Verify(ctx, evs, scan)
+		if res.err != nil {
+			res.err = fmt.Errorf("look up a batch of unknown fate in %s/%d: %w", topic, id, res.err)
 		}
 		select {
-		case k.verified <- v:
+		case k.verified <- res:
 		case <-k.ctx.Done():
 		}
 	}()
@@ -81,37 +128,32 @@ func (k *Kafka) verify(p *partition, b batch) {
 
 // settleVerdict applies a verdict on the dispatcher goroutine; it reports
 // whether the producer halted.
-func (k *Kafka) settleVerdict(v verdict) (halted bool) {
-	p, b := v.p, v.b
+func (k *Kafka) settleVerdict(res verdict) (halted bool) {
+	p, b := res.p, res.b
 	p.inFlight = false
 	p.sending.Store(false)
-	if v.err != nil {
+	if res.err != nil {
 		// Look again after a backoff; the batch stays first.
-		k.log.Warn().Err(v.err).Msg("cannot read the partition back; retrying")
+		k.log.Warn().Err(res.err).Msg("cannot read the partition back; retrying")
 		p.retry = b
 		p.notBefore = time.Now().Add(k.cfg.Retry.Delay(p.attempt))
 		p.attempt++
 		return false
 	}
-	found := 0
-	for _, off := range v.offsets {
-		if off >= 0 {
-			found++
-		}
-	}
-	switch found {
-	case len(b.items):
-		// The lost attempt was appended: acknowledge it where it is. A batch
-		// is appended whole, so its records are consecutive.
-		k.cfg.Metrics.DuplicatesSuppressed.Add(float64(found))
-		k.log.Info().Str("topic", p.topic).Int("partition", p.id).Int("events", found).Int64("offset", v.offsets[0]).
+	switch res.v.Fate {
+	case FateHeld:
+		// The lost attempt was appended: acknowledge it where it is.
+		k.cfg.Metrics.DuplicatesSuppressed.Add(float64(len(b.items)))
+		k.log.Info().Str("topic", p.topic).Int("partition", p.id).Int("events", len(b.items)).Int64("offset", res.v.Offset).
 			Msg("a batch of unknown fate is in Kafka; not sending it again")
 		b.pf.id = -1 // its session is gone: do not advance the new one's sequence
 		now := time.Now()
-		k.acked(p, b, v.offsets[0], now, now)
+		k.acked(p, b, res.v.Offset, now, now)
 		return k.ctx.Err() != nil
-	case 0:
+	case FateAbsent:
 		b.everUnknown = false // verifiably not in Kafka: sending it duplicates nothing
+	default:
+		b.undecided = true // re-sent blind (stamp counts the fallback), not looked up again
 	}
 	p.retry = b
 	k.signal()

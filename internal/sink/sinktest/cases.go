@@ -54,7 +54,7 @@ func deliver(t *testing.T, b *broker, p Producer, rec *recorder, topic string, e
 // produce evs themselves.
 func awaitDelivery(t *testing.T, b *broker, rec *recorder, topic string, evs []*outbox.Event, dups bool) logOf {
 	t.Helper()
-	waitFor(t, deliverTimeout, rec.reached(len(evs)))
+	testenv.Eventually(t, deliverTimeout, rec.reached(len(evs)))
 	rec.checkReported(t, evs, nil)
 	l := checkLog(t, readLog(t, b, topic), evs, dups)
 	rec.checkDoneOrder(t, evs, l.partitionOf)
@@ -218,7 +218,7 @@ func testOrderBrokerRestart(t *testing.T, open Opener) {
 	p := b.open(open, orderOptions, orderTopic)
 	rec := &recorder{}
 	rec.produce(t, p, orderTopic, evs...)
-	waitFor(t, signalTimeout, g.holds(1))
+	testenv.Eventually(t, signalTimeout, g.holds(1))
 	reported := rec.count()
 	b.Stop()
 	g.open()
@@ -257,7 +257,7 @@ func testOrderLeaderMoves(t *testing.T, open Opener) {
 	rec := &recorder{}
 	rec.produce(t, p, orderTopic, evs...)
 	for _, g := range gates {
-		waitFor(t, deliverTimeout, g.holds(1))
+		testenv.Eventually(t, deliverTimeout, g.holds(1))
 		c.ShufflePartitionLeaders()
 		g.open()
 	}
@@ -334,14 +334,14 @@ func testMessageTooLarge(t *testing.T, open Opener) {
 	p := b.open(open, Options{Retry: fastRetry}, topic)
 	rec := &recorder{}
 	rec.produce(t, p, topic, evs[0])
-	waitFor(t, signalTimeout, g.holds(1))
+	testenv.Eventually(t, signalTimeout, g.holds(1))
 	rec.produce(t, p, topic, evs[1:12]...) // one batch, if the producer batches
 	g.open()
-	waitFor(t, deliverTimeout, rec.reached(12))
+	testenv.Eventually(t, deliverTimeout, rec.reached(12))
 	// Reports of one partition come in order: once the trailer is
 	// reported, a second report of the big event would be out of order.
 	rec.produce(t, p, topic, trailer)
-	waitFor(t, deliverTimeout, rec.reached(13))
+	testenv.Eventually(t, deliverTimeout, rec.reached(13))
 
 	ok := append(evs[:6:6], evs[7:]...)
 	rec.checkReported(t, ok, map[*outbox.Event]string{big: "message_too_large"})
@@ -368,7 +368,7 @@ func testEmptyKey(t *testing.T, open Opener) {
 	p := b.open(open, Options{Retry: fastRetry}, topic)
 	rec := &recorder{}
 	rec.produce(t, p, topic, good[0], null, empty, good[1])
-	waitFor(t, deliverTimeout, rec.reached(4))
+	testenv.Eventually(t, deliverTimeout, rec.reached(4))
 	rec.checkReported(t, good, map[*outbox.Event]string{null: "empty_key", empty: "empty_key"})
 	for _, c := range rec.all() {
 		if (c.ev == null || c.ev == empty) && !c.inProduce {
@@ -409,10 +409,10 @@ func testRefusedTopic(t *testing.T, open Opener) {
 	}}
 	p := b.open(open, Options{Retry: fastRetry}, topic)
 	rec.produce(t, p, topic, good[:10]...)
-	waitFor(t, signalTimeout, g.holds(1))
+	testenv.Eventually(t, signalTimeout, g.holds(1))
 	rec.produce(t, p, refused, bad)
 	rec.produce(t, p, topic, good[10:]...)
-	waitFor(t, deliverTimeout, rec.reached(len(good)+1))
+	testenv.Eventually(t, deliverTimeout, rec.reached(len(good)+1))
 	rec.close(t, p)
 	rec.checkReported(t, good, map[*outbox.Event]string{bad: "invalid_topic"})
 	l := checkLog(t, readLog(t, b, topic), good, false)
@@ -438,15 +438,17 @@ func testCloseAbandons(t *testing.T, open Opener) {
 	p := b.open(open, Options{Retry: fastRetry, RequestTimeout: 30 * time.Second}, topic)
 	rec := &recorder{}
 	rec.produce(t, p, topic, stream(40, 400, 0)...)
-	waitFor(t, signalTimeout, g.holds(1))
+	testenv.Eventually(t, signalTimeout, g.holds(1))
 
 	if d := rec.close(t, p); d > closeBound {
 		t.Errorf("Close took %v while the broker held a produce request; want at most %v", d.Round(time.Millisecond), closeBound)
 	}
 	// A second for goroutines returning right now.
-	waitFor(t, time.Second, func() (bool, string) {
-		left := newGoroutines(before)
-		return len(left) == 0, fmt.Sprintf("%d goroutines started since before Open still run after Close returned:\n\n%s", len(left), strings.Join(left, "\n\n"))
+	testenv.Eventually(t, time.Second, func() error {
+		if left := newGoroutines(before); len(left) > 0 {
+			return fmt.Errorf("%d goroutines started since before Open still run after Close returned:\n\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		return nil
 	})
 
 	// Let the broker answer what it held (the producer's connections are
@@ -454,9 +456,11 @@ func testCloseAbandons(t *testing.T, open Opener) {
 	// answer to the producer has been sent by then.
 	held := g.held.Load()
 	g.open()
-	waitFor(t, signalTimeout, func() (bool, string) {
-		r := g.released.Load()
-		return r >= held, fmt.Sprintf("the broker let %d of %d held requests go", r, held)
+	testenv.Eventually(t, signalTimeout, func() error {
+		if r := g.released.Load(); r < held {
+			return fmt.Errorf("the broker let %d of %d held requests go", r, held)
+		}
+		return nil
 	})
 	recs := readLog(t, b, topic)
 	if n := rec.count(); n > 0 {
@@ -507,12 +511,14 @@ func testHaltOnDoneError(t *testing.T, open Opener) {
 	}}
 	p := b.open(open, Options{Retry: fastRetry}, topic)
 	rec.produce(t, p, topic, first)
-	waitFor(t, signalTimeout, g.holds(1))
+	testenv.Eventually(t, signalTimeout, g.holds(1))
 	rec.produce(t, p, topic, rest...)
 	g.open()
-	waitFor(t, deliverTimeout, func() (bool, string) {
-		err := p.Err()
-		return err != nil, fmt.Sprintf("Err() = %v after Done returned %v (done called %d times)", err, errRefused, rec.count())
+	testenv.Eventually(t, deliverTimeout, func() error {
+		if err := p.Err(); err == nil {
+			return fmt.Errorf("Err() = %v after Done returned %v (done called %d times)", err, errRefused, rec.count())
+		}
+		return nil
 	})
 	if err := p.Err(); !errors.Is(err, errRefused) {
 		t.Errorf("Err() = %v, want the error Done returned: %v", err, errRefused)
@@ -568,19 +574,21 @@ func testBoundedMemory(t *testing.T, open Opener) {
 	evs := stream(100, 1000, 300)
 	queued := queuedBytes(evs)
 	faults := b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
-	failed := func(n int) func() (bool, string) {
-		return func() (bool, string) {
-			h := faults.Hits()
-			return h >= n, fmt.Sprintf("%d produce requests failed, want %d", h, n)
+	failed := func(n int) func() error {
+		return func() error {
+			if h := faults.Hits(); h < n {
+				return fmt.Errorf("%d produce requests failed, want %d", h, n)
+			}
+			return nil
 		}
 	}
 	h0 := heapInUse()
 	p := b.open(open, Options{Retry: backoff.Policy{Base: time.Millisecond, Cap: 5 * time.Millisecond}}, topic)
 	rec := &recorder{}
 	rec.produce(t, p, topic, evs...)
-	waitFor(t, signalTimeout, failed(20))
+	testenv.Eventually(t, signalTimeout, failed(20))
 	h1, n1 := heapInUse(), faults.Hits()
-	waitFor(t, deliverTimeout, failed(n1+100))
+	testenv.Eventually(t, deliverTimeout, failed(n1+100))
 	h2, n2 := heapInUse(), faults.Hits()
 	faults.Remove()
 	t.Logf("heap in use: %d KiB before Open, %d KiB after %d failed requests, %d KiB after %d; %d KiB queued",

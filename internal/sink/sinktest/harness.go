@@ -24,18 +24,6 @@ import (
 // fastRetry keeps cases with many failed attempts short.
 var fastRetry = backoff.Policy{Base: time.Millisecond, Cap: 20 * time.Millisecond}
 
-// waitFor waits until cond reports true, failing t with cond's description
-// of the state if timeout passes first (testenv.Eventually).
-func waitFor(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	testenv.Eventually(t, timeout, func() error {
-		if ok, state := cond(); !ok {
-			return errors.New(state)
-		}
-		return nil
-	})
-}
-
 // broker is a case's in-process Kafka broker. It records the acks of every
 // produce request it sees.
 type broker struct {
@@ -168,11 +156,14 @@ func (g *gate) open() {
 	})
 }
 
-// holds returns a waitFor condition: the gate holds at least n requests.
-func (g *gate) holds(n int) func() (bool, string) {
-	return func() (bool, string) {
-		h := g.held.Load()
-		return h >= int64(n), fmt.Sprintf("the broker holds %d produce requests, want %d", h, n)
+// holds returns a testenv.Eventually condition: the gate holds at least n
+// requests.
+func (g *gate) holds(n int) func() error {
+	return func() error {
+		if h := g.held.Load(); h < int64(n) {
+			return fmt.Errorf("the broker holds %d produce requests, want %d", h, n)
+		}
+		return nil
 	}
 }
 
@@ -327,11 +318,13 @@ func (r *recorder) count() int {
 	return len(r.calls)
 }
 
-// reached returns a waitFor condition: at least n calls.
-func (r *recorder) reached(n int) func() (bool, string) {
-	return func() (bool, string) {
-		c := r.count()
-		return c >= n, fmt.Sprintf("done called %d times, want %d", c, n)
+// reached returns a testenv.Eventually condition: at least n calls.
+func (r *recorder) reached(n int) func() error {
+	return func() error {
+		if c := r.count(); c < n {
+			return fmt.Errorf("done called %d times, want %d", c, n)
+		}
+		return nil
 	}
 }
 
