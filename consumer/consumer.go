@@ -457,6 +457,11 @@ func (r *runner) autoReprocess(ctx context.Context) {
 				break
 			}
 			failing = false
+			for _, x := range res {
+				if x.Outcome == Reprocessed || x.Outcome == ReprocessFailed {
+					r.m.reprocessed.WithLabelValues(x.Status).Inc()
+				}
+			}
 			if len(res) < batch {
 				break
 			}

@@ -31,6 +31,10 @@ const (
 	// ReprocessBusy: another reprocessor holds the letter (its lease has not
 	// expired), or took it over while this one waited; nothing changed.
 	ReprocessBusy = "busy"
+	// ReprocessStopped: the context ended during the attempt; the
+	// transaction rolled back and the letter went back to the status it had
+	// (a stop is not the message's failure, so no attempt is counted).
+	ReprocessStopped = "stopped"
 	// ReprocessNotFound: no dead letter of this consumer has the id.
 	ReprocessNotFound = "not_found"
 )
@@ -103,7 +107,7 @@ func (a AutoReprocess) validate() error {
 type ReprocessResult struct {
 	ID        int64  // the dead letter's id (consumer_dead_letters.id)
 	MessageID string // its message_id; "" when not found
-	Outcome   string // Reprocessed, ReprocessFailed, ReprocessSkipped, ReprocessBusy or ReprocessNotFound
+	Outcome   string // Reprocessed, ReprocessFailed, ReprocessSkipped, ReprocessBusy, ReprocessStopped or ReprocessNotFound
 	Status    string // the letter's status afterwards, as far as this call knows ("" when not found)
 	Err       error  // the handler's error, for ReprocessFailed
 }
@@ -336,7 +340,7 @@ ON CONFLICT (consumer_name, message_id) DO UPDATE SET processed_at = now()`, p.c
 	if herr := callHandler(ctx, p.handler, tx, c.msg); herr != nil {
 		rollback(tx)
 		if ctx.Err() != nil {
-			res.Outcome, res.Status = ReprocessBusy, c.was
+			res.Outcome, res.Status, res.Err = ReprocessStopped, c.was, herr
 			return res, p.release(c, "the reprocessor stopped during the attempt: "+herr.Error())
 		}
 		return p.settle(ctx, c, herr)

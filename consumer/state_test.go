@@ -119,6 +119,7 @@ func TestReprocessTransitions(t *testing.T) {
 		calls    int
 		steps    []string // the history
 		detail   string   // in the last transition's detail
+		stop     bool     // the handler ends the context, as a stopping Run does
 	}{
 		{name: "pending succeeds", from: "pending", err: nil, outcome: consumer.Reprocessed, to: "completed", calls: 1,
 			steps: []string{"pending>processing", "processing>completed"}, detail: "by alice"},
@@ -137,6 +138,8 @@ func TestReprocessTransitions(t *testing.T) {
 		{name: "completed is skipped", from: "completed", outcome: consumer.ReprocessSkipped, to: "completed"},
 		{name: "legacy reprocessed is skipped", from: "reprocessed", outcome: consumer.ReprocessSkipped, to: "reprocessed"},
 		{name: "live lease is busy", from: "processing", lease: "live", outcome: consumer.ReprocessBusy, to: "processing"},
+		{name: "stopped mid-attempt", from: "pending", stop: true, outcome: consumer.ReprocessStopped, to: "pending", calls: 1,
+			steps: []string{"pending>processing", "processing>pending"}, detail: "the reprocessor stopped during the attempt"},
 		{name: "expired lease taken over", from: "processing", lease: "expired", err: nil, outcome: consumer.Reprocessed, to: "completed", calls: 1,
 			steps: []string{"processing>processing", "processing>completed"}},
 	} {
@@ -144,8 +147,14 @@ func TestReprocessTransitions(t *testing.T) {
 			id := nonIdent.ReplaceAllString(tc.name, "-")
 			rowID := e.insertLetter(id, tc.from, tc.attempts, tc.lease)
 			calls := 0
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			h := func(ctx context.Context, tx pgx.Tx, msg consumer.Message) error {
 				calls++
+				if tc.stop {
+					cancel()
+					return ctx.Err()
+				}
 				if msg.ID != id || string(msg.Key) != "k" {
 					return consumer.Permanent(fmt.Errorf("rebuilt message %+v", msg))
 				}
@@ -155,7 +164,7 @@ func TestReprocessTransitions(t *testing.T) {
 				return tc.err
 			}
 			before := e.state(rowID)
-			res, err := consumer.Reprocess(context.Background(), e.cfg, h, "alice", rowID)
+			res, err := consumer.Reprocess(ctx, e.cfg, h, "alice", rowID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,6 +190,9 @@ func TestReprocessTransitions(t *testing.T) {
 				t.Errorf("%d effects, want %d (a failed attempt rolls its effect back)", got, wantEffects)
 			}
 			wantAttempts := tc.attempts + tc.calls
+			if tc.stop {
+				wantAttempts = tc.attempts
+			}
 			if after.Attempts != wantAttempts {
 				t.Errorf("reprocess_attempts %d, want %d", after.Attempts, wantAttempts)
 			}
@@ -197,6 +209,9 @@ func TestReprocessTransitions(t *testing.T) {
 			}
 			if tc.to != "retry_wait" && after.NextAttempt != nil {
 				t.Errorf("next_attempt_at %v on a %s letter", *after.NextAttempt, tc.to)
+			}
+			if tc.stop && (after.LastAttemptAt != nil || after.LastError != nil) {
+				t.Errorf("a stop was recorded as an attempt: at %v, error %v", after.LastAttemptAt, after.LastError)
 			}
 			if tc.to != "processing" && (after.ClaimedBy != nil || after.ClaimedUntil != nil) {
 				t.Errorf("still claimed by %v until %v", after.ClaimedBy, after.ClaimedUntil)
@@ -406,6 +421,11 @@ func TestAutoReprocess(t *testing.T) {
 	})
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
+	}
+	for status, want := range map[string]float64{"completed": 1, "retry_wait": 2 + 3, "dead": 1} {
+		if got := r.metric("reprocess_attempts_total", "status", status); got != want {
+			t.Errorf("reprocess_attempts_total{status=%s} = %v, want %v", status, got, want)
+		}
 	}
 	flaky, _ := e.history(rowOf("flaky"))
 	want := "[pending>processing processing>retry_wait retry_wait>processing processing>retry_wait retry_wait>processing processing>completed]"

@@ -111,7 +111,9 @@ func newTables(dl string) (tables, error) {
 // the lease and retry columns added, the status CHECK replaced, rows marked
 // 'reprocessed' marked 'completed' ('dead' ones stay dead). Every statement
 // is idempotent, and once the table is current the upgrade does nothing (it
-// takes no lock). MigrationFile and Migrate run this same text.
+// takes no lock). The status column defaults to 'dead', which is what a
+// consumer of an older version, which does not name it, means during an
+// upgrade. MigrationFile and Migrate run this same text.
 func DDL(deadLetterTable string) (string, error) {
 	t, err := newTables(deadLetterTable)
 	if err != nil {
