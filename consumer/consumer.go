@@ -23,7 +23,20 @@
 // Permanent failures, and transient ones that used up the budget, are stored
 // in the dead-letter table with the claim, in one transaction committed
 // before the offset: the message is isolated, not lost, and not retried on
-// redelivery until an operator calls Reprocess after the fix.
+// redelivery.
+//
+// Dead letters follow the state model the relay's follow too (package
+// internal/letterstate): pending → processing → completed, retry_wait after
+// a transient failure, dead once the budget is spent. Run stores a permanent
+// failure as dead, and a transient one as pending when Config.AutoReprocess
+// is on (dead otherwise). Reprocessing (Reprocess by an operator after the
+// fix, ReprocessDue and AutoReprocess automatically) claims a letter
+// atomically with a lease (claimed_by, claimed_until): two reprocessors
+// never run one letter, and the letters of one that died are taken over
+// once its lease expired. Success completes the letter in the handler's
+// transaction; a failure moves it to retry_wait with a full-jitter backoff,
+// or to dead when permanent or past AutoReprocess.Budget. Every change is
+// recorded, with who made it and why, in <table>_transitions (History).
 //
 // The tables come from MigrationFile (or Migrate); Prune trims old claims.
 package consumer
@@ -80,8 +93,8 @@ const (
 	fetchMaxWait = 500 * time.Millisecond
 )
 
-// Config configures Run (and Reprocess, which needs only Name, Pool,
-// DeadLetterTable and Logger).
+// Config configures Run (and Reprocess and ReprocessDue, which need only
+// Name, Pool, DeadLetterTable, AutoReprocess and Logger).
 type Config struct {
 	// Brokers are the Kafka seed brokers, host:port.
 	Brokers []string
@@ -105,6 +118,10 @@ type Config struct {
 	// Retry bounds the retries of transient failures; zero fields take
 	// DefaultRetryPolicy's.
 	Retry RetryPolicy
+	// AutoReprocess, when its Interval is positive, reprocesses dead letters
+	// of transient failures in the background; its other fields bound every
+	// reprocessing (Reprocess, ReprocessDue) too.
+	AutoReprocess AutoReprocess
 	// Registerer receives the cdc_relay_consumer_* metrics; nil registers
 	// none.
 	Registerer prometheus.Registerer
@@ -162,6 +179,9 @@ func (c Config) Validate() error {
 	}
 	problems = append(problems, c.validateStore()...)
 	if err := c.Retry.withDefaults().validate(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if err := c.AutoReprocess.validate(); err != nil {
 		problems = append(problems, err.Error())
 	}
 	if c.SessionTimeout < 0 || c.HeartbeatInterval < 0 || c.RebalanceTimeout < 0 || c.JoinGroupBackoff < 0 || c.ShutdownTimeout < 0 {
@@ -348,6 +368,13 @@ func (r *runner) run(ctx context.Context) error {
 		defer wg.Done()
 		r.watchStats(done)
 	}()
+	if r.cfg.AutoReprocess.Interval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.autoReprocess(ctx)
+		}()
+	}
 
 	fetchFailures := 0
 	for ctx.Err() == nil {
@@ -405,6 +432,43 @@ func (r *runner) watchStats(done <-chan struct{}) {
 	}
 }
 
+// autoReprocess calls ReprocessDue every AutoReprocess.Interval until ctx
+// is done, at once again while it finds a full batch. Its failures (the
+// database, mostly) are logged once per streak and tried again at the next
+// tick: the main loop waits for the database on its own.
+func (r *runner) autoReprocess(ctx context.Context) {
+	t := time.NewTicker(r.cfg.AutoReprocess.Interval)
+	defer t.Stop()
+	batch := r.cfg.AutoReprocess.withDefaults().BatchSize
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for ctx.Err() == nil {
+			res, err := ReprocessDue(ctx, r.cfg, r.handler, "consumer "+r.cfg.Name)
+			if err != nil {
+				if !failing && ctx.Err() == nil {
+					r.log.Warn().Err(err).Msg("automatic reprocessing of dead letters failed; retrying at the next interval")
+				}
+				failing = true
+				break
+			}
+			failing = false
+			for _, x := range res {
+				if x.Outcome == Reprocessed || x.Outcome == ReprocessFailed {
+					r.m.reprocessed.WithLabelValues(x.Status).Inc()
+				}
+			}
+			if len(res) < batch {
+				break
+			}
+		}
+	}
+}
+
 // commitOffset commits km's offset after its transaction committed. A
 // failure is logged and counted, not retried: the next commit covers it, and
 // if none comes the message is delivered again and skipped as a duplicate.
@@ -424,7 +488,7 @@ func (r *runner) commitOffset(work context.Context, km kafka.Message) {
 func (r *runner) process(ctx, work context.Context, msg Message) error {
 	if msg.ID == "" {
 		now := time.Now()
-		return r.deadLetter(ctx, work, msg, CodeMissingID,
+		return r.deadLetter(ctx, work, msg, StatusDead, CodeMissingID,
 			`the record has no "id" header, so it cannot be deduplicated; the handler was not called`, 0, now, now)
 	}
 	var first time.Time        // of the first handler failure
@@ -466,11 +530,15 @@ func (r *runner) process(ctx, work context.Context, msg Message) error {
 			first = now
 		}
 		if IsPermanent(err) {
-			return r.deadLetter(ctx, work, msg, errorCode(err, false), err.Error(), attempt-1, first, now)
+			return r.deadLetter(ctx, work, msg, StatusDead, errorCode(err, false), err.Error(), attempt-1, first, now)
 		}
 		delay, ok := r.retry.next(attempt, now.Sub(first)-excluded)
 		if !ok {
-			return r.deadLetter(ctx, work, msg, errorCode(err, true), err.Error(), attempt-1, first, now)
+			status := StatusDead // nothing would retry it
+			if r.cfg.AutoReprocess.Interval > 0 {
+				status = StatusPending
+			}
+			return r.deadLetter(ctx, work, msg, status, errorCode(err, true), err.Error(), attempt-1, first, now)
 		}
 		if ctx.Err() != nil {
 			return errStopped // no retries while stopping
@@ -526,14 +594,15 @@ func callHandler(ctx context.Context, h Handler, tx pgx.Tx, msg Message) (err er
 	return h(ctx, tx, msg)
 }
 
-// deadLetter stores msg's dead letter together with its claim, waiting
-// while the database is unavailable. When the claim exists already (another
+// deadLetter stores msg's dead letter, with status (StatusDead or
+// StatusPending), together with its claim, waiting while the database is
+// unavailable. When the claim exists already (another
 // delivery of the message took effect meanwhile) nothing is stored and the
 // message counts as a duplicate.
-func (r *runner) deadLetter(ctx, work context.Context, msg Message, code, text string, retries int, first, last time.Time) error {
+func (r *runner) deadLetter(ctx, work context.Context, msg Message, status, code, text string, retries int, first, last time.Time) error {
 	l := letter{
 		consumer: r.cfg.Name, msg: msg, code: code, text: text, retries: retries, first: first, last: last,
-		correlationID: msg.CorrelationID(), schemaVersion: msg.SchemaVersion(),
+		correlationID: msg.CorrelationID(), schemaVersion: msg.SchemaVersion(), status: status,
 	}
 	for {
 		dup, err := r.storeLetter(work, l)
@@ -545,8 +614,13 @@ func (r *runner) deadLetter(ctx, work context.Context, msg Message, code, text s
 				return nil
 			}
 			r.m.deadLetters.WithLabelValues(code).Inc()
+			if status == StatusPending {
+				logMsg(r.log.Warn(), msg).Str("code", code).Int("retries", retries).Str("error", text).
+					Str("table", r.tables.dlName).Str("status", status).Msg("message dead-lettered; it is reprocessed automatically")
+				return nil
+			}
 			logMsg(r.log.Error(), msg).Str("code", code).Int("retries", retries).Str("error", text).
-				Str("table", r.tables.dlName).Msg("message dead-lettered; fix the cause, then reprocess it")
+				Str("table", r.tables.dlName).Str("status", status).Msg("message dead-lettered; fix the cause, then reprocess it")
 			return nil
 		}
 		if work.Err() != nil {

@@ -16,6 +16,7 @@ type metrics struct {
 	duplicates   prometheus.Counter
 	retries      prometheus.Counter
 	deadLetters  *prometheus.CounterVec // by code
+	reprocessed  *prometheus.CounterVec // by status afterwards
 	handlerTime  prometheus.Histogram
 	lag          *prometheus.GaugeVec // by topic, partition
 	rebalances   prometheus.Counter
@@ -40,6 +41,8 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 			"Handler attempts that failed transiently and were retried after a backoff."))),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts(opts("dead_letters_total",
 			"Messages stored in the dead-letter table, by error code.")), []string{"code"}),
+		reprocessed: prometheus.NewCounterVec(prometheus.CounterOpts(opts("reprocess_attempts_total",
+			"Automatic reprocessing attempts (Config.AutoReprocess) of dead letters, by the letter's status afterwards: completed, retry_wait or dead.")), []string{"status"}),
 		handlerTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "cdc_relay", Subsystem: "consumer", Name: "handler_duration_seconds", ConstLabels: labels,
 			Help:    "Time of one handler call, successful or not (without the claim and the commit).",
@@ -62,6 +65,7 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 	m.duplicates = register(reg, m.duplicates, &errs)
 	m.retries = register(reg, m.retries, &errs)
 	m.deadLetters = register(reg, m.deadLetters, &errs)
+	m.reprocessed = register(reg, m.reprocessed, &errs)
 	m.handlerTime = register(reg, m.handlerTime, &errs)
 	m.lag = register(reg, m.lag, &errs)
 	m.rebalances = register(reg, m.rebalances, &errs)

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/letterstate"
 )
 
 // Table names. ProcessedTable is fixed; the dead-letter table is
@@ -36,12 +38,34 @@ const maxClaimIDLen = 255
 // pruneBatch is how many claims Prune deletes per statement.
 const pruneBatch = 1000
 
-// Dead-letter statuses.
+// Dead-letter statuses: the state model the relay's dead letters follow too
+// (pending → processing → completed, retry_wait after a transient failure,
+// dead once the budget is spent; see the package documentation).
 const (
-	// StatusDead: isolated after a permanent failure or the retry budget;
-	// redeliveries of the message are skipped until Reprocess succeeds.
-	StatusDead = "dead"
-	// StatusReprocessed: Reprocess ran the handler for it and committed.
+	// StatusPending: stored by Run after the retry budget of a transient
+	// failure while Config.AutoReprocess is on; the automatic reprocessing
+	// takes it once it is due (an operator's Reprocess at any time).
+	StatusPending = letterstate.Pending
+	// StatusProcessing: claimed by a reprocessor (claimed_by) until
+	// claimed_until; once that passed, another reprocessor may take it over.
+	StatusProcessing = letterstate.Processing
+	// StatusRetryWait: a reprocessing attempt failed transiently; the
+	// automatic reprocessing takes it again from next_attempt_at.
+	StatusRetryWait = letterstate.RetryWait
+	// StatusCompleted: reprocessing ran the handler and committed.
+	StatusCompleted = letterstate.Completed
+	// StatusDead: isolated after a permanent failure, or the retry budget
+	// when nothing retries it automatically (Config.AutoReprocess off), or
+	// the automatic reprocessing's budget; only an operator's Reprocess runs
+	// it again. Redeliveries of the message are skipped whatever the status.
+	StatusDead = letterstate.Dead
+	// StatusReprocessed is what StatusCompleted was called before the state
+	// model.
+	//
+	// Deprecated: use StatusCompleted. Migrate (and MigrationFile) turn the
+	// rows that have it into completed ones; the table still accepts it from
+	// a consumer of an older version during an upgrade, and it is read as
+	// completed.
 	StatusReprocessed = "reprocessed"
 )
 
@@ -51,6 +75,9 @@ type tables struct {
 	deadLetters string // quoted
 	dlName      string // as configured (with the default applied), for messages
 	dlIndex     string // quoted name of the dead-letter index
+	transitions string // quoted name of the dead-letter history table
+	trIndex     string // quoted name of the history's index
+	stateCheck  string // name of the status CHECK constraint, unquoted
 }
 
 // newTables names the tables for the dead-letter table dl ("table" or
@@ -71,13 +98,22 @@ func newTables(dl string) (tables, error) {
 		deadLetters: pgx.Identifier{schema, table}.Sanitize(),
 		dlName:      dl,
 		dlIndex:     pgx.Identifier{table + "_status_idx"}.Sanitize(),
+		transitions: pgx.Identifier{schema, table + "_transitions"}.Sanitize(),
+		trIndex:     pgx.Identifier{table + "_transitions_letter_idx"}.Sanitize(),
+		stateCheck:  table + "_state_check",
 	}, nil
 }
 
-// DDL returns the statements that create processed_messages and the
-// dead-letter table named deadLetterTable ("" means
-// DefaultDeadLetterTable), each only if missing. MigrationFile and Migrate
-// run this same text.
+// DDL returns the statements that create processed_messages, the
+// dead-letter table named deadLetterTable ("" means DefaultDeadLetterTable)
+// and its history table <table>_transitions, each only if missing, and then
+// bring a dead-letter table made by an older version onto the state model:
+// the lease and retry columns added, the status CHECK replaced, rows marked
+// 'reprocessed' marked 'completed' ('dead' ones stay dead). Every statement
+// is idempotent, and once the table is current the upgrade does nothing (it
+// takes no lock). The status column defaults to 'dead', which is what a
+// consumer of an older version, which does not name it, means during an
+// upgrade. MigrationFile and Migrate run this same text.
 func DDL(deadLetterTable string) (string, error) {
 	t, err := newTables(deadLetterTable)
 	if err != nil {
@@ -87,6 +123,12 @@ func DDL(deadLetterTable string) (string, error) {
 }
 
 func (t tables) ddl() string {
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	// The statuses a dead letter may have: those of the state model, and
+	// 'reprocessed', which a consumer of an older version may still write
+	// during an upgrade (it is read as completed).
+	statusList := letterstate.SQLList(StatusReprocessed)
+	check := pgx.Identifier{t.stateCheck}.Sanitize()
 	return `CREATE TABLE IF NOT EXISTS ` + t.processed + ` (
     consumer_name text        NOT NULL,
     message_id    text        NOT NULL,
@@ -112,13 +154,56 @@ CREATE TABLE IF NOT EXISTS ` + t.deadLetters + ` (
     last_failed_at     timestamptz NOT NULL,
     correlation_id     text,
     schema_version     text,
-    status             text        NOT NULL DEFAULT 'dead' CHECK (status IN ('dead', 'reprocessed')),
+    status             text        NOT NULL DEFAULT 'dead' CONSTRAINT ` + check + ` CHECK (status IN (` + statusList + `)),
     reprocess_attempts int         NOT NULL DEFAULT 0,
     reprocessed_at     timestamptz,
     reprocessed_by     text,
+    next_attempt_at    timestamptz,
+    last_attempt_at    timestamptz,
+    last_attempt_error text,
+    claimed_by         text,
+    claimed_until      timestamptz,
     UNIQUE (consumer_name, message_id)
 );
 CREATE INDEX IF NOT EXISTS ` + t.dlIndex + ` ON ` + t.deadLetters + ` (consumer_name, status, last_failed_at);
+CREATE TABLE IF NOT EXISTS ` + t.transitions + ` (
+    id             bigserial   PRIMARY KEY,
+    dead_letter_id bigint      NOT NULL,
+    consumer_name  text        NOT NULL,
+    message_id     text        NOT NULL,
+    owner          text        NOT NULL,
+    from_status    text        NOT NULL,
+    to_status      text        NOT NULL,
+    attempt        int         NOT NULL DEFAULT 0,
+    detail         text,
+    at             timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS ` + t.trIndex + ` ON ` + t.transitions + ` (dead_letter_id);
+-- Tables of versions before the state model (statuses dead and reprocessed
+-- only): add its columns, allow its statuses, call 'reprocessed' letters
+-- 'completed'. Skipped, without a lock, once the constraint exists.
+DO $cdc_relay$
+DECLARE
+    old name;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint
+            WHERE conrelid = ` + lit(t.deadLetters) + `::regclass AND conname = ` + lit(t.stateCheck) + `::name) THEN
+        ALTER TABLE ` + t.deadLetters + `
+            ADD COLUMN IF NOT EXISTS next_attempt_at    timestamptz,
+            ADD COLUMN IF NOT EXISTS last_attempt_at    timestamptz,
+            ADD COLUMN IF NOT EXISTS last_attempt_error text,
+            ADD COLUMN IF NOT EXISTS claimed_by         text,
+            ADD COLUMN IF NOT EXISTS claimed_until      timestamptz;
+        FOR old IN SELECT c.conname FROM pg_catalog.pg_constraint c
+                JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+                WHERE c.conrelid = ` + lit(t.deadLetters) + `::regclass AND c.contype = 'c' AND a.attname = 'status' LOOP
+            EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', ` + lit(t.deadLetters) + `, old);
+        END LOOP;
+        UPDATE ` + t.deadLetters + ` SET status = 'completed' WHERE status = 'reprocessed';
+        ALTER TABLE ` + t.deadLetters + ` ADD CONSTRAINT ` + check + ` CHECK (status IN (` + statusList + `));
+    END IF;
+END
+$cdc_relay$;
 `
 }
 
@@ -153,6 +238,7 @@ func (t tables) check(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, tbl := range []struct{ quoted, name, privs string }{
 		{t.processed, ProcessedTable, "SELECT, INSERT, UPDATE, DELETE"},
 		{t.deadLetters, t.dlName, "SELECT, INSERT, UPDATE"},
+		{t.transitions, t.dlName + "_transitions", "SELECT, INSERT"},
 	} {
 		var exists, writable bool
 		err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
@@ -166,6 +252,15 @@ func (t tables) check(ctx context.Context, pool *pgxpool.Pool) error {
 		if !writable {
 			return fmt.Errorf("the consumer's role may not insert into %s: GRANT %s ON %s TO <role>", tbl.name, tbl.privs, tbl.name)
 		}
+	}
+	var current bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint
+    WHERE conrelid = to_regclass($1) AND conname = $2::name)`, t.deadLetters, t.stateCheck).Scan(&current)
+	if err != nil {
+		return &storeError{fmt.Errorf("check table %s: %w", t.dlName, err)}
+	}
+	if !current {
+		return fmt.Errorf("table %s was made by an older version (statuses dead and reprocessed only): apply %s again as its owner (or call consumer.Migrate)", t.dlName, MigrationFile)
 	}
 	return nil
 }
@@ -190,11 +285,13 @@ type letter struct {
 	first, last   time.Time
 	correlationID string
 	schemaVersion string
+	status        string // StatusDead or StatusPending
 }
 
 // addLetter stores l in tx: a new row, or, when the message was
 // dead-lettered before and its claim has been pruned since, the same row
-// updated (status dead again, the new error, the retries added).
+// updated (l.status again, the new error, the retries added, the
+// reprocessing attempts and any lease cleared).
 func (t tables) addLetter(ctx context.Context, tx pgx.Tx, l letter) error {
 	headers, err := json.Marshal(textMap(l.msg.Headers))
 	if err != nil {
@@ -206,15 +303,16 @@ func (t tables) addLetter(ctx context.Context, tx pgx.Tx, l letter) error {
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO `+t.deadLetters+` AS d (consumer_name, message_id, topic, kafka_partition, kafka_offset,
     message_key, payload, headers, message_time, error_code, error_message, retry_count, first_failed_at, last_failed_at,
-    correlation_id, schema_version)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, nullif($15, ''), nullif($16, ''))
+    correlation_id, schema_version, status)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, nullif($15, ''), nullif($16, ''), $17)
 ON CONFLICT (consumer_name, message_id) DO UPDATE SET
     topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition, kafka_offset = EXCLUDED.kafka_offset,
     error_code = EXCLUDED.error_code, error_message = EXCLUDED.error_message,
-    retry_count = d.retry_count + EXCLUDED.retry_count + 1, last_failed_at = EXCLUDED.last_failed_at, status = 'dead'`,
+    retry_count = d.retry_count + EXCLUDED.retry_count + 1, last_failed_at = EXCLUDED.last_failed_at, status = EXCLUDED.status,
+    reprocess_attempts = 0, next_attempt_at = NULL, claimed_by = NULL, claimed_until = NULL`,
 		pgText(l.consumer), l.msg.claimID(), pgText(l.msg.Topic), l.msg.Partition, l.msg.Offset,
 		l.msg.Key, l.msg.Value, headers, msgTime, l.code, pgText(l.text), l.retries, l.first, l.last,
-		pgText(l.correlationID), pgText(l.schemaVersion))
+		pgText(l.correlationID), pgText(l.schemaVersion), l.status)
 	if err != nil {
 		return fmt.Errorf("store dead letter of %s in %s: %w", l.msg, t.dlName, err)
 	}

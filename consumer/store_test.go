@@ -68,7 +68,7 @@ func TestReprocess(t *testing.T) {
 		}
 	}
 	for _, l := range e.letters() {
-		if l.Status != consumer.StatusReprocessed || l.ReprocessedAt == nil || l.ReprocessedBy == nil || *l.ReprocessedBy != "alice" {
+		if l.Status != consumer.StatusCompleted || l.ReprocessedAt == nil || l.ReprocessedBy == nil || *l.ReprocessedBy != "alice" {
 			t.Errorf("letter %d after reprocessing: status %s at %v by %v", l.ID, l.Status, l.ReprocessedAt, l.ReprocessedBy)
 		}
 	}

@@ -216,6 +216,9 @@ func reprocess(ctx context.Context, cfg consumer.Config, o options) error {
 	results, err := consumer.Reprocess(ctx, cfg, grant, o.actor, o.reprocess...)
 	for _, r := range results {
 		line := fmt.Sprintf("dead letter %d (message %s): %s", r.ID, r.MessageID, r.Outcome)
+		if r.Status != "" {
+			line += ", now " + r.Status
+		}
 		if r.Err != nil {
 			line += ": " + r.Err.Error()
 		}

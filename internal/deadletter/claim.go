@@ -3,11 +3,12 @@ package deadletter
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/internal/letterstate"
 )
 
 // DefaultLease is how long a replay's claim on a letter lasts unless renewed;
@@ -29,20 +30,13 @@ type Lease struct {
 }
 
 func (l Lease) millis() int64 {
-	if l.Duration <= 0 {
-		return DefaultLease.Milliseconds()
-	}
-	return max(l.Duration.Milliseconds(), 1)
+	return letterstate.Lease{Owner: l.Owner, Duration: l.Duration}.Millis(DefaultLease)
 }
 
 // OwnerName is the lease owner of replay replayID of kind ("replay", "auto
 // retry") run by this process: unique among replays, and saying where to look.
 func OwnerName(kind string, replayID int64) string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
-	return fmt.Sprintf("%s %d on %s (pid %d)", kind, replayID, host, os.Getpid())
+	return letterstate.OwnerName(kind, replayID)
 }
 
 // Claim takes, for lease, the letters among ids that no one else holds:
@@ -57,8 +51,7 @@ func (s *Store) Claim(ctx context.Context, lease Lease, ids []int64, force bool)
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	cond := `id = ANY($4) AND (status IN ('pending', 'retry_wait', 'dead')
-        OR (status = 'processing' AND coalesce(claimed_until, '-infinity') < now())
+	cond := `id = ANY($4) AND (` + letterstate.Claimable + `
         OR ($5 AND status IN ('completed', 'replayed')))`
 	letters, err := s.claim(ctx, lease, cond, "id", 0, ids, force)
 	if err != nil {
@@ -78,8 +71,8 @@ func (s *Store) ClaimDue(ctx context.Context, lease Lease, codes []string, first
 	}
 	cond := `error_code = ANY($4) AND (
         (status = 'pending' AND last_failed_at <= now() - $5 * interval '1 millisecond')
-        OR (status = 'retry_wait' AND coalesce(next_attempt_at, '-infinity') <= now())
-        OR (status = 'processing' AND coalesce(claimed_until, '-infinity') < now()))`
+        OR ` + letterstate.RetryDue + `
+        OR ` + letterstate.LeaseExpired + `)`
 	letters, err := s.claim(ctx, lease, cond, "coalesce(next_attempt_at, last_failed_at), id", limit, codes, firstDelay.Milliseconds())
 	if err != nil {
 		return nil, s.wrap(err, "claim dead letters due for a retry (codes %s) for %s", strings.Join(codes, ", "), lease.Owner)
@@ -90,25 +83,12 @@ func (s *Store) ClaimDue(ctx context.Context, lease Lease, codes []string, first
 // claim claims the letters cond selects ($4 and $5 are a and b), in order,
 // at most limit (0: all), and records their transitions.
 func (s *Store) claim(ctx context.Context, lease Lease, cond, order string, limit int, a, b any) ([]Letter, error) {
-	lim := ""
-	if limit > 0 {
-		lim = fmt.Sprintf(" LIMIT %d", limit)
-	}
-	q := `WITH c AS (
-    SELECT id AS claim_id, status AS was, claimed_by AS was_owner, claimed_until AS was_until FROM ` + s.n.letters + `
-    WHERE ` + cond + `
-    ORDER BY ` + order + lim + ` FOR UPDATE SKIP LOCKED),
-u AS (
-    UPDATE ` + s.n.letters + ` AS d SET status = 'processing', claimed_by = $1,
-        claimed_until = now() + $2 * interval '1 millisecond'
-    FROM c WHERE d.id = c.claim_id
-    RETURNING d.*, c.was, c.was_owner, c.was_until),
+	q := letterstate.ClaimCTEs(s.n.letters, cond, order, limit) + `,
 h AS (
     INSERT INTO ` + s.n.transitions + ` (dead_letter_id, event_id, replay_id, owner, from_status, to_status, attempt, detail)
     SELECT id, event_id, nullif($3::bigint, 0), $1, CASE WHEN was = 'replayed' THEN 'completed' ELSE was END,
         'processing', attempts,
-        CASE WHEN was = 'processing' THEN 'took over: the lease of ' || coalesce(was_owner, '(nobody)') ||
-            ' expired at ' || coalesce(to_char(was_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS"Z"'), '(never set)') END
+        ` + letterstate.TookOver + `
     FROM u)
 SELECT ` + letterColumns + `, CASE WHEN was = 'replayed' THEN 'completed' ELSE was END FROM u ORDER BY id`
 	rows, err := s.pool.Query(ctx, q, lease.Owner, lease.millis(), lease.ReplayID, a, b)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/letterstate"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -265,7 +266,8 @@ func (c *claimed) before() string {
 	return c.was
 }
 
-// settlePolicy decides what a letter whose attempt failed becomes.
+// settlePolicy decides what a letter whose attempt failed becomes: the
+// state model's shared decision (letterstate.Policy.Failed).
 type settlePolicy struct {
 	budget int            // attempts after which it is dead; 0: never
 	maxAge time.Duration  // a letter that first failed longer ago than this is dead; 0: never
@@ -275,16 +277,7 @@ type settlePolicy struct {
 // failed returns the status, wait and detail of the claim c whose attempt
 // failed with err.
 func (p settlePolicy) failed(c *claimed, err error) (string, time.Duration, string) {
-	n := c.attempts + 1
-	switch {
-	case c.was == StatusDead:
-		return StatusDead, 0, err.Error()
-	case p.budget > 0 && n >= p.budget:
-		return StatusDead, 0, fmt.Sprintf("retry budget spent (%d attempts): %v", n, err)
-	case p.maxAge > 0 && time.Since(c.firstFailed) >= p.maxAge:
-		return StatusDead, 0, fmt.Sprintf("first failed more than %s ago, the retries' age limit: %v", p.maxAge, err)
-	}
-	return StatusRetryWait, p.retry.Delay(n - 1), err.Error()
+	return letterstate.Policy{Budget: p.budget, MaxAge: p.maxAge, Retry: p.retry}.Failed(c.was, c.attempts, c.firstFailed, false, err)
 }
 
 // ReplayRun is one replay in progress: it batches, rate-limits, publishes and

@@ -42,6 +42,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/letterstate"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -52,21 +53,22 @@ const DefaultTable = "public.cdc_relay_dead_letters"
 // not create tables themselves.
 const MigrationFile = "migrations/005_dead_letters.sql"
 
-// Letter statuses: the reprocessing state model.
+// Letter statuses: the reprocessing state model (package letterstate, which
+// the consumer's dead letters follow too).
 const (
 	// StatusPending: stored by the relay, not attempted since it last failed.
-	StatusPending = "pending"
+	StatusPending = letterstate.Pending
 	// StatusProcessing: claimed by a replay (ClaimedBy) until ClaimedUntil;
 	// once that passed, another replay may take it over.
-	StatusProcessing = "processing"
+	StatusProcessing = letterstate.Processing
 	// StatusRetryWait: an attempt failed; the automatic retries take it again
 	// from NextAttemptAt (a dlq replay at any time).
-	StatusRetryWait = "retry_wait"
+	StatusRetryWait = letterstate.RetryWait
 	// StatusCompleted: published again and acknowledged by Kafka.
-	StatusCompleted = "completed"
+	StatusCompleted = letterstate.Completed
 	// StatusDead: the automatic retries spent their budget on it; only an
 	// operator's dlq replay publishes it now.
-	StatusDead = "dead"
+	StatusDead = letterstate.Dead
 	// StatusReplayed is what StatusCompleted was called before the state
 	// model. Rows of older versions that have it are migrated; a letter read
 	// with it has StatusCompleted, and a Filter with it selects the completed.
@@ -240,6 +242,8 @@ $cdc_relay$;
 // statusList is the SQL list of the statuses a letter may have: those of the
 // state model, and 'replayed', which a relay or CLI of an older version may
 // still write during an upgrade (it is read as completed).
+// It is letterstate.SQLList(StatusReplayed), written out so that it is a
+// constant (a test holds them equal).
 const statusList = `'pending', 'processing', 'retry_wait', 'completed', 'dead', 'replayed'`
 
 // names are the quoted names of a store's tables, and the name as configured.
