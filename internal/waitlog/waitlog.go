@@ -31,6 +31,7 @@ type Wait struct {
 	what, where string
 	hint        string
 	start       time.Time
+	first, next time.Duration // First and Progress, shorter in tests
 	stop        chan struct{}
 	stopped     chan struct{}
 	once        sync.Once
@@ -47,7 +48,11 @@ type Wait struct {
 // CDC_RELAY_KAFKA_BROKERS; gives up after 30s"). Nothing is logged unless the
 // wait lasts First.
 func Start(log zerolog.Logger, what, where, hint string) *Wait {
-	w := &Wait{log: log, what: what, where: where, hint: hint, start: time.Now(),
+	return start(log, what, where, hint, First, Progress)
+}
+
+func start(log zerolog.Logger, what, where, hint string, first, next time.Duration) *Wait {
+	w := &Wait{log: log, what: what, where: where, hint: hint, start: time.Now(), first: first, next: next,
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	go w.watch()
 	return w
@@ -98,9 +103,9 @@ func (w *Wait) Summary() string {
 // watch writes the first line after First and the progress lines until Done.
 func (w *Wait) watch() {
 	defer close(w.stopped)
-	t := time.NewTimer(First)
+	t := time.NewTimer(w.first)
 	defer t.Stop()
-	next := Progress
+	next := w.next
 	for {
 		select {
 		case <-w.stop:
