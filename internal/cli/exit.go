@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
 // Exit codes. status also exits ExitUsage when it finds a problem with the
@@ -31,18 +32,25 @@ func (e *usageError) Unwrap() error { return e.error }
 
 // ExitCode is the process's exit code for err, as Run returned it: 0 for
 // nil, an *ExitError's Code, ExitUsage for a mistake in the command line,
-// environment or configuration (flags, --config file, a *config.FieldError),
-// and ExitFailure for anything else.
+// environment or configuration found before connecting anywhere (flags,
+// --config file, a *config.FieldError from the relay's own checks), and
+// ExitFailure for anything else, including what the servers refuse (a
+// *replication.ConfigError: wal_level, a missing table, privileges).
 func ExitCode(err error) int {
 	var exit *ExitError
 	var usage *usageError
+	var server *replication.ConfigError
 	var field *config.FieldError
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &exit):
 		return exit.Code
-	case errors.As(err, &usage), errors.As(err, &field):
+	case errors.As(err, &usage):
+		return ExitUsage
+	case errors.As(err, &server): // found on the server, even when a setting is the fix
+		return ExitFailure
+	case errors.As(err, &field):
 		return ExitUsage
 	}
 	return ExitFailure
