@@ -10,20 +10,21 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// meaningfulConnectError returns err with the text of the *pgconn.ConnectError
-// in it narrowed to the attempts a person should read, on one line, and the
-// server's error among them, if any. pgconn tries each host, and with
-// sslmode=prefer (pgx's default) each host with TLS and then without, and
-// joins every attempt's error on lines of their own: a wrong password on a
-// server without TLS reads "server refused TLS connection" first. When the
-// server answered an attempt (a *pgconn.PgError: authentication failed,
-// database does not exist…), only the attempts it answered are kept;
-// otherwise the TLS refusals are dropped when another attempt failed for
-// another reason. The original stays in the chain for errors.Is and As.
-func meaningfulConnectError(err error) (error, *pgconn.PgError) {
+// meaningfulConnectError returns the server's error among the connection
+// attempts in err, if any, and err with the text of its *pgconn.ConnectError
+// narrowed to the attempts a person should read, on one line. pgconn tries
+// each host, and with sslmode=prefer (pgx's default) each host with TLS and
+// then without, and joins every attempt's error on lines of their own: a
+// wrong password on a server without TLS reads "server refused TLS
+// connection" first. When the server answered an attempt (a
+// *pgconn.PgError: authentication failed, database does not exist…), only
+// the attempts it answered are kept; otherwise the TLS refusals are dropped
+// when another attempt failed for another reason. The original stays in the
+// chain for errors.Is and As.
+func meaningfulConnectError(err error) (*pgconn.PgError, error) {
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) {
-		return err, nil
+		return nil, err
 	}
 	var attempts []error
 	if joined, ok := ce.Unwrap().(interface{ Unwrap() []error }); ok {
@@ -62,9 +63,9 @@ func meaningfulConnectError(err error) (error, *pgconn.PgError) {
 	narrowed := prefix + strings.Join(texts, "; ")
 	msg := strings.Replace(err.Error(), ce.Error(), narrowed, 1)
 	if msg == err.Error() {
-		return err, server
+		return server, err
 	}
-	return &redactedError{msg: msg, err: err}, server
+	return server, &redactedError{msg: msg, err: err}
 }
 
 // connectHint says what to check for a connection the server refused with pe.

@@ -369,7 +369,7 @@ func redactErr(err error) error {
 // each attempt (every host, with and without TLS) it keeps the meaningful
 // ones, on one line (see meaningfulConnectError).
 func ConnectError(url string, err error) error {
-	err, server := meaningfulConnectError(err)
+	server, err := meaningfulConnectError(err)
 	hint := "check --pg-url / CDC_RELAY_PG_URL"
 	if server != nil {
 		hint = connectHint(server)
