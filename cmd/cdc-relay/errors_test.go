@@ -129,7 +129,10 @@ func TestWaitingForKafka(t *testing.T) {
 	broker := "127.0.0.1:" + strconv.Itoa(port)
 	for _, format := range []string{"json", "console"} {
 		t.Run(format, func(t *testing.T) {
-			s := startBinary(t, "run", "--pg-url", f.url, "--kafka-brokers", broker, "--topic", f.topic, "--slot", f.slot,
+			// Each waits --kafka-start-timeout; with halt neither creates the
+			// dead-letter table (two runs creating it at once would race).
+			t.Parallel()
+			s := startBinary(t, "run", "--pg-url", f.url, "--kafka-brokers", broker, "--topic", f.topic, "--slot", f.slot, "--on-error", "halt",
 				"--metrics-addr", "127.0.0.1:0", "--log-format", format, "--kafka-start-timeout", "7s")
 			// The relay has a fixed topic: it waits for the topic's partitions.
 			awaited := fmt.Sprintf("topic %q on Kafka brokers at %s", f.topic, broker)
