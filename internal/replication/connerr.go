@@ -23,7 +23,7 @@ import (
 // chain for errors.Is and As.
 func meaningfulConnectError(err error) (*pgconn.PgError, error) {
 	var ce *pgconn.ConnectError
-	if !errors.As(err, &ce) {
+	if !errors.As(err, &ce) || ce.Config == nil || ce.Unwrap() == nil {
 		return nil, err
 	}
 	var attempts []error
@@ -56,10 +56,7 @@ func meaningfulConnectError(err error) (*pgconn.PgError, error) {
 	for i, a := range keep {
 		texts[i] = strings.ReplaceAll(a.Error(), "\n", " ")
 	}
-	var prefix string
-	if ce.Config != nil {
-		prefix = fmt.Sprintf("failed to connect to `user=%s database=%s`: ", ce.Config.User, ce.Config.Database)
-	}
+	prefix := fmt.Sprintf("failed to connect to `user=%s database=%s`: ", ce.Config.User, ce.Config.Database)
 	narrowed := prefix + strings.Join(texts, "; ")
 	msg := strings.Replace(err.Error(), ce.Error(), narrowed, 1)
 	if msg == err.Error() {
