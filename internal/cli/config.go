@@ -127,7 +127,7 @@ var yamlErrorLine = regexp.MustCompile(`^(?:yaml: )?(?:line (\d+): )?`)
 func syntaxErrorLine(data []byte, err error) (int, string) {
 	msg := yamlErrorLine.ReplaceAllString(err.Error(), "")
 	lines := bytes.SplitAfter(data, []byte("\n"))
-	if len(lines) > 5000 { // too long to reparse line by line: yaml's own count, made 1-based
+	if len(lines) > 5000 { // too long to reparse line by line: yaml's own number, perhaps a line early
 		if m := yamlErrorLine.FindStringSubmatch(err.Error()); m[1] != "" {
 			n, _ := strconv.Atoi(m[1])
 			return n, msg
