@@ -384,7 +384,8 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 }
 
 // TestBadConfiguration runs the binary with configurations it must refuse at
-// start, with a non-zero exit and a message naming the fix.
+// start, with a non-zero exit (2 for a mistake in the flags, 1 for what the
+// servers refuse) and a message naming the fix.
 func TestBadConfiguration(t *testing.T) {
 	f := newFixture(t, sharedPG, t.Name(), true)
 	noTable, err := sharedPG.CreateDatabase(context.Background(), "e2e_bad_config_no_table")
@@ -405,35 +406,35 @@ func TestBadConfiguration(t *testing.T) {
 		args     []string
 		setup    func(t *testing.T) []string // extra args, for cases that need their own server
 		env      []string
-		wantCode int // 0 or 1
+		wantCode int // 0, 1 (runtime failure) or 2 (usage or configuration mistake)
 		want     []string
 		timeout  time.Duration
 	}{
 		{
 			name: "missing pg-url",
 			args: run("--kafka-brokers", brokers),
-			want: []string{"--pg-url", "CDC_RELAY_PG_URL"}, wantCode: 1,
+			want: []string{"--pg-url", "CDC_RELAY_PG_URL"}, wantCode: 2,
 		},
 		{
 			name: "missing brokers",
 			args: run("--pg-url", f.url),
-			want: []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS"}, wantCode: 1,
+			want: []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS"}, wantCode: 2,
 		},
 		{
 			name: "invalid topic",
 			args: run("--pg-url", f.url, "--kafka-brokers", brokers, "--topic", "bad topic!"),
-			want: []string{"--topic", "CDC_RELAY_TOPIC"}, wantCode: 1,
+			want: []string{"--topic", "CDC_RELAY_TOPIC"}, wantCode: 2,
 		},
 		{
 			name: "invalid topic from environment",
 			args: []string{"run", "--metrics-addr", "127.0.0.1:0"},
 			env:  []string{"CDC_RELAY_PG_URL=" + f.url, "CDC_RELAY_KAFKA_BROKERS=" + brokers, "CDC_RELAY_TOPIC=bad topic!"},
-			want: []string{"--topic", "CDC_RELAY_TOPIC"}, wantCode: 1,
+			want: []string{"--topic", "CDC_RELAY_TOPIC"}, wantCode: 2,
 		},
 		{
 			name: "negative status interval",
 			args: run("--pg-url", f.url, "--kafka-brokers", brokers, "--status-interval=-1s"),
-			want: []string{"--status-interval", "CDC_RELAY_STATUS_INTERVAL"}, wantCode: 1,
+			want: []string{"--status-interval", "CDC_RELAY_STATUS_INTERVAL"}, wantCode: 2,
 		},
 		{
 			name: "wal_level replica",

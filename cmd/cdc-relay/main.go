@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -23,12 +22,8 @@ func main() {
 	stop()
 	if err != nil {
 		if !cli.Reported(err) {
-			fmt.Fprintf(os.Stderr, "cdc-relay: %v\n", err)
+			fmt.Fprintln(os.Stderr, cli.ErrorLine(err))
 		}
-		var exit *cli.ExitError
-		if errors.As(err, &exit) {
-			os.Exit(exit.Code)
-		}
-		os.Exit(1)
+		os.Exit(cli.ExitCode(err)) // 2: fix the command line or configuration; 1: a runtime failure
 	}
 }

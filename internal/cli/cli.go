@@ -59,6 +59,8 @@ type Env struct {
 }
 
 // Run parses args (without the program name) and runs the chosen subcommand.
+// A failure is returned for main to print with ErrorLine, unless Reported
+// (run logs its failures itself in JSON mode), and to exit with ExitCode.
 func Run(ctx context.Context, args []string, env Env) error {
 	if env.Stdout == nil {
 		env.Stdout = os.Stdout
@@ -73,6 +75,14 @@ func Run(ctx context.Context, args []string, env Env) error {
 		return nil
 	}
 	if err != nil {
+		err = &usageError{err}
+		getenv := env.Getenv
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		if format := usageLogFormat(&c, args, getenv); format != "" && logsJSON(env.Stderr, format) {
+			return reportJSON(env.Stderr, err, "cdc-relay: invalid command line or configuration")
+		}
 		return err
 	}
 	// Each command's Run method takes what it needs of these.

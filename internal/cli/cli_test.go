@@ -277,9 +277,16 @@ func TestValidationErrors(t *testing.T) {
 					t.Errorf("Run(%q) error lacks %q:\n%s", args, w, msg)
 				}
 			}
-			// Validation fails before anything starts or logs.
-			if out != "" || errOut != "" {
-				t.Errorf("Run(%q) wrote stdout %q, stderr %q", args, out, errOut)
+			// Validation fails before anything starts or logs: stderr has at most
+			// the error itself, as run's one JSON line (stderr is no terminal).
+			if code := ExitCode(err); code != ExitUsage {
+				t.Errorf("Run(%q): exit code %d, want %d", args, code, ExitUsage)
+			}
+			if errOut != "" && (strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, `"exit_code":2`) || !Reported(err)) {
+				t.Errorf("Run(%q) wrote stderr %q, want nothing or the error as one JSON line", args, errOut)
+			}
+			if out != "" {
+				t.Errorf("Run(%q) wrote stdout %q", args, out)
 			}
 		})
 	}

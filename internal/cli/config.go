@@ -73,7 +73,8 @@ func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
 		if errors.Is(err, io.EOF) {
 			return cf, nil // an empty file sets nothing
 		}
-		return nil, &configError{path: path, msg: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		line, msg := syntaxErrorLine(data, err)
+		return nil, &configError{path: path, line: line, msg: "not valid YAML: " + msg}
 	}
 	if len(doc.Content) == 0 {
 		return cf, nil // comments only
@@ -110,6 +111,37 @@ func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
 		cf.values[key], cf.lines[key] = v, k.Line
 	}
 	return cf, nil
+}
+
+var yamlErrorLine = regexp.MustCompile(`^(?:yaml: )?(?:line (\d+): )?`)
+
+// syntaxErrorLine returns the 1-based line of data that err, yaml.v3's syntax
+// error for it, is about, and err's message without yaml's own prefix and
+// line. yaml.v3 counts the lines of its parser errors from 0 and of its
+// scanner errors from 1, and names the line where the construct holding the
+// mistake began rather than the mistake's own, so its number is often the
+// line before the faulty one. The faulty line is found instead as the first
+// line at which the file's beginning fails with the same problem: the line
+// that makes an otherwise valid beginning invalid. 0 when there is none (the
+// problem shows only at the end of the file).
+func syntaxErrorLine(data []byte, err error) (int, string) {
+	msg := yamlErrorLine.ReplaceAllString(err.Error(), "")
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > 5000 { // too long to reparse line by line: yaml's own number, perhaps a line early
+		if m := yamlErrorLine.FindStringSubmatch(err.Error()); m[1] != "" {
+			n, _ := strconv.Atoi(m[1])
+			return n, msg
+		}
+		return 0, msg
+	}
+	for n := 1; n <= len(lines); n++ {
+		var doc yaml.Node
+		perr := yaml.NewDecoder(bytes.NewReader(bytes.Join(lines[:n], nil))).Decode(&doc)
+		if perr != nil && !errors.Is(perr, io.EOF) && yamlErrorLine.ReplaceAllString(perr.Error(), "") == msg {
+			return n, msg
+		}
+	}
+	return 0, msg
 }
 
 // knownKeys are the flags of every command, the keys a file may have.

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"regexp"
@@ -440,4 +441,44 @@ func runFlagNames(t *testing.T) []string {
 		}
 	}
 	return names
+}
+
+// TestConfigSyntaxErrorLine checks that a YAML syntax error names the faulty
+// line itself: yaml.v3 alone names the line before it for most of these.
+func TestConfigSyntaxErrorLine(t *testing.T) {
+	const base = "# relay\npg-url: postgres://relay@db:5432/app\nkafka-brokers: [k:9092]\n" // lines 1-3
+	tests := []struct {
+		name string
+		file string
+		line int
+	}{
+		{"unclosed flow sequence", base + "slot: s\ntopic: [a, b\nrelay-name: r\n", 5},
+		{"unclosed flow mapping at the end", base + "slot: s\ntopic: {a: b\n", 5},
+		{"extra closing bracket", base + "slot: s\ntopic: [a, b]]\n", 5},
+		{"list item in a mapping", base + "slot: s\n- topic\n", 5},
+		{"tab indentation", base + "slot: s\n\ttopic: t\n", 5},
+		{"two values on one line", base + "slot: s\ntopic: a b: c\n", 5},
+		{"indented key", base + "slot: s\n  topic: t\n", 5},
+		{"character that cannot start a token", base + "slot: @s\n", 4},
+		{"unterminated quote", base + "slot: \"s\ntopic: t\n", 4},
+		{"on the first line", "pg-url: [x\n", 1},
+		{"unknown anchor", base + "slot: *s\n", 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			path := writeFile(t, t.TempDir(), "relay.yaml", tt.file)
+			_, err := parseArgs(t, "run", "--config", path)
+			var ce *configError
+			if !errors.As(err, &ce) {
+				t.Fatalf("want a config file error, got %v", err)
+			}
+			if ce.line != tt.line || !strings.Contains(err.Error(), fmt.Sprintf("relay.yaml, line %d: not valid YAML: ", tt.line)) {
+				t.Errorf("want line %d, got %d: %v\nfile:\n%s", tt.line, ce.line, err, tt.file)
+			}
+			if strings.Count(err.Error(), "line ") != 1 {
+				t.Errorf("the line is named more than once: %v", err)
+			}
+		})
+	}
 }

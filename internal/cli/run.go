@@ -422,17 +422,29 @@ func memoryLimit(maxInFlightMiB int) int64 {
 	return int64(maxInFlightMiB)<<21 + 12<<20
 }
 
-// Run runs the relay until ctx ends (a clean stop, nil) or it fails; the
-// failure is logged here, once, and returned as reported.
+// Run runs the relay until ctx ends (a clean stop, nil) or it fails. In JSON
+// mode the failure is logged here, once, as the log's last line, and returned
+// as reported; otherwise it is returned for main to print as one plain line.
 func (r *RunCmd) Run(ctx context.Context, env Env) error {
 	log := NewLogger(env.Stderr, r.LogLevel, r.LogFormat) // the relay adds the slot
+	err := r.run(ctx, env, log)
+	if err == nil || !logsJSON(env.Stderr, r.LogFormat) {
+		return err
+	}
+	log.Error().Str("error", oneLineError(err)).Str("slot", r.Slot).Int("exit_code", ExitCode(err)).
+		Msg("cdc-relay stopped with an error")
+	return &reportedError{err}
+}
+
+// run is Run without the report of its failure.
+func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	m.BuildInfo.WithLabelValues(env.Version, runtime.Version()).Set(1)
 	cfg, err := r.config(log, m)
 	if err != nil {
-		return err
+		return &usageError{err}
 	}
 	spans, err := r.startSpans(ctx, env.Version, log, m)
 	if err != nil {
@@ -473,12 +485,7 @@ func (r *RunCmd) Run(ctx context.Context, env Env) error {
 	if runErr != nil && errors.Is(runErr, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
-	if runErr != nil {
-		// Logged here, in the log's format (JSON for collectors), and only here.
-		log.Error().Err(runErr).Str("slot", r.Slot).Msg("cdc-relay stopped with an error")
-		return &reportedError{runErr}
-	}
-	return nil
+	return runErr
 }
 
 // RelayConfig parses the flags of "cdc-relay run" (args without the program

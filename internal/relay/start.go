@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -12,16 +16,46 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
 // checkServer runs the start-up checks of the server, table and publication.
+// The first connection is awaited with a log line (waitlog) while it has
+// not answered: a server that does not answer would otherwise keep the relay
+// silent until the connection times out.
 func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
+	wait := waitlog.Start(r.log, "Postgres", pgAddress(pool.Config().ConnConfig),
+		"check --pg-url / CDC_RELAY_PG_URL; connect_timeout=<seconds> in it bounds the wait")
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
+		wait.Failed(err)
+		wait.Done(false)
+		if wait.Logged() {
+			err = fmt.Errorf("%s: %w", wait.Summary(), err)
+		}
 		return replication.ConnectError(r.cfg.PGURL, err)
 	}
+	wait.Done(true)
 	defer pc.Release()
 	return replication.CheckServer(ctx, pc.Conn(), r.setupConfig())
+}
+
+// pgAddress is where cfg connects: host:port, and its fallbacks, without
+// user or password.
+func pgAddress(cfg *pgx.ConnConfig) string {
+	addr := func(host string, port uint16) string {
+		if strings.HasPrefix(host, "/") { // a Unix socket directory
+			return fmt.Sprintf("%s/.s.PGSQL.%d", host, port)
+		}
+		return net.JoinHostPort(host, strconv.Itoa(int(port)))
+	}
+	all := []string{addr(cfg.Host, cfg.Port)}
+	for _, f := range cfg.Fallbacks {
+		if a := addr(f.Host, f.Port); !slices.Contains(all, a) {
+			all = append(all, a)
+		}
+	}
+	return strings.Join(all, ",")
 }
 
 // prepareSlot opens the checkpoint store and reconciles it with the slot,

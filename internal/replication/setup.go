@@ -363,10 +363,17 @@ func redactErr(err error) error {
 }
 
 // ConnectError describes a failed connection to the Postgres server at url: the
-// URL without its password, what to check, and for a server certificate the
-// relay does not trust, what to change in the URL.
+// URL without its password, what to check (for the server's refusal, such as
+// a wrong password, what it means), and for a server certificate the relay
+// does not trust, what to change in the URL. Of pgconn's joined errors for
+// each attempt (every host, with and without TLS) it keeps the meaningful
+// ones, on one line (see meaningfulConnectError).
 func ConnectError(url string, err error) error {
+	server, err := meaningfulConnectError(err)
 	hint := "check --pg-url / CDC_RELAY_PG_URL"
+	if server != nil {
+		hint = connectHint(server)
+	}
 	var host x509.HostnameError
 	var unknown x509.UnknownAuthorityError
 	var verify *tls.CertificateVerificationError

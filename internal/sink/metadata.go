@@ -14,6 +14,7 @@ import (
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
 // probe asks the brokers for metadata every interval, so an outage shows in
@@ -92,17 +93,30 @@ func (k *Kafka) WaitTopic(ctx context.Context, topic string) error {
 // topic's leaders are known, which it returns.
 func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 	brokers := strings.Join(k.cfg.Brokers, ",")
+	what := "Kafka brokers"
+	if topic != "" {
+		what = fmt.Sprintf("topic %q on Kafka brokers", topic)
+	}
+	hint := "check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS"
+	if dl, ok := ctx.Deadline(); ok {
+		hint += fmt.Sprintf("; giving up in %s", time.Until(dl).Round(time.Second))
+	}
+	wait := waitlog.Start(k.log, what, brokers, hint)
+	defer wait.Done(false) // after a success, Done(true) has logged the answer
 	var brokerAnswer error // the last answer from a broker, preferred over timeouts
 	for attempt := 0; ; attempt++ {
 		var err error
 		if topic != "" {
 			var leaders []int32
 			if leaders, err = k.leaders(ctx, topic); err == nil {
+				wait.Done(true)
 				return leaders, nil
 			}
 		} else if _, err = k.metadata(ctx, []string{}); err == nil {
+			wait.Done(true)
 			return nil, nil
 		}
+		wait.Failed(err)
 		var ke kafka.Error
 		if errors.As(err, &ke) {
 			brokerAnswer = err
@@ -112,12 +126,12 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 		}
 		if serr := k.cfg.Retry.Sleep(ctx, attempt); serr != nil {
 			if errors.As(brokerAnswer, &ke) && ke == kafka.UnknownTopicOrPartition {
-				return nil, fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix --topic / CDC_RELAY_TOPIC: %w", topic, brokerAnswer)
+				return nil, fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix --topic / CDC_RELAY_TOPIC (%s): %w", topic, wait.Summary(), brokerAnswer)
 			}
 			if brokerAnswer != nil {
 				err = brokerAnswer
 			}
-			return nil, fmt.Errorf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS): %w", brokers, err)
+			return nil, fmt.Errorf("reach Kafka brokers %s (check --kafka-brokers / CDC_RELAY_KAFKA_BROKERS; %s): %w", brokers, wait.Summary(), err)
 		}
 	}
 }
