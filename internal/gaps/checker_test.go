@@ -117,6 +117,7 @@ func TestCheckerSlot(t *testing.T) {
 		state      func(t *testing.T, slot string) gaps.SlotFacts
 		wantFailed string       // the fatal check; "" for none
 		wantKind   gaps.GapKind // for a *GapError; 0 for a *replication.ConfigError
+		wantRepair bool         // wantFailed is repaired by the caller: no error, not counted
 		wantWarn   []string     // substrings of the logged warnings
 		want       []string     // substrings of the error
 	}{
@@ -205,6 +206,15 @@ func TestCheckerSlot(t *testing.T) {
 			wantFailed: gaps.CheckSnapshotIncomplete,
 			want:       []string{"did not complete", "--snapshot initial"},
 		},
+		{
+			name: "initial snapshot marker, retaken",
+			state: func(t *testing.T, slot string) gaps.SlotFacts {
+				e.createSlot(t, e.poolA, slot)
+				return gaps.SlotFacts{SystemID: e.systemID, Stored: stored(slot, 0, e.systemID), HaveStored: true,
+					SnapshotPending: true, RetakeSnapshot: true}
+			},
+			wantFailed: gaps.CheckSnapshotIncomplete, wantRepair: true,
+		},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -221,6 +231,12 @@ func TestCheckerSlot(t *testing.T) {
 				t.Fatalf("failed check = %q, want %q (err %v)", rep.Failed, tt.wantFailed, err)
 			}
 			problems := testutil.ToFloat64(m.SlotProblems.WithLabelValues(tt.wantFailed))
+			if tt.wantRepair {
+				if err != nil || problems != 0 || logs.String() != "" {
+					t.Errorf("repair: err %v, slot_problems_total %v, logs %q; want none", err, problems, logs)
+				}
+				return
+			}
 			if tt.wantFailed == "" {
 				if err != nil {
 					t.Fatalf("Slot: %v", err)

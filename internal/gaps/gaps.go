@@ -44,6 +44,10 @@ const (
 	// Alert: something was already lost and cannot be streamed again; the
 	// relay goes on and logs at error level with the way to recover it.
 	Alert
+	// Repair: the caller repairs what the check found, as it is configured
+	// to (a retaken initial snapshot), and logs what it does. Ends the round
+	// like Fatal, but is neither counted nor an error.
+	Repair
 	// Fatal: the relay stops (or does not start) until an operator acts;
 	// Finding.Err is the error to return. Counted in
 	// cdc_relay_slot_problems_total{kind=<check name>}.
@@ -73,6 +77,7 @@ type Facts struct {
 	Stored          checkpoint.Checkpoint
 	HaveStored      bool
 	SnapshotPending bool // the stored checkpoint is an unfinished initial snapshot's marker
+	RetakeSnapshot  bool // the relay takes an unfinished snapshot again (--snapshot initial)
 
 	// PhaseSlot and PhaseWatch.
 	Slot replication.SlotState
@@ -119,7 +124,7 @@ type Check struct {
 }
 
 // Checks returns the checks of phase, in the order they run: the first Fatal
-// finding ends a round.
+// or Repair finding ends a round.
 func Checks(phase Phase) []Check {
 	switch phase {
 	case PhasePublication:
@@ -133,13 +138,13 @@ func Checks(phase Phase) []Check {
 }
 
 // Report is one round's verdicts: the non-OK findings in check order, and the
-// first Fatal one (which ended the round) by name.
+// Fatal or Repair one that ended the round, by name.
 type Report struct {
 	Findings []Named
-	// Failed is the name of the check whose Fatal finding ended the round;
-	// "" when none did.
+	// Failed is the name of the check whose Fatal or Repair finding ended the
+	// round; "" when none did.
 	Failed string
-	// Err is that finding's error.
+	// Err is the Fatal finding's error; nil for a Repair.
 	Err error
 }
 
@@ -149,8 +154,8 @@ type Named struct {
 	Finding
 }
 
-// Judge runs the checks of phase over f, in order, up to the first Fatal
-// finding. It reads nothing and logs nothing: Checker does both.
+// Judge runs the checks of phase over f, in order, up to the first Fatal or
+// Repair finding. It reads nothing and logs nothing: Checker does both.
 func Judge(phase Phase, f *Facts) Report {
 	var r Report
 	for _, c := range Checks(phase) {
@@ -159,7 +164,7 @@ func Judge(phase Phase, f *Facts) Report {
 			continue
 		}
 		r.Findings = append(r.Findings, Named{Check: c.Name, Finding: fd})
-		if fd.Verdict == Fatal {
+		if fd.Verdict == Fatal || fd.Verdict == Repair {
 			r.Failed, r.Err = c.Name, fd.Err
 			break
 		}
@@ -212,13 +217,17 @@ type SlotFacts struct {
 	Stored          checkpoint.Checkpoint
 	HaveStored      bool
 	SnapshotPending bool // checkpoint.Opening.SnapshotPending
+	// RetakeSnapshot: with a SnapshotPending marker the caller drops the slot
+	// and takes the snapshot again (--snapshot initial) rather than refuse.
+	RetakeSnapshot bool
 }
 
 // Slot reads the slot and judges it against the stored checkpoint before
-// streaming. Warnings are logged only when no check is fatal; the first fatal
+// streaming. Warnings are logged only when no check ended the round; a Fatal
 // finding is counted and returned with its check's name (Report.Failed), so
-// that the caller can repair what it is configured to repair (a backfill, a
-// retaken snapshot). The slot's state is returned in every case.
+// that the caller can repair what it is configured to repair (a backfill); a
+// Repair finding (a retaken snapshot) is only named. The slot's state is
+// returned in every case.
 func (c *Checker) Slot(ctx context.Context, db replication.QueryRower, sf SlotFacts) (replication.SlotState, Report, error) {
 	state, err := replication.ReadSlot(ctx, db, c.setup.Slot)
 	if err != nil {
@@ -230,10 +239,11 @@ func (c *Checker) Slot(ctx context.Context, db replication.QueryRower, sf SlotFa
 	}
 	f := &Facts{
 		Setup: c.setup, SystemID: sf.SystemID, Database: dbName,
-		Stored: sf.Stored, HaveStored: sf.HaveStored, SnapshotPending: sf.SnapshotPending, Slot: state,
+		Stored: sf.Stored, HaveStored: sf.HaveStored, SnapshotPending: sf.SnapshotPending,
+		RetakeSnapshot: sf.RetakeSnapshot, Slot: state,
 	}
 	r := Judge(PhaseSlot, f)
-	return state, r, c.report(r, r.Err == nil, false)
+	return state, r, c.report(r, r.Failed == "", false)
 }
 
 // Watch reads the slot and the publication's coverage, exports the slot's
@@ -291,6 +301,9 @@ func (c *Checker) StreamError(err error) error {
 // returns), counts its fatal one, and returns its error.
 func (c *Checker) report(r Report, logWarnings, logFatal bool) error {
 	for _, n := range r.Findings {
+		if n.Verdict == Repair {
+			continue
+		}
 		if n.Verdict == Fatal {
 			c.m.SlotProblems.WithLabelValues(n.Check).Inc()
 			if logFatal {

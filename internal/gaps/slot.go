@@ -99,6 +99,9 @@ func slotChecks() []Check {
 			if !f.SnapshotPending {
 				return Finding{}
 			}
+			if f.RetakeSnapshot {
+				return Finding{Verdict: Repair}
+			}
 			slot := f.Setup.Slot
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("the initial snapshot of replication slot %q (started by relay %q at %s) did not complete, so rows already in the outbox may be missing downstream: "+
 				"restart with --snapshot initial (CDC_RELAY_SNAPSHOT=initial) to drop the slot and take the snapshot again; "+

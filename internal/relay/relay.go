@@ -2,13 +2,15 @@
 // router, the Kafka producer and the checkpoint committer into the running
 // relay.
 //
-// It owns none of the invariants' arithmetic: checkpoint.Committer alone
-// decides what may be confirmed (the stream confirms only its Flushed), the
-// producer alone retries in order, the decoder alone decides what is an event.
-// What the relay owns is the order of start-up (checks, reconcile, backfill:
-// start.go), the per-event path (handler.go), the connection loop and the
-// clean stop (stream.go), and the failure policy for events that fail for
-// good (permanent, below).
+// It owns none of the invariants' arithmetic: the checkpoint package alone
+// writes checkpoints and decides what may be confirmed and where streaming
+// starts (checkpoint.Opening, then checkpoint.Committer: the stream confirms
+// only its Flushed), gaps.Checker alone decides what is a gap to be loud
+// about, the producer alone retries in order, the decoder alone decides what
+// is an event. What the relay owns is the order of start-up (checks,
+// reconcile, backfill: start.go), the per-event path (handler.go), the
+// connection loop and the clean stop (stream.go), and the failure policy for
+// events that fail for good (permanent, below).
 package relay
 
 import (

@@ -83,9 +83,10 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 	slot := r.cfg.Slot
 	stored, haveStored := op.Stored()
 	state, rep, err := r.gaps.Slot(ctx, conn, gaps.SlotFacts{
-		SystemID: systemID, Stored: stored, HaveStored: haveStored, SnapshotPending: op.SnapshotPending(),
+		SystemID: systemID, Stored: stored, HaveStored: haveStored,
+		SnapshotPending: op.SnapshotPending(), RetakeSnapshot: r.cfg.Snapshot != nil,
 	})
-	if rep.Failed == gaps.CheckSnapshotIncomplete && r.cfg.Snapshot != nil {
+	if rep.Failed == gaps.CheckSnapshotIncomplete && err == nil {
 		return r.retakeSnapshot(ctx, pool, conn, op, stored, state)
 	}
 	if err != nil {
