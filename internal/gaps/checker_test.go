@@ -3,11 +3,13 @@ package gaps_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -404,4 +406,28 @@ func TestCheckerPublication(t *testing.T) {
 
 func sprintf(format, pub string) string {
 	return strings.NewReplacer("%[1]s", pub, "%s", pub).Replace(format)
+}
+
+// TestStreamError: the walsender's "publication does not exist" is a gap the
+// relay stops on, explained and counted; any other error is not.
+func TestStreamError(t *testing.T) {
+	c, m, _ := newChecker(setupFor("s1", "pub1"))
+	if err := c.StreamError(errors.New("connection reset")); err != nil {
+		t.Errorf("StreamError(connection reset) = %v, want nil", err)
+	}
+	if err := c.StreamError(&pgconn.PgError{Code: "42704", Message: `type "x" does not exist`}); err != nil {
+		t.Errorf("StreamError(another undefined object) = %v, want nil", err)
+	}
+	err := c.StreamError(fmt.Errorf("stream: %w", &pgconn.PgError{Code: "42704", Message: `publication "pub1" does not exist`}))
+	if !errors.As(err, new(*replication.ConfigError)) {
+		t.Fatalf("StreamError(publication does not exist) = %v, want a *replication.ConfigError", err)
+	}
+	for _, w := range []string{`publication "pub1" was dropped`, "pg_replication_slot_advance('s1'", "cdc-relay replay --since TIME"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not contain %q: %v", w, err)
+		}
+	}
+	if got := testutil.ToFloat64(m.SlotProblems.WithLabelValues(gaps.CheckPublicationDropped)); got != 1 {
+		t.Errorf("slot_problems_total{kind=publication_dropped} = %v, want 1", got)
+	}
 }
