@@ -55,7 +55,9 @@ type CommitterConfig struct {
 }
 
 // Committer is the one owner of DESIGN invariant 1: it alone decides which LSN
-// the relay may confirm. It holds the Tracker that turns Kafka
+// the relay may confirm, and with the Opening it is built from (start-up:
+// snapshot marker, position after a snapshot or backfill, start position) it
+// is the only writer of checkpoints. It holds the Tracker that turns Kafka
 // acknowledgements into a watermark, persists that watermark to the store, and
 // hands out only what it persisted (Flushed): the stream confirms nothing else
 // to the slot, so the store is never behind the slot and nothing is confirmed

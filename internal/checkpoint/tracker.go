@@ -4,9 +4,11 @@
 // A Tracker turns Kafka acknowledgements into a watermark: the end LSN of the newest
 // transaction whose events, and those of every transaction before it, have all been
 // acknowledged (DESIGN invariant 1). A Store persists that watermark per slot, in a table
-// of the source database (TableStore) or in a local file (FileStore). Reconcile compares
-// a stored checkpoint with the slot at start-up and refuses to start silently across a
-// gap (DESIGN invariant 6).
+// of the source database (TableStore) or in a local file (FileStore). The Committer
+// alone writes it while streaming, and the Opening it is built from at start-up
+// (snapshot marker, position after a snapshot or backfill, where streaming starts).
+// Whether a stored checkpoint and the slot disagree is a gap, judged by
+// internal/gaps (DESIGN invariant 6).
 //
 // The relay writes the store before it confirms the slot: the stored LSN is therefore
 // never behind the slot's confirmed_flush_lsn, and a slot ahead of the store means

@@ -7,29 +7,30 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
-// monitor reads the slot's state from pg_replication_slots into metrics, writes
-// heartbeats, and refreshes gauges derived from the stream, until ctx is done.
+// monitor runs the gap checks (slot, WAL status, publication) every interval,
+// writes heartbeats, and refreshes gauges derived from the stream, until ctx
+// is done.
 type monitor struct {
 	pool      *pgxpool.Pool
-	slot      string
 	every     time.Duration
 	heartbeat time.Duration // 0: no heartbeat
 	counts    func(context.Context) (map[string]int64, error)
 	// replayTotals reads the replay history's totals (Config.ReplayTotals).
 	replayTotals func(context.Context) ([]ReplayTotal, error)
 	retention    func(context.Context) (int64, error)
-	pub          *pubWatch // nil: not checked
+	gaps         *gaps.Checker
+	fatal        chan<- error // gets a gap check's fatal error; the relay stops
 	ticks        int
 	h            *handler
 	log          zerolog.Logger
 	m            *metrics.Metrics
 
-	lastStatus string
-	hbFailing  bool
+	hbFailing bool
 }
 
 func (mo *monitor) run(ctx context.Context) {
@@ -41,15 +42,13 @@ func (mo *monitor) run(ctx context.Context) {
 		defer ht.Stop()
 		hb = ht.C
 	}
-	mo.readSlot(ctx)
-	mo.pub.check(ctx)
+	mo.checkGaps(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			mo.readSlot(ctx)
-			mo.pub.check(ctx)
+			mo.checkGaps(ctx)
 			mo.lag()
 			if mo.retention != nil && mo.ticks%60 == 0 {
 				if n, err := mo.retention(ctx); err != nil {
@@ -111,29 +110,13 @@ func (mo *monitor) replays(ctx context.Context) {
 	}
 }
 
-// readSlot exports wal_status and retained WAL, logging wal_status changes.
-func (mo *monitor) readSlot(ctx context.Context) {
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	slot, err := replication.ReadSlot(qctx, mo.pool, mo.slot)
-	if err != nil {
-		return // Postgres unreachable: the stream reports that
-	}
-	st := "missing"
-	if slot.Exists {
-		st = slot.WALStatus
-		mo.m.SlotRetainedWAL.Set(float64(slot.RetainedWALBytes))
-	}
-	mo.m.SetWALStatus(st)
-	if st != mo.lastStatus {
-		if mo.lastStatus != "" || st != "reserved" {
-			ev := mo.log.Info()
-			if st == "unreserved" || st == "lost" || st == "missing" {
-				ev = mo.log.Error()
-			}
-			ev.Str("wal_status", st).Str("was", mo.lastStatus).Msg("replication slot wal_status changed")
+// checkGaps runs the gap checks; a fatal one stops the relay.
+func (mo *monitor) checkGaps(ctx context.Context) {
+	if err := mo.gaps.Watch(ctx, mo.pool); err != nil {
+		select {
+		case mo.fatal <- err:
+		default:
 		}
-		mo.lastStatus = st
 	}
 }
 

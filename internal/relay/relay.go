@@ -2,13 +2,15 @@
 // router, the Kafka producer and the checkpoint committer into the running
 // relay.
 //
-// It owns none of the invariants' arithmetic: checkpoint.Committer alone
-// decides what may be confirmed (the stream confirms only its Flushed), the
-// producer alone retries in order, the decoder alone decides what is an event.
-// What the relay owns is the order of start-up (checks, reconcile, backfill:
-// start.go), the per-event path (handler.go), the connection loop and the
-// clean stop (stream.go), and the failure policy for events that fail for
-// good (permanent, below).
+// It owns none of the invariants' arithmetic: the checkpoint package alone
+// writes checkpoints and decides what may be confirmed and where streaming
+// starts (checkpoint.Opening, then checkpoint.Committer: the stream confirms
+// only its Flushed), gaps.Checker alone decides what is a gap to be loud
+// about, the producer alone retries in order, the decoder alone decides what
+// is an event. What the relay owns is the order of start-up (checks,
+// reconcile, backfill: start.go), the per-event path (handler.go), the
+// connection loop and the clean stop (stream.go), and the failure policy for
+// events that fail for good (permanent, below).
 package relay
 
 import (
@@ -28,6 +30,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/dedup"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
@@ -39,11 +42,9 @@ import (
 
 // Store persists checkpoints (checkpoint.TableStore, checkpoint.FileStore):
 // Load returns the stored checkpoint of slot and whether there is one; Save
-// returns nil once c is durable.
-type Store interface {
-	Load(ctx context.Context, slot string) (checkpoint.Checkpoint, bool, error)
-	checkpoint.Saver
-}
+// returns nil once c is durable. The relay never calls Save itself: every
+// checkpoint goes through the checkpoint package (Opening, Committer).
+type Store = checkpoint.Store
 
 // producer is where the relay hands events for Kafka (sink.Kafka). Produce
 // queues ev for topic and reports its fate through done exactly once: nil only
@@ -323,21 +324,25 @@ type Relay struct {
 	// pool reaches the source database (set by Run).
 	pool *pgxpool.Pool
 	// fatal carries a problem found while streaming that only an operator can
-	// fix (pubWatch); the relay stops with it.
+	// fix (a gap check); the relay stops with it.
 	fatal chan error
+	// gaps runs every check of DESIGN invariant 6, at start and while streaming.
+	gaps *gaps.Checker
 }
 
 // New returns a relay for cfg.
 func New(cfg Config) *Relay {
 	cfg.setDefaults()
 	log := cfg.Logger.With().Str("slot", cfg.Slot).Logger()
-	return &Relay{
+	r := &Relay{
 		cfg:      cfg,
 		log:      log,
 		m:        cfg.Metrics,
 		eventLog: log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute}),
 		fatal:    make(chan error, 1),
 	}
+	r.gaps = gaps.New(gaps.Config{Setup: r.setupConfig(), Logger: log, Metrics: cfg.Metrics})
+	return r
 }
 
 // Ready reports whether the relay is streaming and Kafka is accepting events.
@@ -364,7 +369,7 @@ func (r *Relay) autoRetry(ctx context.Context) {
 // it finishes the transaction it is reading, waits for Kafka to acknowledge what
 // is in flight (up to ShutdownTimeout), persists and confirms the checkpoint.
 // It returns nil after a clean stop, a *replication.ConfigError or
-// *checkpoint.GapError for problems an operator must fix, or the error that
+// *gaps.GapError for problems an operator must fix, or the error that
 // halted the relay.
 func (r *Relay) Run(ctx context.Context) error {
 	r.m.SetState(metrics.StateStarting)
@@ -445,32 +450,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	h.done = h.delivered
 
 	// Slot and stored checkpoint.
-	system, start, store, err := r.prepareSlot(ctx, pool)
+	system, op, start, err := r.prepareSlot(ctx, pool)
 	if err != nil {
 		return err
 	}
 	ckCfg := checkpoint.CommitterConfig{
-		Store: store, Start: start,
-		Base:  checkpoint.Checkpoint{Slot: cfg.Slot, SystemID: system.SystemID, RelayName: cfg.RelayName},
 		Every: cfg.PersistInterval, Idle: cfg.IdleCheckpoint, Logger: r.log, Metrics: r.m,
 	}
 	var stored bool
 	if cfg.Delivery == DeliveryEffectivelyOnce {
-		cp, have, err := store.Load(ctx, cfg.Slot)
-		if err != nil {
-			return fmt.Errorf("load the Kafka offsets stored with the checkpoint of slot %q: %w", cfg.Slot, err)
-		}
+		cp, have := op.Stored()
 		// With no checkpoint nothing was sent from this slot yet; one without
 		// offsets was written by an at-least-once run or an older relay.
 		stored = !have || cp.Offsets != nil
-		if cp.LSN == start {
-			ckCfg.Base.CommitTime = cp.CommitTime
-		}
 		h.ledger = dedup.NewLedger(cp.Offsets)
 		h.origin = outbox.NewOrigin(system.SystemID, system.Timeline, cfg.Slot)
 		ckCfg.Offsets = h.ledger.Covered
 	}
-	ck := checkpoint.NewCommitter(ckCfg)
+	ck := op.Committer(start, ckCfg)
 	h.ck, h.tracker = ck, ck.Tracker()
 	if h.ledger != nil {
 		h.gate = dedup.NewGate(dedup.GateConfig{
@@ -481,9 +478,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.pool = pool
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	mon := &monitor{
-		pool: pool, slot: cfg.Slot, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
+		pool: pool, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
 		counts: cfg.DeadLetterCounts, replayTotals: cfg.ReplayTotals, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
-		pub: &pubWatch{pool: pool, cfg: r.setupConfig(), log: r.log, fatal: r.fatal},
+		gaps: r.gaps, fatal: r.fatal,
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)

@@ -24,6 +24,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -725,15 +726,15 @@ func TestSlotGapIsLoud(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := relay.New(e.config()).Run(ctx)
-	var gap *checkpoint.GapError
+	var gap *gaps.GapError
 	if !errorsAs(err, &gap) {
-		t.Fatalf("Run = %v, want a *checkpoint.GapError", err)
+		t.Fatalf("Run = %v, want a *gaps.GapError", err)
 	}
-	if gap.Kind != checkpoint.SlotMissing || !strings.Contains(err.Error(), e.slot) {
+	if gap.Kind != gaps.SlotMissing || !strings.Contains(err.Error(), e.slot) {
 		t.Errorf("gap error %v (kind %v), want SlotMissing naming the slot", err, gap.Kind)
 	}
-	if got := testutil.ToFloat64(e.m.SlotProblems.WithLabelValues(checkpoint.SlotMissing.String())); got != 1 {
-		t.Errorf("slot_problems_total{kind=%s} = %v, want 1", checkpoint.SlotMissing, got)
+	if got := testutil.ToFloat64(e.m.SlotProblems.WithLabelValues(gaps.SlotMissing.String())); got != 1 {
+		t.Errorf("slot_problems_total{kind=%s} = %v, want 1", gaps.SlotMissing, got)
 	}
 }
 

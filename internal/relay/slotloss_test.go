@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/cli"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -81,15 +81,15 @@ func (e *env) loseSlotWAL() {
 // the gap (marked), and at-least-once holds across it.
 func TestSlotLoss(t *testing.T) {
 	tests := []struct {
-		kind checkpoint.GapKind
+		kind gaps.GapKind
 		lose func(e *env)
 	}{
-		{checkpoint.SlotMissing, func(e *env) { e.dropSlot() }},
-		{checkpoint.SlotAhead, func(e *env) {
+		{gaps.SlotMissing, func(e *env) { e.dropSlot() }},
+		{gaps.SlotAhead, func(e *env) {
 			e.dropSlot()
 			e.exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", e.slot)
 		}},
-		{checkpoint.SlotLost, func(e *env) { testenv.RequireLocal(e.t, pg); e.loseSlotWAL() }},
+		{gaps.SlotLost, func(e *env) { testenv.RequireLocal(e.t, pg); e.loseSlotWAL() }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.kind.String(), func(t *testing.T) {
@@ -114,7 +114,7 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			}
 
 			// The gap: rows committed while the slot is gone, then the loss.
-			if tt.kind == checkpoint.SlotLost {
+			if tt.kind == gaps.SlotLost {
 				tt.lose(e)
 				insertBatch("gap", 4)
 			} else {
@@ -126,7 +126,7 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
 			err := e.runCLI(fctx, new(atomic.Pointer[relay.Relay]))
 			fcancel()
-			var gap *checkpoint.GapError
+			var gap *gaps.GapError
 			if !errors.As(err, &gap) || gap.Kind != tt.kind {
 				t.Fatalf("run with --on-slot-loss=fail = %v, want a %s gap error\n%s", err, tt.kind, e.logs.String())
 			}

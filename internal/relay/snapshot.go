@@ -45,23 +45,12 @@ import (
 // the retake's is in neither snapshot, and the dropped slot took its WAL with
 // it, just as for a row inserted and deleted before the first start.
 
-// snapshotPending reports whether stored is the marker of an initial snapshot
-// that has not completed on this system (step 1 above).
-func snapshotPending(stored checkpoint.Checkpoint, systemID string) bool {
-	return stored.LSN == 0 && (stored.SystemID == "" || stored.SystemID == systemID)
-}
-
-// retakeSnapshot handles a start after an initial snapshot that did not
-// complete: with --snapshot initial it drops the slot that attempt created and
-// takes the snapshot again; otherwise it refuses to start and says what to do.
-func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, systemID string, stored checkpoint.Checkpoint, state checkpoint.SlotState) (pglogrepl.LSN, error) {
+// retakeSnapshot handles a start with --snapshot initial after an initial
+// snapshot that did not complete (the stored marker, step 1 above; without
+// --snapshot initial the gap check refuses to start and says what to do): it
+// drops the slot that attempt created and takes the snapshot again.
+func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
-	if r.cfg.Snapshot == nil {
-		return 0, &replication.ConfigError{Msg: fmt.Sprintf("the initial snapshot of replication slot %q (started by relay %q at %s) did not complete, so rows already in the outbox may be missing downstream: "+
-			"restart with --snapshot initial (CDC_RELAY_SNAPSHOT=initial) to drop the slot and take the snapshot again; "+
-			"or, to give it up, drop the slot with SELECT pg_drop_replication_slot('%s'); and delete its checkpoint (the row slot_name = '%s' of the checkpoint table, or the checkpoint file), then restart",
-			slot, stored.RelayName, stored.UpdatedAt.UTC().Format(time.RFC3339), slot, slot)}
-	}
 	if state.Exists {
 		if state.Active {
 			return 0, fmt.Errorf("retake the initial snapshot of slot %q: the slot is in use by process %d; stop that consumer first", slot, state.ActivePID)
@@ -75,22 +64,21 @@ func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pg
 	}
 	r.log.Warn().Str("started_by", stored.RelayName).Time("started_at", stored.UpdatedAt).Bool("slot_dropped", state.Exists).
 		Msg("the initial snapshot did not complete: dropped the slot of that attempt (nothing was confirmed from it) and taking the snapshot again; rows that attempt published are published again")
-	return r.initialSnapshot(ctx, pool, conn, store, systemID)
+	return r.initialSnapshot(ctx, pool, conn, op)
 }
 
 // initialSnapshot creates the slot with an exported snapshot, publishes the
 // snapshot's rows through Config.Snapshot and, once Kafka acknowledged them
 // all, stores the slot's consistent point as the checkpoint and returns it.
-func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, systemID string) (pglogrepl.LSN, error) {
+func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	// Every transaction the new slot streams commits after this instant.
 	markTime, err := replication.ServerClock(ctx, conn)
 	if err != nil {
 		return 0, fmt.Errorf("initial snapshot of slot %q: %w", slot, err)
 	}
-	marker := checkpoint.Checkpoint{Slot: slot, SystemID: systemID, UpdatedAt: time.Now(), RelayName: r.cfg.RelayName}
-	if err := store.Save(ctx, marker); err != nil {
-		return 0, fmt.Errorf("initial snapshot of slot %q: store the marker of a snapshot in progress: %w", slot, err)
+	if err := op.MarkSnapshot(ctx); err != nil {
+		return 0, fmt.Errorf("initial snapshot of slot %q: %w", slot, err)
 	}
 	began := time.Now()
 	var n int
@@ -108,14 +96,16 @@ func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *p
 		return 0, fmt.Errorf("initial snapshot of slot %q (%d rows published before the failure; the next start with --snapshot initial drops the slot and takes the snapshot again): %w",
 			slot, n, err)
 	}
-	cp := checkpoint.Checkpoint{Slot: slot, SystemID: systemID, LSN: point, UpdatedAt: time.Now(), RelayName: r.cfg.RelayName, CommitTime: markTime}
+	var offsets checkpoint.Offsets
 	if r.cfg.Delivery == DeliveryEffectivelyOnce {
 		// Nothing streamed yet: each topic's offsets are registered before the
 		// stream first writes to it. Snapshot rows carry no source position.
-		cp.Offsets = checkpoint.Offsets{}
+		offsets = checkpoint.Offsets{}
 	}
-	if err := store.Save(ctx, cp); err != nil {
-		return 0, fmt.Errorf("initial snapshot of slot %q: store the slot's consistent point %s (the next start takes the snapshot again): %w", slot, point, err)
+	// Kafka acknowledged every row of the snapshot: the consistent point may
+	// be stored.
+	if err := op.Reposition(ctx, point, markTime, offsets); err != nil {
+		return 0, fmt.Errorf("initial snapshot of slot %q (the next start takes the snapshot again): %w", slot, err)
 	}
 	r.log.Info().Int("events", n).Dur("took", time.Since(began)).Str("lsn", point.String()).
 		Msg("initial snapshot done: streaming from the slot's consistent point")

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
@@ -37,7 +38,10 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	wait.Done(true)
 	defer pc.Release()
-	return replication.CheckServer(ctx, pc.Conn(), r.setupConfig())
+	if err := replication.CheckServer(ctx, pc.Conn(), r.setupConfig()); err != nil {
+		return err
+	}
+	return r.gaps.Publication(ctx, pc.Conn())
 }
 
 // pgAddress is where cfg connects: host:port, and its fallbacks, without
@@ -59,24 +63,30 @@ func pgAddress(cfg *pgx.ConnConfig) string {
 }
 
 // prepareSlot opens the checkpoint store and reconciles it with the slot,
-// creating the slot when that is safe and allowed.
-func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.IdentifySystemResult, pglogrepl.LSN, Store, error) {
+// creating the slot when that is safe and allowed. It returns the checkpoint
+// store opened for the slot, through which every checkpoint is written, and
+// where streaming starts.
+func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.IdentifySystemResult, *checkpoint.Opening, pglogrepl.LSN, error) {
 	var system pglogrepl.IdentifySystemResult
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
-		return system, 0, nil, replication.ConnectError(r.cfg.PGURL, err)
+		return system, nil, 0, replication.ConnectError(r.cfg.PGURL, err)
 	}
 	defer pc.Release()
 	conn := pc.Conn()
 	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
-		return system, 0, nil, err
+		return system, nil, 0, err
 	}
 	store, err := r.cfg.OpenStore(ctx, pool)
 	if err != nil {
-		return system, 0, nil, err
+		return system, nil, 0, err
 	}
-	start, err := r.reconcile(ctx, pool, conn, store, system.SystemID)
-	return system, start, store, err
+	op, err := checkpoint.Open(ctx, store, checkpoint.Checkpoint{Slot: r.cfg.Slot, SystemID: system.SystemID, RelayName: r.cfg.RelayName})
+	if err != nil {
+		return system, nil, 0, err
+	}
+	start, err := r.reconcile(ctx, pool, conn, op, system.SystemID)
+	return system, op, start, err
 }
 
 func (r *Relay) setupConfig() replication.SetupConfig {
@@ -99,36 +109,23 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 	}
 }
 
-// reconcile compares the stored checkpoint with the slot (DESIGN invariant 6),
-// creates the slot when that is safe and allowed, and returns where to start.
-func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, systemID string) (pglogrepl.LSN, error) {
+// reconcile has the gap checks compare the stored checkpoint with the slot
+// (DESIGN invariant 6), repairs what it is configured to repair (a backfill, a
+// retaken snapshot), creates the slot when that is safe and allowed, and
+// returns where to start.
+func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening, systemID string) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
-	stored, haveStored, err := store.Load(ctx, slot)
+	stored, haveStored := op.Stored()
+	state, rep, err := r.gaps.Slot(ctx, conn, gaps.SlotFacts{
+		SystemID: systemID, Stored: stored, HaveStored: haveStored,
+		SnapshotPending: op.SnapshotPending(), RetakeSnapshot: r.cfg.Snapshot != nil,
+	})
+	if rep.Failed == gaps.CheckSnapshotIncomplete && err == nil {
+		return r.retakeSnapshot(ctx, pool, conn, op, stored, state)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("load checkpoint of slot %q: %w", slot, err)
-	}
-	state, err := replication.ReadSlot(ctx, conn, slot)
-	if err != nil {
-		return 0, err
-	}
-	dbName, err := replication.CurrentDatabase(ctx, conn)
-	if err != nil {
-		return 0, err
-	}
-	if state.Exists && state.Database != dbName {
-		return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: choose another --slot / CDC_RELAY_SLOT or connect to %q", slot, state.Database, dbName, state.Database)}
-	}
-	if haveStored && snapshotPending(stored, systemID) {
-		return r.retakeSnapshot(ctx, pool, conn, store, systemID, stored, state)
-	}
-	dec, err := checkpoint.Reconcile(slot, systemID, stored, haveStored, state)
-	if err != nil {
-		var gap *checkpoint.GapError
-		if !errors.As(err, &gap) {
-			return 0, err
-		}
-		r.m.SlotProblems.WithLabelValues(gap.Kind.String()).Inc()
-		if !backfillable(gap.Kind) {
+		var gap *gaps.GapError
+		if !errors.As(err, &gap) || !backfillable(gap.Kind) {
 			return 0, err
 		}
 		if r.cfg.Backfill == nil {
@@ -137,17 +134,14 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 				"that were created since %s", err, r.backfillSince(stored).UTC().Format(time.RFC3339))
 		}
 		r.log.Warn().Err(err).Msg("slot lost: backfilling (--on-slot-loss=backfill)")
-		return r.backfill(ctx, pool, conn, store, stored, state, gap.Kind)
-	}
-	for _, w := range dec.Warnings {
-		r.log.Warn().Msg(w)
+		return r.backfill(ctx, pool, conn, op, stored, state, gap.Kind)
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
 			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, slot)}
 		}
 		if r.cfg.Snapshot != nil {
-			return r.initialSnapshot(ctx, pool, conn, store, systemID)
+			return r.initialSnapshot(ctx, pool, conn, op)
 		}
 		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
 			return 0, err
@@ -160,20 +154,14 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 	if r.cfg.Snapshot != nil {
 		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (--snapshot initial applies only when the relay creates the slot)")
 	}
-	start := state.ConfirmedFlush
-	// The store is written before the slot is confirmed, so a stored LSN ahead of
-	// the slot marks events Kafka already acknowledged: start after them.
-	if haveStored && stored.LSN > start {
-		start = stored.LSN
-	}
-	return start, nil
+	return op.StartFrom(state.ConfirmedFlush), nil
 }
 
 // backfillable reports whether on-slot-loss=backfill applies to a gap: the slot
 // is gone or moved on the same system. A changed system or a foreign slot is
 // never repaired automatically.
-func backfillable(k checkpoint.GapKind) bool {
-	return k == checkpoint.SlotMissing || k == checkpoint.SlotLost || k == checkpoint.SlotAhead
+func backfillable(k gaps.GapKind) bool {
+	return k == gaps.SlotMissing || k == gaps.SlotLost || k == gaps.SlotAhead
 }
 
 // backfillSince is where a backfill starts: the stored commit time less the
@@ -193,7 +181,7 @@ func (r *Relay) backfillSince(stored checkpoint.Checkpoint) time.Time {
 // checkpoint, so a crash midway backfills again on the next start (the slot is
 // then ahead of the store). Rows deleted from the outbox since cannot be
 // republished: the log says so.
-func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, store Store, stored checkpoint.Checkpoint, state checkpoint.SlotState, kind checkpoint.GapKind) (pglogrepl.LSN, error) {
+func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState, kind gaps.GapKind) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	since := r.backfillSince(stored)
 	if stored.CommitTime.IsZero() {
@@ -202,7 +190,7 @@ func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn
 			"replay older rows with cdc-relay replay --since")
 	}
 	markTime := stored.CommitTime // a valid lower bound for commits after the new position
-	if kind == checkpoint.SlotLost {
+	if kind == gaps.SlotLost {
 		if state.Active {
 			return 0, fmt.Errorf("backfill slot %q: the lost slot is in use by process %d; stop that consumer first", slot, state.ActivePID)
 		}
@@ -210,7 +198,7 @@ func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn
 			return 0, fmt.Errorf("backfill slot %q: drop the lost slot: %w", slot, err)
 		}
 		r.log.Warn().Msg("dropped the replication slot whose WAL was lost")
-		state = checkpoint.SlotState{}
+		state = replication.SlotState{}
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
@@ -240,10 +228,10 @@ func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn
 		return 0, fmt.Errorf("backfill slot %q from %s (%d rows republished before the failure; the next start backfills again): %w",
 			slot, since.UTC().Format(time.RFC3339), n, err)
 	}
-	cp := checkpoint.Checkpoint{Slot: slot, SystemID: stored.SystemID, LSN: state.ConfirmedFlush,
-		UpdatedAt: time.Now(), RelayName: r.cfg.RelayName, CommitTime: markTime, Offsets: stored.Offsets}
-	if err := store.Save(ctx, cp); err != nil {
-		return 0, fmt.Errorf("backfill slot %q: store the new position %s: %w", slot, state.ConfirmedFlush, err)
+	// Kafka acknowledged every republished row, so the slot's position may be
+	// stored: the rows of the gap are in Kafka and the slot streams what follows.
+	if err := op.Reposition(ctx, state.ConfirmedFlush, markTime, stored.Offsets); err != nil {
+		return 0, fmt.Errorf("backfill slot %q: %w", slot, err)
 	}
 	r.log.Warn().Int("events", n).Dur("took", time.Since(began)).Str("lsn", state.ConfirmedFlush.String()).
 		Msg("backfill done: streaming from the slot's position")

@@ -77,11 +77,11 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 				s.Close(context.Background())
 				return r.finish(nil, ck, &replication.ConfigError{Err: config.Within("Decoder", err)})
 			}
-			if publicationDropped(err) {
-				err = &replication.ConfigError{Msg: publicationDroppedMsg(r.cfg.Publication, r.cfg.Slot, "")}
+			if gap := r.gaps.StreamError(err); gap != nil {
+				err = gap
 			}
 			if errors.As(err, new(*replication.ConfigError)) {
-				// Nor when the publication no longer streams the outbox (pubWatch).
+				// Nor when the publication no longer streams the outbox (a gap check).
 				s.Close(context.Background())
 				return r.finish(nil, ck, err)
 			}
@@ -194,7 +194,7 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		s.Close(context.Background())
 		return h.err()
 	case err := <-r.fatal:
-		// The publication no longer streams the outbox (pubWatch): stop.
+		// A gap check found the publication no longer streams the outbox: stop.
 		cancel()
 		<-errc
 		return err

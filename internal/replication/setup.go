@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/config"
 )
 
@@ -74,9 +73,10 @@ func (c SetupConfig) QualifiedTable() string {
 	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
 }
 
-// CheckServer verifies wal_level, the outbox table and its columns, and the
-// publication (creating it when allowed and missing). Every failure is a
-// *ConfigError naming the fix.
+// CheckServer verifies wal_level, the outbox table and its columns, and that
+// the publication exists (creating it when allowed and missing). Every failure
+// is a *ConfigError naming the fix. Whether the publication streams the
+// table's inserts is a gap check (internal/gaps, Checker.Publication).
 func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
@@ -121,6 +121,8 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	return checkPublication(ctx, conn, cfg)
 }
 
+// checkPublication creates the publication when it is missing and that is
+// allowed.
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	table := cfg.QualifiedTable()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
@@ -144,19 +146,6 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 			}
 			return configErr("create publication %q: %v: run %s as the table owner, then start the relay with --create-publication=false", cfg.Publication, err, create)
 		}
-		return nil
-	}
-	if !c.PubInsert {
-		return configErr("publication %q does not publish inserts: run ALTER PUBLICATION %s SET (publish = 'insert');", cfg.Publication, pub)
-	}
-	if cfg.PublishUpdates && !c.PubUpdate {
-		return fieldErr("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore", cfg.Publication, pub)
-	}
-	if c.PubAllTables {
-		return nil
-	}
-	if !c.Covered {
-		return configErr("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;", cfg.Publication, table, pub, table)
 	}
 	return nil
 }
@@ -166,10 +155,25 @@ type QueryRower interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// SlotState is a replication slot as pg_replication_slots shows it.
+type SlotState struct {
+	Exists         bool
+	Plugin         string // output plugin; the relay needs "pgoutput"
+	Database       string
+	Active         bool
+	ActivePID      int
+	ConfirmedFlush pglogrepl.LSN // confirmed_flush_lsn
+	WALStatus      string        // wal_status: reserved, extended, unreserved or lost
+	// LagBytes is pg_current_wal_lsn() - confirmed_flush_lsn; RetainedWALBytes is
+	// pg_current_wal_lsn() - restart_lsn, the WAL the server keeps for the slot.
+	LagBytes         int64
+	RetainedWALBytes int64
+}
+
 // ReadSlot reads the slot's state from pg_replication_slots. A missing slot is
 // not an error: the state says Exists false.
-func ReadSlot(ctx context.Context, db QueryRower, slot string) (checkpoint.SlotState, error) {
-	var s checkpoint.SlotState
+func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error) {
+	var s SlotState
 	var plugin, database, walStatus *string
 	var pid *int32
 	var confirmed *string

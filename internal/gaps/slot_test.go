@@ -1,13 +1,18 @@
-package checkpoint
+package gaps
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
 func TestReconcile(t *testing.T) {
@@ -22,17 +27,17 @@ func TestReconcile(t *testing.T) {
 		ahead     = pglogrepl.LSN(0x3_02000000) // 3/2000000
 	)
 	when, _ := time.Parse(time.RFC3339, storedAt)
-	stored := Checkpoint{Slot: slot, SystemID: systemID, LSN: storedLSN, UpdatedAt: when, RelayName: "relay-a"}
-	healthy := func(confirmed pglogrepl.LSN) SlotState {
-		return SlotState{Exists: true, Plugin: "pgoutput", Database: "shop", ConfirmedFlush: confirmed, WALStatus: "reserved"}
+	stored := checkpoint.Checkpoint{Slot: slot, SystemID: systemID, LSN: storedLSN, UpdatedAt: when, RelayName: "relay-a"}
+	healthy := func(confirmed pglogrepl.LSN) replication.SlotState {
+		return replication.SlotState{Exists: true, Plugin: "pgoutput", Database: "shop", ConfirmedFlush: confirmed, WALStatus: "reserved"}
 	}
-	with := func(s SlotState, f func(*SlotState)) SlotState { f(&s); return s }
+	with := func(s replication.SlotState, f func(*replication.SlotState)) replication.SlotState { f(&s); return s }
 
 	tests := []struct {
 		name       string
-		stored     Checkpoint
+		stored     checkpoint.Checkpoint
 		haveStored bool
-		slot       SlotState
+		slot       replication.SlotState
 		wantKind   GapKind // 0: no error
 		wantStart  pglogrepl.LSN
 		want       []string // substrings of the error, or of the joined warnings
@@ -40,7 +45,7 @@ func TestReconcile(t *testing.T) {
 	}{
 		{
 			name:       "first run, no slot",
-			slot:       SlotState{},
+			slot:       replication.SlotState{},
 			wantStart:  0,
 			wantNoWarn: true,
 		},
@@ -52,13 +57,13 @@ func TestReconcile(t *testing.T) {
 		},
 		{
 			name:     "first run, slot with another plugin",
-			slot:     with(healthy(behind), func(s *SlotState) { s.Plugin = "test_decoding" }),
+			slot:     with(healthy(behind), func(s *replication.SlotState) { s.Plugin = "test_decoding" }),
 			wantKind: WrongPlugin,
 			want:     []string{`"test_decoding"`, "pg_drop_replication_slot('orders_outbox')", "no stored checkpoint"},
 		},
 		{
 			name:     "first run, slot lost",
-			slot:     with(healthy(behind), func(s *SlotState) { s.WALStatus = "lost" }),
+			slot:     with(healthy(behind), func(s *replication.SlotState) { s.WALStatus = "lost" }),
 			wantKind: SlotLost,
 			want:     []string{"max_slot_wal_keep_size", "pg_drop_replication_slot('orders_outbox')"},
 		},
@@ -66,7 +71,7 @@ func TestReconcile(t *testing.T) {
 			name:       "stored, slot missing",
 			stored:     stored,
 			haveStored: true,
-			slot:       SlotState{},
+			slot:       replication.SlotState{},
 			wantKind:   SlotMissing,
 			want: []string{
 				"does not exist", "cannot be streamed",
@@ -78,7 +83,7 @@ func TestReconcile(t *testing.T) {
 			name:       "stored, slot lost",
 			stored:     stored,
 			haveStored: true,
-			slot:       with(healthy(behind), func(s *SlotState) { s.WALStatus = "lost" }),
+			slot:       with(healthy(behind), func(s *replication.SlotState) { s.WALStatus = "lost" }),
 			wantKind:   SlotLost,
 			want: []string{
 				"wal_status 'lost'", "max_slot_wal_keep_size", "SELECT pg_drop_replication_slot('orders_outbox');",
@@ -101,7 +106,7 @@ func TestReconcile(t *testing.T) {
 			name:       "stored, system changed and slot missing: system wins",
 			stored:     stored,
 			haveStored: true,
-			slot:       SlotState{},
+			slot:       replication.SlotState{},
 			wantKind:   SystemChanged,
 			want:       []string{"the slot here is missing"},
 		},
@@ -109,7 +114,7 @@ func TestReconcile(t *testing.T) {
 			name:       "stored, wrong plugin",
 			stored:     stored,
 			haveStored: true,
-			slot:       with(healthy(behind), func(s *SlotState) { s.Plugin = "wal2json" }),
+			slot:       with(healthy(behind), func(s *replication.SlotState) { s.Plugin = "wal2json" }),
 			wantKind:   WrongPlugin,
 			want: []string{
 				`"wal2json"`, `"pgoutput"`, "give the relay its own slot name",
@@ -141,14 +146,16 @@ func TestReconcile(t *testing.T) {
 			stored:     stored,
 			haveStored: true,
 			slot:       healthy(behind),
-			wantStart:  behind,
-			want:       []string{"behind the stored checkpoint", "delivered again", slot, behind.String(), storedLSN.String()},
+			// The store is ahead: streaming starts after what Kafka acknowledged
+			// (the relay always did; the slot's position was only Reconcile's answer).
+			wantStart: storedLSN,
+			want:      []string{"behind the stored checkpoint", "delivered again", slot, behind.String(), storedLSN.String()},
 		},
 		{
 			name:       "stored, slot active elsewhere and unreserved: warnings only",
 			stored:     stored,
 			haveStored: true,
-			slot: with(healthy(storedLSN), func(s *SlotState) {
+			slot: with(healthy(storedLSN), func(s *replication.SlotState) {
 				s.Active, s.ActivePID, s.WALStatus = true, 4242, "unreserved"
 			}),
 			wantStart: storedLSN,
@@ -156,7 +163,7 @@ func TestReconcile(t *testing.T) {
 		},
 		{
 			name:       "stored without system identifier: warning, not an error",
-			stored:     Checkpoint{Slot: slot, LSN: storedLSN, UpdatedAt: when},
+			stored:     checkpoint.Checkpoint{Slot: slot, LSN: storedLSN, UpdatedAt: when},
 			haveStored: true,
 			slot:       healthy(storedLSN),
 			wantStart:  storedLSN,
@@ -164,9 +171,9 @@ func TestReconcile(t *testing.T) {
 		},
 		{
 			name:       "stored without time: replay hint still says what to do",
-			stored:     Checkpoint{Slot: slot, SystemID: systemID, LSN: storedLSN},
+			stored:     checkpoint.Checkpoint{Slot: slot, SystemID: systemID, LSN: storedLSN},
 			haveStored: true,
-			slot:       SlotState{},
+			slot:       replication.SlotState{},
 			wantKind:   SlotMissing,
 			want:       []string{"at an unknown time", "cdc-relay replay --since <time of the last delivered event>"},
 		},
@@ -177,21 +184,22 @@ func TestReconcile(t *testing.T) {
 			if tt.wantKind == SystemChanged {
 				sys = "6999999999999999999"
 			}
-			d, err := Reconcile(slot, sys, tt.stored, tt.haveStored, tt.slot)
+			warnings, err := Reconcile(slot, sys, tt.stored, tt.haveStored, tt.slot)
 			if tt.wantKind == 0 {
 				if err != nil {
 					t.Fatalf("Reconcile: %v", err)
 				}
-				if d.StartFrom != tt.wantStart {
-					t.Errorf("StartFrom = %s, want %s", d.StartFrom, tt.wantStart)
+				// Where streaming starts is the checkpoint package's answer.
+				if got := startFrom(t, tt.stored, tt.haveStored, tt.slot.ConfirmedFlush); got != tt.wantStart {
+					t.Errorf("start = %s, want %s", got, tt.wantStart)
 				}
-				if tt.wantNoWarn && len(d.Warnings) > 0 {
-					t.Errorf("Warnings = %q, want none", d.Warnings)
+				if tt.wantNoWarn && len(warnings) > 0 {
+					t.Errorf("Warnings = %q, want none", warnings)
 				}
-				joined := strings.Join(d.Warnings, "\n")
+				joined := strings.Join(warnings, "\n")
 				for _, w := range tt.want {
 					if !strings.Contains(joined, w) {
-						t.Errorf("Warnings %q do not contain %q", d.Warnings, w)
+						t.Errorf("Warnings %q do not contain %q", warnings, w)
 					}
 				}
 				return
@@ -199,7 +207,7 @@ func TestReconcile(t *testing.T) {
 
 			var gapErr *GapError
 			if !errors.As(fmt.Errorf("start relay: %w", err), &gapErr) {
-				t.Fatalf("Reconcile error = %v (decision %+v), want a *GapError", err, d)
+				t.Fatalf("Reconcile error = %v (warnings %q), want a *GapError", err, warnings)
 			}
 			if gapErr.Kind != tt.wantKind {
 				t.Fatalf("Kind = %s, want %s; error: %v", gapErr.Kind, tt.wantKind, err)
@@ -221,8 +229,8 @@ func TestReconcile(t *testing.T) {
 					t.Errorf("error does not contain %q:\n%s", w, msg)
 				}
 			}
-			if d.StartFrom != 0 || d.Warnings != nil {
-				t.Errorf("decision %+v returned with an error", d)
+			if warnings != nil {
+				t.Errorf("warnings %q returned with an error", warnings)
 			}
 		})
 	}
@@ -237,4 +245,21 @@ func TestGapKindString(t *testing.T) {
 			t.Errorf("GapKind(%d).String() = %q, want %q", int(k), got, want)
 		}
 	}
+}
+
+// startFrom is where the checkpoint package starts streaming given the stored
+// checkpoint (if have) and the slot's confirmed position.
+func startFrom(t *testing.T, stored checkpoint.Checkpoint, have bool, confirmed pglogrepl.LSN) pglogrepl.LSN {
+	t.Helper()
+	store := checkpoint.NewFileStore(filepath.Join(t.TempDir(), "cp.json"))
+	if have {
+		if err := store.Save(context.Background(), stored); err != nil {
+			t.Fatal(err)
+		}
+	}
+	op, err := checkpoint.Open(context.Background(), store, checkpoint.Checkpoint{Slot: stored.Slot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op.StartFrom(confirmed)
 }

@@ -1,0 +1,94 @@
+package checkpoint
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+)
+
+// TestOpening follows the checkpoints of a start-up through an Opening: the
+// snapshot marker, the position stored after the snapshot, where streaming
+// starts, and the Committer that continues from it.
+func TestOpening(t *testing.T) {
+	ctx := context.Background()
+	store := NewFileStore(filepath.Join(t.TempDir(), "cp.json"))
+	base := Checkpoint{Slot: "s", SystemID: "sys1", RelayName: "r", LSN: 0x99, Offsets: Offsets{}} // LSN, Offsets ignored
+	op, err := Open(ctx, store, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, have := op.Stored(); have || op.SnapshotPending() {
+		t.Fatalf("empty store: have %v, snapshot pending %v", have, op.SnapshotPending())
+	}
+
+	// The marker: LSN 0/0 with the slot, system and relay; pending on this
+	// system only.
+	if err := op.MarkSnapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, have, err := store.Load(ctx, "s")
+	if err != nil || !have {
+		t.Fatalf("Load after MarkSnapshot = %v, %v", have, err)
+	}
+	if got.LSN != 0 || got.SystemID != "sys1" || got.RelayName != "r" || got.Offsets != nil || got.UpdatedAt.IsZero() {
+		t.Errorf("marker = %+v, want LSN 0 of sys1 by r, no offsets, a save time", got)
+	}
+	if !op.SnapshotPending() {
+		t.Error("SnapshotPending after MarkSnapshot = false")
+	}
+	reopened, err := Open(ctx, store, Checkpoint{Slot: "s", SystemID: "sys1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reopened.SnapshotPending() {
+		t.Error("a new Opening does not see the marker")
+	}
+	other, err := Open(ctx, store, Checkpoint{Slot: "s", SystemID: "sys2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.SnapshotPending() {
+		t.Error("the marker of another system counts as pending here")
+	}
+
+	// The consistent point, once the snapshot is acknowledged.
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	point := pglogrepl.LSN(0x5000)
+	if err := op.Reposition(ctx, point, at, Offsets{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ = store.Load(ctx, "s"); got.LSN != point || !got.CommitTime.Equal(at) || got.Offsets == nil {
+		t.Errorf("after Reposition = %+v, want LSN %s, commit time %s, empty offsets", got, point, at)
+	}
+	if op.SnapshotPending() {
+		t.Error("SnapshotPending after Reposition = true")
+	}
+
+	// Streaming starts at the later of the slot's and the store's positions.
+	for _, tt := range []struct{ confirmed, want pglogrepl.LSN }{
+		{0x4000, point}, // the store is ahead: Kafka has acknowledged up to it
+		{point, point},
+		{0x6000, 0x6000},
+	} {
+		if got := op.StartFrom(tt.confirmed); got != tt.want {
+			t.Errorf("StartFrom(%s) = %s, want %s", tt.confirmed, got, tt.want)
+		}
+	}
+
+	// The Committer continues from the start with the stored commit time, and
+	// writes to the same store.
+	ck := op.Committer(point, CommitterConfig{Every: time.Hour, Idle: time.Hour, Logger: zerolog.Nop()})
+	if ck.Flushed() != point {
+		t.Errorf("Committer Flushed = %s, want %s", ck.Flushed(), point)
+	}
+	if err := ck.Persist(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ = store.Load(ctx, "s"); got.LSN != point || !got.CommitTime.Equal(at) || got.SystemID != "sys1" || got.RelayName != "r" {
+		t.Errorf("Committer's save = %+v, want LSN %s, commit time %s of sys1 by r", got, point, at)
+	}
+}

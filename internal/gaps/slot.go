@@ -1,0 +1,336 @@
+package gaps
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+)
+
+// GapKind tells apart the reasons Reconcile refuses to start.
+type GapKind int
+
+// The gaps the slot checks report as *GapError. Each may have lost events:
+// none is retried.
+const (
+	// SlotMissing: a checkpoint is stored but the slot does not exist.
+	SlotMissing GapKind = iota + 1
+	// SlotLost: Postgres removed WAL the slot still needed (wal_status = lost).
+	SlotLost
+	// SlotAhead: the slot's confirmed_flush_lsn is past the stored checkpoint.
+	SlotAhead
+	// SystemChanged: the server's system identifier differs from the stored one.
+	SystemChanged
+	// WrongPlugin: the slot does not use pgoutput.
+	WrongPlugin
+)
+
+// String returns the kind in snake case, usable as a metric label.
+func (k GapKind) String() string {
+	switch k {
+	case SlotMissing:
+		return "slot_missing"
+	case SlotLost:
+		return "slot_lost"
+	case SlotAhead:
+		return "slot_ahead"
+	case SystemChanged:
+		return "system_changed"
+	case WrongPlugin:
+		return "wrong_plugin"
+	default:
+		return fmt.Sprintf("gap_kind_%d", int(k))
+	}
+}
+
+// GapError is returned by the slot checks (Checker.Slot, Reconcile) when starting would silently skip or misplace
+// events (DESIGN invariant 6). Its message says what happened, what may be lost and what
+// to do, with the SQL to run; log it whole and count it by Kind. The relay must not
+// retry: it exits until an operator acts. Use errors.As to get at it.
+type GapError struct {
+	Kind      GapKind       // what went wrong; Kind.String() is a metric label
+	Slot      string        // the replication slot's name
+	StoredLSN pglogrepl.LSN // the stored checkpoint's LSN
+	SlotLSN   pglogrepl.LSN // the slot's confirmed_flush_lsn; 0 when the slot is missing
+	msg       string
+}
+
+// Error returns the full explanation.
+func (e *GapError) Error() string { return e.msg }
+
+// The names of the slot checks callers act upon.
+const (
+	// CheckSnapshotIncomplete: the stored checkpoint is the marker of an
+	// initial snapshot that did not complete; a relay with --snapshot initial
+	// takes it again.
+	CheckSnapshotIncomplete = "snapshot_incomplete"
+	// CheckSlotDatabase: the slot belongs to another database.
+	CheckSlotDatabase = "slot_other_database"
+)
+
+// slotChecks compare the stored checkpoint of the slot with the slot itself at
+// start-up (PhaseSlot).
+//
+// Without a stored checkpoint this is a first run: a missing slot is fine (the caller
+// creates it) and an existing one is used from its confirmed position. With one, the
+// slot must exist on the same system, use pgoutput, still have its WAL, and not be
+// ahead of the store — the relay writes the store before confirming the slot, so a
+// slot ahead was moved by someone else or recreated. Streaming then starts at the
+// slot's confirmed position, redelivering what lies between it and the store
+// (checkpoint.Opening.StartFrom).
+//
+// Their fatal findings are *GapErrors (Kind.String() is the check's name),
+// except the slot of another database and an unfinished snapshot, which are
+// configuration errors.
+func slotChecks() []Check {
+	return []Check{
+		{CheckSlotDatabase, func(f *Facts) Finding {
+			s, slot := f.Slot, f.Setup.Slot
+			if !s.Exists || s.Database == f.Database {
+				return Finding{}
+			}
+			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: choose another --slot / CDC_RELAY_SLOT or connect to %q", slot, s.Database, f.Database, s.Database)})
+		}},
+		{CheckSnapshotIncomplete, func(f *Facts) Finding {
+			if !f.SnapshotPending {
+				return Finding{}
+			}
+			if f.RetakeSnapshot {
+				return Finding{Verdict: Repair}
+			}
+			slot := f.Setup.Slot
+			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("the initial snapshot of replication slot %q (started by relay %q at %s) did not complete, so rows already in the outbox may be missing downstream: "+
+				"restart with --snapshot initial (CDC_RELAY_SNAPSHOT=initial) to drop the slot and take the snapshot again; "+
+				"or, to give it up, drop the slot with SELECT pg_drop_replication_slot('%s'); and delete its checkpoint (the row slot_name = '%s' of the checkpoint table, or the checkpoint file), then restart",
+				slot, f.Stored.RelayName, f.Stored.UpdatedAt.UTC().Format(time.RFC3339), slot, slot)})
+		}},
+		{"slot_active", func(f *Facts) Finding {
+			s := f.Slot
+			if !s.Exists || !s.Active {
+				return Finding{}
+			}
+			return warn(fmt.Sprintf(
+				"replication slot %q is in use by process %d; streaming cannot start until it disconnects "+
+					"(another relay on the same slot, or one that is still shutting down): "+
+					"SELECT pid, application_name, client_addr FROM pg_stat_replication WHERE pid = %d;",
+				f.Setup.Slot, s.ActivePID, s.ActivePID))
+		}},
+		{"wal_unreserved", func(f *Facts) Finding {
+			s := f.Slot
+			if !s.Exists || s.WALStatus != "unreserved" {
+				return Finding{}
+			}
+			return warn(fmt.Sprintf(
+				"replication slot %q has wal_status 'unreserved' at %s: Postgres will remove WAL it still needs "+
+					"at the next checkpoint unless the relay catches up; raise max_slot_wal_keep_size if this recurs",
+				f.Setup.Slot, s.ConfirmedFlush))
+		}},
+		{"no_system_id", func(f *Facts) Finding {
+			if !f.HaveStored || f.Stored.SystemID != "" {
+				return Finding{}
+			}
+			return warn(fmt.Sprintf(
+				"the stored checkpoint of replication slot %q has no system identifier, so a restored or cloned database "+
+					"cannot be detected this time; the next save records system %s", f.Setup.Slot, f.SystemID))
+		}},
+		{SystemChanged.String(), func(f *Facts) Finding {
+			stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
+			if !f.HaveStored || stored.SystemID == "" || stored.SystemID == f.SystemID {
+				return Finding{}
+			}
+			return fatal(gap(SystemChanged, slot, stored, s,
+				"the checkpoint of replication slot %q (LSN %s, saved %s) was written on the Postgres system %s, "+
+					"but the server now reports system %s: the database was restored from a backup, cloned, "+
+					"or the relay points at a different cluster. LSNs of the old system mean nothing here "+
+					"(the slot here is %s), so events may be missing or repeated. "+
+					"If this is the server the relay should follow, check that its outbox holds what you expect, then "+
+					"drop a slot copied along with the data, %s, remove the stale checkpoint with %s and restart the relay, "+
+					"which creates a new slot. To recover events since the old checkpoint, %s",
+				slot, stored.LSN, savedAt(stored), stored.SystemID, f.SystemID,
+				slotDesc(s), dropSlotSQL(slot), deleteSQL(slot), replayHint(stored)))
+		}},
+		{SlotMissing.String(), func(f *Facts) Finding {
+			stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
+			if !f.HaveStored || s.Exists {
+				return Finding{}
+			}
+			return fatal(gap(SlotMissing, slot, stored, s,
+				"replication slot %q does not exist, but the checkpoint store has LSN %s for it (saved %s): "+
+					"the slot was dropped, or the relay points at another database. "+
+					"Events committed after %s until a new slot is created cannot be streamed and would be missing downstream. "+
+					"To accept that gap, delete the checkpoint with %s and restart the relay, which creates a new slot "+
+					"and streams from then on. To recover the events, %s",
+				slot, stored.LSN, savedAt(stored), stored.LSN, deleteSQL(slot), replayHint(stored)))
+		}},
+		{WrongPlugin.String(), func(f *Facts) Finding {
+			s := f.Slot
+			if !s.Exists || s.Plugin == "pgoutput" {
+				return Finding{}
+			}
+			storedAt, lost := lostAfter(f)
+			slot := f.Setup.Slot
+			return fatal(gap(WrongPlugin, slot, f.Stored, s,
+				"replication slot %q uses output plugin %q, but the relay needs \"pgoutput\" (the slot is at %s, %s). "+
+					"It probably belongs to another application: give the relay its own slot name. "+
+					"If the slot is abandoned, drop it with %s%s and restart the relay, which creates a pgoutput slot. %s",
+				slot, s.Plugin, s.ConfirmedFlush, storedAt, dropSlotSQL(slot), deleteIf(f.HaveStored, slot), lost))
+		}},
+		{SlotLost.String(), func(f *Facts) Finding {
+			s := f.Slot
+			if !s.Exists || s.WALStatus != "lost" {
+				return Finding{}
+			}
+			storedAt, lost := lostAfter(f)
+			slot := f.Setup.Slot
+			return fatal(gap(SlotLost, slot, f.Stored, s,
+				"replication slot %q has wal_status 'lost' (confirmed at %s, %s): Postgres removed WAL "+
+					"the slot still needed because it fell further behind than max_slot_wal_keep_size allows. %s "+
+					"To continue, drop the slot with %s%s and restart the relay, which creates a new one. "+
+					"To keep it from recurring, keep the relay running or raise the limit: "+
+					"ALTER SYSTEM SET max_slot_wal_keep_size = '<size>'; SELECT pg_reload_conf();",
+				slot, s.ConfirmedFlush, storedAt, lost, dropSlotSQL(slot), deleteIf(f.HaveStored, slot)))
+		}},
+		{SlotAhead.String(), func(f *Facts) Finding {
+			stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
+			if !f.HaveStored || !s.Exists || s.ConfirmedFlush <= stored.LSN {
+				return Finding{}
+			}
+			return fatal(gap(SlotAhead, slot, stored, s,
+				"replication slot %q has confirmed up to %s, past the stored checkpoint %s (saved %s). "+
+					"The relay writes its checkpoint before it confirms the slot, so another consumer advanced the slot "+
+					"(a second relay or tool using the same slot name, pg_replication_slot_advance) or it was dropped and recreated; "+
+					"events committed between %s and %s may never have reached Kafka. "+
+					"Find out who uses the slot (SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s;). "+
+					"To recover the events, %s; then accept the slot's position with %s and restart the relay",
+				slot, s.ConfirmedFlush, stored.LSN, savedAt(stored), stored.LSN, s.ConfirmedFlush,
+				sqlString(slot), replayHint(stored), updateSQL(slot, s.ConfirmedFlush)))
+		}},
+		{"slot_behind", func(f *Facts) Finding {
+			stored, s := f.Stored, f.Slot
+			if !f.HaveStored || !s.Exists || s.ConfirmedFlush >= stored.LSN {
+				return Finding{}
+			}
+			return warn(fmt.Sprintf(
+				"replication slot %q has confirmed up to %s, behind the stored checkpoint %s: "+
+					"events committed between them were already delivered and may be delivered again",
+				f.Setup.Slot, s.ConfirmedFlush, stored.LSN))
+		}},
+		{"no_checkpoint", func(f *Facts) Finding {
+			s := f.Slot
+			if f.HaveStored || !s.Exists {
+				return Finding{}
+			}
+			return warn(fmt.Sprintf(
+				"no stored checkpoint for replication slot %q, which already exists: starting from its confirmed position %s; "+
+					"events a previous relay sent but did not confirm will be delivered again",
+				f.Setup.Slot, s.ConfirmedFlush))
+		}},
+	}
+}
+
+// Reconcile runs the slot checks over a slot's state without reading or
+// logging anything (DESIGN invariant 6): systemID is what IDENTIFY_SYSTEM
+// reports now; haveStored is false when the store has no checkpoint for slot.
+// It returns the warnings to log, or the first refusal: a *GapError, or a
+// *replication.ConfigError for a slot of another database. Checker.Slot is
+// what the relay calls; Reconcile is its pure part.
+func Reconcile(slot, systemID string, stored checkpoint.Checkpoint, haveStored bool, s replication.SlotState) ([]string, error) {
+	f := &Facts{
+		Setup: replication.SetupConfig{Slot: slot}, SystemID: systemID, Database: s.Database,
+		Stored: stored, HaveStored: haveStored, Slot: s,
+	}
+	r := Judge(PhaseSlot, f)
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	var warnings []string
+	for _, n := range r.Findings {
+		warnings = append(warnings, n.Msg)
+	}
+	return warnings, nil
+}
+
+// lostAfter describes the stored checkpoint and what a slot the relay cannot
+// stream from loses after it.
+func lostAfter(f *Facts) (storedAt, lost string) {
+	if !f.HaveStored {
+		return "no stored checkpoint", "Nothing was stored for this slot yet, so no relay position is affected."
+	}
+	return "stored checkpoint " + f.Stored.LSN.String(),
+		fmt.Sprintf("Events committed after the stored checkpoint %s cannot be streamed; to recover them, %s.",
+			f.Stored.LSN, replayHint(f.Stored))
+}
+
+func warn(msg string) Finding { return Finding{Verdict: Warn, Msg: msg} }
+func fatal(err error) Finding { return Finding{Verdict: Fatal, Err: err} }
+
+// gap builds a *GapError.
+func gap(kind GapKind, slot string, stored checkpoint.Checkpoint, s replication.SlotState, format string, args ...any) *GapError {
+	return &GapError{
+		Kind:      kind,
+		Slot:      slot,
+		StoredLSN: stored.LSN,
+		SlotLSN:   s.ConfirmedFlush,
+		msg:       fmt.Sprintf("reconcile slot %q: %s: ", slot, kind) + fmt.Sprintf(format, args...),
+	}
+}
+
+func replayHint(stored checkpoint.Checkpoint) string {
+	at, what := stored.CommitTime, "the commit time the checkpoint covers"
+	if at.IsZero() {
+		at, what = stored.UpdatedAt, "when the checkpoint was saved (later than the commit it covers if the relay was behind)"
+	}
+	if at.IsZero() {
+		return "replay them from the outbox table with `cdc-relay replay --since <time of the last delivered event>`"
+	}
+	return fmt.Sprintf("replay them from the outbox table with `cdc-relay replay --since %s`, %s, "+
+		"less the duration of your longest write transaction (created_at is a transaction's start; "+
+		"replayed events keep their ids, so idempotent consumers drop repeats)",
+		at.UTC().Format(time.RFC3339), what)
+}
+
+func savedAt(stored checkpoint.Checkpoint) string {
+	if stored.UpdatedAt.IsZero() {
+		return "at an unknown time"
+	}
+	return "at " + stored.UpdatedAt.UTC().Format(time.RFC3339)
+}
+
+func slotDesc(s replication.SlotState) string {
+	if !s.Exists {
+		return "missing"
+	}
+	return "at " + s.ConfirmedFlush.String()
+}
+
+// The SQL in messages assumes the default checkpoint table; a relay configured with
+// another table or a file store is told so.
+func deleteSQL(slot string) string {
+	return fmt.Sprintf("`DELETE FROM %s WHERE slot_name = %s;` (or remove the slot's entry from the checkpoint table or file the relay is configured with)",
+		checkpoint.DefaultTable, sqlString(slot))
+}
+
+func deleteIf(haveStored bool, slot string) string {
+	if !haveStored {
+		return ""
+	}
+	return ", delete the checkpoint with " + deleteSQL(slot) + ","
+}
+
+func updateSQL(slot string, lsn pglogrepl.LSN) string {
+	return fmt.Sprintf("`UPDATE %s SET lsn = '%s', updated_at = now() WHERE slot_name = %s;`",
+		checkpoint.DefaultTable, lsn, sqlString(slot))
+}
+
+func dropSlotSQL(slot string) string {
+	return fmt.Sprintf("`SELECT pg_drop_replication_slot(%s);`", sqlString(slot))
+}
+
+// sqlString quotes s as an SQL string literal.
+func sqlString(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
