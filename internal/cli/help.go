@@ -84,3 +84,20 @@ func (*StatusCmd) Help() string {
     cdc-relay status --pg-url postgres://relay@db:5432/app \
       --max-lag-bytes 268435456`
 }
+
+// Help shows an example above dlq purge's flags.
+func (*DLQPurgeCmd) Help() string {
+	return `Example: delete the replayed letters older than 30 days:
+
+    cdc-relay dlq purge --pg-url postgres://relay@db:5432/app \
+      --older-than 30d --status completed`
+}
+
+// Help shows an example above config from-debezium's argument.
+func (*ConfigFromDebeziumCmd) Help() string {
+	return `Example: the connector's JSON as POSTed to Kafka Connect, as a --config file:
+
+    cdc-relay config from-debezium connector.json
+
+It prints the YAML; redirect it to a file (> relay.yaml) and start the relay with --config relay.yaml.`
+}

@@ -291,8 +291,8 @@ func TestHelpExamplesParse(t *testing.T) {
 			})
 		}
 	}
-	if n < 7 {
-		t.Errorf("%d examples found in the commands' help, want 7 or more", n)
+	if n < 9 {
+		t.Errorf("%d examples found in the commands' help, want 9 or more", n)
 	}
 }
 
