@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -13,16 +14,17 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 )
 
-// helpModel builds the command line model as parse does, without parsing.
+// helpModel returns the command line model as Run builds it (the parse of
+// "version", which reads nothing).
 func helpModel(t *testing.T) *kong.Application {
 	t.Helper()
+	clearEnv(t)
 	var c CLI
-	p, err := kong.New(&c, kong.Name("cdc-relay"), kong.Description(description),
-		kong.ExplicitGroups(helpGroups), kong.DefaultEnvars(EnvPrefix), kong.PostBuild(expandDefaults))
+	kctx, err := parse(&c, []string{"version"}, io.Discard, io.Discard, func(int) {})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p.Model
+	return kctx.Model
 }
 
 // commands returns every command of app that takes flags of its own, by its
