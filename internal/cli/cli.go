@@ -33,10 +33,10 @@ type CLI struct {
 	ConfigFile     string `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
 	DebeziumConfig string `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these flags; flags, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
-	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka."`
+	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka, each once in the Kafka log (at least once with --delivery at-least-once)."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
 	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"List, show, replay and purge dead letters (events that failed permanently)."`
-	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again (e.g. for consumers rebuilding state)."`
+	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again, as extra copies (e.g. for consumers rebuilding state)."`
 	Prune   PruneCmd   `cmd:"" help:"Delete old rows from the outbox table, in batches."`
 	Status  StatusCmd  `cmd:"" help:"Show the slot, lag, retained WAL, stored checkpoint and dead letters, read from the database (works while the relay is down; exits 2 on a problem)."`
 	Config  ConfigCmd  `cmd:"" name:"config" help:"Show the effective configuration."`
@@ -96,7 +96,8 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 	config := configLoader{stderr: stderr}
 	parser, err := kong.New(c,
 		kong.Name("cdc-relay"),
-		kong.Description("Relays committed outbox INSERTs from Postgres logical replication to Kafka, at least once, in per-aggregate order."),
+		kong.Description(description),
+		kong.ExplicitGroups(helpGroups),
 		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),

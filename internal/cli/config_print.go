@@ -27,9 +27,9 @@ type runFlagSet RunCmd
 
 // ConfigPrintCmd is "cdc-relay config print".
 type ConfigPrintCmd struct {
-	JSON bool `name:"json" help:"Print JSON instead of a table."`
+	runFlagSet `embed:""` // run's flags, in run's help groups
 
-	runFlagSet `embed:""`
+	JSON bool `name:"json" group:"output" help:"Print JSON instead of a table."`
 
 	file     string    `kong:"-"` // the --config file, "" for none
 	settings []setting `kong:"-"` // taken by BeforeApply

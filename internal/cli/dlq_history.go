@@ -12,15 +12,15 @@ import (
 
 // DLQHistoryCmd is "cdc-relay dlq history".
 type DLQHistoryCmd struct {
-	PGFlags       `embed:""`
-	dlqStoreFlags `embed:""`
+	PGFlags       `embed:"" group:"postgres"`
+	dlqStoreFlags `embed:"" group:"postgres"`
 
-	Replay      int64    `help:"Show the result of every event of this replay instead (with --transitions: its transitions)." placeholder:"ID"`
-	Transitions bool     `help:"Show the letters' state transitions (claimed, completed, failed to retry_wait, dead, released, topic overrides), oldest first: the newest --limit, of --replay, --id and --event-id when given."`
-	ID          []int64  `name:"id" help:"Show the transitions of these dead letter ids (implies --transitions)." placeholder:"ID"`
-	EventID     []string `name:"event-id" help:"Show the transitions of the letters of these event ids (implies --transitions)." placeholder:"ID"`
-	Limit       int      `default:"20" help:"Show the newest replays (or transitions), at most this many (0: all)."`
-	JSON        bool     `name:"json" help:"Print JSON."`
+	Replay      int64    `group:"selection" help:"Show the result of every event of this replay instead (with --transitions: its transitions)." placeholder:"ID"`
+	Transitions bool     `group:"selection" help:"Show the letters' state transitions (claimed, completed, failed to retry_wait, dead, released, topic overrides), oldest first: the newest --limit, of --replay, --id and --event-id when given."`
+	ID          []int64  `group:"selection" name:"id" help:"Show the transitions of these dead letter ids (implies --transitions)." placeholder:"ID"`
+	EventID     []string `group:"selection" name:"event-id" help:"Show the transitions of the letters of these event ids (implies --transitions)." placeholder:"ID"`
+	Limit       int      `group:"selection" default:"20" help:"Show the newest replays (or transitions), at most this many (0: all)."`
+	JSON        bool     `group:"output" name:"json" help:"Print JSON."`
 }
 
 // Validate checks the flags.

@@ -12,15 +12,15 @@ import (
 
 // DLQListCmd is "cdc-relay dlq list".
 type DLQListCmd struct {
-	PGFlags           `embed:""`
-	dlqStoreFlags     `embed:""`
-	letterFilterFlags `embed:""`
+	PGFlags           `embed:"" group:"postgres"`
+	dlqStoreFlags     `embed:"" group:"postgres"`
+	letterFilterFlags `embed:"" group:"selection"`
 
 	// Topic is no run --topic: neither CDC_RELAY_TOPIC nor the config file's
 	// topic key (the relay's template) sets it.
-	Topic string `env:"-" nofile:"" help:"Only letters meant for this topic (the TOPIC column; set by neither CDC_RELAY_TOPIC nor the config file's topic, which are run's)." placeholder:"NAME"`
-	Limit int    `default:"100" help:"Show at most this many letters, lowest ids first (0: all)."`
-	JSON  bool   `name:"json" help:"Print JSON instead of a table."`
+	Topic string `group:"selection" env:"-" nofile:"" help:"Only letters meant for this topic (the TOPIC column; set by neither CDC_RELAY_TOPIC nor the config file's topic, which are run's)." placeholder:"NAME"`
+	Limit int    `group:"selection" default:"100" help:"Show at most this many letters, lowest ids first (0: all)."`
+	JSON  bool   `group:"output" name:"json" help:"Print JSON instead of a table."`
 }
 
 // Validate checks the flags.

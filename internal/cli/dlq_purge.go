@@ -10,11 +10,11 @@ import (
 
 // DLQPurgeCmd is "cdc-relay dlq purge".
 type DLQPurgeCmd struct {
-	PGFlags       `embed:""`
-	dlqStoreFlags `embed:""`
+	PGFlags       `embed:"" group:"postgres"`
+	dlqStoreFlags `embed:"" group:"postgres"`
 
-	OlderThan string `required:"" help:"Delete letters whose last failure (and last replay) is longer ago than this: 30m, 24h, 7d, 1d12h." placeholder:"AGE"`
-	Status    string `help:"Only letters with this status: pending, retry_wait, completed (or replayed, its former name) or dead (default: any). Letters a replay holds (processing, lease not expired) are never deleted." placeholder:"STATUS"`
+	OlderThan string `group:"selection" required:"" help:"Required. Delete letters whose last failure (and last replay) is longer ago than this: 30m, 24h, 7d, 1d12h." placeholder:"AGE"`
+	Status    string `group:"selection" help:"Only letters with this status: pending, retry_wait, completed (or replayed, its former name) or dead (default: any). Letters a replay holds (processing, lease not expired) are never deleted." placeholder:"STATUS"`
 
 	olderThan time.Time `kong:"-"`
 }

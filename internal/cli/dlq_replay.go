@@ -11,24 +11,27 @@ import (
 
 // DLQReplayCmd is "cdc-relay dlq replay".
 type DLQReplayCmd struct {
-	PGFlags           `embed:""`
-	dlqStoreFlags     `embed:""`
-	letterFilterFlags `embed:""`
-	publishFlags      `embed:""`
-	formatFlags       `embed:"" set:"cloudevents_source_note=; required here"`
+	// In the order of their help groups (help.go).
+	PGFlags       `embed:"" group:"postgres"`
+	dlqStoreFlags `embed:"" group:"postgres"`
 
 	// Not KafkaFlags: a dead letter goes back to the topic stored with it;
 	// --topic here overrides that, it is no template.
-	kafkaBrokerFlags   `embed:"" set:"kafka_brokers_note= (not needed with --dry-run)"`
-	KafkaSecurityFlags `embed:""`
+	kafkaBrokerFlags   `embed:"" group:"kafka" set:"kafka_brokers_note= unless --dry-run"`
+	KafkaSecurityFlags `embed:"" group:"kafka"`
 
-	ID    []int64 `name:"id" help:"Only these dead letter ids (repeat the flag or separate with commas)." placeholder:"ID"`
-	Force bool    `help:"Also publish letters that are completed already (they are skipped otherwise)."`
-	Limit int     `help:"Replay at most this many letters, lowest ids first (0: all)."`
+	formatFlags `embed:"" group:"routing" set:"cloudevents_source_note=; required here"`
 	// Topic is no run --topic: neither CDC_RELAY_TOPIC nor the config file's
 	// topic key (the relay's template) may redirect a replay.
-	Topic string        `env:"-" nofile:"" help:"Publish every selected letter to this topic instead of the one stored with it (e.g. when the topic template produced a name Kafka refuses); recorded in the history. Only on the command line: CDC_RELAY_TOPIC and the config file's topic are run's." placeholder:"NAME"`
-	Lease time.Duration `default:"${default_dlq_lease}" help:"How long the replay's claim on the letters it publishes lasts unless renewed (it renews every third of it): after a replay dies, another one takes its letters over once this has passed."`
+	Topic string `env:"-" nofile:"" group:"routing" help:"Publish every selected letter to this topic instead of the one stored with it (e.g. when the topic template produced a name Kafka refuses); recorded in the history. Only on the command line: CDC_RELAY_TOPIC and the config file's topic are run's." placeholder:"NAME"`
+
+	letterFilterFlags `embed:"" group:"selection"`
+	ID                []int64 `name:"id" group:"selection" help:"Only these dead letter ids (repeat the flag or separate with commas)." placeholder:"ID"`
+	Force             bool    `group:"selection" help:"Also publish letters that are completed already (they are skipped otherwise)."`
+	Limit             int     `group:"selection" help:"Replay at most this many letters, lowest ids first (0: all)."`
+
+	publishFlags `embed:"" group:"replay"`
+	Lease        time.Duration `default:"${default_dlq_lease}" group:"replay" help:"How long the replay's claim on the letters it publishes lasts unless renewed (it renews every third of it): after a replay dies, another one takes its letters over once this has passed."`
 }
 
 // Validate checks the flags.

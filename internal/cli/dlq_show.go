@@ -18,12 +18,12 @@ import (
 
 // DLQShowCmd is "cdc-relay dlq show [ID] [--event-id E]…".
 type DLQShowCmd struct {
-	PGFlags       `embed:""`
-	dlqStoreFlags `embed:""`
+	PGFlags       `embed:"" group:"postgres"`
+	dlqStoreFlags `embed:"" group:"postgres"`
 
 	ID      int64    `arg:"" optional:"" help:"Dead letter id (the ID column of dlq list)."`
-	EventID []string `name:"event-id" help:"Show the letter of this event id instead (or too), as the relay logs it (event_id); repeat the flag or separate with commas." placeholder:"ID"`
-	JSON    bool     `name:"json" help:"Print JSON: one letter as an object, several as an array."`
+	EventID []string `group:"selection" name:"event-id" help:"Show the letter of this event id instead (or too), as the relay logs it (event_id); repeat the flag or separate with commas." placeholder:"ID"`
+	JSON    bool     `group:"output" name:"json" help:"Print JSON: one letter as an object, several as an array."`
 }
 
 // Validate checks the flags.

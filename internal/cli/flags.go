@@ -33,7 +33,7 @@ import (
 
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
-	PGURL       string `name:"pg-url" help:"Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	PGURL       string `name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
 	PGURLFile   string `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
 	Slot        string `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
 	Publication string `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
@@ -94,13 +94,13 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // KafkaFlags are the Kafka flags of the commands that publish to the
 // relay's topic (run, replay).
 type KafkaFlags struct {
-	kafkaBrokerFlags `embed:""`
-	Topic            string `default:"outbox.events" help:"Topic, or a template over columns: {aggregate_type}, {event_type}; with --topic-regex also over its groups: $${name}, $${1} or $$1."`
+	kafkaBrokerFlags `embed:"" group:"kafka"`
+	Topic            string `default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}; with --topic-regex also over its groups: $${name}, $${1} or $$1."`
 	// TopicRegex is Debezium's route.topic.regex (Kafka Connect's RegexRouter).
-	TopicRegex      string `help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
-	TopicRegexField string `default:"aggregate_type" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
+	TopicRegex      string `group:"routing" help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
+	TopicRegexField string `default:"aggregate_type" group:"routing" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
 
-	KafkaSecurityFlags `embed:""` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
+	KafkaSecurityFlags `embed:"" group:"kafka"` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
 }
 
 // topicRegex is --topic-regex and --topic-regex-field.
@@ -124,7 +124,7 @@ func (f *KafkaFlags) validateTopic() error {
 // kafkaBrokerFlags is --kafka-brokers, apart from KafkaFlags for dlq replay,
 // which has no --topic (a dead letter goes back to the topic stored with it).
 type kafkaBrokerFlags struct {
-	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Kafka bootstrap brokers, comma-separated host:port${kafka_brokers_note=}." placeholder:"HOST:PORT"`
+	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Required${kafka_brokers_note=}. Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
 }
 
 // checkBrokers trims the brokers and checks each is host:port, as "run" does.
@@ -492,7 +492,7 @@ type publishFlags struct {
 	Rate              float64       `default:"50" help:"Most events published per second (0: unlimited)."`
 	BatchSize         int           `default:"100" help:"Events published at once (and the rate limiter's burst)."`
 	Actor             string        `help:"Who runs the replay, for the history (default: the OS user)."`
-	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
+	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" group:"kafka" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
 }
 
 func (f *publishFlags) validate() error {

@@ -10,11 +10,11 @@ import (
 
 // PruneCmd is "cdc-relay prune": delete old outbox rows.
 type PruneCmd struct {
-	PGFlags `embed:""`
+	PGFlags `embed:"" group:"postgres"`
 
-	OlderThan     string `required:"" help:"Delete rows created longer ago than this: 30m, 24h, 7d, 1d12h." placeholder:"AGE"`
-	BatchSize     int    `default:"1000" help:"Rows deleted per transaction."`
-	createdAtFlag `embed:""`
+	OlderThan     string `group:"selection" required:"" help:"Required. Delete rows created longer ago than this: 30m, 24h, 7d, 1d12h." placeholder:"AGE"`
+	BatchSize     int    `group:"selection" default:"1000" help:"Rows deleted per transaction."`
+	createdAtFlag `embed:"" group:"postgres"`
 
 	olderThan time.Time `kong:"-"`
 }

@@ -13,22 +13,24 @@ import (
 
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
 type ReplayCmd struct {
-	PGFlags            `embed:""`
-	KafkaFlags         `embed:""`
-	outboxColumnFlags  `embed:""`
-	createdAtFlag      `embed:"" set:"created_at_note= (for --since, --until and the order)"`
-	headerColumnFlags  `embed:""`
-	formatFlags        `embed:""`
-	payloadFormatFlags `embed:""` // --content-type, --column-tracing
-	dlqStoreFlags      `embed:""`
-	publishFlags       `embed:""`
+	// In the order of their help groups (help.go).
+	PGFlags            `embed:"" group:"postgres"`
+	outboxColumnFlags  `embed:"" group:"postgres"`
+	createdAtFlag      `embed:"" group:"postgres" set:"created_at_note= (for --since, --until and the order)"`
+	dlqStoreFlags      `embed:"" group:"postgres"`
+	KafkaFlags         `embed:"" set:"kafka_brokers_note= unless --dry-run"` // its --topic flags are in group routing
+	headerColumnFlags  `embed:"" group:"routing"`
+	formatFlags        `embed:"" group:"routing"`
+	payloadFormatFlags `embed:"" group:"routing"` // --content-type, --column-tracing
 
-	Since       string   `help:"Replay rows created at or after this time (required): RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)." placeholder:"TIME"`
-	Until       string   `help:"Replay rows created before this time (same forms as --since; default: now)." placeholder:"TIME"`
-	AggregateID string   `help:"Only rows of this aggregate id." placeholder:"ID"`
-	EventType   string   `help:"Only rows of this event type." placeholder:"TYPE"`
-	ID          []string `name:"id" help:"Only these event ids (repeat the flag or separate with commas)." placeholder:"EVENT-ID"`
-	Limit       int      `help:"Replay at most this many rows (0: all)."`
+	Since       string   `group:"selection" help:"Required. Replay rows created at or after this time: RFC 3339 (2024-05-01T10:00:00Z), a date (2024-05-01, UTC) or a duration ago (30m, 2h, 7d)." placeholder:"TIME"`
+	Until       string   `group:"selection" help:"Replay rows created before this time (same forms as --since; default: now)." placeholder:"TIME"`
+	AggregateID string   `group:"selection" help:"Only rows of this aggregate id." placeholder:"ID"`
+	EventType   string   `group:"selection" help:"Only rows of this event type." placeholder:"TYPE"`
+	ID          []string `name:"id" group:"selection" help:"Only these event ids (repeat the flag or separate with commas)." placeholder:"EVENT-ID"`
+	Limit       int      `group:"selection" help:"Replay at most this many rows (0: all)."`
+
+	publishFlags `embed:"" group:"replay"`
 
 	since, until time.Time         `kong:"-"`
 	headers      map[string]string `kong:"-"`

@@ -30,62 +30,65 @@ import (
 
 // RunCmd is "cdc-relay run".
 type RunCmd struct {
-	PGFlags    `embed:""`
-	KafkaFlags `embed:""`
+	// Each flag is in one help group (help.go), and the groups appear in the
+	// order of their first flag here: Postgres, Kafka, routing and format,
+	// delivery and failures, operations.
+	PGFlags    `embed:"" group:"postgres"`
+	KafkaFlags `embed:""` // its --topic flags are in group routing
 
-	AdminFlags `embed:""` // --metrics-addr, --metrics-token…: admin_flags.go
+	CreateSlot        bool `default:"true" negatable:"" group:"postgres" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
+	CreatePublication bool `default:"true" negatable:"" group:"postgres" help:"Create the publication when it is missing."`
 
-	CreateSlot        bool `default:"true" negatable:"" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
-	CreatePublication bool `default:"true" negatable:"" help:"Create the publication when it is missing."`
+	outboxColumnFlags  `embed:"" group:"postgres"`
+	createdAtFlag      `embed:"" group:"postgres" set:"created_at_note= (for --on-slot-loss=backfill, --snapshot initial and the outbox wait time; a table without it measures the wait from the commit)"`
+	headerColumnFlags  `embed:"" group:"routing"`
+	formatFlags        `embed:"" group:"routing"`
+	payloadFormatFlags `embed:"" group:"routing"` // --content-type, --column-tracing
 
-	outboxColumnFlags  `embed:""`
-	headerColumnFlags  `embed:""`
-	formatFlags        `embed:""`
-	payloadFormatFlags `embed:""` // --content-type, --column-tracing
+	Delivery       string `group:"delivery" default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
+	OnOutboxUpdate string `group:"delivery" default:"ignore" enum:"ignore,warn,error,fatal" help:"What an UPDATE of an outbox row does (nothing is published for it; DELETEs are always ignored): ignore; warn or error log it (at most 10 lines a minute) at that level and count it in cdc_relay_outbox_updates_total; fatal stops the relay before confirming its transaction."`
+	OnError        string `group:"delivery" default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
+	dlqStoreFlags  `embed:"" group:"delivery" set:"dlq_table_note= (on-error=dlq)"`
+	DLQRetention   time.Duration `group:"delivery" name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
-	Delivery       string `default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (see the README's guarantee for when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
-	OnOutboxUpdate string `default:"ignore" enum:"ignore,warn,error,fatal" help:"What an UPDATE of an outbox row does (nothing is published for it; DELETEs are always ignored): ignore; warn or error log it (at most 10 lines a minute) at that level and count it in cdc_relay_outbox_updates_total; fatal stops the relay before confirming its transaction."`
-	OnError        string `default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
-	dlqStoreFlags  `embed:"" set:"dlq_table_note= (on-error=dlq)"`
-	DLQRetention   time.Duration `name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
+	DLQAutoRetry         bool          `group:"delivery" name:"dlq-auto-retry" help:"Retry dead letters whose error may pass (--dlq-auto-retry-codes) in the background, with backoff, until Kafka acknowledges them (completed) or --dlq-auto-retry-budget attempts failed (dead: metric cdc_relay_dead_letters_dead_total, alert CdcRelayDeadLetterDead). Needs --on-error=dlq."`
+	DLQAutoRetryCodes    []string      `group:"delivery" name:"dlq-auto-retry-codes" sep:"," default:"${default_dlq_auto_retry_codes}" help:"Error codes the automatic retries take (the README says why these)." placeholder:"CODE,…"`
+	DLQAutoRetryBudget   int           `group:"delivery" name:"dlq-auto-retry-budget" default:"${default_dlq_auto_retry_budget}" help:"Attempts after which an automatically retried letter is dead."`
+	DLQAutoRetryMaxAge   time.Duration `group:"delivery" name:"dlq-auto-retry-max-age" default:"0s" help:"A letter that first failed longer ago than this is dead at its next failed attempt, whatever the budget (0: no age limit)."`
+	DLQAutoRetryBase     time.Duration `group:"delivery" name:"dlq-auto-retry-base" default:"${default_dlq_auto_retry_base}" help:"Wait before a new dead letter's first automatic attempt; after the n-th failed one it waits rand(0, min(cap, base*2^(n-1)))."`
+	DLQAutoRetryCap      time.Duration `group:"delivery" name:"dlq-auto-retry-cap" default:"${default_dlq_auto_retry_cap}" help:"Longest wait between automatic attempts."`
+	DLQAutoRetryInterval time.Duration `group:"delivery" name:"dlq-auto-retry-interval" default:"${default_dlq_auto_retry_interval}" help:"How often the automatic retries look for letters that are due."`
+	DLQAutoRetryTimeout  time.Duration `group:"delivery" name:"dlq-auto-retry-timeout" default:"${default_dlq_auto_retry_timeout}" help:"An automatic attempt Kafka has not acknowledged within this counts as failed."`
 
-	DLQAutoRetry         bool          `name:"dlq-auto-retry" help:"Retry dead letters whose error may pass (--dlq-auto-retry-codes) in the background, with backoff, until Kafka acknowledges them (completed) or --dlq-auto-retry-budget attempts failed (dead: metric cdc_relay_dead_letters_dead_total, alert CdcRelayDeadLetterDead). Needs --on-error=dlq."`
-	DLQAutoRetryCodes    []string      `name:"dlq-auto-retry-codes" sep:"," default:"${default_dlq_auto_retry_codes}" help:"Error codes the automatic retries take (the README says why these)." placeholder:"CODE,…"`
-	DLQAutoRetryBudget   int           `name:"dlq-auto-retry-budget" default:"${default_dlq_auto_retry_budget}" help:"Attempts after which an automatically retried letter is dead."`
-	DLQAutoRetryMaxAge   time.Duration `name:"dlq-auto-retry-max-age" default:"0s" help:"A letter that first failed longer ago than this is dead at its next failed attempt, whatever the budget (0: no age limit)."`
-	DLQAutoRetryBase     time.Duration `name:"dlq-auto-retry-base" default:"${default_dlq_auto_retry_base}" help:"Wait before a new dead letter's first automatic attempt; after the n-th failed one it waits rand(0, min(cap, base*2^(n-1)))."`
-	DLQAutoRetryCap      time.Duration `name:"dlq-auto-retry-cap" default:"${default_dlq_auto_retry_cap}" help:"Longest wait between automatic attempts."`
-	DLQAutoRetryInterval time.Duration `name:"dlq-auto-retry-interval" default:"${default_dlq_auto_retry_interval}" help:"How often the automatic retries look for letters that are due."`
-	DLQAutoRetryTimeout  time.Duration `name:"dlq-auto-retry-timeout" default:"${default_dlq_auto_retry_timeout}" help:"An automatic attempt Kafka has not acknowledged within this counts as failed."`
+	OnSlotLoss     string        `group:"delivery" default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
+	BackfillMargin time.Duration `group:"delivery" default:"${default_backfill_margin}" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
 
-	OnSlotLoss     string        `default:"fail" enum:"fail,backfill" help:"When the slot was dropped, lost its WAL (wal_status 'lost') or moved past the stored checkpoint: fail refuses to start and explains how to recover; backfill recreates the slot and republishes the outbox rows still in the table created since the checkpoint's commit time less --backfill-margin, with header cdc_relay_backfill (duplicates possible, nothing lost that is still in the table)."`
-	BackfillMargin time.Duration `default:"${default_backfill_margin}" help:"How far before the stored commit time a backfill starts (covers transactions that inserted rows before they committed, and clock differences)."`
-	createdAtFlag  `embed:"" set:"created_at_note= (for --on-slot-loss=backfill, --snapshot initial and the outbox wait time; a table without it measures the wait from the commit)"`
+	Snapshot string `group:"delivery" default:"never" enum:"initial,never" help:"initial: when the relay creates its slot, publish the rows already in the outbox table (read from the snapshot the slot exports, in --column-created-at, id order, with header cdc_relay_snapshot: initial) before streaming, so none is missed or sent twice at the seam; an existing slot takes no snapshot. never: stream only what commits after the slot is created."`
 
-	Snapshot string `default:"never" enum:"initial,never" help:"initial: when the relay creates its slot, publish the rows already in the outbox table (read from the snapshot the slot exports, in --column-created-at, id order, with header cdc_relay_snapshot: initial) before streaming, so none is missed or sent twice at the seam; an existing slot takes no snapshot. never: stream only what commits after the slot is created."`
+	CheckpointStore     string `group:"delivery" default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
+	checkpointTableFlag `embed:"" group:"delivery" set:"checkpoint_table_note= (checkpoint-store=table)"`
+	CheckpointFile      string `group:"delivery" default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	CheckpointStore     string `default:"table" enum:"table,file" help:"Where the checkpoint is persisted: table (in the source database) or file."`
-	checkpointTableFlag `embed:"" set:"checkpoint_table_note= (checkpoint-store=table)"`
-	CheckpointFile      string `default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
+	MaxInFlightMiB    int           `group:"operations" name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
+	BatchMaxEvents    int           `group:"kafka" default:"${default_batch_max_events}" help:"Most events in one produce request."`
+	BatchMaxBytes     int           `group:"kafka" default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
+	Compression       string        `group:"kafka" default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
+	StatusInterval    time.Duration `group:"postgres" default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
+	ReadCoalesce      time.Duration `group:"postgres" default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
+	ShutdownTimeout   time.Duration `group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
+	KafkaStartTimeout time.Duration `group:"kafka" default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
+	RetryBase         time.Duration `group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
+	RetryCap          time.Duration `group:"delivery" default:"${default_retry_cap}" help:"Backoff cap."`
+	RelayName         string        `group:"operations" help:"Name of this relay in checkpoints and logs (default: host name)."`
+	HeartbeatInterval time.Duration `group:"postgres" default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
+	MonitorInterval   time.Duration `group:"operations" default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
 
-	MaxInFlightMiB    int           `name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
-	BatchMaxEvents    int           `default:"${default_batch_max_events}" help:"Most events in one produce request."`
-	BatchMaxBytes     int           `default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
-	Compression       string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
-	StatusInterval    time.Duration `default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
-	ReadCoalesce      time.Duration `default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
-	ShutdownTimeout   time.Duration `default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
-	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
-	RetryBase         time.Duration `default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
-	RetryCap          time.Duration `default:"${default_retry_cap}" help:"Backoff cap."`
-	RelayName         string        `help:"Name of this relay in checkpoints and logs (default: host name)."`
-	HeartbeatInterval time.Duration `default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
-	MonitorInterval   time.Duration `default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
+	AdminFlags `embed:"" group:"operations"` // --metrics-addr, --metrics-token…: admin_flags.go
 
-	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level."`
-	LogFormat string `default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
+	LogLevel  string `group:"operations" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogFormat string `group:"operations" default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
 
-	OtelExporter string `name:"otel-exporter" default:"none" enum:"none,otlp" help:"none: the trace context of --column-tracing goes out as the row has it; otlp: also export one PRODUCER span per event that has one, as its child, over OTLP/HTTP with protobuf (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4318, _HEADERS, … and OTEL_SERVICE_NAME, default cdc-relay), and send the relay's span as the traceparent header, so the consumer's span is the relay's child."`
+	OtelExporter string `group:"operations" name:"otel-exporter" default:"none" enum:"none,otlp" help:"none: the trace context of --column-tracing goes out as the row has it; otlp: also export one PRODUCER span per event that has one, as its child, over OTLP/HTTP with protobuf (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4318, _HEADERS, … and OTEL_SERVICE_NAME, default cdc-relay), and send the relay's span as the traceparent header, so the consumer's span is the relay's child."`
 }
 
 // Validate checks the run flags and returns an error naming the flag and its

@@ -20,12 +20,12 @@ import (
 // StatusCmd is "cdc-relay status": the relay's state read from the database
 // itself, so it works while the relay is down, and usable as a probe.
 type StatusCmd struct {
-	PGFlags `embed:""`
+	PGFlags `embed:"" group:"postgres"`
 
-	checkpointTableFlag `embed:""`
-	dlqStoreFlags       `embed:"" set:"dlq_table_note="`
-	MaxLagBytes         int64 `default:"1073741824" help:"Exit 2 when the slot's lag (server WAL end - confirmed) exceeds this many bytes (0 disables)."`
-	JSON                bool  `name:"json" help:"Print JSON."`
+	checkpointTableFlag `embed:"" group:"postgres"`
+	dlqStoreFlags       `embed:"" group:"postgres" set:"dlq_table_note="`
+	MaxLagBytes         int64 `group:"output" default:"1073741824" help:"Exit 2 when the slot's lag (server WAL end - confirmed) exceeds this many bytes (0 disables)."`
+	JSON                bool  `group:"output" name:"json" help:"Print JSON."`
 }
 
 // Status is what status reports.

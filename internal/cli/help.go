@@ -1,0 +1,103 @@
+package cli
+
+import "github.com/alecthomas/kong"
+
+// What --help shows beyond each flag's own help: the groups its flags are
+// listed in, and the examples at the top of the commands that have one.
+
+// description is the application's one-line summary, the first thing
+// cdc-relay --help says: the guarantee of the default --delivery.
+const description = "Relays committed outbox INSERTs from Postgres logical replication to Kafka, in per-aggregate order. By default (--delivery effectively-once) each committed outbox row appears once in the Kafka log; nothing committed is lost, so at least once is the floor (and all that --delivery at-least-once promises)."
+
+// helpGroups are the groups a command's flags are listed in, by the key of
+// their group tag. A command lists its groups in the order of their first
+// flag in its struct; flags without a group (--help, --config,
+// --debezium-config) come first, under "Flags:". A group tag naming no
+// group here is a mistake TestRunHelpGroups catches for run.
+var helpGroups = []kong.Group{
+	{Key: "postgres", Title: "Postgres:", Description: "The source: the database, its replication slot and publication, and the outbox table's columns."},
+	{Key: "kafka", Title: "Kafka:", Description: "The brokers, TLS and SASL, and how records are batched."},
+	{Key: "routing", Title: "Routing and format:", Description: "Each event's topic, partition, headers, key and value encoding."},
+	{Key: "delivery", Title: "Delivery and failures:", Description: "The guarantee, checkpoints, retries, and what becomes of an event or a slot that fails."},
+	{Key: "operations", Title: "Operations:", Description: "The /metrics, /healthz and /readyz endpoints, logs, tracing, memory and shutdown."},
+	{Key: "selection", Title: "Selection:", Description: "Which rows or dead letters the command acts on, and how many at once."},
+	{Key: "replay", Title: "Replaying:", Description: "A dry run, the pace, and who the replay history records."},
+	{Key: "output", Title: "Output:", Description: "What the command prints."},
+}
+
+// Help is the example and notes --help shows above run's flags (kong's
+// HelpProvider). TestHelpExamplesParse parses its example.
+func (*RunCmd) Help() string {
+	return `Example:
+
+    cdc-relay run \
+      --pg-url 'postgres://relay@db.internal:5432/app?sslmode=verify-full' \
+      --kafka-brokers kafka-1:9092,kafka-2:9092,kafka-3:9092 \
+      --table public.outbox_events --slot cdc_relay \
+      --publication cdc_relay_outbox --topic 'outbox.{aggregate_type}' \
+      --metrics-addr 0.0.0.0:9187 \
+      --metrics-token-file /run/secrets/metrics-token
+
+Required: --pg-url (or --pg-url-file) and --kafka-brokers. The Postgres password comes from the URL, PGPASSWORD or ~/.pgpass. Every flag is also an environment variable (--pg-url: CDC_RELAY_PG_URL) and a key of the --config file (pg-url: ...); cdc-relay config print shows what a run would use. By default (--delivery effectively-once) each committed outbox row appears once in the Kafka log; a crash never loses one.`
+}
+
+// Help shows an example above replay's flags.
+func (*ReplayCmd) Help() string {
+	return `Example: publish again the last day's rows of one aggregate, 100 a second:
+
+    cdc-relay replay --pg-url postgres://relay@db:5432/app \
+      --kafka-brokers kafka-1:9092 --since 24h --aggregate-id order-42 \
+      --rate 100
+
+Consumers receive these events a second time (header cdc_relay_replay); --dry-run shows what would be published.`
+}
+
+// Help shows examples above dlq list's flags.
+func (*DLQListCmd) Help() string {
+	return `Example: the letters of the last hour that were too large:
+
+    cdc-relay dlq list --pg-url postgres://relay@db:5432/app \
+      --since 1h --error-code message_too_large`
+}
+
+// Help shows an example above dlq replay's flags.
+func (*DLQReplayCmd) Help() string {
+	return `Example: see, then publish again, the letters of the last hour:
+
+    cdc-relay dlq replay --pg-url postgres://relay@db:5432/app \
+      --kafka-brokers kafka-1:9092 --since 1h --dry-run
+    cdc-relay dlq replay --pg-url postgres://relay@db:5432/app \
+      --kafka-brokers kafka-1:9092 --since 1h`
+}
+
+// Help shows an example above prune's flags.
+func (*PruneCmd) Help() string {
+	return `Example: delete outbox rows older than a week, 1000 per transaction:
+
+    cdc-relay prune --pg-url postgres://relay@db:5432/app --older-than 7d`
+}
+
+// Help shows an example above status's flags.
+func (*StatusCmd) Help() string {
+	return `Example: for a cron job or a probe; exits 2 when there is a problem, e.g. a lag above 256 MiB:
+
+    cdc-relay status --pg-url postgres://relay@db:5432/app \
+      --max-lag-bytes 268435456`
+}
+
+// Help shows an example above dlq purge's flags.
+func (*DLQPurgeCmd) Help() string {
+	return `Example: delete the replayed letters older than 30 days:
+
+    cdc-relay dlq purge --pg-url postgres://relay@db:5432/app \
+      --older-than 30d --status completed`
+}
+
+// Help shows an example above config from-debezium's argument.
+func (*ConfigFromDebeziumCmd) Help() string {
+	return `Example: the connector's JSON as POSTed to Kafka Connect, as a --config file:
+
+    cdc-relay config from-debezium connector.json
+
+It prints the YAML; redirect it to a file (> relay.yaml) and start the relay with --config relay.yaml.`
+}
