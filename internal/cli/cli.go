@@ -38,7 +38,7 @@ type CLI struct {
 	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"List, show, replay and purge dead letters (events that failed permanently)."`
 	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again, as extra copies (e.g. for consumers rebuilding state)."`
 	Prune   PruneCmd   `cmd:"" help:"Delete old rows from the outbox table, in batches."`
-	Status  StatusCmd  `cmd:"" help:"Show the slot, lag, retained WAL, stored checkpoint and dead letters, read from the database (works while the relay is down; exits 2 on a problem)."`
+	Status  StatusCmd  `cmd:"" help:"Show the slot, lag, retained WAL, stored checkpoint and dead letters, read from the database (works while the relay is down; exits 3 on a problem)."`
 	Config  ConfigCmd  `cmd:"" name:"config" help:"Show the effective configuration."`
 }
 

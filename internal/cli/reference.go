@@ -165,7 +165,7 @@ func (r *refWriter) flags(all []*kong.Flag) {
 		byGroup[f.Group.Key] = append(byGroup[f.Group.Key], f)
 	}
 	for _, g := range order {
-		r.printf("**%s**", g.Title)
+		r.printf("**%s**", groupTitle(g))
 		if g.Description != "" {
 			r.printf(": %s", refLine(g.Description))
 		}
@@ -290,3 +290,7 @@ func UpdateReference(doc string) (string, error) {
 	b.WriteString(doc[end:])
 	return b.String(), nil
 }
+
+// groupTitle is a group's heading in the reference: its help title without the
+// colon kong's help puts after it.
+func groupTitle(g *kong.Group) string { return strings.TrimSuffix(g.Title, ":") }

@@ -73,7 +73,7 @@ func TestReferenceCoversEveryFlag(t *testing.T) {
 					t.Errorf("cdc-relay %s: %s missing from the reference", n.Path(), env)
 				}
 			}
-			if f.Group != nil && !strings.Contains(ref, "**"+f.Group.Title+"**") {
+			if f.Group != nil && !strings.Contains(ref, "**"+groupTitle(f.Group)+"**") {
 				t.Errorf("group %q of --%s has no heading", f.Group.Title, f.Name)
 			}
 		}

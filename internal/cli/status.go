@@ -75,7 +75,7 @@ type StatusDLQ struct {
 // Exit codes of status.
 const (
 	statusOK      = 0
-	statusProblem = 2
+	statusProblem = 3 // not 2: that is a usage error (ExitUsage), for every command
 )
 
 // Validate checks the Postgres flags (reading --pg-url-file).
