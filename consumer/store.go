@@ -326,7 +326,7 @@ ON CONFLICT (consumer_name, message_id) DO UPDATE SET
 // it again: keep claims longer than the broker's retention of the topics plus
 // the longest replay anyone may run (a reset of the group's offsets, a
 // cdc-relay replay or dlq replay), and never prune the claims of effects that
-// must not repeat whatever it costs (money): see the README.
+// must not repeat whatever it costs (money): see consumer/README.md.
 func Prune(ctx context.Context, pool *pgxpool.Pool, consumerName string, olderThan time.Duration) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("prune %s: olderThan must be positive, got %v", ProcessedTable, olderThan)

@@ -197,7 +197,7 @@ done:
 	if *events > 0 {
 		say("to insert rows yourself: make demo DEMOFLAGS='-events 0' (or go run ./cmd/cdc-relay-demo -events 0)")
 	}
-	say("done. Next: `make test` runs the whole suite; README.md shows production setup.")
+	say("done. Next: `make test` runs the whole suite; README.md shows production setup, docs/ the rest.")
 	return nil
 }
 

@@ -637,7 +637,7 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 }
 
 // TestUnixSocket: a relay beside Postgres connects over its Unix socket (the
-// README's advice for one-event transactions: the walsender pays about half
+// docs/postgres.md's advice for one-event transactions: the walsender pays about half
 // as much per transaction as over loopback TCP) and delivers everything, its
 // replication connection on the socket.
 func TestUnixSocket(t *testing.T) {

@@ -95,7 +95,7 @@ func tail(s string, n int) string {
 // copy after a kill -9 and the slot was never confirmed past it (a long
 // --status-interval): the slot behind the stored checkpoint, as after a crash
 // right before a save — and, while it is down, changes what the topic holds
-// the ways the README's guarantee names. Nothing may be lost; duplicates only
+// the ways docs/guarantee.md names. Nothing may be lost; duplicates only
 // where the guarantee says so.
 func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 	tests := []struct {

@@ -128,7 +128,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	r.stop(15 * time.Second)
 }
 
-// TestLeastPrivilegeRole applies the migrations the way README's production
+// TestLeastPrivilegeRole applies the migrations the way docs/postgres.md's production
 // setup does (the owner "app" runs 001-003 and 005, a superuser runs 004 with
 // psql and a password), then runs the relay as cdc_relay, logging in with that
 // password: it creates its slot, delivers events, stores its checkpoint,

@@ -9,8 +9,8 @@
 // It creates its tables in the -pg-url database (the consumer's, not the
 // outbox's): player_points, and processed_messages and consumer_dead_letters
 // (consumer.Migrate). With -reprocess it runs the given dead letters again
-// instead (after a fix) and exits. See the README, "The consumer half:
-// idempotent consumers".
+// instead (after a fix) and exits. See consumer/README.md, "Try it: the
+// rewards example".
 package main
 
 import (

@@ -2,7 +2,7 @@
 // checks the delivery guarantee after each: nothing committed lost, per-key
 // order kept, and no duplicates unless the scenario names why the guarantee
 // lets it have some (Scenario.DuplicatesReason: it runs --delivery
-// at-least-once, or injects a fault the README's guarantee names as
+// at-least-once, or injects a fault the docs/guarantee.md names as
 // degrading effectively-once to at-least-once).
 //
 // Every scenario gets its own database, slot, topic and Kafka broker(s) on a
@@ -155,7 +155,7 @@ type Scenario struct {
 	MinFaults int
 	// DuplicatesReason says why this scenario may deliver an event more than
 	// once: it runs --delivery at-least-once, or its fault is one the
-	// README's "The delivery guarantee" names as degrading effectively-once
+	// docs/guarantee.md names as degrading effectively-once
 	// to at-least-once. Empty means duplicates fail the scenario.
 	DuplicatesReason string
 

@@ -100,9 +100,9 @@ type debeziumError struct {
 
 func (e *debeziumError) Error() string {
 	if len(e.problems) == 1 {
-		return fmt.Sprintf("debezium config %s: %s (see the README's \"Coming from Debezium\")", e.path, e.problems[0])
+		return fmt.Sprintf("debezium config %s: %s (see docs/debezium.md)", e.path, e.problems[0])
 	}
-	return fmt.Sprintf("debezium config %s: %d properties cdc-relay does not implement or refuses (remove or change them; see the README's \"Coming from Debezium\"):\n  %s",
+	return fmt.Sprintf("debezium config %s: %d properties cdc-relay does not implement or refuses (remove or change them; see docs/debezium.md):\n  %s",
 		e.path, len(e.problems), strings.Join(e.problems, "\n  "))
 }
 

@@ -217,7 +217,7 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 }
 
 // payloadFormatFlags say what the relay derives from the payload column's type
-// and the tracing column (run, replay; see the README's Formats).
+// and the tracing column (run, replay; see docs/kafka.md#formats).
 type payloadFormatFlags struct {
 	ContentType   string `default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`

@@ -5,7 +5,7 @@ package relay_test
 // table or its publication changed under a running relay. In every case a
 // committed outbox INSERT the relay can read is delivered or dead-lettered, the
 // relay goes on (or stops with an error naming the fix), and nothing after it
-// is held up. README "What the relay does with odd data" sums it up.
+// is held up. docs/dead-letters.md ("What the relay does with odd data") sums it up.
 
 import (
 	"bytes"
