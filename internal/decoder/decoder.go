@@ -286,6 +286,7 @@ type Decoder struct {
 	xid        uint32
 	commitLSN  pglogrepl.LSN
 	commitTime time.Time
+	index      uint32 // of the transaction's next outbox event (Event.Index)
 
 	pool valuePool // value buffers of recycled events (Recycle)
 }
@@ -352,6 +353,7 @@ func (d *Decoder) endTxn() {
 	d.xid = 0
 	d.commitLSN = 0
 	d.commitTime = time.Time{}
+	d.index = 0
 }
 
 // Decode decodes one pgoutput message (the WALData of an XLogData message).
@@ -442,6 +444,7 @@ func (d *Decoder) begin(b []byte) (Message, error) {
 	d.commitLSN = pglogrepl.LSN(be64(b))
 	d.commitTime = pgTime(int64(be64(b[8:])))
 	d.xid = be32(b[16:])
+	d.index = 0
 	return Message{Kind: KindBegin, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}, nil
 }
 
@@ -818,6 +821,8 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	ev.XID = d.xid
 	ev.CommitLSN = d.commitLSN
 	ev.CommitTime = d.commitTime
+	ev.Index = d.index
+	d.index++
 	return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev, BadTrace: badTrace}, nil
 }
 
