@@ -138,6 +138,46 @@ func TestBatchEncoding(t *testing.T) {
 	}
 }
 
+// TestMessageTraceParent: a Message's TraceParent (the relay's span) is the
+// record's traceparent header, and the structured CloudEvent's traceparent,
+// instead of the event's; the event's own header is left as it was, and a
+// Message without one carries the event's.
+func TestMessageTraceParent(t *testing.T) {
+	const app = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const relay = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		parent []byte
+		want   string
+	}{
+		{"native, the relay's span", Config{}, []byte(relay), relay},
+		{"native, none", Config{}, nil, app},
+		{"structured, the relay's span", structuredCfg, []byte(relay), relay},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := testEvent("agg-1", 0, 0)
+			ev.Headers = []outbox.Header{{Key: "tenant", Value: []byte("acme")}, {Key: outbox.HeaderTraceParent, Value: []byte(app)}}
+			r := encodeOne(t, tc.cfg, Message{Event: ev, TraceParent: tc.parent})
+			var got []string
+			for _, h := range r.Headers {
+				if h.Key == outbox.HeaderTraceParent {
+					got = append(got, string(h.Value))
+				}
+			}
+			if len(got) != 1 || got[0] != tc.want {
+				t.Errorf("traceparent headers %q, want one: %q", got, tc.want)
+			}
+			if tc.cfg.CloudEventsMode == CloudEventsStructured && !bytes.Contains(r.Value, []byte(`"traceparent":"`+tc.want+`"`)) {
+				t.Errorf("structured value %s, want traceparent %q", r.Value, tc.want)
+			}
+			if v := string(ev.Headers[1].Value); v != app {
+				t.Errorf("the event's own traceparent header became %q, want it unchanged: %q", v, app)
+			}
+		})
+	}
+}
+
 // TestNextSeq checks that sequences wrap from MaxInt32 to 0, as Kafka's do.
 func TestNextSeq(t *testing.T) {
 	for _, c := range []struct {
