@@ -83,15 +83,21 @@ func stream(keys, total int) []*outbox.Event {
 // ackLog collects the acknowledgements the producer reports.
 type ackLog struct {
 	mu    sync.Mutex
-	byID  map[string]int
-	at    map[string]Stored // where the last acknowledgement of each event said it is
+	byID  map[string]acked
 	total int
 	want  int
 	done  chan struct{}
 }
 
 func newAckLog(want int) *ackLog {
-	return &ackLog{byID: make(map[string]int), at: make(map[string]Stored), want: want, done: make(chan struct{})}
+	return &ackLog{byID: make(map[string]acked), want: want, done: make(chan struct{})}
+}
+
+// acked is what an ackLog holds of one event: how often it was acknowledged,
+// and where the last acknowledgement said Kafka stored it.
+type acked struct {
+	n  int
+	at Stored
 }
 
 // ack is a Done that records acknowledgements and refuses failures, naming
@@ -113,8 +119,10 @@ func (a *ackLog) doneWith(permanent func(*outbox.Event, error) error) Done {
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.byID[string(ev.ID)]++
-		a.at[string(ev.ID)] = at
+		e := a.byID[string(ev.ID)]
+		e.n++
+		e.at = at
+		a.byID[string(ev.ID)] = e
 		a.total++
 		if a.total == a.want {
 			close(a.done)
@@ -128,8 +136,8 @@ func (a *ackLog) doneWith(permanent func(*outbox.Event, error) error) Done {
 func (a *ackLog) stored(ev *outbox.Event) (Stored, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	at, ok := a.at[string(ev.ID)]
-	return at, ok
+	e, ok := a.byID[string(ev.ID)]
+	return e.at, ok
 }
 
 func (a *ackLog) count() int {
@@ -156,7 +164,7 @@ func (a *ackLog) checkExactlyOnce(t testing.TB, evs []*outbox.Event) {
 		t.Errorf("%d acknowledgements for %d events", a.total, len(evs))
 	}
 	for _, ev := range evs {
-		if n := a.byID[string(ev.ID)]; n != 1 {
+		if n := a.byID[string(ev.ID)].n; n != 1 {
 			t.Errorf("event %s acknowledged %d times", ev.ID, n)
 		}
 	}
