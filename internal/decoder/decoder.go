@@ -204,7 +204,10 @@ type Message struct {
 	// CommitTime is the commit time of the transaction (Begin, Event, Commit), in UTC.
 	CommitTime time.Time
 	// Event is set for KindEvent only, with XID, CommitLSN and CommitTime of the
-	// current transaction. It does not share memory with the decoded buffer.
+	// current transaction and its Index among the transaction's outbox events
+	// (0 for the first after Begin). It does not share memory with the decoded
+	// buffer. Nothing after the decoder writes to it: what later stages learn
+	// of it travels beside it (sink.Message).
 	Event *outbox.Event
 	// BadTrace is set for KindEvent when the tracing column held a value that
 	// is not a trace context (see ParseTraceContext): the event carries no
