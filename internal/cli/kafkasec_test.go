@@ -319,7 +319,7 @@ func sendEvents(t *testing.T, cfg sink.Config, n int) {
 	acked := 0
 	done := make(chan struct{})
 	cfg.Logger = zerolog.Nop()
-	ack := func(_ *outbox.Event, err error) error {
+	ack := func(_ sink.Message, _ sink.Stored, err error) error {
 		if err != nil {
 			t.Errorf("event failed: %v", err)
 			return nil
@@ -339,7 +339,7 @@ func sendEvents(t *testing.T, cfg sink.Config, n int) {
 	for i := range n {
 		ev := &outbox.Event{ID: fmt.Appendf(nil, "ev-%d", i), AggregateType: []byte("order"),
 			AggregateID: fmt.Append(nil, i), EventType: []byte("OrderPlaced"), Payload: []byte(`{}`)}
-		if err := k.Produce(cfg.Topics[0], ev, ack); err != nil {
+		if err := k.Produce(sink.Message{Topic: cfg.Topics[0], Event: ev}, ack); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,8 +17,11 @@ import (
 // some events failed for good and the others were acknowledged, it returns a
 // *PublishError naming the failed ones. Any other error (the context ended, the
 // topic could not be opened) means no event may be assumed delivered. The
-// topic is an argument, not part of the event, because outbox.Event has no topic:
-// the relay renders it from a template, while a dead letter stores it.
+// topic travels beside the events, as every fact a stage learns about an
+// event does (sink.Message), never in them: the relay renders it from a
+// template, a dead letter stores it, a replay may override it. Replayed
+// events carry no source position (no Origin): Kafka's copy is never taken
+// for the stream's.
 type Publisher interface {
 	Publish(ctx context.Context, topic string, events []*outbox.Event) error
 }
@@ -100,7 +103,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*ou
 	}
 	c := &publishCall{left: len(events), errs: map[int]error{}, done: make(chan struct{})}
 	for i, ev := range events {
-		done := func(_ *outbox.Event, err error) error {
+		done := func(_ sink.Message, _ sink.Stored, err error) error {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if err != nil {
@@ -111,7 +114,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*ou
 			}
 			return nil // the producer goes on with the other events
 		}
-		if err := p.k.Produce(topic, ev, done); err != nil { // only once halted, which our Done never does
+		if err := p.k.Produce(sink.Message{Topic: topic, Event: ev}, done); err != nil { // only once halted, which our Done never does
 			return fmt.Errorf("send to topic %q: %w", topic, err)
 		}
 	}

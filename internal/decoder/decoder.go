@@ -204,7 +204,10 @@ type Message struct {
 	// CommitTime is the commit time of the transaction (Begin, Event, Commit), in UTC.
 	CommitTime time.Time
 	// Event is set for KindEvent only, with XID, CommitLSN and CommitTime of the
-	// current transaction. It does not share memory with the decoded buffer.
+	// current transaction and its Index among the transaction's outbox events
+	// (0 for the first after Begin). It does not share memory with the decoded
+	// buffer. Nothing after the decoder writes to it: what later stages learn
+	// of it travels beside it (sink.Message).
 	Event *outbox.Event
 	// BadTrace is set for KindEvent when the tracing column held a value that
 	// is not a trace context (see ParseTraceContext): the event carries no
@@ -286,6 +289,7 @@ type Decoder struct {
 	xid        uint32
 	commitLSN  pglogrepl.LSN
 	commitTime time.Time
+	index      uint32 // of the transaction's next outbox event (Event.Index)
 
 	pool valuePool // value buffers of recycled events (Recycle)
 }
@@ -352,6 +356,7 @@ func (d *Decoder) endTxn() {
 	d.xid = 0
 	d.commitLSN = 0
 	d.commitTime = time.Time{}
+	d.index = 0
 }
 
 // Decode decodes one pgoutput message (the WALData of an XLogData message).
@@ -442,6 +447,7 @@ func (d *Decoder) begin(b []byte) (Message, error) {
 	d.commitLSN = pglogrepl.LSN(be64(b))
 	d.commitTime = pgTime(int64(be64(b[8:])))
 	d.xid = be32(b[16:])
+	d.index = 0
 	return Message{Kind: KindBegin, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}, nil
 }
 
@@ -818,6 +824,8 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	ev.XID = d.xid
 	ev.CommitLSN = d.commitLSN
 	ev.CommitTime = d.commitTime
+	ev.Index = d.index
+	d.index++
 	return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev, BadTrace: badTrace}, nil
 }
 

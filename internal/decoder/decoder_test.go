@@ -53,6 +53,12 @@ func event(id string) *outbox.Event {
 	}
 }
 
+// second is ev as the second outbox event of its transaction (Index 1).
+func second(ev *outbox.Event) *outbox.Event {
+	ev.Index = 1
+	return ev
+}
+
 func eventMsg(ev *outbox.Event) Message {
 	return Message{Kind: KindEvent, XID: ev.XID, CommitLSN: ev.CommitLSN, CommitTime: ev.CommitTime, Event: ev}
 }
@@ -101,7 +107,7 @@ func TestDecode(t *testing.T) {
 			steps: []step{
 				beginStep, relationStep,
 				{in: insertMsg(outboxID, row("e1")...), want: eventMsg(event("e1"))},
-				{in: insertMsg(outboxID, row("e2")...), want: eventMsg(event("e2"))},
+				{in: insertMsg(outboxID, row("e2")...), want: eventMsg(second(event("e2")))},
 				commitStep,
 			},
 		},
@@ -129,7 +135,7 @@ func TestDecode(t *testing.T) {
 				},
 				{
 					in:   insertMsg(outboxID, txt(""), txt(""), txt(""), txt(""), txt(""), null, null),
-					want: eventMsg(&outbox.Event{ID: b(""), AggregateType: b(""), AggregateID: b(""), EventType: b(""), Payload: b(""), XID: xid1, CommitLSN: lsn1, CommitTime: t1}),
+					want: eventMsg(&outbox.Event{ID: b(""), AggregateType: b(""), AggregateID: b(""), EventType: b(""), Payload: b(""), XID: xid1, CommitLSN: lsn1, CommitTime: t1, Index: 1}),
 				},
 			},
 		},
@@ -177,7 +183,7 @@ func TestDecode(t *testing.T) {
 				{
 					in: insertMsg(outboxID, append(row("e2")[:5], null, null, null)...),
 					want: eventMsg(func() *outbox.Event {
-						ev := event("e2")
+						ev := second(event("e2"))
 						ev.Headers = []outbox.Header{{Key: "type", Value: b("OrderPlaced")}}
 						return ev
 					}()),
@@ -437,7 +443,7 @@ func fmtMsg(m Message) string {
 		for _, h := range ev.Headers {
 			s += fmt.Sprintf("%s:%s ", h.Key, fmtBytes(h.Value))
 		}
-		s += fmt.Sprintf("] payload_type=%s xid=%d commit=%s time=%s}", ev.PayloadType, ev.XID, ev.CommitLSN, ev.CommitTime.Format(time.RFC3339Nano))
+		s += fmt.Sprintf("] payload_type=%s xid=%d commit=%s index=%d time=%s}", ev.PayloadType, ev.XID, ev.CommitLSN, ev.Index, ev.CommitTime.Format(time.RFC3339Nano))
 	}
 	return s + "}"
 }

@@ -93,6 +93,7 @@ func TestRealFixtures(t *testing.T) {
 		events    []*outbox.Event
 		begin     Message
 		inTxn     bool
+		index     uint32 // of the transaction's next event
 		lastEnd   uint64
 		skipped   = map[byte]int{}
 		relations int
@@ -108,12 +109,16 @@ func TestRealFixtures(t *testing.T) {
 			if inTxn {
 				t.Fatalf("%s: begin inside a transaction", f.name)
 			}
-			begin, inTxn = m, true
+			begin, inTxn, index = m, true, 0
 		case KindEvent:
 			e := m.Event
 			if !inTxn || e.XID != begin.XID || e.CommitLSN != begin.CommitLSN || !e.CommitTime.Equal(begin.CommitTime) {
 				t.Fatalf("%s: event xid=%d lsn=%s time=%s, begin %s", f.name, e.XID, e.CommitLSN, e.CommitTime, fmtMsg(begin))
 			}
+			if e.Index != index {
+				t.Fatalf("%s: event %s has index %d, want %d: its place among the outbox events of its transaction", f.name, e.ID, e.Index, index)
+			}
+			index++
 			events = append(events, e)
 		case KindCommit:
 			if !inTxn || m.XID != begin.XID || m.CommitLSN != begin.CommitLSN || !m.CommitTime.Equal(begin.CommitTime) {
@@ -155,7 +160,7 @@ func TestRealFixtures(t *testing.T) {
 	for i, want := range wantEvents {
 		want.PayloadType = outbox.PayloadJSON // the fixtures' payload column is jsonb
 		got := *events[i]
-		got.XID, got.CommitLSN, got.CommitTime = 0, 0, want.CommitTime
+		got.XID, got.CommitLSN, got.CommitTime, got.Index = 0, 0, want.CommitTime, 0 // checked above
 		if strings.HasPrefix(string(want.Payload), large) {
 			if len(got.Payload) != len(`{"blob": ""}`)+200*32 || !bytes.HasPrefix(got.Payload, want.Payload) {
 				t.Errorf("event %d: payload of %d bytes %.60q..., want 6412 bytes %q...", i, len(got.Payload), got.Payload, want.Payload)

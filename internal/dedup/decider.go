@@ -59,14 +59,15 @@ var _ sink.Verifier = Decider{}
 // is found, absent when none is, and undecided otherwise, or when an event has
 // no source position or events of several streams are mixed (then scan is not
 // called).
-func (Decider) Verify(ctx context.Context, evs []*outbox.Event, scan sink.ScanFunc) (sink.Verdict, error) {
-	if len(evs) == 0 {
+func (Decider) Verify(ctx context.Context, msgs []sink.Message, scan sink.ScanFunc) (sink.Verdict, error) {
+	if len(msgs) == 0 {
 		return sink.Verdict{Fate: sink.FateAbsent}, nil
 	}
-	origin := evs[0].Origin
+	origin := msgs[0].Origin
 	from, to := pglogrepl.LSN(0), pglogrepl.LSN(0)
-	for i, ev := range evs {
-		if !sameOrigin(ev.Origin, origin) {
+	for i, m := range msgs {
+		ev := m.Event
+		if !sameOrigin(m.Origin, origin) {
 			return sink.Verdict{Fate: sink.FateUndecided}, nil
 		}
 		if i == 0 || ev.CommitLSN < from {
@@ -82,8 +83,8 @@ func (Decider) Verify(ctx context.Context, evs []*outbox.Event, scan sink.ScanFu
 		return sink.Verdict{}, err
 	}
 	found, first := 0, int64(-1)
-	for i, ev := range evs {
-		r, ok := x.take(ev)
+	for i, m := range msgs {
+		r, ok := x.take(m.Event, m.Origin)
 		if !ok {
 			continue
 		}
@@ -93,7 +94,7 @@ func (Decider) Verify(ctx context.Context, evs []*outbox.Event, scan sink.ScanFu
 		found++
 	}
 	switch {
-	case found == len(evs):
+	case found == len(msgs):
 		// A batch is appended whole, so its records are consecutive from
 		// the first event's.
 		return sink.Verdict{Fate: sink.FateHeld, Offset: first}, nil
@@ -153,10 +154,10 @@ func (x *index) add(partition int32, offset int64, id, source []byte) {
 	x.mu.Unlock()
 }
 
-// take reports where ev's record is, by the rule of Decider, and forgets it:
-// a record stands for one event once.
-func (x *index) take(ev *outbox.Event) (record, bool) {
-	if !sameOrigin(ev.Origin, x.origin) {
+// take reports where the record of ev, read from origin, is, by the rule of
+// Decider, and forgets it: a record stands for one event once.
+func (x *index) take(ev *outbox.Event, origin *outbox.Origin) (record, bool) {
+	if !sameOrigin(origin, x.origin) {
 		return record{}, false
 	}
 	k := key{lsn: ev.CommitLSN, index: ev.Index, id: string(ev.ID)}

@@ -188,18 +188,18 @@ func TestDeciderRule(t *testing.T) {
 			e.write(t, topic, tc.before...)
 			e.write(t, topic, tc.read...)
 			from := int64(len(tc.before))
-			events := func() []*outbox.Event {
-				evs := make([]*outbox.Event, len(tc.evs))
+			events := func() []sink.Message {
+				msgs := make([]sink.Message, len(tc.evs))
 				for i, x := range tc.evs {
-					evs[i] = event(x.id, x.lsn, x.index)
+					msgs[i] = in(topic, event(x.id, x.lsn, x.index))
 					if x.as != nil {
-						evs[i].Origin = x.as
+						msgs[i].Origin = x.as
 					}
 					if x.bare {
-						evs[i].Origin = nil
+						msgs[i].Origin = nil
 					}
 				}
-				return evs
+				return msgs
 			}
 			ctx := context.Background()
 
@@ -208,16 +208,17 @@ func TestDeciderRule(t *testing.T) {
 				if _, err := g.Arm(ctx, start, cutoff, []string{topic}); err != nil {
 					t.Fatal(err)
 				}
-				for i, ev := range events() {
-					held, err := g.Check(ctx, topic, ev)
+				for i, m := range events() {
+					ev := m.Event
+					at, held, err := g.Check(ctx, m)
 					if err != nil {
 						t.Fatal(err)
 					}
 					if held != tc.startup[i] {
 						t.Errorf("Check(%s at %s:%d) = %v, want %v", ev.ID, ev.CommitLSN, ev.Index, held, tc.startup[i])
 					}
-					if held && i == 0 && (ev.Partition != 0 || ev.Offset != from+tc.at) {
-						t.Errorf("Check(%s) found it at %d/%d, want 0/%d", ev.ID, ev.Partition, ev.Offset, from+tc.at)
+					if held && i == 0 && (at.Partition != 0 || at.Offset != from+tc.at) {
+						t.Errorf("Check(%s) found it at %d/%d, want 0/%d", ev.ID, at.Partition, at.Offset, from+tc.at)
 					}
 				}
 			})
@@ -255,7 +256,7 @@ func TestDeciderRule(t *testing.T) {
 // verdict; the sink reads again later.
 func TestDeciderVerifyReturnsScanErrors(t *testing.T) {
 	boom := fmt.Errorf("broker gone")
-	_, err := Decider{}.Verify(context.Background(), []*outbox.Event{event("a", 0x500, 0)},
+	_, err := Decider{}.Verify(context.Background(), []sink.Message{event("a", 0x500, 0)},
 		func(context.Context, func(int64, []byte, []byte) error) error { return boom })
 	if err != boom {
 		t.Fatalf("Verify error = %v, want the scan's %v", err, boom)

@@ -117,13 +117,15 @@ func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []st
 	return sum, nil
 }
 
-// Check reports whether ev, routed to topic, is verifiably in Kafka already;
-// then it sets ev.Partition and ev.Offset to where it is. The first event of
-// a topic in this run prepares the topic: while replaying, its partitions are
-// read; either way its offsets are stored before the relay writes to it.
-func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool, error) {
-	if ev.Origin == nil {
-		return false, nil
+// Check reports whether m's event is verifiably in Kafka already, and then
+// where Kafka stored it. The first event of a topic in this run prepares the
+// topic: while replaying, its partitions are read; either way its offsets are
+// stored before the relay writes to it. A message without an Origin (not read
+// from the stream) is never in Kafka already.
+func (g *Gate) Check(ctx context.Context, m sink.Message) (sink.Stored, bool, error) {
+	ev, topic := m.Event, m.Topic
+	if m.Origin == nil {
+		return sink.Stored{}, false, nil
 	}
 	if g.armed && ev.CommitLSN >= g.cutoff {
 		g.disarm()
@@ -134,7 +136,7 @@ func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool,
 			before := g.held()
 			n, err := g.reconcile(ctx, topic, g.armed)
 			if err != nil {
-				return false, err
+				return sink.Stored{}, false, err
 			}
 			if n > 0 {
 				took, found := time.Since(t0), g.held()-before
@@ -148,20 +150,19 @@ func (g *Gate) Check(ctx context.Context, topic string, ev *outbox.Event) (bool,
 		g.lastTopic = topic
 	}
 	if !g.armed {
-		return false, nil
+		return sink.Stored{}, false, nil
 	}
 	x := g.found[topic]
 	if x == nil {
-		return false, nil
+		return sink.Stored{}, false, nil
 	}
-	r, ok := x.take(ev)
+	r, ok := x.take(ev, m.Origin)
 	if !ok {
-		return false, nil
+		return sink.Stored{}, false, nil
 	}
-	ev.Partition, ev.Offset = r.partition, r.offset
 	g.cfg.Metrics.DuplicatesSuppressed.Inc()
 	g.skipped++
-	return true, nil
+	return sink.Stored{Partition: r.partition, Offset: r.offset}, true, nil
 }
 
 // disarm ends the replay: every later event is new.

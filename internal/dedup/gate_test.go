@@ -40,8 +40,15 @@ func (w written) record(topic string) *kgo.Record {
 	return r
 }
 
-func event(id string, lsn pglogrepl.LSN, index uint32) *outbox.Event {
-	return &outbox.Event{ID: []byte(id), CommitLSN: lsn, Index: index, Origin: us, Offset: -1}
+// event is the message of an event the relay read from its stream (us).
+func event(id string, lsn pglogrepl.LSN, index uint32) sink.Message {
+	return sink.Message{Event: &outbox.Event{ID: []byte(id), CommitLSN: lsn, Index: index}, Origin: us}
+}
+
+// in is m routed to topic.
+func in(topic string, m sink.Message) sink.Message {
+	m.Topic = topic
+	return m
 }
 
 // env is a broker with a topic of two partitions and a producer reading it.
@@ -125,7 +132,7 @@ func TestGateSkipsOnlyWhatIsVerifiablyOurs(t *testing.T) {
 		t.Fatalf("a topic with fitting stored offsets was persisted again (%d)", *persisted)
 	}
 	tests := []struct {
-		ev       *outbox.Event
+		ev       sink.Message
 		present  bool
 		part     int32
 		offset   int64
@@ -145,15 +152,15 @@ func TestGateSkipsOnlyWhatIsVerifiablyOurs(t *testing.T) {
 		{event("reused-lsn-new-id", 0x700, 0), false, 0, 0, "after the cutoff the gate is disarmed"},
 	}
 	for _, tc := range tests {
-		got, err := g.Check(ctx, topic, tc.ev)
+		at, got, err := g.Check(ctx, in(topic, tc.ev))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got != tc.present {
-			t.Fatalf("%s: Check(%s) = %v, want %v", tc.scenario, tc.ev.ID, got, tc.present)
+			t.Fatalf("%s: Check(%s) = %v, want %v", tc.scenario, tc.ev.Event.ID, got, tc.present)
 		}
-		if got && (tc.ev.Partition != tc.part || tc.ev.Offset != tc.offset) {
-			t.Fatalf("%s: found at %d/%d, want %d/%d", tc.scenario, tc.ev.Partition, tc.ev.Offset, tc.part, tc.offset)
+		if got && (at.Partition != tc.part || at.Offset != tc.offset) {
+			t.Fatalf("%s: found at %d/%d, want %d/%d", tc.scenario, at.Partition, at.Offset, tc.part, tc.offset)
 		}
 	}
 	if n := testutil.ToFloat64(m.DuplicatesSuppressed); n != 3 {
@@ -202,7 +209,7 @@ func TestGateFallsBackToSending(t *testing.T) {
 			if _, err := g.Arm(ctx, 0x400, 0x800, []string{topic}); err != nil {
 				t.Fatal(err)
 			}
-			present, err := g.Check(ctx, topic, event("x", 0x500, 0))
+			_, present, err := g.Check(ctx, in(topic, event("x", 0x500, 0)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,10 +244,10 @@ func TestGateRegistersTopicsFirstUsedLater(t *testing.T) {
 	if _, err := g.Arm(ctx, 0x400, 0x800, nil); err != nil {
 		t.Fatal(err)
 	}
-	if present, err := g.Check(ctx, "first", event("z", 0x850, 0)); err != nil || present {
+	if _, present, err := g.Check(ctx, in("first", event("z", 0x850, 0))); err != nil || present {
 		t.Fatalf("Check past the cutoff = %v, %v", present, err)
 	}
-	if present, err := g.Check(ctx, "later", event("y", 0x900, 0)); err != nil || present {
+	if _, present, err := g.Check(ctx, in("later", event("y", 0x900, 0))); err != nil || present {
 		t.Fatalf("Check past the cutoff = %v, %v", present, err)
 	}
 	if *persisted != 2 {
@@ -250,7 +257,7 @@ func TestGateRegistersTopicsFirstUsedLater(t *testing.T) {
 		t.Fatalf("offsets of topic later = %+v, want its ends", got)
 	}
 	// Seen again: nothing more to do.
-	if _, err := g.Check(ctx, "first", event("z2", 0x860, 0)); err != nil || *persisted != 2 {
+	if _, _, err := g.Check(ctx, in("first", event("z2", 0x860, 0))); err != nil || *persisted != 2 {
 		t.Fatalf("a prepared topic was prepared again (%d persists, err %v)", *persisted, err)
 	}
 }
@@ -267,7 +274,7 @@ func TestGateNoStoredOffsetsOncePerTopic(t *testing.T) {
 		if _, err := g.Arm(ctx, 0x400, 0x800, []string{topic}); err != nil {
 			t.Fatal(err)
 		}
-		if present, err := g.Check(ctx, topic, event("x", 0x500, 0)); err != nil || present {
+		if _, present, err := g.Check(ctx, in(topic, event("x", 0x500, 0))); err != nil || present {
 			t.Fatalf("arm %d: Check = %v, %v", arm, present, err)
 		}
 	}

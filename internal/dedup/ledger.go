@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // Ledger tracks, per topic-partition, the offset after the relay's newest
@@ -66,17 +66,18 @@ func (l *Ledger) Register(topic string, ends []int64) {
 	l.last = nil
 }
 
-// Acked records that Kafka stored ev (its Topic, Partition and Offset set) at
-// ev.Offset. Call it before the acknowledgement can move the watermark past
-// ev, so that a checkpoint covering ev also covers its offset. Events with an
-// unknown offset are ignored.
-func (l *Ledger) Acked(ev *outbox.Event) {
-	if ev.Offset < 0 {
+// Acked records that Kafka stored m's event at at, in m.Topic. Call it
+// before the acknowledgement can move the watermark past the event, so that
+// a checkpoint covering it also covers its offset. Events with an unknown
+// offset are ignored.
+func (l *Ledger) Acked(m sink.Message, at sink.Stored) {
+	if at.Offset < 0 {
 		return
 	}
-	next := ev.Offset + 1
+	ev := m.Event
+	next := at.Offset + 1
 	l.mu.Lock()
-	k := tp{ev.Topic, ev.Partition}
+	k := tp{m.Topic, at.Partition}
 	q := l.last
 	if q == nil || l.lastTP != k {
 		q = l.parts[k]

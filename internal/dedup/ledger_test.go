@@ -8,10 +8,12 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
-func acked(topic string, part int32, off int64, lsn pglogrepl.LSN) *outbox.Event {
-	return &outbox.Event{Topic: topic, Partition: part, Offset: off, CommitLSN: lsn}
+// acked is an event of lsn acknowledged in topic at part/off.
+func acked(topic string, part int32, off int64, lsn pglogrepl.LSN) (sink.Message, sink.Stored) {
+	return sink.Message{Topic: topic, Event: &outbox.Event{CommitLSN: lsn}}, sink.Stored{Partition: part, Offset: off}
 }
 
 func TestLedger(t *testing.T) {

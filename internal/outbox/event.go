@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/jackc/pglogrepl"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Headers the relay derives from the outbox row itself (decoder.Format): they
@@ -108,32 +107,18 @@ type Event struct {
 	// measured from it (from CommitTime without it).
 	CreatedAt time.Time
 
-	// Seq identifies the transaction for acknowledgement accounting. The relay sets
-	// it; sinks hand it back untouched.
-	Seq uint64
+	// Index is the event's position among the outbox events of its
+	// transaction, from 0: the decoder counts them as it decodes the
+	// transaction. With CommitLSN it is the event's place in the source; a
+	// sink writes that place beside the event (see Origin.AppendPosition),
+	// with the Origin of the stream, which the decoder does not know. Events
+	// built elsewhere (replays, backfills) leave it 0 and carry no position.
+	Index uint32
 
-	// Origin and Index say where in the source the event was read: the stream
-	// it came from and its position among the outbox events of its transaction.
-	// The relay sets them only on events it reads from the replication stream;
-	// a sink stamps them on the message (see Origin.AppendPosition) so that a
-	// restarted relay can recognise its own records. Replays and backfills
-	// leave Origin nil: their messages are never taken for the stream's.
-	Origin *Origin
-	Index  uint32
-
-	// Topic is where the relay routes the event; it sets it before producing.
-	Topic string
-	// Partition and Offset are where Kafka stored the event: the sink sets them
-	// before it reports the event acknowledged (Offset -1 when the broker did
-	// not say).
-	Partition int32
-	Offset    int64
-
-	// Span is the relay's own trace span of the event while it is in flight,
-	// when the relay exports spans (--otel-exporter otlp) and the event carries
-	// a trace context: internal/tracing starts it when the relay reads the
-	// event and ends it when the event is settled. Nil otherwise.
-	Span trace.Span
+	// Nothing below the decoder writes to an Event: what later stages learn
+	// of it (the relay's transaction sequence, the topic, where Kafka stored
+	// it, the trace span) they keep in their own values beside it
+	// (sink.Message, sink.Stored, the relay's per-event record).
 }
 
 // Size is the number of bytes the event's values hold, plus a little: what

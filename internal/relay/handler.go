@@ -7,8 +7,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/config"
@@ -40,25 +42,26 @@ type handler struct {
 	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
 	ctx       context.Context
 	cutPolicy context.CancelFunc
-	// done is h.delivered, made once: a method value per event would allocate.
-	done sink.Done
+	// records holds the per-event records of events no longer in flight,
+	// for reuse (see pending).
+	records sync.Pool
 	// spans records the relay's trace span of each event (Config.Spans); nil
 	// when spans are not exported.
 	spans Spans
 
 	seq   uint64
 	inTxn bool
-	index uint32 // of the next outbox event in the transaction
 
 	// Effectively-once delivery (nil with --delivery at-least-once): origin
-	// stamps stream events, gate skips replayed ones already in Kafka, ledger
-	// records where Kafka stored each one for the checkpoints.
+	// is the stream's, given to the sink beside each event so that its record
+	// carries the event's source position; gate skips replayed events already
+	// in Kafka; ledger records where Kafka stored each one for the checkpoints.
 	origin *outbox.Origin
 	gate   *dedup.Gate
 	ledger *dedup.Ledger
 
 	max      int64
-	inFlight atomic.Int64
+	inFlight atomic.Int64 // bytes of the events in flight (inFlightBytes)
 	room     chan struct{}
 	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged event.
 	lastAckCommit atomic.Int64
@@ -79,7 +82,6 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 	case decoder.KindBegin:
 		h.seq = h.tracker.BeginAt(msg.CommitTime)
 		h.inTxn = true
-		h.index = 0
 	case decoder.KindEvent:
 		if !h.inTxn {
 			return errors.New("decode pgoutput message: insert outside a transaction")
@@ -88,36 +90,38 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		if msg.BadTrace != nil {
 			h.badTrace(ev, msg.BadTrace)
 		}
-		ev.Seq = h.seq
-		ev.Origin, ev.Index = h.origin, h.index
-		h.index++
+		// The event stays as the decoder made it: what the relay learns of
+		// it travels beside it, in m (for the sink) and rec (its own).
 		topic, routeErr := h.router.Topic(ev)
-		ev.Topic = topic
+		m := sink.Message{Topic: topic, Event: ev, Origin: h.origin}
+		rec := h.record()
+		rec.seq = h.seq
 		if h.spans != nil {
-			// Before the event is sized: Start may rewrite its traceparent.
-			h.spans.Start(ev)
+			rec.span, m.TraceParent = h.spans.Start(m)
 		}
+		rec.size = inFlightBytes(ev) + int64(len(m.TraceParent))
 		h.tracker.Add(h.seq, 1)
-		n := h.inFlight.Add(inFlightBytes(ev))
+		n := h.inFlight.Add(rec.size)
 		h.m.InFlightBytes.Set(float64(n))
 		if routeErr != nil {
 			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
 			h.m.PermanentFailures.WithLabelValues(sink.Code(routeErr)).Inc()
-			return h.settle(ctx, ev, routeErr)
+			return h.settle(ctx, rec, m, sink.Stored{}, routeErr)
 		}
 		if h.gate != nil {
-			present, err := h.gate.Check(ctx, topic, ev)
+			at, present, err := h.gate.Check(ctx, m)
 			if err != nil {
 				return err
 			}
 			if present {
-				h.ledger.Acked(ev)
-				h.ack(ev)
+				h.ledger.Acked(m, at)
+				h.ack(rec, ev)
 				h.dec.Recycle(ev)
+				h.release(rec)
 				return nil
 			}
 		}
-		if err := h.producer.Produce(topic, ev, h.done); err != nil {
+		if err := h.producer.Produce(m, rec.done); err != nil {
 			return err
 		}
 	case decoder.KindUpdate:
@@ -159,48 +163,84 @@ func (h *handler) badTrace(ev *outbox.Event, err error) {
 		Msg("tracing column holds no valid trace context; the event is published without traceparent/tracestate headers")
 }
 
-// delivered is the producer's Done (see settle); dead letters it stores are
-// bounded by h.ctx.
-func (h *handler) delivered(ev *outbox.Event, err error) error {
-	return h.settle(h.ctx, ev, err)
+// pending is what the handler keeps beside one event while it is in flight:
+// what it learned of the event, which the event itself does not carry.
+// Records are pooled (handler.records): the hot path allocates none.
+type pending struct {
+	h    *handler
+	seq  uint64 // the event's transaction, for the tracker
+	size int64  // what the event counts against the read-ahead bound
+	// span is the relay's trace span of the event (Config.Spans); nil when
+	// none.
+	span trace.Span
+	// done is rec.delivered, bound once per record: a method value per
+	// event would allocate.
+	done sink.Done
 }
 
-// settle counts an acknowledged event (err nil) as done, and puts one that
-// failed for good through the failure policy. A non-nil return (halt) stops
-// the producer and the relay.
-func (h *handler) settle(ctx context.Context, ev *outbox.Event, err error) error {
+// record returns a cleared per-event record, reused when one is free.
+func (h *handler) record() *pending {
+	if rec, ok := h.records.Get().(*pending); ok {
+		return rec
+	}
+	rec := &pending{h: h}
+	rec.done = rec.delivered
+	return rec
+}
+
+// delivered is the producer's Done (see settle); dead letters it stores are
+// bounded by h.ctx.
+func (rec *pending) delivered(m sink.Message, at sink.Stored, err error) error {
+	return rec.h.settle(rec.h.ctx, rec, m, at, err)
+}
+
+// settle counts an acknowledged event (err nil; at says where Kafka stored
+// it) as done, and puts one that failed for good through the failure policy.
+// A non-nil return (halt) stops the producer and the relay. Once the event is
+// done its record goes back to the pool.
+func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at sink.Stored, err error) error {
+	ev := m.Event
 	if err != nil {
 		if herr := h.permanent(ctx, ev, err); herr != nil {
 			if h.spans != nil {
-				h.spans.End(ev, err, false)
+				h.spans.End(m, rec.span, at, err, false)
 			}
 			h.halt(herr)
 			return herr
 		}
 	} else if h.ledger != nil {
-		h.ledger.Acked(ev) // before the ack can move the watermark past it
+		h.ledger.Acked(m, at) // before the ack can move the watermark past it
 	}
 	if h.spans != nil {
-		h.spans.End(ev, err, err != nil)
+		h.spans.End(m, rec.span, at, err, err != nil)
 	}
-	h.ack(ev)
+	h.ack(rec, ev)
 	// Nothing reads the event after this: the sink is done with it and
 	// the dead letter, if any, is stored.
 	h.dec.Recycle(ev)
+	h.release(rec)
 	return nil
 }
 
-// inFlightBytes is what ev counts against the read-ahead bound: the heap it
-// costs until Kafka acknowledges it, and its transaction's tracker entry.
-func inFlightBytes(ev *outbox.Event) int64 {
-	return int64(ev.Footprint() + checkpoint.TxnBytes)
+// release clears rec and keeps it for a later event.
+func (h *handler) release(rec *pending) {
+	rec.seq, rec.size, rec.span = 0, 0, nil
+	h.records.Put(rec)
 }
 
-// ack counts ev as done: Kafka acknowledged it, or its dead letter is stored.
-func (h *handler) ack(ev *outbox.Event) {
+// inFlightBytes is what ev counts against the read-ahead bound: the heap it
+// costs until Kafka acknowledges it, its transaction's tracker entry and the
+// handler's record of it.
+func inFlightBytes(ev *outbox.Event) int64 {
+	return int64(ev.Footprint()+checkpoint.TxnBytes) + int64(unsafe.Sizeof(pending{}))
+}
+
+// ack counts ev, of record rec, as done: Kafka acknowledged it, or its dead
+// letter is stored.
+func (h *handler) ack(rec *pending, ev *outbox.Event) {
 	h.lastAckCommit.Store(ev.CommitTime.UnixNano())
-	h.tracker.Ack(ev.Seq, 1)
-	size := inFlightBytes(ev)
+	h.tracker.Ack(rec.seq, 1)
+	size := rec.size
 	before := h.inFlight.Add(-size) + size
 	h.m.InFlightBytes.Set(float64(before - size))
 	if before >= h.max && before-size < h.max {

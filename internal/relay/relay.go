@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
@@ -47,12 +48,13 @@ import (
 type Store = checkpoint.Store
 
 // producer is where the relay hands events for Kafka (sink.Kafka). Produce
-// queues ev for topic and reports its fate through done exactly once: nil only
-// after Kafka acknowledged it with acks=all, in order per partition, or its
-// permanent failure; a non-nil return from done halts the producer (see
-// sink.Done). Produce returns an error only once the producer has halted.
+// queues m and reports its fate through done exactly once: nil only after
+// Kafka acknowledged it with acks=all, in order per partition (with where
+// Kafka stored it), or its permanent failure; a non-nil return from done
+// halts the producer (see sink.Done). Produce returns an error only once the
+// producer has halted.
 type producer interface {
-	Produce(topic string, ev *outbox.Event, done sink.Done) error
+	Produce(m sink.Message, done sink.Done) error
 }
 
 // health is the producer's readiness: Healthy when the brokers answer and
@@ -77,16 +79,18 @@ var (
 
 // Spans records the relay's own trace span of each event it streams
 // (tracing.Spans). Start is called once per event, when it is read and
-// routed (ev.Topic set, "" when routing failed) but before it is sized or
-// produced: it may rewrite the event's traceparent header to name the relay's
-// span. End is called once the event is settled: err nil when Kafka
-// acknowledged it (ev.Partition and ev.Offset set), otherwise its permanent
+// routed (m.Topic set, "" when routing failed) but before it is sized or
+// produced; it returns the event's span (nil: none) and the traceparent the
+// record carries instead of the event's (nil: the event's own), which the
+// relay gives the sink beside the event (sink.Message.TraceParent). End is
+// called once the event is settled, with Start's span: err nil when Kafka
+// acknowledged it (at says where Kafka stored it), otherwise its permanent
 // failure, with deadLetter true when it was stored as a dead letter and
 // false when it halted the relay. An event skipped as already in Kafka gets
 // no End.
 type Spans interface {
-	Start(ev *outbox.Event)
-	End(ev *outbox.Event, err error, deadLetter bool)
+	Start(m sink.Message) (span trace.Span, traceParent []byte)
+	End(m sink.Message, span trace.Span, at sink.Stored, err error, deadLetter bool)
 }
 
 // DeadLetterFunc stores ev, which failed permanently with cause, and returns
@@ -447,7 +451,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	pctx, cancelPolicy := context.WithCancel(context.Background())
 	defer cancelPolicy()
 	h.ctx, h.cutPolicy, h.relay, h.producer, h.pause = pctx, cancelPolicy, r, k, k
-	h.done = h.delivered
 
 	// Slot and stored checkpoint.
 	system, op, start, err := r.prepareSlot(ctx, pool)

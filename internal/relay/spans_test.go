@@ -12,10 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -34,7 +36,8 @@ type spanEnd struct {
 }
 
 // spanRecorder is a relay.Spans that records the relay's calls and, as
-// tracing.Spans does, rewrites a traced event's traceparent in Start.
+// tracing.Spans does, gives a traced event's record a traceparent of its own
+// in Start.
 type spanRecorder struct {
 	mu     sync.Mutex
 	starts map[string]int // by event id
@@ -45,21 +48,23 @@ func newSpanRecorder() *spanRecorder {
 	return &spanRecorder{starts: map[string]int{}, ends: map[string][]spanEnd{}}
 }
 
-func (s *spanRecorder) Start(ev *outbox.Event) {
+func (s *spanRecorder) Start(m sink.Message) (trace.Span, []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ev := m.Event
 	s.starts[string(ev.ID)]++
 	for i := range ev.Headers {
 		if ev.Headers[i].Key == outbox.HeaderTraceParent {
-			ev.Headers[i].Value = []byte(relaySpanParent)
+			return nil, []byte(relaySpanParent)
 		}
 	}
+	return nil, nil
 }
 
-func (s *spanRecorder) End(ev *outbox.Event, err error, deadLetter bool) {
+func (s *spanRecorder) End(m sink.Message, _ trace.Span, at sink.Stored, err error, deadLetter bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := spanEnd{deadLetter: deadLetter, topic: ev.Topic, partition: ev.Partition, offset: ev.Offset}
+	e := spanEnd{deadLetter: deadLetter, topic: m.Topic, partition: at.Partition, offset: at.Offset}
 	if err != nil {
 		e.code = "_OTHER"
 		var ee *outbox.EventError
@@ -67,7 +72,7 @@ func (s *spanRecorder) End(ev *outbox.Event, err error, deadLetter bool) {
 			e.code = ee.Code
 		}
 	}
-	s.ends[string(ev.ID)] = append(s.ends[string(ev.ID)], e)
+	s.ends[string(m.Event.ID)] = append(s.ends[string(m.Event.ID)], e)
 }
 
 func (s *spanRecorder) snapshot() (map[string]int, map[string][]spanEnd) {
@@ -87,8 +92,8 @@ var _ relay.Spans = (*spanRecorder)(nil)
 
 // TestSpansOfEvents checks how the relay drives Config.Spans: Start once per
 // event before the record is encoded (the record carries the traceparent
-// Start wrote) and sized (the in-flight bytes return to 0 with a rewritten
-// header of another length); End once per event, after Kafka's
+// Start gave) and sized (the in-flight bytes return to 0 with a record
+// traceparent of another length); End once per event, after Kafka's
 // acknowledgement with the record's partition and offset, or with the code
 // of a permanent failure and whether it went to the dead-letter table
 // (routing failure, empty key) or halted the relay.
@@ -157,7 +162,7 @@ func TestSpansOfEvents(t *testing.T) {
 			switch id {
 			case ids["order/o-1"]:
 				if rec.Headers["traceparent"] != relaySpanParent {
-					t.Errorf("traced record: traceparent %q, want the one Start wrote, %q", rec.Headers["traceparent"], relaySpanParent)
+					t.Errorf("traced record: traceparent %q, want the one Start gave, %q", rec.Headers["traceparent"], relaySpanParent)
 				}
 			case ids["order/o-2"]:
 				if tp, ok := rec.Headers["traceparent"]; ok {

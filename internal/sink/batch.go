@@ -66,13 +66,13 @@ func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFie
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(items)))
 	if codec == nil {
 		for i, it := range items {
-			dst = e.appendRecord(dst, i, recordTimestamp(it.ev, ts)-base, it.ev)
+			dst = e.appendRecord(dst, i, recordTimestamp(it.m.Event, ts)-base, it.m)
 		}
 	} else {
 		// Records go to a scratch buffer, then through the codec into dst.
 		raw := e.raw[:0]
 		for i, it := range items {
-			raw = e.appendRecord(raw, i, recordTimestamp(it.ev, ts)-base, it.ev)
+			raw = e.appendRecord(raw, i, recordTimestamp(it.m.Event, ts)-base, it.m)
 		}
 		e.raw = raw
 		w := &appendWriter{b: dst}
@@ -104,7 +104,7 @@ func recordTimestamp(ev *outbox.Event, ts int64) int64 {
 // batchTimestamps returns the least and greatest record timestamp of items.
 func batchTimestamps(items []item, ts int64) (base, maxTS int64) {
 	for i, it := range items {
-		t := recordTimestamp(it.ev, ts)
+		t := recordTimestamp(it.m.Event, ts)
 		if i == 0 || t < base {
 			base = t
 		}
@@ -115,21 +115,22 @@ func batchTimestamps(items []item, ts int64) (base, maxTS int64) {
 	return base, maxTS
 }
 
-// appendRecord appends ev as the i-th record of a batch, delta ms after the
+// appendRecord appends m as the i-th record of a batch, delta ms after the
 // batch's base timestamp. Its headers are the
 // sink's (id, event_type, aggregate_type, commit_lsn, commit_time, then
-// source_position for events of the replication stream) followed by the
-// event's own; a nil header value is null.
-func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event) []byte {
+// source_position for events of the replication stream: m.Origin set)
+// followed by the event's own; a nil header value is null.
+func (e *encoder) appendRecord(dst []byte, i int, delta int64, m Message) []byte {
 	if e.ceStructured {
-		return e.appendStructuredRecord(dst, i, delta, ev)
+		return e.appendStructuredRecord(dst, i, delta, m)
 	}
+	ev := m.Event
 	lsn := e.lsnBytes(ev.CommitLSN)
 	ct := e.timeBytes(ev.CommitTime)
 	var pos []byte
 	nh := 5 + len(ev.Headers)
-	if ev.Origin != nil {
-		e.pos = ev.Origin.AppendPosition(e.pos[:0], ev.CommitLSN, ev.Index)
+	if m.Origin != nil {
+		e.pos = m.Origin.AppendPosition(e.pos[:0], ev.CommitLSN, ev.Index)
 		pos = e.pos
 		nh++
 	}
@@ -157,7 +158,7 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 		}
 	}
 	for _, h := range ev.Headers {
-		size += headerLen(h.Key, h.Value)
+		size += headerLen(h.Key, m.headerValue(h))
 	}
 	dst = binary.AppendVarint(dst, int64(size))
 	dst = append(dst, 0) // attributes
@@ -193,7 +194,7 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 		}
 	}
 	for _, h := range ev.Headers {
-		dst = appendHeader(dst, h.Key, h.Value)
+		dst = appendHeader(dst, h.Key, m.headerValue(h))
 	}
 	return dst
 }
@@ -204,17 +205,18 @@ func (e *encoder) appendRecord(dst []byte, i int, delta int64, ev *outbox.Event)
 // mode (id and source_position too, which the effectively-once
 // reconciliation reads back), except that content-type is the JSON event
 // format's: the event's own is the event's datacontenttype.
-func (e *encoder) appendStructuredRecord(dst []byte, i int, delta int64, ev *outbox.Event) []byte {
+func (e *encoder) appendStructuredRecord(dst []byte, i int, delta int64, m Message) []byte {
+	ev := m.Event
 	lsn := e.lsnBytes(ev.CommitLSN)
 	cts := e.timeBytes(ev.CommitTime)
 	var pos []byte
 	nh := 6 + len(ev.Headers) // with content-type
-	if ev.Origin != nil {
-		e.pos = ev.Origin.AppendPosition(e.pos[:0], ev.CommitLSN, ev.Index)
+	if m.Origin != nil {
+		e.pos = m.Origin.AppendPosition(e.pos[:0], ev.CommitLSN, ev.Index)
 		pos = e.pos
 		nh++
 	}
-	e.ceValue = e.appendStructured(e.ceValue[:0], ev)
+	e.ceValue = e.appendStructured(e.ceValue[:0], &m)
 	value := e.ceValue
 	size := 1 + varintLen(delta) + varintLen(int64(i)) +
 		valueLen(ev.AggregateID) + valueLen(value) +
@@ -229,7 +231,7 @@ func (e *encoder) appendStructuredRecord(dst []byte, i int, delta int64, ev *out
 			nh--
 			continue
 		}
-		size += headerLen(h.Key, h.Value)
+		size += headerLen(h.Key, m.headerValue(h))
 	}
 	size += varintLen(int64(nh))
 	dst = binary.AppendVarint(dst, int64(size))
@@ -249,7 +251,7 @@ func (e *encoder) appendStructuredRecord(dst []byte, i int, delta int64, ev *out
 	}
 	for _, h := range ev.Headers {
 		if h.Key != outbox.HeaderContentType {
-			dst = appendHeader(dst, h.Key, h.Value)
+			dst = appendHeader(dst, h.Key, m.headerValue(h))
 		}
 	}
 	return appendHeader(dst, outbox.HeaderContentType, contentTypeCEJSON)

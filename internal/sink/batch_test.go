@@ -63,10 +63,11 @@ func decodeBatch(t *testing.T, raw []byte) (kmsg.RecordBatch, []kmsg.Record) {
 func TestBatchEncoding(t *testing.T) {
 	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
 	evs := stream(7, 40)
+	origins := make([]*outbox.Origin, len(evs))
 	for i, ev := range evs {
 		switch i % 4 {
 		case 0:
-			ev.Origin, ev.Index = origin, uint32(i)
+			origins[i], ev.Index = origin, uint32(i)
 		case 1:
 			ev.Headers = []outbox.Header{{Key: "tenant", Value: []byte("acme")}, {Key: "null", Value: nil}}
 		case 2:
@@ -77,7 +78,7 @@ func TestBatchEncoding(t *testing.T) {
 	}
 	items := make([]item, len(evs))
 	for i, ev := range evs {
-		items[i] = item{ev: ev}
+		items[i] = item{m: Message{Event: ev, Origin: origins[i]}}
 	}
 	ts := time.Date(2025, 1, 2, 3, 4, 5, 6e6, time.UTC).UnixMilli()
 	for _, c := range []kafkago.Compression{0, kafkago.Gzip, kafkago.Snappy, kafkago.Lz4, kafkago.Zstd} {
@@ -117,8 +118,8 @@ func TestBatchEncoding(t *testing.T) {
 						{Key: HeaderCommitLSN, Value: []byte(ev.CommitLSN.String())},
 						{Key: HeaderCommitTime, Value: []byte(ev.CommitTime.UTC().Format(time.RFC3339Nano))},
 					}
-					if ev.Origin != nil {
-						want = append(want, kmsg.Header{Key: HeaderSource, Value: ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index)})
+					if o := origins[i]; o != nil {
+						want = append(want, kmsg.Header{Key: HeaderSource, Value: o.AppendPosition(nil, ev.CommitLSN, ev.Index)})
 					}
 					for _, h := range ev.Headers {
 						want = append(want, kmsg.Header{Key: h.Key, Value: h.Value})
@@ -134,6 +135,46 @@ func TestBatchEncoding(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMessageTraceParent: a Message's TraceParent (the relay's span) is the
+// record's traceparent header, and the structured CloudEvent's traceparent,
+// instead of the event's; the event's own header is left as it was, and a
+// Message without one carries the event's.
+func TestMessageTraceParent(t *testing.T) {
+	const app = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const relay = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		parent []byte
+		want   string
+	}{
+		{"native, the relay's span", Config{}, []byte(relay), relay},
+		{"native, none", Config{}, nil, app},
+		{"structured, the relay's span", structuredCfg, []byte(relay), relay},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := testEvent("agg-1", 0, 0)
+			ev.Headers = []outbox.Header{{Key: "tenant", Value: []byte("acme")}, {Key: outbox.HeaderTraceParent, Value: []byte(app)}}
+			r := encodeOne(t, tc.cfg, Message{Event: ev, TraceParent: tc.parent})
+			var got []string
+			for _, h := range r.Headers {
+				if h.Key == outbox.HeaderTraceParent {
+					got = append(got, string(h.Value))
+				}
+			}
+			if len(got) != 1 || got[0] != tc.want {
+				t.Errorf("traceparent headers %q, want one: %q", got, tc.want)
+			}
+			if tc.cfg.CloudEventsMode == CloudEventsStructured && !bytes.Contains(r.Value, []byte(`"traceparent":"`+tc.want+`"`)) {
+				t.Errorf("structured value %s, want traceparent %q", r.Value, tc.want)
+			}
+			if v := string(ev.Headers[1].Value); v != app {
+				t.Errorf("the event's own traceparent header became %q, want it unchanged: %q", v, app)
+			}
+		})
 	}
 }
 
@@ -179,7 +220,7 @@ func TestBatchRecordTimestamps(t *testing.T) {
 				lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
 				for i, ev := range evs {
 					ev.Timestamp = tc.evTS[i]
-					items[i] = item{ev: ev}
+					items[i] = item{m: Message{Event: ev}}
 					want[i] = ts.UnixMilli()
 					if !ev.Timestamp.IsZero() {
 						want[i] = ev.Timestamp.UnixMilli()
@@ -226,7 +267,7 @@ func TestBatchTombstones(t *testing.T) {
 				items := make([]item, len(evs))
 				for i, ev := range evs {
 					ev.Payload = payloads[i]
-					items[i] = item{ev: ev}
+					items[i] = item{m: Message{Event: ev}}
 				}
 				e := encoder{tombstones: tc.tombstones}
 				raw, err := e.appendBatch(nil, items, 1, noProducer, c.Codec())

@@ -100,19 +100,21 @@ func eventHeader(ev *outbox.Event, key string) []byte {
 	return nil
 }
 
-// appendStructured appends ev as a JSON CloudEvent: specversion, id, source
-// (e.ceSourceJSON), type, time (the commit time, RFC 3339; none when unknown),
-// datacontenttype (the content-type header, when the event has one), the
-// distributed tracing extension's traceparent and tracestate (the trace
-// context headers, when present), then data or data_base64 (structuredData).
-func (e *encoder) appendStructured(dst []byte, ev *outbox.Event) []byte {
+// appendStructured appends m's event as a JSON CloudEvent: specversion, id,
+// source (e.ceSourceJSON), type, time (the commit time, RFC 3339; none when
+// unknown), datacontenttype (the content-type header, when the event has
+// one), the distributed tracing extension's traceparent and tracestate (the
+// trace context headers, when present, with m.TraceParent replacing the
+// event's), then data or data_base64 (structuredData).
+func (e *encoder) appendStructured(dst []byte, m *Message) []byte {
+	ev := m.Event
 	var ct, parent, state []byte
 	for _, h := range ev.Headers {
 		switch h.Key {
 		case outbox.HeaderContentType:
 			ct = h.Value
 		case outbox.HeaderTraceParent:
-			parent = h.Value
+			parent = m.headerValue(h)
 		case outbox.HeaderTraceState:
 			state = h.Value
 		}

@@ -96,13 +96,14 @@ func TestStructuredRecords(t *testing.T) {
 			if tc.id != "" {
 				ev.ID, ev.EventType = []byte(tc.id), []byte("type "+tc.id)
 			}
-			ev.Origin, ev.Index = outbox.NewOrigin("7312345678901234567", 1, "cdc_relay"), uint32(i)
+			origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
+			ev.Index = uint32(i)
 			ev.Payload, ev.PayloadType = tc.payload, tc.typ
 			ev.Headers = append([]outbox.Header{{Key: "tenant", Value: []byte("acme")}}, tc.headers...)
 			if tc.noTime {
 				ev.CommitTime = time.Time{}
 			}
-			r := encodeOne(t, structuredCfg, ev)
+			r := encodeOne(t, structuredCfg, Message{Event: ev, Origin: origin})
 
 			// Headers: the native ones, the event's but content-type, and the
 			// JSON format's content-type, once.
@@ -112,7 +113,7 @@ func TestStructuredRecords(t *testing.T) {
 				{Key: HeaderAggregateType, Value: ev.AggregateType},
 				{Key: HeaderCommitLSN, Value: []byte(ev.CommitLSN.String())},
 				{Key: HeaderCommitTime, Value: []byte(ev.CommitTime.UTC().Format(time.RFC3339Nano))},
-				{Key: HeaderSource, Value: ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index)},
+				{Key: HeaderSource, Value: origin.AppendPosition(nil, ev.CommitLSN, ev.Index)},
 			}
 			for _, h := range ev.Headers {
 				if h.Key != outbox.HeaderContentType {
@@ -217,13 +218,13 @@ func TestStructuredRecords(t *testing.T) {
 	}
 }
 
-// encodeOne encodes ev as the only record of a batch with cfg's record
+// encodeOne encodes m as the only record of a batch with cfg's record
 // format and decodes it with franz-go.
-func encodeOne(t *testing.T, cfg Config, ev *outbox.Event) kmsg.Record {
+func encodeOne(t *testing.T, cfg Config, m Message) kmsg.Record {
 	t.Helper()
 	var e encoder
 	e.configure(&cfg)
-	raw, err := e.appendBatch(nil, []item{{ev: ev}}, commitBase.UnixMilli(), noProducer, nil)
+	raw, err := e.appendBatch(nil, []item{{m: m}}, commitBase.UnixMilli(), noProducer, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,8 +315,9 @@ func TestCloudEventsStructuredMode(t *testing.T) {
 	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
 	evs := stream(4, 30)
+	origins := map[*outbox.Event]*outbox.Origin{}
 	for i, ev := range evs {
-		ev.Origin, ev.Index = origin, uint32(i)
+		origins[ev], ev.Index = origin, uint32(i)
 		ev.PayloadType = outbox.PayloadJSON
 		ev.Headers = []outbox.Header{{Key: outbox.HeaderContentType, Value: []byte("application/json")}}
 	}
@@ -332,7 +334,7 @@ func TestCloudEventsStructuredMode(t *testing.T) {
 	})
 	k := openSink(t, Config{Brokers: kf.Brokers(), Topics: []string{topic}, Retry: fastRetry, Logger: zerolog.Nop(),
 		CloudEventsSource: testSource, CloudEventsMode: CloudEventsStructured})
-	sendAll(t, k, topic, evs, done)
+	sendFrom(t, k, topic, evs, origins, done)
 	acks.wait(t, 30*time.Second)
 	var ee *outbox.EventError
 	if len(failed) != 1 || !errors.As(failed[0], &ee) || ee.Code != "invalid_json" {
@@ -402,7 +404,7 @@ func TestStructuredConfig(t *testing.T) {
 func BenchmarkEncodeRecord(b *testing.B) {
 	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
 	ev := paddedEvent("agg-0042", 7, 42, 230)
-	ev.Origin, ev.Index = origin, 3
+	ev.Index = 3
 	ev.PayloadType = outbox.PayloadJSON
 	ev.Headers = []outbox.Header{
 		{Key: outbox.HeaderContentType, Value: []byte("application/json")},
@@ -424,13 +426,14 @@ func BenchmarkEncodeRecord(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			var e encoder
 			e.configure(&bc.cfg)
-			buf := e.appendRecord(nil, 0, 0, bc.ev)
+			m := Message{Topic: "outbox.bench", Event: bc.ev, Origin: origin}
+			buf := e.appendRecord(nil, 0, 0, m)
 			b.SetBytes(int64(len(bc.ev.Payload)))
 			b.ReportMetric(float64(len(buf)), "record-bytes")
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				buf = e.appendRecord(buf[:0], i&63, 0, bc.ev)
+				buf = e.appendRecord(buf[:0], i&63, 0, m)
 			}
 		})
 	}

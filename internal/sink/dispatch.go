@@ -220,7 +220,7 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker map[int32]bo
 		r.parts = append(r.parts, p)
 		r.batches = append(r.batches, b)
 		for _, it := range b.items {
-			reqBytes[p.leader] += k.eventSize(it.ev)
+			reqBytes[p.leader] += k.eventSize(it.m.Event)
 		}
 		p.inFlight = true
 		p.sending.Store(true)
@@ -467,32 +467,32 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start, now time.T
 	m.ProduceBatches.Inc()
 	m.ProduceBatchSize.Observe(float64(len(batch)))
 	m.ProduceLatency.Observe(now.Sub(start).Seconds())
-	m.EndToEndLatency.Observe(now.Sub(batch[0].ev.CommitTime).Seconds())
+	m.EndToEndLatency.Observe(now.Sub(batch[0].m.Event.CommitTime).Seconds())
 	var bytes int
 	for _, it := range batch {
-		bytes += len(it.ev.Payload)
+		bytes += len(it.m.Event.Payload)
 	}
 	p.events.Add(float64(len(batch)))
 	p.bytes.Add(float64(bytes))
 	for _, it := range batch {
+		ev := it.m.Event
 		// Only events read from the stream (a commit LSN): a replay's or
 		// snapshot's rows waited for the operator, not for the relay.
-		if it.ev.CommitLSN == 0 {
+		if ev.CommitLSN == 0 {
 			continue
 		}
-		from := it.ev.CreatedAt
+		from := ev.CreatedAt
 		if from.IsZero() {
-			from = it.ev.CommitTime
+			from = ev.CommitTime
 		}
-		m.ObserveOutboxWait(it.ev.EventType, now.Sub(from))
+		m.ObserveOutboxWait(ev.EventType, now.Sub(from))
 	}
 	for i, it := range batch {
-		it.ev.Partition = int32(p.id)
-		it.ev.Offset = -1
+		at := Stored{Partition: int32(p.id), Offset: -1}
 		if baseOffset >= 0 {
-			it.ev.Offset = baseOffset + int64(i)
+			at.Offset = baseOffset + int64(i)
 		}
-		if k.report(it, nil) != nil {
+		if k.report(it, at, nil) != nil {
 			return // halted: the rest is abandoned
 		}
 	}

@@ -33,6 +33,8 @@ type idemRun struct {
 	logs *testenv.Buffer
 	evs  []*outbox.Event
 	acks *ackLog
+	// origins holds the Origin of the events sent as read from a stream.
+	origins map[*outbox.Event]*outbox.Origin
 }
 
 // startIdem starts a broker with partitions partitions and a producer with
@@ -66,7 +68,7 @@ func startIdem(t *testing.T, idempotent bool, partitions, events int, tweak func
 func (r *idemRun) send(t *testing.T, evs []*outbox.Event) {
 	t.Helper()
 	for i := 0; i < len(evs); i += 25 {
-		sendAll(t, r.k, idemTopic, evs[i:min(i+25, len(evs))], r.acks.ack)
+		sendFrom(t, r.k, idemTopic, evs[i:min(i+25, len(evs))], r.origins, r.acks.ack)
 	}
 }
 
@@ -109,8 +111,8 @@ func (r *idemRun) checkClean(t *testing.T, recs []testenv.Record, dupes int) {
 	}
 	for _, ev := range r.evs {
 		rec := at[string(ev.ID)]
-		if ev.Partition != rec.Partition || ev.Offset != rec.Offset {
-			t.Errorf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, ev.Partition, ev.Offset, rec.Partition, rec.Offset)
+		if st, _ := r.acks.stored(ev); st.Partition != rec.Partition || st.Offset != rec.Offset {
+			t.Errorf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, st.Partition, st.Offset, rec.Partition, rec.Offset)
 		}
 	}
 }
@@ -375,8 +377,9 @@ func TestIdempotentResetAfterUnknownFate(t *testing.T) {
 			t.Parallel()
 			r := startIdem(t, true, 1, 100, nil)
 			if stamped {
+				r.origins = map[*outbox.Event]*outbox.Origin{}
 				for i, ev := range r.evs {
-					ev.Origin, ev.Index = origin, uint32(i)
+					r.origins[ev], ev.Index = origin, uint32(i)
 				}
 			}
 			onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
@@ -416,7 +419,7 @@ func TestIdempotentResetAfterUnknownFate(t *testing.T) {
 					t.Error("no duplicate suppressed: the fault did not happen")
 				}
 				for _, ev := range r.evs {
-					if ev.Offset < 0 {
+					if st, _ := r.acks.stored(ev); st.Offset < 0 {
 						t.Fatalf("event %s acknowledged without its offset", ev.ID)
 					}
 				}
@@ -466,7 +469,7 @@ func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
 	checkOrder(t, recs)
 	unknown := 0
 	for _, ev := range r.evs {
-		if ev.Offset < 0 {
+		if st, _ := r.acks.stored(ev); st.Offset < 0 {
 			unknown++
 		}
 	}

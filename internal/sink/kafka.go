@@ -9,9 +9,10 @@
 // one key reach Kafka in the order Produce saw them and a retry never lets a later
 // event overtake an earlier one.
 //
-// The producer is given each event's topic: routing (internal/route) happens
-// once, in the caller, so the live relay and every replay publish through this
-// same code.
+// The producer is given each event's topic beside it (Message): routing
+// (internal/route) happens once, in the caller, so the live relay and every
+// replay publish through this same code. The producer writes nothing into
+// the event; where Kafka stored it comes back to Done.
 //
 // One dispatcher goroutine owns the partitions' state. For every broker with no
 // request in flight it builds one produce request carrying a batch of each ready
@@ -177,18 +178,59 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Done reports the fate of one event given to Produce: err is nil once Kafka
-// acknowledged the event with acks=all (ev.Partition and ev.Offset then say
-// where Kafka stored it, Offset -1 when the broker did not say), and otherwise
-// the permanent failure (an *outbox.EventError whose Code says why, e.g.
-// "message_too_large", "empty_key", "invalid_topic"); transient failures are
-// retried, never reported. It is called exactly once per event, unless the producer was closed
-// or halted first; events of one partition are reported in the order they were
-// produced. It runs on the producer's dispatcher goroutine (or inside Produce,
-// for a failure known at once), so no later event of the partition is sent
-// before it returns. A non-nil return halts the producer: nothing more is sent,
-// every event not yet reported is abandoned, and Err returns that error.
-type Done func(ev *outbox.Event, err error) error
+// Message is one event to produce, with what the producer needs beside it:
+// where it goes and where it was read. The producer never writes to the
+// event; what it learns of the message (where Kafka stored it) it reports to
+// Done.
+type Message struct {
+	// Topic is where the message goes: the caller routed it (internal/route).
+	Topic string
+	// Event is the decoded event, as its decoder made it.
+	Event *outbox.Event
+	// Origin is the replication stream Event was read from. With it the
+	// record carries the event's source position (HeaderSource: Origin,
+	// Event.CommitLSN, Event.Index), so that a restarted relay can recognise
+	// its own records. Nil for events not read from the stream (replays,
+	// backfills, snapshots): their records carry no position and are never
+	// taken for the stream's.
+	Origin *outbox.Origin
+	// TraceParent, when set, is the record's traceparent header (and the
+	// structured CloudEvent's traceparent) instead of the event's
+	// (outbox.HeaderTraceParent): the relay's own span of the event
+	// (internal/tracing), which consumers then continue from. The event's
+	// header stays as its decoder made it.
+	TraceParent []byte
+}
+
+// headerValue is the value m's record carries for h, one of its event's
+// headers: h's own, unless TraceParent replaces it.
+func (m *Message) headerValue(h outbox.Header) []byte {
+	if m.TraceParent != nil && h.Key == outbox.HeaderTraceParent {
+		return m.TraceParent
+	}
+	return h.Value
+}
+
+// Stored is where Kafka stored an acknowledged message.
+type Stored struct {
+	Partition int32
+	// Offset is the record's offset, -1 when the broker did not say.
+	Offset int64
+}
+
+// Done reports the fate of one message given to Produce: err is nil once
+// Kafka acknowledged it with acks=all (at then says where Kafka stored it,
+// Offset -1 when the broker did not say), and otherwise the permanent failure
+// (an *outbox.EventError whose Code says why, e.g. "message_too_large",
+// "empty_key", "invalid_topic"; at is then zero); transient failures are
+// retried, never reported. m is the Message given to Produce. Done is called
+// exactly once per message, unless the producer was closed or halted first;
+// messages of one partition are reported in the order they were produced. It
+// runs on the producer's dispatcher goroutine (or inside Produce, for a
+// failure known at once), so no later message of the partition is sent before
+// it returns. A non-nil return halts the producer: nothing more is sent,
+// every message not yet reported is abandoned, and Err returns that error.
+type Done func(m Message, at Stored, err error) error
 
 // Kafka is the Kafka producer. Produce and WaitTopic are called from one
 // goroutine.
@@ -323,17 +365,18 @@ func (k *Kafka) signal() {
 	}
 }
 
-// Produce queues ev for topic, on the partition its AggregateID maps to (or
-// its TargetPartition; see partitionFor); done is told its fate (see Done).
-// It does not block on Kafka. An event with an empty key fails at once:
-// events need a key to keep their order; so does a structured CloudEvent
-// whose payload cannot be its data (see Config.CloudEventsMode). Produce
-// returns an error only when the producer has halted (see Err).
-func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
+// Produce queues m for m.Topic, on the partition its event's AggregateID
+// maps to (or its TargetPartition; see partitionFor); done is told its fate
+// (see Done). It does not block on Kafka. An event with an empty key fails at
+// once: events need a key to keep their order; so does a structured
+// CloudEvent whose payload cannot be its data (see Config.CloudEventsMode).
+// Produce returns an error only when the producer has halted (see Err).
+func (k *Kafka) Produce(m Message, done Done) error {
 	if err := k.Err(); err != nil {
 		return err
 	}
-	it := item{ev: ev, done: done}
+	it := item{m: m, done: done}
+	ev := m.Event
 	if len(ev.AggregateID) == 0 {
 		return k.fail(it, &outbox.EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})
 	}
@@ -343,7 +386,7 @@ func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set --content-type to what the payload is)", ct)})
 		}
 	}
-	ts := k.topic(topic)
+	ts := k.topic(m.Topic)
 	ts.mu.Lock()
 	if ts.parts == nil {
 		ts.pending = append(ts.pending, it)
@@ -406,10 +449,10 @@ func (k *Kafka) topic(name string) *topicState {
 	return ts
 }
 
-// report tells the event's Done its fate; when Done refuses it, the
-// producer halts.
-func (k *Kafka) report(it item, err error) error {
-	if herr := it.done(it.ev, err); herr != nil {
+// report tells the message's Done its fate (at: where Kafka stored it, when
+// err is nil); when Done refuses it, the producer halts.
+func (k *Kafka) report(it item, at Stored, err error) error {
+	if herr := it.done(it.m, at, err); herr != nil {
 		k.halt(herr)
 		return herr
 	}
@@ -420,7 +463,7 @@ func (k *Kafka) report(it item, err error) error {
 func (k *Kafka) fail(it item, err error) error {
 	k.cfg.Metrics.ProduceErrors.WithLabelValues("permanent").Inc()
 	k.cfg.Metrics.PermanentFailures.WithLabelValues(Code(err)).Inc()
-	return k.report(it, err)
+	return k.report(it, Stored{}, err)
 }
 
 // halt records the first error a Done returned and stops producing.

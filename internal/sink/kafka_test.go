@@ -45,7 +45,7 @@ type payload struct {
 }
 
 // testEvent returns the seq-th event of aggregate key; n numbers the event in
-// the whole stream (it becomes Seq, XID, LSN and commit time).
+// the whole stream (it becomes XID, LSN and commit time).
 func testEvent(key string, seq int, n uint64) *outbox.Event {
 	return paddedEvent(key, seq, n, 0)
 }
@@ -65,7 +65,6 @@ func paddedEvent(key string, seq int, n uint64, pad int) *outbox.Event {
 		XID:           uint32(1000 + n),
 		CommitLSN:     pglogrepl.LSN(0x16B3748 + n*128),
 		CommitTime:    commitBase.Add(time.Duration(n) * time.Millisecond),
-		Seq:           n,
 	}
 }
 
@@ -84,26 +83,34 @@ func stream(keys, total int) []*outbox.Event {
 // ackLog collects the acknowledgements the producer reports.
 type ackLog struct {
 	mu    sync.Mutex
-	byID  map[string]int
+	byID  map[string]acked
 	total int
 	want  int
 	done  chan struct{}
 }
 
 func newAckLog(want int) *ackLog {
-	return &ackLog{byID: make(map[string]int), want: want, done: make(chan struct{})}
+	return &ackLog{byID: make(map[string]acked), want: want, done: make(chan struct{})}
+}
+
+// acked is what an ackLog holds of one event: how often it was acknowledged,
+// and where the last acknowledgement said Kafka stored it.
+type acked struct {
+	n  int
+	at Stored
 }
 
 // ack is a Done that records acknowledgements and refuses failures, naming
 // the event.
-func (a *ackLog) ack(ev *outbox.Event, err error) error {
-	return a.doneWith(nil)(ev, err)
+func (a *ackLog) ack(m Message, at Stored, err error) error {
+	return a.doneWith(nil)(m, at, err)
 }
 
 // doneWith returns a Done that records acknowledgements and hands failures to
 // permanent (nil: refuse them, naming the event).
 func (a *ackLog) doneWith(permanent func(*outbox.Event, error) error) Done {
-	return func(ev *outbox.Event, err error) error {
+	return func(m Message, at Stored, err error) error {
+		ev := m.Event
 		if err != nil {
 			if permanent == nil {
 				return fmt.Errorf("event %s: %w", ev.ID, err)
@@ -112,13 +119,25 @@ func (a *ackLog) doneWith(permanent func(*outbox.Event, error) error) Done {
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.byID[string(ev.ID)]++
+		e := a.byID[string(ev.ID)]
+		e.n++
+		e.at = at
+		a.byID[string(ev.ID)] = e
 		a.total++
 		if a.total == a.want {
 			close(a.done)
 		}
 		return nil
 	}
+}
+
+// stored returns where the producer said Kafka stored ev, and whether it
+// acknowledged ev at all.
+func (a *ackLog) stored(ev *outbox.Event) (Stored, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.byID[string(ev.ID)]
+	return e.at, ok
 }
 
 func (a *ackLog) count() int {
@@ -145,7 +164,7 @@ func (a *ackLog) checkExactlyOnce(t testing.TB, evs []*outbox.Event) {
 		t.Errorf("%d acknowledgements for %d events", a.total, len(evs))
 	}
 	for _, ev := range evs {
-		if n := a.byID[string(ev.ID)]; n != 1 {
+		if n := a.byID[string(ev.ID)].n; n != 1 {
 			t.Errorf("event %s acknowledged %d times", ev.ID, n)
 		}
 	}
@@ -170,8 +189,15 @@ func openSink(t testing.TB, cfg Config) *Kafka {
 // sendAll produces evs to topic, reporting to done.
 func sendAll(t testing.TB, k *Kafka, topic string, evs []*outbox.Event, done Done) {
 	t.Helper()
+	sendFrom(t, k, topic, evs, nil, done)
+}
+
+// sendFrom is sendAll for events some of which were read from a stream:
+// origins holds their Origin (the others carry no source position).
+func sendFrom(t testing.TB, k *Kafka, topic string, evs []*outbox.Event, origins map[*outbox.Event]*outbox.Origin, done Done) {
+	t.Helper()
 	for _, ev := range evs {
-		if err := k.Produce(topic, ev, done); err != nil {
+		if err := k.Produce(Message{Topic: topic, Event: ev, Origin: origins[ev]}, done); err != nil {
 			t.Fatalf("produce %s: %v", ev.ID, err)
 		}
 	}
@@ -190,7 +216,7 @@ func sendRouted(t testing.TB, k *Kafka, template string, evs []*outbox.Event, do
 		if err != nil {
 			t.Fatalf("route %s: %v", ev.ID, err)
 		}
-		if err := k.Produce(topic, ev, done); err != nil {
+		if err := k.Produce(Message{Topic: topic, Event: ev}, done); err != nil {
 			t.Fatalf("produce %s: %v", ev.ID, err)
 		}
 	}
@@ -769,7 +795,7 @@ func TestMessageTooLarge(t *testing.T) {
 		}
 		// Later events for the partition stay behind the failed one: once the
 		// sink's goroutines have ended, nothing more can be produced.
-		if err := r.k.Produce(topic, testEvent("agg-1", 12, 12), r.done); !errors.Is(err, refuse) {
+		if err := r.k.Produce(Message{Topic: topic, Event: testEvent("agg-1", 12, 12)}, r.done); !errors.Is(err, refuse) {
 			t.Fatalf("Produce after halt = %v, want %v", err, refuse)
 		}
 		stopped := make(chan struct{})
@@ -856,13 +882,13 @@ func TestPermanentFailuresAtSend(t *testing.T) {
 	// When Done refuses, Produce returns its error and the producer halts.
 	refuse := errors.New("no dead-letter table")
 	k2 := openSink(t, Config{Brokers: kafka.Brokers(), Logger: zerolog.Nop()})
-	if err := k2.Produce(topic, emptyKey, func(*outbox.Event, error) error { return refuse }); !errors.Is(err, refuse) {
+	if err := k2.Produce(Message{Topic: topic, Event: emptyKey}, func(Message, Stored, error) error { return refuse }); !errors.Is(err, refuse) {
 		t.Fatalf("Produce of an event without key = %v, want %v", err, refuse)
 	}
 	if !errors.Is(k2.Err(), refuse) {
 		t.Errorf("Err() = %v, want %v", k2.Err(), refuse)
 	}
-	if err := k2.Produce(topic, good[0], acks.ack); !errors.Is(err, refuse) {
+	if err := k2.Produce(Message{Topic: topic, Event: good[0]}, acks.ack); !errors.Is(err, refuse) {
 		t.Errorf("Produce after halt = %v, want %v", err, refuse)
 	}
 }
@@ -1226,9 +1252,10 @@ func TestCompression(t *testing.T) {
 			const topic = "outbox.compressed"
 			kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 			evs := stream(20, 600)
+			origins := map[*outbox.Event]*outbox.Origin{}
 			for i, ev := range evs {
 				if i%2 == 0 {
-					ev.Origin, ev.Index = origin, uint32(i%7)
+					origins[ev], ev.Index = origin, uint32(i%7)
 				}
 			}
 			acks := newAckLog(len(evs))
@@ -1236,7 +1263,7 @@ func TestCompression(t *testing.T) {
 				Brokers: kf.Brokers(), Topics: []string{topic}, Retry: fastRetry, BatchMaxEvents: 100,
 				Compression: c, Idempotent: idempotent, Logger: zerolog.Nop(),
 			})
-			sendAll(t, k, topic, evs, acks.ack)
+			sendFrom(t, k, topic, evs, origins, acks.ack)
 			acks.wait(t, 30*time.Second)
 			acks.checkExactlyOnce(t, evs)
 			recs := readAll(t, kf, topic)
@@ -1254,11 +1281,11 @@ func TestCompression(t *testing.T) {
 					t.Fatalf("record %s/%d: key %q value %q does not match its event", r.Topic, r.Offset, r.Key, r.Value)
 				}
 				pos, ok := r.Headers[HeaderSource]
-				if ev.Origin == nil && ok || ev.Origin != nil && pos != string(ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index)) {
-					t.Fatalf("record %s/%d: %s header %q (present %v) for origin %v", r.Topic, r.Offset, HeaderSource, pos, ok, ev.Origin)
+				if o := origins[ev]; o == nil && ok || o != nil && pos != string(o.AppendPosition(nil, ev.CommitLSN, ev.Index)) {
+					t.Fatalf("record %s/%d: %s header %q (present %v) for origin %v", r.Topic, r.Offset, HeaderSource, pos, ok, o)
 				}
-				if ev.Partition != r.Partition || ev.Offset != r.Offset {
-					t.Fatalf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, ev.Partition, ev.Offset, r.Partition, r.Offset)
+				if at, _ := acks.stored(ev); at.Partition != r.Partition || at.Offset != r.Offset {
+					t.Fatalf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, at.Partition, at.Offset, r.Partition, r.Offset)
 				}
 			}
 		})

@@ -206,7 +206,7 @@ func (k *Kafka) addPartitions(ts *topicState, leaders []int32) {
 	}
 	var refused []failure
 	for _, it := range ts.pending {
-		p, err := k.partitionFor(it.ev, ids)
+		p, err := k.partitionFor(it.m.Event, ids)
 		if err != nil {
 			refused = append(refused, failure{it, err})
 			continue

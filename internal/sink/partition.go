@@ -6,13 +6,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
-// item is one event in a partition's care, with the Done to tell its fate.
+// item is one message in a partition's care, with the Done to tell its fate.
 type item struct {
-	ev   *outbox.Event
+	m    Message
 	done Done
 }
 
@@ -124,7 +122,7 @@ func (p *partition) next(maxBytes int) batch {
 	}
 	n, size := 0, 0
 	for n < len(p.queue) && n < maxEvents {
-		s := p.k.eventSize(p.queue[n].ev)
+		s := p.k.eventSize(p.queue[n].m.Event)
 		if n > 0 && size+s > maxBytes {
 			break
 		}

@@ -14,8 +14,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
 // Verifier decides, for DESIGN invariant 8, whether Kafka already holds the
@@ -32,8 +30,9 @@ import (
 // counts as the event: not the same id at another position, not another id at
 // the same position, not a record without those headers.
 //
-// Verify decides the fate of evs, the events of one batch of one partition in
-// the order they were batched. scan reads that partition from where the batch
+// Verify decides the fate of msgs, the messages of one batch of one partition
+// in the order they were batched (each event's source position is its
+// Message's Origin with the event's CommitLSN and Index). scan reads that partition from where the batch
 // would have been appended (the offset after its last acknowledged batch) to
 // its high watermark, calling fn with each record's offset, id header and
 // source position header (nil when absent), in offset order. Verify calls
@@ -49,7 +48,7 @@ import (
 //     producer_reset fallback. When it cannot prove an event is in Kafka, the
 //     sink sends it: at-least-once stays the floor.
 type Verifier interface {
-	Verify(ctx context.Context, evs []*outbox.Event, scan ScanFunc) (Verdict, error)
+	Verify(ctx context.Context, msgs []Message, scan ScanFunc) (Verdict, error)
 }
 
 // ScanFunc reads a partition for a Verifier: it calls fn with each record's
@@ -97,9 +96,9 @@ func (k *Kafka) mustVerify(p *partition, b batch) bool {
 func (k *Kafka) verify(p *partition, b batch) {
 	p.inFlight = true
 	p.sending.Store(true)
-	evs := make([]*outbox.Event, len(b.items))
+	msgs := make([]Message, len(b.items))
 	for i, it := range b.items {
-		evs[i] = it.ev
+		msgs[i] = it.m
 	}
 	topic, id, from := p.topic, p.id, p.end
 	scan := func(ctx context.Context, fn func(offset int64, id, source []byte) error) error {
@@ -115,7 +114,7 @@ func (k *Kafka) verify(p *partition, b batch) {
 		ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
 		defer cancel()
 		res := verdict{p: p, b: b}
-		res.v, res.err = k.cfg.Verifier.Verify(ctx, evs, scan)
+		res.v, res.err = k.cfg.Verifier.Verify(ctx, msgs, scan)
 		if res.err != nil {
 			res.err = fmt.Errorf("look up a batch of unknown fate in %s/%d: %w", topic, id, res.err)
 		}

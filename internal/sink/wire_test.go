@@ -31,7 +31,7 @@ func wireRequest(t *testing.T, n int) (*request, *produceExchange) {
 	}{{"orders", 0}, {"payments", 1}, {"orders", 2}} {
 		items := make([]item, n)
 		for j, ev := range stream(2, n) {
-			items[j] = item{ev: ev}
+			items[j] = item{m: Message{Event: ev}}
 		}
 		r.parts = append(r.parts, &partition{topic: tp.topic, id: tp.id})
 		r.batches = append(r.batches, batch{items: items, ts: 1700000000000, pf: producerFields{id: 9, epoch: 2, seq: int32(10 * i)}})
@@ -360,7 +360,7 @@ func BenchmarkProduceExchange(b *testing.B) {
 				for i := range c.parts {
 					e := 2 * (tp*c.parts + i)
 					r.parts = append(r.parts, &partition{topic: rt.Topic, id: i})
-					r.batches = append(r.batches, batch{items: []item{{ev: evs[e]}, {ev: evs[e+1]}}, ts: 1, pf: producerFields{id: 1, seq: 5}})
+					r.batches = append(r.batches, batch{items: []item{{m: Message{Event: evs[e]}}, {m: Message{Event: evs[e+1]}}}, ts: 1, pf: producerFields{id: 1, seq: 5}})
 					rp := kmsg.NewProduceResponseTopicPartition()
 					rp.Partition, rp.BaseOffset = int32(i), int64(100*i)
 					rt.Partitions = append(rt.Partitions, rp)

@@ -6,9 +6,9 @@
 // column, see decoder.ParseTraceContext); the decoder turns it into the
 // event's traceparent and tracestate headers. With spans exported, Start
 // begins a PRODUCER span as a child of that context when the relay reads the
-// event, and rewrites the traceparent header to name the relay's span, before
-// the record is sized and encoded: the consumer's span then becomes a child
-// of the relay's. End finishes the span when Kafka acknowledged the event
+// event, and gives the traceparent that names the relay's span, which the
+// record carries instead of the event's (sink.Message.TraceParent; the event
+// is not changed): the consumer's span then becomes a child of the relay's. End finishes the span when Kafka acknowledged the event
 // (with its partition and offset) or when it failed for good. Spans follow
 // the OpenTelemetry messaging semantic conventions v1.24.0 (the span name
 // "<topic> publish", messaging.* attributes); the SDK's batch span processor
@@ -39,6 +39,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // Exporters (--otel-exporter).
@@ -151,18 +152,20 @@ func (s *Spans) Endpoint() string { return s.endpoint }
 // Protocol is the OTLP transport and encoding: http/protobuf.
 func (s *Spans) Protocol() string { return s.protocol }
 
-// Start begins the relay's span of ev, a child of the trace context in its
-// traceparent (and tracestate) header, and rewrites that header to the
-// relay's span, so that whoever consumes the record continues from it. The
-// caller has set ev.Topic ("" when the event cannot be routed) and calls
-// Start before the event is sized or encoded: the header's value changes.
-// An event without a traceparent header gets no span. A span that End never
-// ends (an event skipped as already in Kafka, or abandoned at a stop) is
+// Start begins the relay's span of m's event, a child of the trace context
+// in its traceparent (and tracestate) header, and returns it with the
+// traceparent that names it: the record carries that one instead of the
+// event's (sink.Message.TraceParent), so that whoever consumes the record
+// continues from the relay's span. The event itself is left as the decoder
+// made it. m.Topic is "" when the event cannot be routed. An event without a
+// traceparent header gets no span: Start returns nil, nil. A span that End
+// never ends (an event skipped as already in Kafka, or abandoned at a stop) is
 // never exported.
-func (s *Spans) Start(ev *outbox.Event) {
+func (s *Spans) Start(m sink.Message) (trace.Span, []byte) {
+	ev := m.Event
 	i := header(ev.Headers, outbox.HeaderTraceParent)
 	if i < 0 {
-		return
+		return nil, nil
 	}
 	var state []byte
 	if j := header(ev.Headers, outbox.HeaderTraceState); j >= 0 {
@@ -170,31 +173,31 @@ func (s *Spans) Start(ev *outbox.Event) {
 	}
 	parent, ok := remoteParent(ev.Headers[i].Value, state)
 	if !ok {
-		return
+		return nil, nil
 	}
 	start := time.Now()
 	name := "publish"
-	if ev.Topic != "" {
-		name = ev.Topic + " publish"
+	if m.Topic != "" {
+		name = m.Topic + " publish"
 	}
 	ctx := trace.ContextWithRemoteSpanContext(context.Background(), parent)
 	_, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start))
 	// An unsampled span is not recorded: its attributes would be thrown away.
 	// (The samplers the environment can choose do not look at them.)
 	if span.IsRecording() {
-		span.SetAttributes(attributes(ev)...)
+		span.SetAttributes(attributes(m)...)
 	}
-	ev.Headers[i].Value = traceParent(span.SpanContext())
-	ev.Span = span
+	return span, traceParent(span.SpanContext())
 }
 
-// attributes are the messaging and relay attributes of ev's span known when
+// attributes are the messaging and relay attributes of m's span known when
 // it starts.
-func attributes(ev *outbox.Event) []attribute.KeyValue {
+func attributes(m sink.Message) []attribute.KeyValue {
+	ev := m.Event
 	attrs := make([]attribute.KeyValue, 0, 10)
 	attrs = append(attrs, semconv.MessagingSystemKafka, semconv.MessagingOperationPublish)
-	if ev.Topic != "" {
-		attrs = append(attrs, semconv.MessagingDestinationName(ev.Topic))
+	if m.Topic != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(m.Topic))
 	}
 	if ev.ID != nil {
 		attrs = append(attrs, semconv.MessagingMessageID(string(ev.ID)))
@@ -205,8 +208,8 @@ func attributes(ev *outbox.Event) []attribute.KeyValue {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(ev.AggregateID)))
 	}
 	attrs = append(attrs, attrCommitLSN.String(ev.CommitLSN.String()))
-	if ev.Origin != nil {
-		attrs = append(attrs, attrSourcePosition.String(string(ev.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index))))
+	if m.Origin != nil {
+		attrs = append(attrs, attrSourcePosition.String(string(m.Origin.AppendPosition(nil, ev.CommitLSN, ev.Index))))
 	}
 	if ev.EventType != nil {
 		attrs = append(attrs, attrEventType.String(string(ev.EventType)))
@@ -217,21 +220,20 @@ func attributes(ev *outbox.Event) []attribute.KeyValue {
 	return attrs
 }
 
-// End finishes ev's span, if Start gave it one. err nil means Kafka
-// acknowledged the event: the span gets its partition and offset (set by the
-// sink). Otherwise the event failed for good with err: the span's status is
-// an error, with error.type the failure's code, and deadLetter says whether
-// the event was stored as a dead letter (or halted the relay).
-func (s *Spans) End(ev *outbox.Event, err error, deadLetter bool) {
-	span := ev.Span
+// End finishes span, the one Start returned for m (nil: none, and End does
+// nothing). err nil means Kafka acknowledged the event: the span gets the
+// partition and offset at says it is stored at. Otherwise the event failed
+// for good with err: the span's status is an error, with error.type the
+// failure's code, and deadLetter says whether the event was stored as a dead
+// letter (or halted the relay).
+func (s *Spans) End(_ sink.Message, span trace.Span, at sink.Stored, err error, deadLetter bool) {
 	if span == nil {
 		return
 	}
-	ev.Span = nil
 	if err == nil {
-		span.SetAttributes(semconv.MessagingKafkaDestinationPartition(int(ev.Partition)))
-		if ev.Offset >= 0 {
-			span.SetAttributes(semconv.MessagingKafkaMessageOffset(int(ev.Offset)))
+		span.SetAttributes(semconv.MessagingKafkaDestinationPartition(int(at.Partition)))
+		if at.Offset >= 0 {
+			span.SetAttributes(semconv.MessagingKafkaMessageOffset(int(at.Offset)))
 		}
 	} else {
 		code := "_OTHER" // the conventions' error.type when there is no better one

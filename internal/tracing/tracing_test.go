@@ -16,10 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -55,8 +57,16 @@ func event(id, key string, headers ...outbox.Header) *outbox.Event {
 	return &outbox.Event{
 		ID: []byte(id), AggregateType: []byte("order"), AggregateID: []byte(key), EventType: []byte("OrderPlaced"),
 		Payload: []byte(`{"total": 7}`), Headers: headers, CommitLSN: pglogrepl.LSN(0x16B3748), Index: 2,
-		Origin: outbox.NewOrigin("7300000000000000001", 1, "cdc_relay"), Topic: "outbox.order",
 	}
+}
+
+// testOrigin is the stream the tests' events were read from.
+var testOrigin = outbox.NewOrigin("7300000000000000001", 1, "cdc_relay")
+
+// message is ev as the relay produces it: read from testOrigin, routed to
+// outbox.order.
+func message(ev *outbox.Event) sink.Message {
+	return sink.Message{Topic: "outbox.order", Event: ev, Origin: testOrigin}
 }
 
 func traced(id, key, flags string) *outbox.Event {
@@ -142,18 +152,29 @@ func TestSpans(t *testing.T) {
 			unsampled := traced("ev-5", "order-5", "00")
 			skipped := traced("ev-6", "order-6", "01")
 			unrouted := traced("ev-7", "order-7", "01")
-			unrouted.Topic = ""
 			all := []*outbox.Event{delivered, plain, deadLettered, halted, unsampled, skipped, unrouted}
+			msgs := map[*outbox.Event]sink.Message{}
+			started := map[*outbox.Event]trace.Span{}
+			parents := map[*outbox.Event]string{} // the traceparent Start gave the record
 			for _, ev := range all {
-				s.Start(ev)
+				m := message(ev)
+				if ev == unrouted {
+					m.Topic = ""
+				}
+				msgs[ev] = m
+				var tp []byte
+				started[ev], tp = s.Start(m)
+				parents[ev] = string(tp)
 			}
-			delivered.Partition, delivered.Offset = 2, 41
-			s.End(delivered, nil, false)
-			s.End(plain, nil, false)
-			s.End(deadLettered, &outbox.EventError{Code: "message_too_large", Err: errors.New("MESSAGE_SIZE_TOO_LARGE")}, true)
-			s.End(halted, errors.New("store dead letter: context canceled"), false)
-			s.End(unsampled, nil, false)
-			s.End(unrouted, &outbox.EventError{Code: "invalid_topic", Err: errors.New("topic name is empty")}, true)
+			end := func(ev *outbox.Event, at sink.Stored, err error, deadLetter bool) {
+				s.End(msgs[ev], started[ev], at, err, deadLetter)
+			}
+			end(delivered, sink.Stored{Partition: 2, Offset: 41}, nil, false)
+			end(plain, sink.Stored{}, nil, false)
+			end(deadLettered, sink.Stored{}, &outbox.EventError{Code: "message_too_large", Err: errors.New("MESSAGE_SIZE_TOO_LARGE")}, true)
+			end(halted, sink.Stored{}, errors.New("store dead letter: context canceled"), false)
+			end(unsampled, sink.Stored{}, nil, false)
+			end(unrouted, sink.Stored{}, &outbox.EventError{Code: "invalid_topic", Err: errors.New("topic name is empty")}, true)
 			// skipped: started, never ended (already in Kafka).
 
 			if err := s.Shutdown(context.Background()); err != nil {
@@ -162,12 +183,13 @@ func TestSpans(t *testing.T) {
 			requireSDKStopped(t)
 
 			// Headers: the relay's span replaces the app's as the parent of
-			// whoever consumes the record; the rest is untouched.
-			if got := headerValue(plain, outbox.HeaderTraceParent); got != "" {
+			// whoever consumes the record (the traceparent Start gives the
+			// record); the event itself keeps its headers as decoded.
+			if got := parents[plain]; got != "" || started[plain] != nil {
 				t.Errorf("event without trace context got traceparent %q", got)
 			}
 			for _, ev := range []*outbox.Event{delivered, deadLettered, halted, unsampled, skipped, unrouted} {
-				tp := headerValue(ev, outbox.HeaderTraceParent)
+				tp := parents[ev]
 				flags := "01"
 				if ev == unsampled {
 					flags = "00"
@@ -175,14 +197,17 @@ func TestSpans(t *testing.T) {
 				if !strings.HasPrefix(tp, "00-"+appTraceID+"-") || !strings.HasSuffix(tp, "-"+flags) || len(tp) != 55 || strings.Contains(tp, appSpanID) {
 					t.Errorf("%s: traceparent %q, want 00-%s-<the relay's span id>-%s", ev.ID, tp, appTraceID, flags)
 				}
+				if got := headerValue(ev, outbox.HeaderTraceParent); got != string(appParent(flags)) {
+					t.Errorf("%s: the event's traceparent header is %q, want it as decoded: %q", ev.ID, got, appParent(flags))
+				}
 				if got := headerValue(ev, outbox.HeaderTraceState); got != appState {
 					t.Errorf("%s: tracestate %q, want it unchanged: %q", ev.ID, got, appState)
 				}
 				if got := headerValue(ev, "correlation_id"); got == "" {
 					t.Errorf("%s: other headers lost: %v", ev.ID, ev.Headers)
 				}
-				if ev.Span != nil && ev != skipped {
-					t.Errorf("%s: End left ev.Span set", ev.ID)
+				if started[ev] == nil {
+					t.Errorf("%s: Start gave no span", ev.ID)
 				}
 			}
 
@@ -226,8 +251,8 @@ func TestSpans(t *testing.T) {
 				if sp.TraceID() != appTraceID || sp.ParentSpanID() != appSpanID {
 					t.Errorf("%s: trace %s parent %s, want the app's %s and %s", id, sp.TraceID(), sp.ParentSpanID(), appTraceID, appSpanID)
 				}
-				if want := "00-" + appTraceID + "-" + sp.SpanID() + "-01"; headerValue(c.ev, outbox.HeaderTraceParent) != want {
-					t.Errorf("%s: traceparent %q, want the span's own context %q", id, headerValue(c.ev, outbox.HeaderTraceParent), want)
+				if want := "00-" + appTraceID + "-" + sp.SpanID() + "-01"; parents[c.ev] != want {
+					t.Errorf("%s: traceparent %q, want the span's own context %q", id, parents[c.ev], want)
 				}
 				if sp.Span.GetKind() != tracepb.Span_SPAN_KIND_PRODUCER || sp.Span.GetName() != c.name {
 					t.Errorf("%s: kind %v name %q, want PRODUCER %q", id, sp.Span.GetKind(), sp.Span.GetName(), c.name)
@@ -318,9 +343,9 @@ func TestExportFailure(t *testing.T) {
 		t.Errorf("Endpoint() = %q, want %q (the per-signal URL as it is)", s.Endpoint(), want)
 	}
 	for i := range 3 {
-		ev := traced(fmt.Sprintf("ev-%d", i), "k", "01")
-		s.Start(ev)
-		s.End(ev, nil, false)
+		m := message(traced(fmt.Sprintf("ev-%d", i), "k", "01"))
+		span, _ := s.Start(m)
+		s.End(m, span, sink.Stored{}, nil, false)
 	}
 	if err := s.Shutdown(context.Background()); err != nil {
 		t.Fatalf("Shutdown: %v", err)
@@ -352,9 +377,9 @@ func TestShutdownBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := traced("ev-1", "k", "01")
-	s.Start(ev)
-	s.End(ev, nil, false)
+	m := message(traced("ev-1", "k", "01"))
+	span, _ := s.Start(m)
+	s.End(m, span, sink.Stored{}, nil, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -429,7 +454,7 @@ func TestRemoteParent(t *testing.T) {
 }
 
 // BenchmarkStartEnd is the relay's cost per traced event with spans
-// exported: Start (with the header rewrite), End, the batch span processor
+// exported: Start (with the record's traceparent), End, the batch span processor
 // and the exporter's encoding and request, to a server that discards
 // them (the test receiver would keep every span). Building the event is
 // part of each iteration, as the decoder's allocation is per event.
@@ -464,10 +489,9 @@ func BenchmarkStartEnd(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				ev := bc.event()
-				s.Start(ev)
-				ev.Partition, ev.Offset = 1, 7
-				s.End(ev, nil, false)
+				m := message(bc.event())
+				span, _ := s.Start(m)
+				s.End(m, span, sink.Stored{Partition: 1, Offset: 7}, nil, false)
 			}
 		})
 	}

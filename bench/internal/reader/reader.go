@@ -146,11 +146,9 @@ func (c *counter) HandleData(_ context.Context, walStart pglogrepl.LSN, data []b
 			return errors.New("decode pgoutput message: insert outside a transaction")
 		}
 		ev := msg.Event
-		topic, err := c.router.Topic(ev)
-		if err != nil {
+		if _, err := c.router.Topic(ev); err != nil {
 			return fmt.Errorf("route event %s: %w", ev.ID, err)
 		}
-		ev.Topic = topic
 		c.res.Events++
 		c.res.Bytes += int64(ev.Size())
 		if c.latency {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -524,7 +525,7 @@ func testHaltOnDoneError(t *testing.T, open Opener) {
 		t.Errorf("Err() = %v, want the error Done returned: %v", err, errRefused)
 	}
 	late := newEvent("k999", 0, 99, 0)
-	if err := p.Produce(topic, late, rec.done); err == nil {
+	if err := p.Produce(sink.Message{Topic: topic, Event: late}, rec.done); err == nil {
 		t.Errorf("Produce after the halt returned nil; want an error")
 	} else {
 		t.Logf("Produce after the halt: %v", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -204,7 +205,6 @@ func newEvent(key string, seq int, n uint64, pad int) *outbox.Event {
 		XID:           uint32(1000 + n),
 		CommitLSN:     pglogrepl.LSN(0x16B3748 + n*128),
 		CommitTime:    commitBase.Add(time.Duration(n) * time.Millisecond),
-		Seq:           n,
 	}
 }
 
@@ -256,7 +256,8 @@ type recorder struct {
 }
 
 // done is the sink.Done given to Produce.
-func (r *recorder) done(ev *outbox.Event, err error) error {
+func (r *recorder) done(m sink.Message, _ sink.Stored, err error) error {
+	ev := m.Event
 	c := doneCall{ev: ev, err: err, inProduce: r.producing.Load() == ev, afterClose: r.closed.Load(), afterHalt: r.halted.Load()}
 	if !c.inProduce {
 		c.concurrent = r.active.Add(1) > 1
@@ -283,7 +284,7 @@ func (r *recorder) produce(t testing.TB, p Producer, topic string, evs ...*outbo
 	t.Helper()
 	for _, ev := range evs {
 		r.producing.Store(ev)
-		err := p.Produce(topic, ev, r.done)
+		err := p.Produce(sink.Message{Topic: topic, Event: ev}, r.done)
 		r.producing.Store(nil)
 		if err != nil {
 			t.Fatalf("Produce %s to %s: %v (the producer has not halted)", ev.ID, topic, err)

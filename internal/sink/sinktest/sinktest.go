@@ -35,19 +35,18 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
-	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // Producer is what the suite requires of a producer.
 //
-// Produce queues ev for topic, keyed and partitioned by ev.AggregateID, and
-// does not block on Kafka; it returns an error only once the producer has
-// halted. It is called from one goroutine. done is then called exactly once
-// for ev, unless the producer was closed or halted first: with a nil error
-// once Kafka acknowledged ev with acks=all, or with an *outbox.EventError
-// (Code "message_too_large", "empty_key", "invalid_topic", ...) when ev failed
-// permanently. Events of one partition are reported in the order they were
+// Produce queues m's event for m.Topic, keyed and partitioned by its
+// AggregateID, and does not block on Kafka; it returns an error only once the
+// producer has halted. It is called from one goroutine. done is then called
+// exactly once for m, unless the producer was closed or halted first: with a
+// nil error once Kafka acknowledged the event with acks=all, or with an
+// *outbox.EventError (Code "message_too_large", "empty_key",
+// "invalid_topic", ...) when it failed permanently. Events of one partition are reported in the order they were
 // produced. done runs on the producer's goroutine, one call at a time, or
 // within Produce for failures known at once, such as an empty key. A done that returns an error
 // halts the producer: nothing more is sent, every event not yet reported is
@@ -57,7 +56,7 @@ import (
 // events not yet reported stay unreported. Err returns the error that halted
 // the producer, or nil.
 type Producer interface {
-	Produce(topic string, ev *outbox.Event, done sink.Done) error
+	Produce(m sink.Message, done sink.Done) error
 	Err() error
 	Close() error
 }
