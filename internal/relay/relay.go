@@ -9,6 +9,12 @@
 // start.go), the per-event path (handler.go), the connection loop and the
 // clean stop (stream.go), and the failure policy for events that fail for
 // good (permanent, below).
+//
+// The relay is given its dependencies as values its caller built first: the
+// pool to the source database (OpenPool), the checkpoint store, the
+// dead-letter store and the functions that publish a backfill or a snapshot
+// (Config). Run prepares the stores in its order of start-up (Ensure) and
+// closes nothing it was given.
 package relay
 
 import (
