@@ -57,6 +57,11 @@ func NewFileStore(path string) *FileStore {
 	return &FileStore{path: path}
 }
 
+// Ensure returns nil: a file store has nothing to create before its first Load
+// (a missing file is an empty store; Save writes it). It makes FileStore a
+// store the relay prepares like a TableStore.
+func (s *FileStore) Ensure(context.Context) error { return nil }
+
 // Load returns the checkpoint of slot, and false if the file or the entry does not
 // exist. A file that cannot be parsed is an error naming it, never an empty store.
 func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, error) {

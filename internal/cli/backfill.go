@@ -29,53 +29,54 @@ func (r *RunCmd) validateSlotLoss() error {
 // setBackfill installs the on-slot-loss=backfill policy in cfg: republish the
 // outbox rows created since a time through a replay (recorded in the replay
 // history of the dead-letter tables, migration 005) marked with the header
-// deadletter.HeaderBackfill, producing as the relay does.
-func (r *RunCmd) setBackfill(cfg *relay.Config, log zerolog.Logger) {
+// deadletter.HeaderBackfill, producing as the relay does. pool is the relay's
+// (cfg.Pool).
+func (r *RunCmd) setBackfill(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) {
 	if r.OnSlotLoss != "backfill" {
 		return
 	}
-	cfg.BackfillMargin = r.BackfillMargin
-	replay := r.outboxReplayer(cfg, log, "backfill", "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)")
-	cfg.Backfill = func(ctx context.Context, pool *pgxpool.Pool, since time.Time, kind string) (int, error) {
-		return replay(ctx, pool, pool, since, outbox.Header{Key: deadletter.HeaderBackfill, Value: []byte(kind)})
+	replay := r.outboxReplayer(cfg, pool, log, "backfill", "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)")
+	cfg.Backfill = func(ctx context.Context, since time.Time, kind string) (int, error) {
+		return replay(ctx, pool, since, outbox.Header{Key: deadletter.HeaderBackfill, Value: []byte(kind)})
 	}
 }
 
 // setSnapshot installs --snapshot initial in cfg: when the relay creates its
 // slot, publish the rows of the exported snapshot through a replay (recorded
-// like a backfill's) marked with the header deadletter.HeaderSnapshot.
-func (r *RunCmd) setSnapshot(cfg *relay.Config, log zerolog.Logger) {
+// like a backfill's) marked with the header deadletter.HeaderSnapshot. pool is
+// the relay's (cfg.Pool).
+func (r *RunCmd) setSnapshot(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) {
 	if r.Snapshot != "initial" {
 		return
 	}
-	replay := r.outboxReplayer(cfg, log, "snapshot", "cdc-relay run "+cfg.RelayName+" (snapshot=initial)")
-	cfg.Snapshot = func(ctx context.Context, pool *pgxpool.Pool, tx pgx.Tx) (int, error) {
-		return replay(ctx, pool, tx, time.Time{}, outbox.Header{Key: deadletter.HeaderSnapshot, Value: []byte("initial")})
+	replay := r.outboxReplayer(cfg, pool, log, "snapshot", "cdc-relay run "+cfg.RelayName+" (snapshot=initial)")
+	cfg.Snapshot = func(ctx context.Context, tx pgx.Tx) (int, error) {
+		return replay(ctx, tx, time.Time{}, outbox.Header{Key: deadletter.HeaderSnapshot, Value: []byte("initial")})
 	}
 }
 
 // replayFunc republishes the outbox rows db reads that were created at or
 // after since (zero: all), in created_at, id order, each with header mark, and
-// returns how many Kafka acknowledged; pool records the replay history.
-type replayFunc func(ctx context.Context, pool *pgxpool.Pool, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error)
+// returns how many Kafka acknowledged.
+type replayFunc func(ctx context.Context, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error)
 
 // outboxReplayer returns the replay the relay's backfill and initial snapshot
 // share: rows read with outboxtable.Replay, recorded in the replay history of
-// the dead-letter tables (migration 005), produced through a producer of
-// cfg's sink configuration as the relay produces.
-func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component, actor string) replayFunc {
+// the dead-letter tables (migration 005) over pool, produced through a
+// producer of cfg's sink configuration as the relay produces.
+func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger, component, actor string) replayFunc {
 	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns,
 		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn, Timestamp: cfg.Decoder.TimestampColumn,
 		Partition: cfg.Decoder.PartitionColumn, Envelope: cfg.Decoder.EnvelopeColumns,
 		JSON: cfg.Decoder.JSON, SchemaVersion: cfg.Decoder.SchemaVersionColumn, RouteByEventType: cfg.Decoder.RouteByEventType}
+	history := deadletter.NewStore(pool, r.DLQTable)
 	table, dlqTable, topic, topicRegex := r.Table, r.DLQTable, r.Topic, r.topicRegex()
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
 	m := cfg.Metrics
-	return func(ctx context.Context, pool *pgxpool.Pool, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error) {
-		store := deadletter.NewStore(pool, dlqTable)
-		if err := store.Ensure(ctx); err != nil {
+	return func(ctx context.Context, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error) {
+		if err := history.Ensure(ctx); err != nil {
 			return 0, fmt.Errorf("open the replay history (--dlq-table %s): %w", dlqTable, err)
 		}
 		octx, cancel := context.WithTimeout(ctx, wait)
@@ -86,7 +87,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, log zerolog.Logger, component
 		}
 		defer p.Close()
 		p.TopicWait = wait
-		res, err := outboxtable.Replay(ctx, db, store, table, cols, p, outboxtable.ReplayOptions{
+		res, err := outboxtable.Replay(ctx, db, history, table, cols, p, outboxtable.ReplayOptions{
 			Since:      since,
 			Topic:      topic,
 			TopicRegex: topicRegex,

@@ -562,12 +562,9 @@ func TestConfig(t *testing.T) {
 	if cfg.Decoder.HeaderColumns["tenant"] != "x-tenant" {
 		t.Errorf("HeaderColumns = %v", cfg.Decoder.HeaderColumns)
 	}
-	st, err := cfg.OpenStore(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := c.Run.checkpointStore(nil)
 	if _, ok := st.(*checkpoint.FileStore); !ok {
-		t.Errorf("OpenStore with --checkpoint-store=file = %T, want *checkpoint.FileStore", st)
+		t.Errorf("checkpoint store with --checkpoint-store=file = %T, want *checkpoint.FileStore", st)
 	}
 	for name, want := range map[string]kafka.Compression{"none": 0, "gzip": kafka.Gzip, "snappy": kafka.Snappy, "lz4": kafka.Lz4, "zstd": kafka.Zstd} {
 		if got := compression(name); got != want {

@@ -29,7 +29,8 @@ var runFlags = map[string]string{
 	"Decoder.TimestampColumn":       "column-timestamp",
 	"Decoder.PartitionColumn":       "column-partition",
 	"Decoder.EnvelopeColumns":       "envelope-columns",
-	"OpenStore":                     "checkpoint-store",
+	"Pool":                          "pg-url",
+	"Checkpoints":                   "checkpoint-store",
 }
 
 // nameFlags rewrites the settings named in err's *config.FieldErrors as the

@@ -267,54 +267,68 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		Logger:           log,
 		Metrics:          m,
 	}
+	format.apply(&cfg.Sink)
+	if r.OnSlotLoss == "backfill" {
+		cfg.BackfillMargin = r.BackfillMargin
+	}
+	return cfg, nil
+}
+
+var _ relay.DeadLetterStore = (*deadletter.Store)(nil)
+
+// wire builds the values the relay takes, over pool (relay.OpenPool of
+// cfg.PGURL, which the caller closes after the relay's Run), and sets them in
+// cfg, which config returned: the checkpoint store; with --on-error=dlq the
+// dead-letter store, its recorder, gauges, retention and automatic retries;
+// the backfill and snapshot publishers. Each value is built before anything
+// that uses it, and none is assigned later: what a function set here calls
+// exists when it is set.
+func (r *RunCmd) wire(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) error {
+	cfg.Pool = pool
+	cfg.Checkpoints = r.checkpointStore(pool)
 	if r.OnError == "dlq" {
-		var store *deadletter.Store
-		table, name, topic, topicRegex := r.DLQTable, cfg.RelayName, r.Topic, r.topicRegex()
-		cfg.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
-			store = deadletter.NewStore(pool, table)
-			if err := store.Ensure(ctx); err != nil {
-				return nil, err
-			}
-			return store.Recorder(name, topic, topicRegex)
+		store := deadletter.NewStore(pool, r.DLQTable)
+		record, err := store.Recorder(cfg.RelayName, r.Topic, r.topicRegex())
+		if err != nil {
+			return flagError("topic", err.Error())
 		}
-		cfg.DeadLetterCounts = func(ctx context.Context) (map[string]int64, error) { return store.StatusCounts(ctx) }
-		cfg.ReplayTotals = func(ctx context.Context) ([]relay.ReplayTotal, error) {
-			totals, err := store.ReplayTotals(ctx)
-			out := make([]relay.ReplayTotal, len(totals))
-			for i, t := range totals {
-				out[i] = relay.ReplayTotal{Kind: t.Kind, Result: t.Result, Events: t.Events}
-			}
-			return out, err
-		}
+		cfg.DeadLetter = record
+		cfg.DeadLetterStore = store
+		cfg.ReplayTotals = replayTotals(store)
 		if keep := r.DLQRetention; keep > 0 {
 			cfg.DeadLetterRetention = func(ctx context.Context) (int64, error) {
 				return store.Purge(ctx, time.Now().Add(-keep), "")
 			}
 		}
 		if r.DLQAutoRetry {
-			cfg.DeadLetterAutoRetry = r.autoRetry(func() *deadletter.Store { return store }, cfg, log, m)
+			cfg.DeadLetterAutoRetry = r.autoRetry(store, *cfg, log)
 		}
 	}
-	format.apply(&cfg.Sink)
-	r.setBackfill(&cfg, log)
-	r.setSnapshot(&cfg, log)
-	switch r.CheckpointStore {
-	case "file":
-		path := r.CheckpointFile
-		cfg.OpenStore = func(context.Context, *pgxpool.Pool) (relay.Store, error) {
-			return checkpoint.NewFileStore(path), nil
-		}
-	default:
-		tbl := r.CheckpointTable
-		cfg.OpenStore = func(ctx context.Context, pool *pgxpool.Pool) (relay.Store, error) {
-			s := checkpoint.NewTableStore(pool, tbl)
-			if err := s.Ensure(ctx); err != nil {
-				return nil, err
-			}
-			return s, nil
-		}
+	r.setBackfill(cfg, pool, log)
+	r.setSnapshot(cfg, pool, log)
+	return nil
+}
+
+// checkpointStore is the store of --checkpoint-store: the checkpoint table
+// over pool, or the checkpoint file.
+func (r *RunCmd) checkpointStore(pool *pgxpool.Pool) relay.Store {
+	if r.CheckpointStore == "file" {
+		return checkpoint.NewFileStore(r.CheckpointFile)
 	}
-	return cfg, nil
+	return checkpoint.NewTableStore(pool, r.CheckpointTable)
+}
+
+// replayTotals reads the replay history's totals of store as the relay's
+// monitor takes them (relay.Config.ReplayTotals).
+func replayTotals(store *deadletter.Store) func(context.Context) ([]relay.ReplayTotal, error) {
+	return func(ctx context.Context) ([]relay.ReplayTotal, error) {
+		totals, err := store.ReplayTotals(ctx)
+		out := make([]relay.ReplayTotal, len(totals))
+		for i, t := range totals {
+			out[i] = relay.ReplayTotal{Kind: t.Kind, Result: t.Result, Events: t.Events}
+		}
+		return out, err
+	}
 }
 
 // startSpans starts exporting spans with --otel-exporter otlp, and logs where
@@ -382,17 +396,19 @@ func (r *RunCmd) validateAutoRetry() error {
 }
 
 // autoRetry returns the relay's DeadLetterAutoRetry: the automatic retries
-// over the store (which the relay opens first), publishing through their own
-// producer, configured as the relay's (brokers, security, format), so that
-// their retries and the stream's never share a partition's sequence.
-func (r *RunCmd) autoRetry(store func() *deadletter.Store, cfg relay.Config, log zerolog.Logger, m *metrics.Metrics) func(context.Context, func() bool) error {
+// over store (whose tables the relay creates before it starts them),
+// publishing through their own producer, configured as the relay's (cfg.Sink:
+// brokers, security, format), so that their retries and the stream's never
+// share a partition's sequence.
+func (r *RunCmd) autoRetry(store *deadletter.Store, cfg relay.Config, log zerolog.Logger) func(context.Context, func() bool) error {
 	log = log.With().Str("component", "dlq-auto-retry").Logger()
+	m := cfg.Metrics
 	pubCfg := cfg.Sink
 	pubCfg.Logger = log
 	topicWait := r.KafkaStartTimeout
 	return func(ctx context.Context, ready func() bool) error {
 		a := &deadletter.AutoRetry{
-			Store: store(),
+			Store: store,
 			Open: func(ctx context.Context) (deadletter.Publisher, func() error, error) {
 				p, err := deadletter.NewKafkaPublisher(ctx, pubCfg)
 				if err != nil {
@@ -449,6 +465,14 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	if err != nil {
 		return &usageError{err}
 	}
+	pool, err := relay.OpenPool(ctx, cfg.PGURL)
+	if err != nil {
+		return nameFlags(err, runFlags)
+	}
+	defer pool.Close()
+	if err := r.wire(&cfg, pool, log); err != nil {
+		return &usageError{err}
+	}
 	spans, err := r.startSpans(ctx, env.Version, log, m)
 	if err != nil {
 		return err
@@ -494,8 +518,10 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 // RelayConfig parses the flags of "cdc-relay run" (args without the program
 // and command names), with the environment and any --config file as the
 // command does, and returns the relay configuration the command would run,
-// without connecting anywhere. The benchmark's limit reader reads a slot with
-// exactly the relay's decoder, topic and status settings through it.
+// without connecting anywhere: its settings, without the values run builds
+// over the source database (Pool, Checkpoints, dead letters, backfill and
+// snapshot). The benchmark's limit reader reads a slot with exactly the
+// relay's decoder, topic and status settings through it.
 func RelayConfig(args []string) (relay.Config, error) {
 	var c CLI
 	exitCode := -1

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/internal/config"
@@ -160,8 +159,8 @@ func TestOddData(t *testing.T) {
 	for _, c := range oddHeaders {
 		headers[c] = c
 	}
+	e.setRelayURL(withParam(e.url, "timezone", relayZone))
 	store := e.withDeadLetters(func(c *relay.Config) {
-		c.PGURL = withParam(e.url, "timezone", relayZone)
 		c.Decoder.HeaderColumns = headers
 	})
 	e.exec("ALTER TABLE outbox_events ADD COLUMN c_late text") // a header column from the start
@@ -396,15 +395,15 @@ func withParam(url, key, value string) string {
 
 // withDeadLetters sets the dlq failure policy with the real store, and more.
 func (e *env) withDeadLetters(more func(*relay.Config)) *deadletter.Store {
-	store := new(deadletter.Store)
+	e.t.Helper()
+	store := deadletter.NewStore(e.relayPool, deadletter.DefaultTable)
+	record, err := store.Recorder("test-relay", e.topic, route.Regex{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	e.cfgHook = func(c *relay.Config) {
-		c.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
-			*store = *deadletter.NewStore(pool, deadletter.DefaultTable)
-			if err := store.Ensure(ctx); err != nil {
-				return nil, err
-			}
-			return store.Recorder("test-relay", e.topic, route.Regex{})
-		}
+		c.DeadLetter = record
+		c.DeadLetterStore = store
 		c.MonitorInterval = 100 * time.Millisecond
 		if more != nil {
 			more(c)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
@@ -70,9 +69,7 @@ func TestFileCheckpointStoreDiskFull(t *testing.T) {
 	path := filepath.Join(dir, "checkpoint.json")
 	e := newEnv(t)
 	e.cfgHook = func(c *relay.Config) {
-		c.OpenStore = func(context.Context, *pgxpool.Pool) (relay.Store, error) {
-			return checkpoint.NewFileStore(path), nil
-		}
+		c.Checkpoints = checkpoint.NewFileStore(path)
 	}
 	e.start()
 	insert := func(n int) {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -52,31 +51,25 @@ func poison(t *testing.T, e *env) (bigID string, bigEnd pglogrepl.LSN) {
 // the same id, the history shows it, and a second replay is a no-op.
 func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	e := newEnv(t)
-	var store *deadletter.Store
+	store := deadletter.NewStore(e.relayPool, deadletter.DefaultTable)
+	rec, err := store.Recorder("test-relay", e.topic, route.Regex{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	release := make(chan struct{})
 	var once, enterOnce sync.Once
 	entered := make(chan struct{}) // the relay is storing the dead letter
 	stored := make(chan struct{})
 	e.cfgHook = func(c *relay.Config) {
-		c.OpenDeadLetters = func(ctx context.Context, pool *pgxpool.Pool) (relay.DeadLetterFunc, error) {
-			store = deadletter.NewStore(pool, deadletter.DefaultTable)
-			if err := store.Ensure(ctx); err != nil {
-				return nil, err
-			}
-			rec, err := store.Recorder("test-relay", e.topic, route.Regex{})
-			if err != nil {
-				return nil, err
-			}
-			// Hold the dead letter back until the test has looked at the slot.
-			return func(ctx context.Context, ev *outbox.Event, cause error) error {
-				enterOnce.Do(func() { close(entered) })
-				<-release
-				err := rec(ctx, ev, cause)
-				once.Do(func() { close(stored) })
-				return err
-			}, nil
+		// Hold the dead letter back until the test has looked at the slot.
+		c.DeadLetter = func(ctx context.Context, ev *outbox.Event, cause error) error {
+			enterOnce.Do(func() { close(entered) })
+			<-release
+			err := rec(ctx, ev, cause)
+			once.Do(func() { close(stored) })
+			return err
 		}
-		c.DeadLetterCounts = func(ctx context.Context) (map[string]int64, error) { return store.StatusCounts(ctx) }
+		c.DeadLetterStore = store
 		c.MonitorInterval = 100 * time.Millisecond
 	}
 	e.start()
@@ -381,13 +374,11 @@ func TestRoutingFailureGoesToDeadLetters(t *testing.T) {
 	)
 	e.cfgHook = func(c *relay.Config) {
 		c.Topic = "outbox.{aggregate_type}"
-		c.OpenDeadLetters = func(context.Context, *pgxpool.Pool) (relay.DeadLetterFunc, error) {
-			return func(_ context.Context, ev *outbox.Event, cause error) error {
-				mu.Lock()
-				defer mu.Unlock()
-				codes = append(codes, string(ev.AggregateType)+":"+sink.Code(cause))
-				return nil
-			}, nil
+		c.DeadLetter = func(_ context.Context, ev *outbox.Event, cause error) error {
+			mu.Lock()
+			defer mu.Unlock()
+			codes = append(codes, string(ev.AggregateType)+":"+sink.Code(cause))
+			return nil
 		}
 	}
 	e.start()
@@ -429,12 +420,10 @@ func TestStopWhileDeadLetterStoreHangs(t *testing.T) {
 	var once sync.Once
 	e.cfgHook = func(c *relay.Config) {
 		c.ShutdownTimeout = 2 * time.Second
-		c.OpenDeadLetters = func(context.Context, *pgxpool.Pool) (relay.DeadLetterFunc, error) {
-			return func(ctx context.Context, _ *outbox.Event, _ error) error {
-				once.Do(func() { close(storing) })
-				<-ctx.Done() // the store never answers
-				return ctx.Err()
-			}, nil
+		c.DeadLetter = func(ctx context.Context, _ *outbox.Event, _ error) error {
+			once.Do(func() { close(storing) })
+			<-ctx.Done() // the store never answers
+			return ctx.Err()
 		}
 	}
 	e.start()

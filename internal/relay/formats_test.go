@@ -70,8 +70,8 @@ func TestBinaryPayloadAndTraceHeaders(t *testing.T) {
 			q := u.Query()
 			q.Set("options", "-c bytea_output="+output)
 			u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // libpq reads + literally
+			e.setRelayURL(u.String())
 			e.cfgHook = func(c *relay.Config) {
-				c.PGURL = u.String()
 				c.Decoder.ContentType = "application/x-protobuf"
 				c.Decoder.TracingColumn = decoder.DefaultTracingColumn
 			}

@@ -11,6 +11,12 @@
 // reconcile, backfill: start.go), the per-event path (handler.go), the
 // connection loop and the clean stop (stream.go), and the failure policy for
 // events that fail for good (permanent, below).
+//
+// The relay is given its dependencies as values its caller built first: the
+// pool to the source database (OpenPool), the checkpoint store, the
+// dead-letter store and the functions that publish a backfill or a snapshot
+// (Config). Run prepares the stores in its order of start-up (Ensure) and
+// closes nothing it was given.
 package relay
 
 import (
@@ -41,11 +47,29 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
 
-// Store persists checkpoints (checkpoint.TableStore, checkpoint.FileStore):
-// Load returns the stored checkpoint of slot and whether there is one; Save
+// Store persists checkpoints (checkpoint.TableStore, checkpoint.FileStore).
+// Ensure prepares the store (a table store creates its table when missing):
+// Run calls it once, after the server checks, before the first Load. Load
+// returns the stored checkpoint of slot and whether there is one; Save
 // returns nil once c is durable. The relay never calls Save itself: every
 // checkpoint goes through the checkpoint package (Opening, Committer).
-type Store = checkpoint.Store
+type Store interface {
+	Ensure(ctx context.Context) error
+	checkpoint.Store
+}
+
+// DeadLetterStore is the table behind the dlq failure policy
+// (deadletter.Store), as the relay's start and its monitor use it. Ensure
+// creates its tables when missing: Run calls it once, after the server checks
+// and before Kafka is opened, so that Config.DeadLetter, the automatic
+// retries and the monitor find them. StatusCounts returns the letters by
+// status: the monitor reads it every MonitorInterval into the
+// dead_letters_by_status metric and the dead_letter_backlog one (those not
+// "completed").
+type DeadLetterStore interface {
+	Ensure(ctx context.Context) error
+	StatusCounts(ctx context.Context) (map[string]int64, error)
+}
 
 // producer is where the relay hands events for Kafka (sink.Kafka). Produce
 // queues m and reports its fate through done exactly once: nil only after
@@ -75,6 +99,8 @@ var (
 	_ health   = (*sink.Kafka)(nil)
 	_ pauser   = (*sink.Kafka)(nil)
 	_ Spans    = (*tracing.Spans)(nil)
+	_ Store    = (*checkpoint.TableStore)(nil)
+	_ Store    = (*checkpoint.FileStore)(nil)
 )
 
 // Spans records the relay's own trace span of each event it streams
@@ -96,7 +122,9 @@ type Spans interface {
 // DeadLetterFunc stores ev, which failed permanently with cause, and returns
 // nil once the dead letter is committed: only then is the event counted as
 // done, so the checkpoint never moves past an event that is neither in Kafka
-// nor in the dead-letter store.
+// nor in the dead-letter store. It is called from the producer's goroutine
+// and the stream's, so it must be safe for concurrent use
+// (deadletter.Store.Recorder is).
 type DeadLetterFunc func(ctx context.Context, ev *outbox.Event, cause error) error
 
 // Config configures a relay.
@@ -124,14 +152,26 @@ type Config struct {
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool
 	Sink              sink.Config // Topics, Logger and Metrics are set by the relay
-	// OpenStore builds the checkpoint store, given a connection pool to the
-	// source database (which a table store uses; it reconnects after restarts).
-	OpenStore func(ctx context.Context, pool *pgxpool.Pool) (Store, error)
 
-	// OpenDeadLetters builds the dead-letter store of the dlq failure policy.
-	// When nil the policy is halt: a permanent failure stops the relay, and the
-	// slot is not confirmed past the event.
-	OpenDeadLetters func(ctx context.Context, pool *pgxpool.Pool) (DeadLetterFunc, error)
+	// The values below are built by the caller before New, the stores over
+	// Pool; Run checks that Pool and Checkpoints are set.
+
+	// Pool reaches the database of PGURL for queries (checks, slot, monitor);
+	// the caller opens it with OpenPool, builds the stores over it, and closes
+	// it after Run returned. The replication connections use PGURL.
+	Pool *pgxpool.Pool
+	// Checkpoints persists the checkpoint: a checkpoint.TableStore over Pool
+	// (it reconnects after restarts) or a checkpoint.FileStore.
+	Checkpoints Store
+
+	// DeadLetter, when set, is the dlq failure policy: an event that fails for
+	// good is stored through it and the relay goes on. When nil the policy is
+	// halt: a permanent failure stops the relay, and the slot is not confirmed
+	// past the event.
+	DeadLetter DeadLetterFunc
+	// DeadLetterStore, when set, is the table DeadLetter writes to: Run
+	// creates its tables before streaming and the monitor reads its counts.
+	DeadLetterStore DeadLetterStore
 
 	// Backfill, when set, is the on-slot-loss=backfill policy: when the slot
 	// was dropped, lost its WAL (wal_status 'lost') or was moved past the stored
@@ -141,7 +181,7 @@ type Config struct {
 	// before it streams from the slot. It returns how many rows it published
 	// (Kafka acknowledged every one). When nil the relay refuses to start with
 	// the explanation (on-slot-loss=fail).
-	Backfill func(ctx context.Context, pool *pgxpool.Pool, since time.Time, kind string) (int, error)
+	Backfill func(ctx context.Context, since time.Time, kind string) (int, error)
 	// Snapshot, when set, is --snapshot initial: when the relay creates its
 	// slot (there is no stored checkpoint and no slot), it creates it with
 	// EXPORT_SNAPSHOT and calls Snapshot with a transaction that imported the
@@ -150,7 +190,7 @@ type Config struct {
 	// consistent point. Snapshot returns how many rows it published, once
 	// Kafka acknowledged every one. A slot that already exists takes no
 	// snapshot. See snapshot.go for restarts during the snapshot.
-	Snapshot func(ctx context.Context, pool *pgxpool.Pool, tx pgx.Tx) (int, error)
+	Snapshot func(ctx context.Context, tx pgx.Tx) (int, error)
 
 	// BackfillMargin is subtracted from the stored commit time: it covers
 	// transactions that inserted their rows (created_at) that long before they
@@ -177,10 +217,6 @@ type Config struct {
 	// Heartbeat, when positive, writes pg_logical_emit_message at that period so
 	// an idle database's slot keeps moving while others write WAL.
 	Heartbeat time.Duration
-	// DeadLetterCounts, when set, is read every MonitorInterval into the
-	// dead_letters_by_status metric (the letters by status) and the
-	// dead_letter_backlog one (those not "completed").
-	DeadLetterCounts func(context.Context) (map[string]int64, error)
 	// ReplayTotals, when set, is read every MonitorInterval into the
 	// replay_history_events metric: the events of every replay in the
 	// history, by kind and result, whichever process ran it.
@@ -311,10 +347,35 @@ func (c Config) Validate() error {
 	if len(c.Sink.Brokers) == 0 {
 		return config.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
-	if c.OpenStore == nil {
-		return config.Errorf("OpenStore", "no checkpoint store configured")
+	if c.Pool == nil {
+		return config.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
+	}
+	if got := c.Pool.Config().ConnString(); got != c.PGURL {
+		return config.Errorf("Pool", "the pool reaches %s, not PGURL %s: open it with relay.OpenPool(ctx, PGURL)",
+			replication.Redact(got), replication.Redact(c.PGURL))
+	}
+	if c.Checkpoints == nil {
+		return config.Errorf("Checkpoints", "no checkpoint store configured")
 	}
 	return nil
+}
+
+// OpenPool returns the pool of connections to the source database at pgURL
+// that a relay (Config.Pool) and the stores built for it share: at most two
+// connections, each opened when first needed, so OpenPool itself does not
+// connect (Run's first check awaits and explains the first connection). The
+// caller closes it once Run returned.
+func OpenPool(ctx context.Context, pgURL string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(pgURL)
+	if err != nil {
+		return nil, config.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(pgURL), err)
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, replication.ConnectError(pgURL, err)
+	}
+	return pool, nil
 }
 
 // Relay is one running relay. Create it with New and call Run once.
@@ -325,7 +386,7 @@ type Relay struct {
 	ready atomic.Bool
 	// eventLog logs per-event failures: at most 10 lines a minute.
 	eventLog zerolog.Logger
-	// pool reaches the source database (set by Run).
+	// pool reaches the source database (Config.Pool, set by Run).
 	pool *pgxpool.Pool
 	// fatal carries a problem found while streaming that only an operator can
 	// fix (a gap check); the relay stops with it.
@@ -391,13 +452,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	// Postgres: server, table, publication, slot, stored checkpoint.
-	poolCfg, _ := pgxpool.ParseConfig(cfg.PGURL) // checked by Validate
-	poolCfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return replication.ConnectError(cfg.PGURL, err)
-	}
-	defer pool.Close()
+	pool := cfg.Pool
 	if err := r.checkServer(ctx, pool); err != nil {
 		return err
 	}
@@ -420,11 +475,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		m:      r.m,
 		spans:  cfg.Spans,
 	}
-	if cfg.OpenDeadLetters != nil {
-		if h.deadLetter, err = cfg.OpenDeadLetters(ctx, pool); err != nil {
+	if cfg.DeadLetterStore != nil {
+		if err := cfg.DeadLetterStore.Ensure(ctx); err != nil {
 			return err
 		}
 	}
+	h.deadLetter = cfg.DeadLetter
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = r.log
 	sinkCfg.Metrics = r.m
@@ -482,8 +538,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	mon := &monitor{
 		pool: pool, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
-		counts: cfg.DeadLetterCounts, replayTotals: cfg.ReplayTotals, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
+		replayTotals: cfg.ReplayTotals, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
 		gaps: r.gaps, fatal: r.fatal,
+	}
+	if cfg.DeadLetterStore != nil {
+		mon.counts = cfg.DeadLetterStore.StatusCounts
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)

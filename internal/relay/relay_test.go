@@ -63,6 +63,29 @@ type env struct {
 	relay   *relay.Relay
 	slot    string
 	cfgHook func(*relay.Config)
+
+	// relayURL is the relay's PGURL (url unless setRelayURL changed it) and
+	// relayPool its pool (relay.OpenPool, Config.Pool), opened once per
+	// test, so that the stores a test builds for the relay exist before the
+	// relay does.
+	relayURL  string
+	relayPool *pgxpool.Pool
+}
+
+// setRelayURL makes the relay connect with url (the test's database with
+// other connection parameters): it opens the relay's pool for it. Call it
+// before building stores over e.relayPool.
+func (e *env) setRelayURL(url string) {
+	e.t.Helper()
+	pool, err := relay.OpenPool(context.Background(), url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		_ = e.stop() // the relay stops before its pool closes, as Run's caller closes it
+		pool.Close()
+	})
+	e.relayURL, e.relayPool = url, pool
 }
 
 func newEnv(t *testing.T) *env {
@@ -105,6 +128,7 @@ func newEnv(t *testing.T) *env {
 		// Drop the slot so the shared cluster does not retain WAL for it.
 		_ = pg.Exec(context.Background(), db, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.slot)
 	})
+	e.setRelayURL(url)
 	return e
 }
 
@@ -112,7 +136,7 @@ func (e *env) config() relay.Config {
 	e.reg = prometheus.NewRegistry()
 	e.m = metrics.New(e.reg)
 	cfg := relay.Config{
-		PGURL:       e.url,
+		PGURL:       e.relayURL,
 		Slot:        e.slot,
 		Publication: "cdc_relay_outbox",
 		Decoder: decoder.Config{
@@ -124,10 +148,8 @@ func (e *env) config() relay.Config {
 		Sink: sink.Config{
 			Brokers: e.kafka.Brokers(),
 		},
-		OpenStore: func(ctx context.Context, pool *pgxpool.Pool) (relay.Store, error) {
-			s := checkpoint.NewTableStore(pool, "public.cdc_relay_checkpoints")
-			return s, s.Ensure(ctx)
-		},
+		Pool:            e.relayPool,
+		Checkpoints:     checkpoint.NewTableStore(e.relayPool, "public.cdc_relay_checkpoints"),
 		RelayName:       "test",
 		StatusInterval:  100 * time.Millisecond,
 		IdleCheckpoint:  200 * time.Millisecond,

@@ -85,7 +85,7 @@ func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *p
 	point, err := replication.CreateSlotWithSnapshot(ctx, r.cfg.PGURL, slot, func(ctx context.Context, tx pgx.Tx) error {
 		r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds (--snapshot initial)")
 		var err error
-		n, err = r.cfg.Snapshot(ctx, pool, tx)
+		n, err = r.cfg.Snapshot(ctx, tx)
 		return err
 	})
 	if errors.Is(err, replication.ErrSlotExists) {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel/trace"
 
@@ -127,9 +126,7 @@ func TestSpansOfEvents(t *testing.T) {
 			c.Topic = "outbox.{aggregate_type}"
 			c.Decoder.TracingColumn = decoder.DefaultTracingColumn
 			c.Spans = spans
-			c.OpenDeadLetters = func(context.Context, *pgxpool.Pool) (relay.DeadLetterFunc, error) {
-				return func(context.Context, *outbox.Event, error) error { return nil }, nil
-			}
+			c.DeadLetter = func(context.Context, *outbox.Event, error) error { return nil }
 		}
 		e.start()
 		ids := rows(e, []struct{ typ, key, trace string }{

@@ -62,7 +62,7 @@ func pgAddress(cfg *pgx.ConnConfig) string {
 	return strings.Join(all, ",")
 }
 
-// prepareSlot opens the checkpoint store and reconciles it with the slot,
+// prepareSlot prepares the checkpoint store and reconciles it with the slot,
 // creating the slot when that is safe and allowed. It returns the checkpoint
 // store opened for the slot, through which every checkpoint is written, and
 // where streaming starts.
@@ -77,8 +77,8 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
 		return system, nil, 0, err
 	}
-	store, err := r.cfg.OpenStore(ctx, pool)
-	if err != nil {
+	store := r.cfg.Checkpoints
+	if err := store.Ensure(ctx); err != nil {
 		return system, nil, 0, err
 	}
 	op, err := checkpoint.Open(ctx, store, checkpoint.Checkpoint{Slot: r.cfg.Slot, SystemID: system.SystemID, RelayName: r.cfg.RelayName})
@@ -222,7 +222,7 @@ func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn
 		Msg("republishing outbox rows created since the stored checkpoint's commit time less the margin; " +
 			"rows deleted from the outbox meanwhile cannot be republished")
 	began := time.Now()
-	n, err := r.cfg.Backfill(ctx, pool, since, kind.String())
+	n, err := r.cfg.Backfill(ctx, since, kind.String())
 	r.m.BackfilledEvents.WithLabelValues(kind.String()).Add(float64(n))
 	if err != nil {
 		return 0, fmt.Errorf("backfill slot %q from %s (%d rows republished before the failure; the next start backfills again): %w",

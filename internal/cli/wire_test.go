@@ -1,0 +1,70 @@
+package cli
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
+)
+
+// TestWireBuildsValuesFirst: wire sets every value the relay takes with
+// every policy on, and each can be used as soon as wire returns, before the
+// relay runs: the stores exist over a pool that has not connected yet, so
+// with nothing listening each call fails with Postgres's error instead of
+// dereferencing a store only the relay's start would have assigned.
+func TestWireBuildsValuesFirst(t *testing.T) {
+	clearEnv(t)
+	c, err := parseArgs(t, "run", "--pg-url", "postgres://u@"+closedAddr(t)+"/app?connect_timeout=5",
+		"--kafka-brokers", "k1:9092", "--on-error", "dlq", "--dlq-retention", "1h", "--dlq-auto-retry",
+		"--on-slot-loss", "backfill", "--snapshot", "initial")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.Run.config(zerolog.Nop(), metrics.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool, err := relay.OpenPool(ctx, cfg.PGURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := c.Run.wire(&cfg, pool, zerolog.Nop()); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("the wired configuration does not validate: %v", err)
+	}
+	if _, ok := cfg.Checkpoints.(*checkpoint.TableStore); !ok {
+		t.Errorf("Checkpoints = %T, want *checkpoint.TableStore", cfg.Checkpoints)
+	}
+	if _, ok := cfg.DeadLetterStore.(*deadletter.Store); !ok {
+		t.Errorf("DeadLetterStore = %T, want *deadletter.Store", cfg.DeadLetterStore)
+	}
+	if cfg.DeadLetter == nil || cfg.ReplayTotals == nil || cfg.DeadLetterRetention == nil ||
+		cfg.DeadLetterAutoRetry == nil || cfg.Backfill == nil || cfg.Snapshot == nil {
+		t.Fatalf("unset: DeadLetter %t, ReplayTotals %t, DeadLetterRetention %t, DeadLetterAutoRetry %t, Backfill %t, Snapshot %t",
+			cfg.DeadLetter == nil, cfg.ReplayTotals == nil, cfg.DeadLetterRetention == nil,
+			cfg.DeadLetterAutoRetry == nil, cfg.Backfill == nil, cfg.Snapshot == nil)
+	}
+	if err := cfg.Checkpoints.Ensure(ctx); err == nil {
+		t.Error("Checkpoints.Ensure with no Postgres listening: nil error")
+	}
+	if _, err := cfg.DeadLetterStore.StatusCounts(ctx); err == nil {
+		t.Error("DeadLetterStore.StatusCounts with no Postgres listening: nil error")
+	}
+	if _, err := cfg.ReplayTotals(ctx); err == nil {
+		t.Error("ReplayTotals with no Postgres listening: nil error")
+	}
+	if _, err := cfg.DeadLetterRetention(ctx); err == nil {
+		t.Error("DeadLetterRetention with no Postgres listening: nil error")
+	}
+}
