@@ -6,7 +6,7 @@ GO ?= go
 # or "dev" outside a git checkout / before the first commit.
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-# staticcheck, run from the Go module proxy at this version (no separate install).
+# staticcheck, installed into bin/ from the Go module proxy at this version.
 STATICCHECK_VERSION ?= v0.8.2
 
 # The benchmark (bench/) and the fault injector (chaos/) are Go modules of their own, so
