@@ -28,8 +28,8 @@ build:
 
 # All tests, with the race detector. Integration tests start their own PostgreSQL
 # clusters (needs postgresql-15 installed; see .ci/run). The three modules are tested
-# at once (their tests mostly wait on Postgres, Kafka and the relay's processes);
-# output is line by line, each line naming its package.
+# at once (their tests mostly wait on Postgres, Kafka and the relay's processes); each
+# module's results print as one block when its tests end (make test-relay streams).
 test:
 	@$(MAKE) --no-print-directory -j3 --output-sync=line test-relay $(TOOL_MODULES:%=test-%)
 
