@@ -6,19 +6,38 @@ GO ?= go
 # or "dev" outside a git checkout / before the first commit.
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-# staticcheck, run from the Go module proxy at this version (no separate install).
+# staticcheck, installed into bin/ from the Go module proxy at this version.
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: build test demo docs bench chaos lint staticcheck check-migrations clean
+# The benchmark (bench/) and the fault injector (chaos/) are Go modules of their own, so
+# that their heavy libraries (charts, pprof, toxiproxy) stay out of the relay's go.mod;
+# each replaces the relay with this repository's. test and lint cover all three modules.
+TOOL_MODULES := bench chaos
+# go test runs at most -p programs at once, compilers and test binaries alike, and -p
+# defaults to the number of CPUs. Most of our test binaries wait (on Postgres, Kafka,
+# the relay's processes) rather than compute, so on a 2-core machine two of them held
+# both slots while the compiles and the other packages queued: at least 4.
+TEST_PARALLEL ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ "$$n" -ge 4 ] || n=4; echo $$n)
+TESTFLAGS ?= -race -count=1 -timeout 20m -p $(TEST_PARALLEL)
+
+.PHONY: build test test-relay $(TOOL_MODULES:%=test-%) demo docs bench chaos lint vet staticcheck check-migrations clean
 
 # Build the relay into bin/cdc-relay: static (no cgo), as the Dockerfile builds it.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/cdc-relay ./cmd/cdc-relay
 
 # All tests, with the race detector. Integration tests start their own PostgreSQL
-# clusters (needs postgresql-15 installed; see .ci/run).
+# clusters (needs postgresql-15 installed; see .ci/run). The three modules are tested
+# at once (their tests mostly wait on Postgres, Kafka and the relay's processes); each
+# module's results print as one block when its tests end (make test-relay streams).
 test:
-	$(GO) test -race -count=1 -timeout 20m ./...
+	@$(MAKE) --no-print-directory -j3 --output-sync=line test-relay $(TOOL_MODULES:%=test-%)
+
+test-relay:
+	$(GO) test $(TESTFLAGS) ./...
+
+$(TOOL_MODULES:%=test-%): test-%:
+	$(GO) -C $* test $(TESTFLAGS) ./...
 
 # End-to-end demo: Postgres -> relay -> Kafka, all local. Flags go in DEMOFLAGS, e.g.
 # make demo DEMOFLAGS='-events 0' (insert your own rows; it prints the psql command).
@@ -35,16 +54,22 @@ docs:
 # vs the poller, the walsender's CPU, steady loads and start-up after kill -9. Results go to
 # bench/results/; `make bench BENCHFLAGS=-quick` is a smoke check (under two minutes),
 # `BENCHFLAGS='-cell drain/txn=1'` one cell alone (-list-cells names them).
+# The benchmark is a module of its own (bench/go.mod), so its chart and profile
+# libraries stay out of the relay's; it is built, then run from here so that path flags
+# (-chart-only, -profile, -relay-bin) are relative to the repository root as before.
 bench:
-	$(GO) run ./bench/cmd/bench $(BENCHFLAGS)
+	$(GO) -C bench build -o ../bin/bench ./cmd/bench
+	bin/bench $(BENCHFLAGS)
 
 # Fault injection: the built relay under SIGKILLs, Postgres restarts, network faults
 # (toxiproxy) and broker faults (kfake); prints faults, committed, lost, duplicated and
 # order violations per scenario and fails on any loss, order violation or duplicate the
 # scenario gives no reason for (effectively-once is the default). Flags, e.g.
 # `make chaos CHAOSFLAGS='-only sigkill -kills 50'`; `-list` names the scenarios.
+# A module of its own too (chaos/go.mod: toxiproxy stays out of the relay's).
 chaos:
-	$(GO) run ./cmd/cdc-relay-chaos $(CHAOSFLAGS)
+	$(GO) -C chaos build -o ../bin/cdc-relay-chaos ./cmd/cdc-relay-chaos
+	bin/cdc-relay-chaos $(CHAOSFLAGS)
 
 # Formatting (fails listing the files gofmt would change), go vet and staticcheck.
 lint:
@@ -52,12 +77,27 @@ lint:
 	if [ -n "$$unformatted" ]; then \
 		echo "gofmt needed on:"; echo "$$unformatted"; exit 1; \
 	fi
-	$(GO) vet ./...
-	$(MAKE) --no-print-directory staticcheck
+	$(MAKE) --no-print-directory vet staticcheck
 
-# staticcheck with its default checks (CI runs this too).
+# Build flags of vet and staticcheck. Both type-check against compiled packages; given
+# the flags the tests build with (CI: CHECKFLAGS=-race), they compile every package once
+# for all three steps instead of once without -race and again with it.
+CHECKFLAGS ?=
+
+# go vet of every module.
+vet:
+	$(GO) vet $(CHECKFLAGS) ./...
+	for m in $(TOOL_MODULES); do $(GO) -C $$m vet $(CHECKFLAGS) ./... || exit 1; done
+
+# staticcheck with its default checks, of every module (CI runs this too). It is
+# installed into bin/ from the Go module proxy, then run with CHECKFLAGS in GOFLAGS
+# (which the go list it runs reads), so that the flags do not build staticcheck itself.
 staticcheck:
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	GOFLAGS="$(strip $(GOFLAGS) $(CHECKFLAGS))" bin/staticcheck ./...
+	for m in $(TOOL_MODULES); do \
+		(cd $$m && GOFLAGS="$(strip $(GOFLAGS) $(CHECKFLAGS))" ../bin/staticcheck ./...) || exit 1; \
+	done
 
 # Apply migrations/*.sql twice to a throwaway PostgreSQL 15 cluster and check the
 # cdc_relay role's privileges (see deploy/postgres/check-migrations.sh).

@@ -2,10 +2,13 @@
 // the poller it replaces, in one run on one machine, and writes the results to
 // bench/results (<timestamp>.json, latest.json, latest.png).
 //
-//	go run ./bench/cmd/bench                 # the full matrix (make bench)
-//	go run ./bench/cmd/bench -quick          # smoke check, under two minutes
-//	go run ./bench/cmd/bench -list-cells     # the cells; -cell NAME runs one
-//	go run ./bench/cmd/bench -chart-only bench/results/latest.json
+//	make bench                                   # the full matrix
+//	make bench BENCHFLAGS=-quick                 # smoke check, under two minutes
+//	make bench BENCHFLAGS=-list-cells            # the cells; -cell NAME runs one
+//	make bench BENCHFLAGS='-chart-only bench/results/latest.json'
+//
+// bench is a module of its own (bench/go.mod, the relay replaced by this
+// repository's); make builds it into bin/bench and runs it from the repository root.
 //
 // It re-executes itself for the processes it measures: "bench reader" (the limit:
 // the relay's read path with a producer that discards) and "bench poller".

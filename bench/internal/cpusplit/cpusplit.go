@@ -8,10 +8,18 @@ package cpusplit
 import (
 	"fmt"
 	"io"
+	"reflect"
 	"slices"
 	"strings"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // Share is one part of the profile.
@@ -28,18 +36,21 @@ var Parts = []string{"read", "decode", "encode+produce", "checkpoint+ack", "gc",
 // owners map a function-name prefix to its part. A sample belongs to the part
 // of the frame nearest its leaf that has an owner, so an allocation made while
 // decoding is decoding's, and the garbage collector's own goroutines are "gc".
+// The relay's own packages are named by a type each declares, so the import
+// paths come from the compiler: a package that is moved or renamed breaks this
+// build instead of silently moving its CPU time to "other".
 var owners = []struct{ prefix, part string }{
-	{"github.com/cdc-relay/cdc-relay/internal/replication.", "read"},
+	{pkgOf[replication.Coverage](), "read"},
 	{"github.com/jackc/pglogrepl.", "read"},
 	{"github.com/jackc/pgx/v5/pgconn.", "read"},
 	{"github.com/jackc/pgx/v5/pgproto3.", "read"},
-	{"github.com/cdc-relay/cdc-relay/internal/decoder.", "decode"},
-	{"github.com/cdc-relay/cdc-relay/internal/connectjson.", "decode"},
-	{"github.com/cdc-relay/cdc-relay/internal/route.", "decode"},
-	{"github.com/cdc-relay/cdc-relay/internal/sink.", "encode+produce"},
+	{pkgOf[decoder.Decoder](), "decode"},
+	{pkgOf[connectjson.Options](), "decode"},
+	{pkgOf[route.Router](), "decode"},
+	{pkgOf[sink.Kafka](), "encode+produce"},
 	{"github.com/segmentio/kafka-go", "encode+produce"},
 	{"github.com/klauspost/compress", "encode+produce"},
-	{"github.com/cdc-relay/cdc-relay/internal/checkpoint.", "checkpoint+ack"},
+	{pkgOf[checkpoint.Tracker](), "checkpoint+ack"},
 	{"runtime.gcBgMarkWorker", "gc"},
 	{"runtime.gcAssistAlloc", "gc"},
 	{"runtime.bgsweep", "gc"},
@@ -47,6 +58,11 @@ var owners = []struct{ prefix, part string }{
 	{"runtime.markroot", "gc"},
 	{"runtime.gcDrain", "gc"},
 }
+
+// pkgOf is the prefix of every function name in the package that declares T:
+// its import path and a dot, as a profile names functions
+// ("example.com/m/pkg.(*T).Method").
+func pkgOf[T any]() string { return reflect.TypeFor[T]().PkgPath() + "." }
 
 // Split reads a CPU profile (the pprof protobuf, gzipped or not) and returns
 // the share of every part in Parts, and the profile's total CPU seconds.

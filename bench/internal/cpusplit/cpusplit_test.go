@@ -3,9 +3,18 @@ package cpusplit
 import (
 	"bytes"
 	"math"
+	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // TestSplit: each sample goes to the part of the owned frame nearest its
@@ -93,5 +102,30 @@ func TestSplitNotCPU(t *testing.T) {
 	}
 	if _, _, err := Split(&buf); err == nil {
 		t.Fatal("Split of a heap profile: no error")
+	}
+}
+
+// TestOwnersNameRealFunctions: the relay's functions, named as the runtime (and
+// so a CPU profile) names them, go to their part. It fails when an owner's
+// package path no longer matches the functions it is meant to own.
+func TestOwnersNameRealFunctions(t *testing.T) {
+	for _, c := range []struct {
+		fn   any
+		want string
+	}{
+		{replication.ReadCoverage, "read"},
+		{(*decoder.Decoder).Decode, "decode"},
+		{connectjson.ParseEncoding, "decode"},
+		{(*route.Router).Topic, "decode"},
+		{(*sink.Kafka).Produce, "encode+produce"},
+		{(*checkpoint.Tracker).Ack, "checkpoint+ack"},
+	} {
+		f := runtime.FuncForPC(reflect.ValueOf(c.fn).Pointer())
+		if f == nil {
+			t.Fatalf("no runtime name for %T", c.fn)
+		}
+		if got := ownerOf(f.Name()); got != c.want {
+			t.Errorf("%s: part %q, want %q", f.Name(), got, c.want)
+		}
 	}
 }

@@ -5,7 +5,7 @@
 // beyond the first of each event (duplicates), and per-key order violations.
 //
 // It is used by the end-to-end tests of the built binary and by the fault
-// injection scenarios of internal/chaos, so it takes contexts and returns
+// injection scenarios of chaos/internal/chaos, so it takes contexts and returns
 // errors instead of failing a test.
 package verify
 

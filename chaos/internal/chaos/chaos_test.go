@@ -12,7 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	zlog "github.com/rs/zerolog/log"
 
-	"github.com/cdc-relay/cdc-relay/internal/chaos"
+	"github.com/cdc-relay/cdc-relay/chaos/internal/chaos"
 )
 
 // EnvSeed names the environment variable that fixes the scenarios' seed, to

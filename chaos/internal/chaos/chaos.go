@@ -21,6 +21,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -209,10 +210,33 @@ func (e *Env) Options() Options { return e.opts }
 // Close stops the Postgres cluster.
 func (e *Env) Close() error { return e.pg.Close() }
 
-// moduleRoot is the repository root, found from this file's path.
+// relayModule is the module path of the relay this tool builds and runs.
+const relayModule = "github.com/cdc-relay/cdc-relay"
+
+// moduleRoot is the relay repository's root: the nearest directory above this
+// file's, else above the working directory, whose go.mod declares relayModule
+// (the chaos tool is a module of its own inside that repository). "" when
+// neither is inside the repository.
 func moduleRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	starts := []string{filepath.Dir(file)}
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	for _, dir := range starts {
+		for {
+			b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+			if err == nil && bytes.Contains(b, []byte("module "+relayModule+"\n")) {
+				return dir
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				break
+			}
+			dir = parent
+		}
+	}
+	return ""
 }
 
 // readMigrations reads the outbox and checkpoint migrations, as an operator

@@ -1,5 +1,5 @@
 // Command cdc-relay-chaos runs the built relay through injected faults (see
-// internal/chaos) and prints a table: faults injected, events committed,
+// chaos/internal/chaos) and prints a table: faults injected, events committed,
 // lost, duplicated and per-key order violations for each scenario. It exits
 // 1 when any scenario lost an event, broke per-key order, delivered
 // duplicates without a reason the delivery guarantee names (see
@@ -7,7 +7,7 @@
 // not run to the end.
 //
 //	make chaos
-//	go run ./cmd/cdc-relay-chaos -only 'sigkill|pg-restart' -kills 50
+//	make chaos CHAOSFLAGS='-only sigkill|pg-restart -kills 50'
 package main
 
 import (
@@ -25,7 +25,7 @@ import (
 	"github.com/rs/zerolog"
 	zlog "github.com/rs/zerolog/log"
 
-	"github.com/cdc-relay/cdc-relay/internal/chaos"
+	"github.com/cdc-relay/cdc-relay/chaos/internal/chaos"
 )
 
 func main() {
