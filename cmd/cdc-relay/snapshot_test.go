@@ -102,7 +102,7 @@ func TestInitialSnapshot(t *testing.T) {
 					if code, ok := never.wait(30 * time.Second); !ok || code == 0 {
 						t.Fatalf("relay with --snapshot never after an incomplete snapshot: exit code %d (exited: %v), want non-zero", code, ok)
 					}
-					if !strings.Contains(never.logs.String(), "restart with --snapshot initial") {
+					if !strings.Contains(never.logs.String(), "restart with the initial snapshot on (--snapshot=initial / CDC_RELAY_SNAPSHOT=initial)") {
 						t.Errorf("relay with --snapshot never did not say how to take the snapshot again")
 					}
 				}

@@ -11,6 +11,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"regexp"
 )
 
 // FieldError is a bad configuration value: Err says what is wrong and how to
@@ -39,9 +40,25 @@ func (e *FieldError) Token() string {
 // Unwrap returns Err.
 func (e *FieldError) Unwrap() error { return e.Err }
 
-// Token is how a field is named inside an error's text; the command line
-// replaces it with the flag and environment variable.
+// Token is how a field is named inside an error's or a log line's text; the
+// command line replaces it with the flag and environment variable (see
+// ReplaceTokens). A library writes it where it would name a flag: as the
+// setting to check in a hint, or as the fix of a *FieldError.
 func Token(field string) string { return "(setting " + field + ")" }
+
+// tokens matches Token's output.
+var tokens = regexp.MustCompile(`\(setting ([A-Za-z][A-Za-z0-9.]*)\)`)
+
+// ReplaceTokens returns s with every Token in it replaced by name's answer
+// for its field; a token name does not know (ok false) stays as it is.
+func ReplaceTokens(s string, name func(field string) (text string, ok bool)) string {
+	return tokens.ReplaceAllStringFunc(s, func(tok string) string {
+		if text, ok := name(tokens.FindStringSubmatch(tok)[1]); ok {
+			return text
+		}
+		return tok
+	})
+}
 
 // Errorf returns a *FieldError for field with a formatted message (which may
 // wrap an error with %w).

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -188,7 +189,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID}
 			},
 			wantFailed: gaps.CheckSlotDatabase,
-			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, "--slot"},
+			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, config.Token("Slot")},
 		},
 		{
 			name: "slot with another plugin",
@@ -206,7 +207,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID, Stored: stored(slot, 0, e.systemID), HaveStored: true, SnapshotPending: true}
 			},
 			wantFailed: gaps.CheckSnapshotIncomplete,
-			want:       []string{"did not complete", "--snapshot initial"},
+			want:       []string{"did not complete", config.Token("Snapshot")},
 		},
 		{
 			name: "initial snapshot marker, retaken",

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -178,9 +179,9 @@ func TestPoisonEventHalts(t *testing.T) {
 	select {
 	case err := <-e.done:
 		e.cancel = nil
-		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), "--on-error") ||
+		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), config.Token("OpenDeadLetters")) ||
 			!strings.Contains(err.Error(), "message_too_large") {
-			t.Fatalf("Run = %v; want an error naming event %s, the code and --on-error", err, bigID)
+			t.Fatalf("Run = %v; want an error naming event %s, the code and the dead-letter setting", err, bigID)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay did not halt")

@@ -222,9 +222,9 @@ func (h *handler) permanent(ctx context.Context, ev *outbox.Event, cause error) 
 	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
 		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
 	if h.deadLetter == nil {
-		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it (--on-error=halt)")
-		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with --on-error=dlq; the slot was not confirmed past it",
-			ev.ID, ev.AggregateID, ev.CommitLSN, cause)
+		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + config.Token("OpenDeadLetters"))
+		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with dead letters on %s; the slot was not confirmed past it",
+			ev.ID, ev.AggregateID, ev.CommitLSN, cause, config.Token("OpenDeadLetters"))
 	}
 	for attempt := 0; ; attempt++ {
 		err := h.deadLetter(ctx, ev, cause)

@@ -130,7 +130,7 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			if !errors.As(err, &gap) || gap.Kind != tt.kind {
 				t.Fatalf("run with --on-slot-loss=fail = %v, want a %s gap error\n%s", err, tt.kind, e.logs.String())
 			}
-			if !strings.Contains(err.Error(), "--on-slot-loss=backfill") {
+			if !strings.Contains(err.Error(), "--on-slot-loss=backfill") { // run through the CLI, which names the flag
 				t.Errorf("the gap error does not mention --on-slot-loss=backfill: %v", err)
 			}
 

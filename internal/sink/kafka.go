@@ -58,6 +58,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
@@ -246,7 +247,7 @@ type Kafka struct {
 func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
 	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("no Kafka brokers configured (set --kafka-brokers or CDC_RELAY_KAFKA_BROKERS)")
+		return nil, config.Errorf("Brokers", "no Kafka brokers configured: set them")
 	}
 	if cfg.CloudEventsMode == CloudEventsStructured {
 		if cfg.CloudEventsSource == "" {
@@ -340,7 +341,7 @@ func (k *Kafka) Produce(topic string, ev *outbox.Event, done Done) error {
 	if k.structured {
 		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
 			return k.fail(it, &outbox.EventError{Code: "invalid_json",
-				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set --content-type to what the payload is)", ct)})
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, config.Token("ContentType"))})
 		}
 	}
 	ts := k.topic(topic)

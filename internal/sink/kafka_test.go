@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
@@ -888,8 +889,8 @@ func TestOpenErrors(t *testing.T) {
 				k.Close()
 				t.Fatalf("topic %s: Open succeeded against a closed port", topic)
 			}
-			if !strings.Contains(err.Error(), "--kafka-brokers") {
-				t.Errorf("topic %s: error %q does not name --kafka-brokers", topic, err)
+			if !strings.Contains(err.Error(), config.Token("Brokers")) {
+				t.Errorf("topic %s: error %q does not name the Brokers setting", topic, err)
 			}
 			if elapsed > 2*time.Second {
 				t.Errorf("topic %s: Open took %v with a 1s context", topic, elapsed)
@@ -933,7 +934,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("bad config", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), "--kafka-brokers") {
+		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), config.Token("Brokers")) {
 			t.Errorf("no brokers: %v", err)
 		}
 	})
