@@ -5,11 +5,11 @@ import (
 	"io"
 	"strings"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // runFlags maps the relay.Config fields that library packages name (in a
-// *config.FieldError, or as a config.Token in a hint or a log line) to the
+// *setting.FieldError, or as a setting.Token in a hint or a log line) to the
 // flag that sets them. The command line alone knows flags: libraries name
 // their own fields. A flag may carry the value the message asks for
 // ("on-slot-loss=backfill" for Backfill, a hook the relay runs only then).
@@ -80,20 +80,20 @@ func flagText(flags map[string]string, field string) (text string, ok bool) {
 
 // nameFlags rewrites the settings named in err's text as the flags and
 // environment variables of flags (field → flag name), so the message tells
-// the operator what to set: each *config.FieldError's token by its full
-// field path (config.Within), then every other config.Token by flagText.
+// the operator what to set: each *setting.FieldError's token by its full
+// field path (setting.Within), then every other setting.Token by flagText.
 // Other errors pass unchanged.
 func nameFlags(err error, flags map[string]string) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	for _, f := range config.Fields(err) {
+	for _, f := range setting.Fields(err) {
 		if text, ok := flagText(flags, f.Field); ok {
 			msg = strings.ReplaceAll(msg, f.Token(), text)
 		}
 	}
-	msg = config.ReplaceTokens(msg, func(field string) (string, bool) { return flagText(flags, field) })
+	msg = setting.ReplaceTokens(msg, func(field string) (string, bool) { return flagText(flags, field) })
 	if msg == err.Error() {
 		return err
 	}
@@ -111,21 +111,21 @@ func (e *flagNamedError) Error() string { return e.msg }
 func (e *flagNamedError) Unwrap() error { return e.err }
 
 // flagWriter writes log lines with the settings their messages name
-// (config.Token) rewritten as flags, as nameFlags does for errors. zerolog
+// (setting.Token) rewritten as flags, as nameFlags does for errors. zerolog
 // writes each line with one Write.
 type flagWriter struct {
 	w     io.Writer
 	flags map[string]string
 }
 
-// tokenStart is how every config.Token begins.
-var tokenStart = []byte(config.Token("")[:len(config.Token(""))-1])
+// tokenStart is how every setting.Token begins.
+var tokenStart = []byte(setting.Token("")[:len(setting.Token(""))-1])
 
 func (fw flagWriter) Write(p []byte) (int, error) {
 	if !bytes.Contains(p, tokenStart) {
 		return fw.w.Write(p)
 	}
-	line := config.ReplaceTokens(string(p), func(field string) (string, bool) { return flagText(fw.flags, field) })
+	line := setting.ReplaceTokens(string(p), func(field string) (string, bool) { return flagText(fw.flags, field) })
 	if _, err := io.WriteString(fw.w, line); err != nil {
 		return 0, err
 	}

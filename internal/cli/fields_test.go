@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // TestNameFlags: a library's field error reads as the run flag and its
@@ -26,17 +26,17 @@ func TestNameFlags(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"plain", config.Errorf("Slot", "slot name %q is invalid", "Bad"),
+		{"plain", setting.Errorf("Slot", "slot name %q is invalid", "Bad"),
 			`slot name "Bad" is invalid (--slot / CDC_RELAY_SLOT)`},
 		{"nested and wrapped", fmt.Errorf("start: %w", &replication.ConfigError{
-			Err: config.Within("Decoder", config.Errorf("Columns.AggregateID", "%w: no column %q", missing, "agg"))}),
+			Err: setting.Within("Decoder", setting.Errorf("Columns.AggregateID", "%w: no column %q", missing, "agg"))}),
 			`start: outbox column missing: no column "agg" (--column-aggregate-id / CDC_RELAY_COLUMN_AGGREGATE_ID)`},
-		{"unknown field stays", config.Errorf("Nope", "bad"), "bad (setting Nope)"},
-		{"token in a hint, with the flag's value", fmt.Errorf("slot lost: restart with backfilling on %s", config.Token("Backfill")),
+		{"unknown field stays", setting.Errorf("Nope", "bad"), "bad (setting Nope)"},
+		{"token in a hint, with the flag's value", fmt.Errorf("slot lost: restart with backfilling on %s", setting.Token("Backfill")),
 			"slot lost: restart with backfilling on (--on-slot-loss=backfill / CDC_RELAY_ON_SLOT_LOSS=backfill)"},
-		{"token of a nested library's own field", fmt.Errorf("reach Kafka (check the brokers %s)", config.Token("Brokers")),
+		{"token of a nested library's own field", fmt.Errorf("reach Kafka (check the brokers %s)", setting.Token("Brokers")),
 			"reach Kafka (check the brokers (--kafka-brokers / CDC_RELAY_KAFKA_BROKERS))"},
-		{"field set by two flags", config.Within("Decoder", config.Errorf("JSON", "column %q unsupported", "c")),
+		{"field set by two flags", setting.Within("Decoder", setting.Errorf("JSON", "column %q unsupported", "c")),
 			`column "c" unsupported (--value-encoding / CDC_RELAY_VALUE_ENCODING, --key-encoding / CDC_RELAY_KEY_ENCODING)`},
 		{"no field error", errors.New("plain"), "plain"},
 	}
@@ -59,7 +59,7 @@ func TestLogsNameFlags(t *testing.T) {
 	for _, format := range []string{"json", "console"} {
 		var buf bytes.Buffer
 		log := NewLogger(&buf, "info", format)
-		log.Info().Msg("check the Postgres URL " + config.Token("PGURL"))
+		log.Info().Msg("check the Postgres URL " + setting.Token("PGURL"))
 		if !strings.Contains(buf.String(), "check the Postgres URL (--pg-url / CDC_RELAY_PG_URL)") {
 			t.Errorf("%s log %q does not name the flag", format, buf.String())
 		}
@@ -67,7 +67,7 @@ func TestLogsNameFlags(t *testing.T) {
 }
 
 // TestLibraryFieldsHaveFlags: every configuration field a library package
-// names, in a config.Errorf or a config.Token (directly, through a helper of
+// names, in a setting.Errorf or a setting.Token (directly, through a helper of
 // its package, or as a Field/TableField value handed to replication), has a
 // run flag, so the operator reads a flag and never "(setting X)". It reads
 // the packages' source: a new field named anywhere fails here until
@@ -209,13 +209,13 @@ func scanFieldNames(t *testing.T, dir string, named map[string]string) {
 	}
 }
 
-// namesField reports whether call is config.Errorf, config.Token or a
+// namesField reports whether call is setting.Errorf, setting.Token or a
 // helper of the package that passes its first parameter to one of them.
 func namesField(call *ast.CallExpr, helpers map[string]bool) bool {
 	switch fn := call.Fun.(type) {
 	case *ast.SelectorExpr:
 		pkg, ok := fn.X.(*ast.Ident)
-		return ok && pkg.Name == "config" && (fn.Sel.Name == "Errorf" || fn.Sel.Name == "Token")
+		return ok && pkg.Name == "setting" && (fn.Sel.Name == "Errorf" || fn.Sel.Name == "Token")
 	case *ast.Ident:
 		return helpers[fn.Name]
 	}

@@ -16,10 +16,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -189,7 +189,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID}
 			},
 			wantFailed: gaps.CheckSlotDatabase,
-			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, config.Token("Slot")},
+			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, setting.Token("Slot")},
 		},
 		{
 			name: "slot with another plugin",
@@ -207,7 +207,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID, Stored: stored(slot, 0, e.systemID), HaveStored: true, SnapshotPending: true}
 			},
 			wantFailed: gaps.CheckSnapshotIncomplete,
-			want:       []string{"did not complete", config.Token("Snapshot")},
+			want:       []string{"did not complete", setting.Token("Snapshot")},
 		},
 		{
 			name: "initial snapshot marker, retaken",

@@ -20,11 +20,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -505,7 +505,7 @@ func TestOutboxSchemaChanges(t *testing.T) {
 	end := e.currentLSN()
 	stopErr := e.waitStopped(20 * time.Second)
 	wantConfigError(t, stopErr, `has no column "tenant" named in the header columns`, "(setting HeaderColumns)")
-	if f := config.Fields(stopErr); len(f) != 1 || f[0].Field != "Decoder.HeaderColumns" {
+	if f := setting.Fields(stopErr); len(f) != 1 || f[0].Field != "Decoder.HeaderColumns" {
 		t.Errorf("error names %v, want the setting Decoder.HeaderColumns", f)
 	}
 	if got := e.slotConfirmed(); got >= end {

@@ -19,11 +19,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -179,7 +179,7 @@ func TestPoisonEventHalts(t *testing.T) {
 	select {
 	case err := <-e.done:
 		e.cancel = nil
-		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), config.Token("OpenDeadLetters")) ||
+		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), setting.Token("OpenDeadLetters")) ||
 			!strings.Contains(err.Error(), "message_too_large") {
 			t.Fatalf("Run = %v; want an error naming event %s, the code and the dead-letter setting", err, bigID)
 		}

@@ -26,7 +26,6 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/dedup"
@@ -36,6 +35,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
@@ -275,40 +275,40 @@ func (c *Config) setDefaults() {
 }
 
 // Validate checks everything in c that can be checked without connecting,
-// and returns a *config.FieldError naming the field to fix. Run calls it
+// and returns a *setting.FieldError naming the field to fix. Run calls it
 // first.
 func (c Config) Validate() error {
 	if !replication.ValidName(c.Slot) {
-		return config.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
+		return setting.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
 	}
 	if !replication.ValidName(c.Publication) {
-		return config.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
+		return setting.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
 	}
 	if _, err := pgxpool.ParseConfig(c.PGURL); err != nil {
-		return config.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
+		return setting.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
 	}
 	if _, err := decoder.New(c.Decoder); err != nil {
-		return config.Within("Decoder", err)
+		return setting.Within("Decoder", err)
 	}
 	if _, err := route.NewWithRegex(c.Topic, c.TopicRegex); err != nil {
-		return config.Errorf("Topic", "%w", err)
+		return setting.Errorf("Topic", "%w", err)
 	}
 	switch c.Delivery {
 	case "", DeliveryEffectivelyOnce, DeliveryAtLeastOnce:
 	default:
-		return config.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
+		return setting.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
 	}
 	switch c.OnOutboxUpdate {
 	case "", OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal:
 	default:
-		return config.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
+		return setting.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
 			OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal)
 	}
 	if len(c.Sink.Brokers) == 0 {
-		return config.Errorf("Sink.Brokers", "no Kafka brokers configured")
+		return setting.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
 	if c.OpenStore == nil {
-		return config.Errorf("OpenStore", "no checkpoint store configured")
+		return setting.Errorf("OpenStore", "no checkpoint store configured")
 	}
 	return nil
 }
@@ -379,11 +379,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	dec, err := decoder.New(cfg.Decoder)
 	if err != nil {
-		return config.Within("Decoder", err)
+		return setting.Within("Decoder", err)
 	}
 	router, err := route.NewWithRegex(cfg.Topic, cfg.TopicRegex)
 	if err != nil {
-		return config.Errorf("Topic", "%w", err)
+		return setting.Errorf("Topic", "%w", err)
 	}
 
 	// Postgres: server, table, publication, slot, stored checkpoint.

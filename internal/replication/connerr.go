@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // meaningfulConnectError returns the server's error among the connection
@@ -69,7 +69,7 @@ func meaningfulConnectError(err error) (*pgconn.PgError, error) {
 
 // connectHint says what to check for a connection the server refused with pe.
 func connectHint(pe *pgconn.PgError) string {
-	url := "the Postgres URL " + config.Token("PGURL")
+	url := "the Postgres URL " + setting.Token("PGURL")
 	switch pe.Code {
 	case "28P01": // invalid_password
 		return "wrong password: check the user and password in " + url + ", or PGPASSWORD / ~/.pgpass when the URL has no password"

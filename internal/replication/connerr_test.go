@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -50,11 +50,11 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 		want      []string
 	}{
 		{"wrong password", at(url.UserPassword("pw_user", "wrong-Pass-13"), "postgres"), "28P01",
-			[]string{`password authentication failed for user "pw_user"`, "wrong password: check the user and password in the Postgres URL " + config.Token("PGURL"), "PGPASSWORD"}},
+			[]string{`password authentication failed for user "pw_user"`, "wrong password: check the user and password in the Postgres URL " + setting.Token("PGURL"), "PGPASSWORD"}},
 		{"missing database", at(url.UserPassword("pw_user", password), "no_such_db"), "3D000",
 			[]string{`database "no_such_db" does not exist`, "does not exist on this server"}},
 		{"pg_hba.conf rejects", at(url.User("nobody_allowed"), "postgres"), "28000",
-			[]string{"pg_hba.conf", "check the user in the Postgres URL " + config.Token("PGURL")}},
+			[]string{"pg_hba.conf", "check the user in the Postgres URL " + setting.Token("PGURL")}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,10 +26,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -889,7 +889,7 @@ func TestOpenErrors(t *testing.T) {
 				k.Close()
 				t.Fatalf("topic %s: Open succeeded against a closed port", topic)
 			}
-			if !strings.Contains(err.Error(), config.Token("Brokers")) {
+			if !strings.Contains(err.Error(), setting.Token("Brokers")) {
 				t.Errorf("topic %s: error %q does not name the Brokers setting", topic, err)
 			}
 			if elapsed > 2*time.Second {
@@ -934,7 +934,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("bad config", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), config.Token("Brokers")) {
+		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), setting.Token("Brokers")) {
 			t.Errorf("no brokers: %v", err)
 		}
 	})

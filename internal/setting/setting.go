@@ -1,12 +1,15 @@
-// Package config holds what every layer's configuration shares: the error
-// that names the setting to fix.
+// Package setting is how a library names the configuration setting an
+// operator must fix, without knowing the command line: the error for a bad
+// value (FieldError) and the token that names a setting inside a hint or a
+// log line (Token). It holds no configuration: each package owns its Config
+// struct, and the command line (cli) owns flags, files and the environment.
 //
 // Library packages name their own configuration fields ("Slot",
 // "Decoder.Columns.ID"); they know nothing of flags. The command line alone
 // maps a field to the flag and environment variable that set it (cli), so a
-// message reads "--column-id / CDC_RELAY_COLUMN_ID" there and "Decoder.Columns.ID"
-// to a library caller.
-package config
+// message reads "--column-id / CDC_RELAY_COLUMN_ID" there and "(setting
+// Columns.ID)" to a library caller.
+package setting
 
 import (
 	"errors"
