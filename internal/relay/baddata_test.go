@@ -24,6 +24,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -152,7 +153,7 @@ func TestOddData(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.exec(oddSetupSQL)
-	if err := testenv.CreateTopic(ctx, e.kafka.Brokers(), e.topic, 4); err != nil {
+	if err := sandbox.CreateTopic(ctx, e.kafka.Brokers(), e.topic, 4); err != nil {
 		t.Fatal(err)
 	}
 	setTopicConfig(t, e.kafka.Brokers(), e.topic, "max.message.bytes", fmt.Sprint(topicMaxBytes))
@@ -484,7 +485,7 @@ func TestOutboxSchemaChanges(t *testing.T) {
 	})
 	e.exec(`INSERT INTO outbox_events (payload, tenant, note, event_type, aggregate_id, aggregate_type) VALUES ('{"r": 2}', 'new', 'x', 'Recreated', 'k2', 't2')`)
 	recs := e.waitRecords(4)
-	got := map[string]testenv.Record{}
+	got := map[string]sandbox.Record{}
 	for _, r := range recs {
 		got[r.Headers["event_type"]] = r
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -23,7 +24,7 @@ import (
 func TestConnectErrorServerRefusal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pg := testenv.NewPostgres(t, testenv.PGOptions{HBA: []string{
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{HBA: []string{
 		"host all pw_user 127.0.0.1/32 scram-sha-256",
 		"host all nobody_allowed 127.0.0.1/32 reject",
 	}})
