@@ -24,12 +24,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/consumer"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 var (
-	pg    *testenv.Postgres
-	kafka *testenv.Kafka
+	pg    *sandbox.Postgres
+	kafka *sandbox.Kafka
 	seq   atomic.Int64
 )
 
@@ -41,13 +42,13 @@ func testMain(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var err error
-	if pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{}); err != nil {
+	if pg, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{}); err != nil {
 		fmt.Fprintln(os.Stderr, "start postgres:", err)
 		return 1
 	}
 	defer pg.Close()
 	// Short group sessions, so a rebalance takes a fraction of a second.
-	kafka, err = testenv.StartKafka(testenv.KafkaOptions{BrokerConfigs: map[string]string{"group.min.session.timeout.ms": "500"}})
+	kafka, err = sandbox.StartKafka(sandbox.KafkaOptions{BrokerConfigs: map[string]string{"group.min.session.timeout.ms": "500"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start kafka:", err)
 		return 1
@@ -67,7 +68,7 @@ type env struct {
 	topic  string
 	cfg    consumer.Config
 	client *kgo.Client
-	logs   *testenv.Buffer
+	logs   *sandbox.Buffer
 }
 
 // newEnv creates a database with the consumer's tables and an effects
@@ -104,7 +105,7 @@ func newEnv(t *testing.T, partitions int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	logs := &testenv.Buffer{}
+	logs := &sandbox.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("CONSUMER_TEST_LOGS") != "" {
 			t.Logf("consumer log:\n%s", logs.String())

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/consumer"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -572,9 +573,9 @@ func TestRunRefusesMissingTables(t *testing.T) {
 // only TLS connections and SASL/PLAIN logins.
 func TestTLSAndSASL(t *testing.T) {
 	e := newEnv(t, 1)
-	k := testenv.NewKafka(t, testenv.KafkaOptions{
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{
 		Partitions: 1, Topics: []string{e.topic}, TLS: true,
-		SASLUsers:     []testenv.SASLUser{{Mechanism: testenv.SASLPlain, User: "rewards", Password: "s3cret"}},
+		SASLUsers:     []sandbox.SASLUser{{Mechanism: sandbox.SASLPlain, User: "rewards", Password: "s3cret"}},
 		BrokerConfigs: map[string]string{"group.min.session.timeout.ms": "500"},
 	})
 	cl, err := kgo.NewClient(k.ClientOpts()...)

@@ -1,6 +1,6 @@
 // Command cdc-relay-demo runs the relay for real on embedded defaults: it starts a
 // throwaway Postgres (wal_level=logical; server binaries found as
-// testenv.FindPGBin says, e.g. $CDC_RELAY_PG_BINDIR) and an in-process
+// sandbox.FindPGBin says, e.g. $CDC_RELAY_PG_BINDIR) and an in-process
 // Kafka-protocol broker, creates the outbox table, runs cdc-relay against them,
 // inserts sample outbox rows in transactions (with some rolled back), and prints
 // every Kafka message as a separate consumer receives it.
@@ -30,7 +30,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/cli"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 func main() {
@@ -56,7 +56,7 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	say("starting a throwaway PostgreSQL (wal_level=logical)...")
-	pg, err := testenv.StartPostgres(ctx, testenv.PGOptions{})
+	pg, err := sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	if err != nil {
 		return err
 	}
@@ -64,10 +64,10 @@ func run(ctx context.Context, args []string) error {
 	switch b := pg.Bin(); {
 	case pg.External():
 		say("postgres: %s", pg.Describe())
-	case b.Source == testenv.EnvPGBinDir:
+	case b.Source == sandbox.EnvPGBinDir:
 		say("postgres: PostgreSQL %s from %s (%s)", b.Version, b.Dir, b.Source)
 	default:
-		say("postgres: PostgreSQL %s from %s (found via %s; %s=DIR picks another)", b.Version, b.Dir, b.Source, testenv.EnvPGBinDir)
+		say("postgres: PostgreSQL %s from %s (found via %s; %s=DIR picks another)", b.Version, b.Dir, b.Source, sandbox.EnvPGBinDir)
 	}
 	url, err := pg.CreateDatabase(ctx, "shop")
 	if err != nil {
@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	say("starting an in-process Kafka-protocol broker (kfake)...")
-	kf, err := testenv.StartKafka(testenv.KafkaOptions{Partitions: 3})
+	kf, err := sandbox.StartKafka(sandbox.KafkaOptions{Partitions: 3})
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func run(ctx context.Context, args []string) error {
 	tailDone := make(chan struct{})
 	go func() {
 		defer close(tailDone)
-		_ = testenv.Tail(tailCtx, kf.Brokers(), `^outbox\..*`, func(r testenv.Record) {
+		_ = sandbox.Tail(tailCtx, kf.Brokers(), `^outbox\..*`, func(r sandbox.Record) {
 			mu.Lock()
 			seen++
 			mu.Unlock()
@@ -208,7 +208,7 @@ done:
 func psqlInsert(ctx context.Context, url string) string {
 	psql := "psql"
 	if _, err := exec.LookPath("psql"); err != nil {
-		if p, err := testenv.PGClient(ctx, "psql"); err == nil {
+		if p, err := sandbox.PGClient(ctx, "psql"); err == nil {
 			psql = p
 		}
 	}

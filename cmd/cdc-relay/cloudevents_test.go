@@ -13,6 +13,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
 )
@@ -143,7 +144,7 @@ func TestCloudEventsStructured(t *testing.T) {
 			r.stop(10 * time.Second)
 
 			source := "/cdc-relay/" + dbName(t, f.url) + "/public.outbox_events"
-			check := func(rec testenv.Record, wantID, wantType string, stream bool) *event.Event {
+			check := func(rec sandbox.Record, wantID, wantType string, stream bool) *event.Event {
 				t.Helper()
 				ce, enc, err := cetest.ToEvent(rec)
 				if err != nil {

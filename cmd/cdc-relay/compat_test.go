@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // The rows every Event Router case is fed: the Debezium documentation's
@@ -248,10 +248,10 @@ func TestDebeziumCompatibility(t *testing.T) {
 			}
 			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 			defer wcancel()
-			if _, err := testenv.WaitForRecords(wctx, f.brokers, 3, tc.topics...); err != nil {
+			if _, err := sandbox.WaitForRecords(wctx, f.brokers, 3, tc.topics...); err != nil {
 				t.Fatalf("wait for 3 records on %v: %v", tc.topics, err)
 			}
-			recs, err := testenv.ReadAll(wctx, f.brokers, tc.topics...)
+			recs, err := sandbox.ReadAll(wctx, f.brokers, tc.topics...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestDebeziumCompatibility(t *testing.T) {
 			if len(recs) != 3 {
 				t.Fatalf("%d records on %v, want 3 (one per row)", len(recs), tc.topics)
 			}
-			byID := map[string]testenv.Record{}
+			byID := map[string]sandbox.Record{}
 			for _, rec := range recs {
 				byID[rec.Headers["id"]] = rec
 			}
@@ -279,7 +279,7 @@ func TestDebeziumCompatibility(t *testing.T) {
 }
 
 // checkCompat compares the record of row id with want.
-func checkCompat(t *testing.T, id string, byID map[string]testenv.Record, want compatWant) {
+func checkCompat(t *testing.T, id string, byID map[string]sandbox.Record, want compatWant) {
 	t.Helper()
 	rec, ok := byID[id]
 	if !ok {
@@ -358,7 +358,7 @@ func writeDebeziumProperties(t *testing.T, f *fixture, props map[string]string) 
 // config from-debezium, republishes the rows with cdc-relay replay over
 // that YAML, and checks that each replayed record has the streamed one's
 // topic, key and value.
-func checkReplaySameBytes(ctx context.Context, t *testing.T, f *fixture, path string, topics []string, streamed []testenv.Record) {
+func checkReplaySameBytes(ctx context.Context, t *testing.T, f *fixture, path string, topics []string, streamed []sandbox.Record) {
 	t.Helper()
 	yaml, err := exec.CommandContext(ctx, relayBin, "config", "from-debezium", path).Output()
 	if err != nil {
@@ -372,7 +372,7 @@ func checkReplaySameBytes(ctx context.Context, t *testing.T, f *fixture, path st
 	if err != nil {
 		t.Fatalf("cdc-relay replay --config (from-debezium YAML):\n%s\n%v\n%s", yaml, err, out)
 	}
-	recs, err := testenv.ReadAll(ctx, f.brokers, topics...)
+	recs, err := sandbox.ReadAll(ctx, f.brokers, topics...)
 	if err != nil {
 		t.Fatal(err)
 	}

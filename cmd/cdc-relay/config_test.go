@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // TestRunFromConfigFile starts the built relay with nothing on its command
@@ -22,7 +22,7 @@ func TestRunFromConfigFile(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
-	port, err := testenv.FreePort()
+	port, err := sandbox.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // TestRunDebeziumConfig runs the built relay with a Debezium connector's JSON
@@ -92,10 +92,10 @@ func TestRunDebeziumConfig(t *testing.T) {
 	const topic = "outbox.event.order"
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
-	if _, err := testenv.WaitForRecords(wctx, f.brokers, 1, topic); err != nil {
+	if _, err := sandbox.WaitForRecords(wctx, f.brokers, 1, topic); err != nil {
 		t.Fatalf("wait for the event on %s: %v\nrelay log:\n%s", topic, err, r.logs.String())
 	}
-	recs, err := testenv.ReadAll(wctx, f.brokers, topic)
+	recs, err := sandbox.ReadAll(wctx, f.brokers, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -60,7 +61,7 @@ func idCounts(ctx context.Context, t *testing.T, brokers []string, topic string)
 	t.Helper()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	recs, err := testenv.ReadAll(rctx, brokers, topic)
+	recs, err := sandbox.ReadAll(rctx, brokers, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestDLQConcurrentReplays(t *testing.T) {
 
 	type proc struct {
 		cmd            *exec.Cmd
-		stdout, stderr testenv.Buffer
+		stdout, stderr sandbox.Buffer
 	}
 	procs := make([]*proc, 2)
 	for i := range procs {
@@ -185,7 +186,7 @@ func TestDLQReplayCrashedLease(t *testing.T) {
 	first := exec.CommandContext(ctx, relayBin, "dlq", "replay", "--pg-url", f.url, "--kafka-brokers", brokers,
 		"--rate", "10", "--batch-size", fmt.Sprint(batch), "--lease", "3s", "--actor", "doomed")
 	first.Env = cleanEnv()
-	var out testenv.Buffer
+	var out sandbox.Buffer
 	first.Stdout, first.Stderr = &out, &out
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
@@ -344,12 +345,12 @@ func TestDLQEventIDAndTopicOverride(t *testing.T) {
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer rcancel()
-	recs, err := testenv.ReadAll(rctx, f.brokers, fixed)
+	recs, err := sandbox.ReadAll(rctx, f.brokers, fixed)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(recs) != 1 || recs[0].Headers[sink.HeaderID] != "bad-topic" || string(recs[0].Key) != "o-9" || recs[0].Headers[deadletter.HeaderReplay] == "" {
-		t.Fatalf("%s has %d records (%v), want bad-topic with its key and the replay header", fixed, len(recs), testenv.IDs(recs))
+		t.Fatalf("%s has %d records (%v), want bad-topic with its key and the replay header", fixed, len(recs), sandbox.IDs(recs))
 	}
 	if l := letterOf(t, s, "bad-topic"); l.Status != deadletter.StatusCompleted || l.Topic != "outbox.{aggregate_type}" {
 		t.Errorf("after the override: %s, topic %q; want completed, its intended topic kept", l.Status, l.Topic)

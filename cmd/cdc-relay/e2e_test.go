@@ -18,8 +18,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
-	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
+	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
 
 // TestKillNineThreeTimes SIGKILLs the relay three times while a writer
@@ -248,7 +249,7 @@ func TestKillNineDuringBrokerOutage(t *testing.T) {
 		}
 		return nil
 	})
-	f.pg.WaitStatusUpdates(t, f.db, f.slot, 5, 30*time.Second)
+	testenv.WaitStatusUpdates(t, f.pg, f.db, f.slot, 5, 30*time.Second)
 	if r.exited() {
 		t.Fatalf("relay exited during the broker outage")
 	}
@@ -276,7 +277,7 @@ func TestKillNineDuringBrokerOutage(t *testing.T) {
 // far below the transaction's size. An ALTER TABLE before it changes the
 // relation mid-stream.
 func TestHundredThousandRowTransaction(t *testing.T) {
-	pg := testenv.NewPostgres(t, testenv.PGOptions{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	f := newFixture(t, pg, t.Name(), true)
@@ -392,7 +393,7 @@ func TestBadConfiguration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	closedPort, err := testenv.FreePort()
+	closedPort, err := sandbox.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +441,7 @@ func TestBadConfiguration(t *testing.T) {
 			name: "wal_level replica",
 			args: run("--kafka-brokers", brokers, "--slot", "slot_bad_wal_level"),
 			setup: func(t *testing.T) []string {
-				replica := testenv.NewPostgres(t, testenv.PGOptions{WalLevel: "replica"})
+				replica := testenv.NewPostgres(t, sandbox.PGOptions{WalLevel: "replica"})
 				return []string{"--pg-url", replica.URL("postgres")}
 			},
 			want: []string{"wal_level", "logical"}, wantCode: 1,
@@ -474,7 +475,7 @@ func TestBadConfiguration(t *testing.T) {
 			}
 			cmd := exec.CommandContext(ctx, relayBin, args...)
 			cmd.Env = append(cleanEnv(), tc.env...)
-			var stdout, stderr testenv.Buffer
+			var stdout, stderr sandbox.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			start := time.Now()
 			err := cmd.Run()
@@ -507,7 +508,7 @@ func TestBadConfiguration(t *testing.T) {
 
 // slotRefusals counts the lines of pg's server log that refuse slot to a
 // consumer because another process streams it; 0 for an external server.
-func slotRefusals(t *testing.T, pg *testenv.Postgres, slot string) int {
+func slotRefusals(t *testing.T, pg *sandbox.Postgres, slot string) int {
 	t.Helper()
 	if pg.LogFile() == "" {
 		return 0

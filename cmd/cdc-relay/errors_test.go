@@ -18,13 +18,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // started is a binary run whose output the test polls while it runs.
 type started struct {
 	cmd    *exec.Cmd
-	out    *testenv.Buffer // stdout and stderr
+	out    *sandbox.Buffer // stdout and stderr
 	start  time.Time
 	exited chan struct{}
 }
@@ -32,7 +33,7 @@ type started struct {
 // startBinary runs the binary with args; it is killed when t ends.
 func startBinary(t *testing.T, args ...string) *started {
 	t.Helper()
-	s := &started{cmd: exec.Command(relayBin, args...), out: &testenv.Buffer{}, exited: make(chan struct{})}
+	s := &started{cmd: exec.Command(relayBin, args...), out: &sandbox.Buffer{}, exited: make(chan struct{})}
 	s.cmd.Env = cleanEnv()
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	s.start = time.Now()
@@ -122,7 +123,7 @@ func checkPlainError(t *testing.T, line string, want ...string) {
 // it exits 1 with an error that says the same, in the output's one shape.
 func TestWaitingForKafka(t *testing.T) {
 	f := newFixture(t, sharedPG, t.Name(), false)
-	port, err := testenv.FreePort() // nothing listens on it
+	port, err := sandbox.FreePort() // nothing listens on it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestWaitingForPostgres(t *testing.T) {
 // the refused password and what to check, on one line, without the TLS
 // attempt's "server refused TLS connection", and exits 1.
 func TestWrongPostgresPassword(t *testing.T) {
-	pg := testenv.NewPostgres(t, testenv.PGOptions{HBA: []string{"host all pw_relay 127.0.0.1/32 scram-sha-256"}})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{HBA: []string{"host all pw_relay 127.0.0.1/32 scram-sha-256"}})
 	testenv.RequireLocal(t, pg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -240,7 +241,7 @@ func TestWrongPostgresPassword(t *testing.T) {
 				t.Errorf("exit code %d, want 1", code)
 			}
 			out := s.out.String()
-			want := []string{"wrong password: check the user and password in --pg-url / CDC_RELAY_PG_URL", `password authentication failed for user "pw_relay"`}
+			want := []string{"wrong password: check the user and password in the Postgres URL (--pg-url / CDC_RELAY_PG_URL)", `password authentication failed for user "pw_relay"`}
 			if strings.Contains(out, "refused TLS") || strings.Contains(out, "wrong-Secret-3") {
 				t.Errorf("output has the TLS attempt or the password:\n%s", out)
 			}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
-	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
+	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
 
 // TestKillNineLoopEffectivelyOnce SIGKILLs the relay 50 times at random

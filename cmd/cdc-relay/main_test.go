@@ -3,7 +3,7 @@ package main
 // End-to-end tests of the built cdc-relay binary: TestMain builds it once and
 // starts one Postgres cluster for the package; each test creates its own
 // database, slot, topic and (usually) kfake broker, runs the binary as a child
-// process and checks what reached Kafka with testenv.ReadAll/WaitForRecords
+// process and checks what reached Kafka with sandbox.ReadAll/WaitForRecords
 // (franz-go's kgo, not the relay's kafka-go).
 
 import (
@@ -25,8 +25,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
-	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
+	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
 
 // buildVersion is stamped into the test binary with -ldflags -X main.version.
@@ -36,7 +37,7 @@ var (
 	// relayBin is the cdc-relay binary TestMain built.
 	relayBin string
 	// sharedPG is the package's Postgres cluster (wal_level=logical).
-	sharedPG *testenv.Postgres
+	sharedPG *sandbox.Postgres
 )
 
 func TestMain(m *testing.M) {
@@ -66,7 +67,7 @@ func testMain(m *testing.M) int {
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	sharedPG, err = testenv.StartPostgres(ctx, testenv.PGOptions{})
+	sharedPG, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	cancel()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: start postgres: %v\n", err)
@@ -79,12 +80,12 @@ func testMain(m *testing.M) int {
 // fixture is one test's share of the world: a database with the outbox and
 // checkpoint migrations applied, a slot name, a topic and a broker.
 type fixture struct {
-	pg      *testenv.Postgres
+	pg      *sandbox.Postgres
 	db      string
 	url     string
 	slot    string
 	topic   string
-	kafka   *testenv.Kafka
+	kafka   *sandbox.Kafka
 	brokers []string
 }
 
@@ -92,7 +93,7 @@ var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 
 // newFixture creates database and slot names from name, applies the
 // migrations on pg, and starts a kfake broker when withKafka is set.
-func newFixture(t *testing.T, pg *testenv.Postgres, name string, withKafka bool) *fixture {
+func newFixture(t *testing.T, pg *sandbox.Postgres, name string, withKafka bool) *fixture {
 	t.Helper()
 	name = nonIdent.ReplaceAllString(strings.ToLower(name), "_")
 	f := &fixture{pg: pg, db: "e2e_" + name, slot: "slot_" + name, topic: "outbox.e2e." + name}
@@ -112,7 +113,7 @@ func newFixture(t *testing.T, pg *testenv.Postgres, name string, withKafka bool)
 		_ = pg.Exec(ctx, f.db, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.slot)
 	})
 	if withKafka {
-		f.kafka = testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4})
+		f.kafka = testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4})
 		f.brokers = f.kafka.Brokers()
 	}
 	return f
@@ -166,11 +167,11 @@ func (f *fixture) connect(ctx context.Context, t *testing.T) *pgx.Conn {
 }
 
 // read returns everything in f's topic now.
-func (f *fixture) read(ctx context.Context, t *testing.T) []testenv.Record {
+func (f *fixture) read(ctx context.Context, t *testing.T) []sandbox.Record {
 	t.Helper()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	recs, err := testenv.ReadAll(rctx, f.brokers, f.topic)
+	recs, err := sandbox.ReadAll(rctx, f.brokers, f.topic)
 	if err != nil {
 		t.Fatalf("read topic %s: %v", f.topic, err)
 	}
@@ -182,14 +183,14 @@ func (f *fixture) waitRecords(ctx context.Context, t *testing.T, n int, timeout 
 	t.Helper()
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := testenv.WaitForRecords(wctx, f.brokers, n, f.topic); err != nil {
+	if _, err := sandbox.WaitForRecords(wctx, f.brokers, n, f.topic); err != nil {
 		t.Fatalf("wait for %d records: %v", n, err)
 	}
 }
 
 // waitDelivered reads the topic until every committed event is there (or the
 // timeout passes) and returns the final check of it.
-func (f *fixture) waitDelivered(ctx context.Context, t *testing.T, committed func() []verify.Event, timeout time.Duration) (verify.Result, []testenv.Record) {
+func (f *fixture) waitDelivered(ctx context.Context, t *testing.T, committed func() []verify.Event, timeout time.Duration) (verify.Result, []sandbox.Record) {
 	t.Helper()
 	res, recs, err := verify.Await(ctx, f.brokers, f.topic, committed, timeout, 250*time.Millisecond)
 	if err != nil {
@@ -213,7 +214,7 @@ type relayProc struct {
 	t    *testing.T
 	args []string
 	env  []string
-	logs *testenv.Buffer
+	logs *sandbox.Buffer
 	runs int
 	// metricsAddr, when set, is the metrics address the arguments (or a
 	// config file they name) already set: start adds no --metrics-addr.
@@ -229,7 +230,7 @@ type relayProc struct {
 // newRelay returns a relay runner; the cleanup kills a running process and
 // prints the logs of all runs when the test failed.
 func newRelay(t *testing.T, args []string) *relayProc {
-	r := &relayProc{t: t, args: args, env: cleanEnv(), logs: &testenv.Buffer{}}
+	r := &relayProc{t: t, args: args, env: cleanEnv(), logs: &sandbox.Buffer{}}
 	t.Cleanup(func() {
 		r.kill()
 		if t.Failed() || os.Getenv("CDC_RELAY_E2E_LOGS") != "" {
@@ -267,7 +268,7 @@ func (r *relayProc) start() {
 	if r.metricsAddr != "" {
 		r.metrics = r.metricsAddr
 	} else {
-		port, err := testenv.FreePort()
+		port, err := sandbox.FreePort()
 		if err != nil {
 			r.t.Fatalf("free port: %v", err)
 		}

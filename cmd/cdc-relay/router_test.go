@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -66,7 +67,7 @@ func TestColumnTimestamp(t *testing.T) {
 
 // checkTimestamps checks recs, a Placed and a Paid record: Placed has the
 // row's timestamp want, Paid (a NULL column) a send time after before.
-func checkTimestamps(t *testing.T, recs []testenv.Record, want, before time.Time) {
+func checkTimestamps(t *testing.T, recs []sandbox.Record, want, before time.Time) {
 	t.Helper()
 	if len(recs) != 2 {
 		t.Fatalf("%d records, want 2", len(recs))
@@ -295,7 +296,7 @@ func TestColumnPartition(t *testing.T) {
 		t.Fatalf("dead letters %v, want bad-1 and bad7 as invalid_partition", codes)
 	}
 	r.stop(10 * time.Second)
-	check := func(recs []testenv.Record) {
+	check := func(recs []sandbox.Record) {
 		t.Helper()
 		keyPartition := int32(-1)
 		for _, rec := range recs {
@@ -415,7 +416,7 @@ func TestTopicRegex(t *testing.T) {
 	topics := []string{"outbox.eu.order", "outbox.us.invoice", "legacy_orders"}
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
-	if _, err := testenv.WaitForRecords(wctx, f.brokers, len(want), topics...); err != nil {
+	if _, err := sandbox.WaitForRecords(wctx, f.brokers, len(want), topics...); err != nil {
 		t.Fatalf("wait for the events on %v: %v", topics, err)
 	}
 	r.stop(10 * time.Second)
@@ -423,7 +424,7 @@ func TestTopicRegex(t *testing.T) {
 		t.Helper()
 		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer rcancel()
-		recs, err := testenv.ReadAll(rctx, f.brokers, topics...)
+		recs, err := sandbox.ReadAll(rctx, f.brokers, topics...)
 		if err != nil {
 			t.Fatal(err)
 		}

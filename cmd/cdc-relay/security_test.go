@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdc-relay/cdc-relay/internal/cli"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -36,7 +37,7 @@ import (
 func TestPostgresVerifyFull(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pg := testenv.NewPostgres(t, testenv.PGOptions{TLS: true})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{TLS: true})
 	f := newFixture(t, pg, t.Name(), true)
 	const (
 		appName  = "cdc-relay-tls-test"
@@ -76,7 +77,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	r.waitReady(30 * time.Second)
 	want := insertEvents(ctx, t, f.url, 20)
 	f.waitRecords(ctx, t, len(want), 30*time.Second)
-	if got := testenv.IDs(f.read(ctx, t)); !slices.Equal(got, want) {
+	if got := sandbox.IDs(f.read(ctx, t)); !slices.Equal(got, want) {
 		t.Errorf("event ids in Kafka %v, want %v", got, want)
 	}
 
@@ -118,11 +119,11 @@ func TestPostgresVerifyFull(t *testing.T) {
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer rcancel()
-	replayed, err := testenv.WaitForRecords(rctx, f.brokers, len(want), replayTopic)
+	replayed, err := sandbox.WaitForRecords(rctx, f.brokers, len(want), replayTopic)
 	if err != nil {
 		t.Fatalf("wait for replayed records: %v", err)
 	}
-	if got := testenv.IDs(replayed); !slices.Equal(got, want) {
+	if got := sandbox.IDs(replayed); !slices.Equal(got, want) {
 		t.Errorf("replayed event ids %v, want %v", got, want)
 	}
 	r.stop(15 * time.Second)
@@ -138,7 +139,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// cdc_relay logs in with its password (scram), everyone else with trust.
-	pg := testenv.NewPostgres(t, testenv.PGOptions{HBA: []string{"host all cdc_relay 127.0.0.1/32 scram-sha-256"}})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{HBA: []string{"host all cdc_relay 127.0.0.1/32 scram-sha-256"}})
 	const (
 		db       = "least_privilege"
 		slot     = "lp_slot"
@@ -173,7 +174,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			super, createDB, createRole, replication, login)
 	}
 
-	k := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4})
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4})
 	brokers := strings.Join(k.Brokers(), ",")
 	r := newRelay(t, []string{"run", "--pg-url", relayURL, "--kafka-brokers", brokers, "--topic", topic,
 		"--slot", slot, "--no-create-publication", "--relay-name", "lp-relay", "--log-format", "json",
@@ -230,11 +231,11 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	slices.Sort(want)
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
-	recs, err := testenv.WaitForRecords(wctx, k.Brokers(), len(want), topic)
+	recs, err := sandbox.WaitForRecords(wctx, k.Brokers(), len(want), topic)
 	if err != nil {
 		t.Fatalf("wait for records: %v", err)
 	}
-	if got := testenv.IDs(recs); !slices.Equal(got, want) {
+	if got := sandbox.IDs(recs); !slices.Equal(got, want) {
 		t.Errorf("event ids in Kafka %v, want %v (and not the poison %s)", got, want, bigID)
 	}
 
@@ -334,7 +335,7 @@ func runCommand(ctx context.Context, t *testing.T, timeout time.Duration, args .
 	defer cancel()
 	cmd := exec.CommandContext(cctx, relayBin, args...)
 	cmd.Env = cleanEnv()
-	var stdout, stderr testenv.Buffer
+	var stdout, stderr sandbox.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if cctx.Err() != nil {
@@ -360,7 +361,7 @@ func psqlFile(ctx context.Context, t *testing.T, dbURL, file string, vars ...str
 		args = append(args, "-v", v)
 	}
 	args = append(args, "-d", dbURL, "-f", filepath.Join("..", "..", "migrations", file))
-	psql, err := testenv.PGClient(ctx, "psql")
+	psql, err := sandbox.PGClient(ctx, "psql")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
-	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
+	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
 
 // TestInitialSnapshot starts a relay with --snapshot initial on a database
@@ -102,7 +103,7 @@ func TestInitialSnapshot(t *testing.T) {
 					if code, ok := never.wait(30 * time.Second); !ok || code == 0 {
 						t.Fatalf("relay with --snapshot never after an incomplete snapshot: exit code %d (exited: %v), want non-zero", code, ok)
 					}
-					if !strings.Contains(never.logs.String(), "restart with --snapshot initial") {
+					if !strings.Contains(never.logs.String(), "restart with the initial snapshot on (--snapshot=initial / CDC_RELAY_SNAPSHOT=initial)") {
 						t.Errorf("relay with --snapshot never did not say how to take the snapshot again")
 					}
 				}
@@ -165,10 +166,10 @@ func TestInitialSnapshot(t *testing.T) {
 // first started) to have arrived first with the header cdc_relay_snapshot:
 // initial and no commit position, and every record without the header to
 // carry one. It returns how many records carry the header.
-func checkSnapshotHeaders(t *testing.T, pre []verify.Event, recs []testenv.Record) int {
+func checkSnapshotHeaders(t *testing.T, pre []verify.Event, recs []sandbox.Record) int {
 	t.Helper()
 	n := 0
-	first := map[string]testenv.Record{}
+	first := map[string]sandbox.Record{}
 	for _, rec := range recs { // in offset order per partition; a key stays on one
 		if _, ok := first[rec.Headers["id"]]; !ok {
 			first[rec.Headers["id"]] = rec
@@ -224,7 +225,7 @@ func goWriteSingles(ctx context.Context, w *verify.Writer, url string, stop <-ch
 
 // slowProduce delays every produce request of k by 50ms while slow is set
 // (it is set here), so a snapshot takes seconds.
-func slowProduce(k *testenv.Kafka, slow *atomic.Bool) {
+func slowProduce(k *sandbox.Kafka, slow *atomic.Bool) {
 	c := k.Cluster()
 	slow.Store(true)
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {

@@ -42,7 +42,7 @@ else
     as_pg() { "$@"; }
 fi
 
-# The server binaries, in internal/testenv's order (FindPGBin); sets PGBIN and PGBIN_FROM.
+# The server binaries, in internal/sandbox's order (FindPGBin); sets PGBIN and PGBIN_FROM.
 has_server() { [[ -x "$1/initdb" && -x "$1/pg_ctl" && -x "$1/postgres" ]]; }
 find_pgbin() {
     local d p

@@ -27,12 +27,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 var (
 	relayBin, rewardsBin string
-	pg                   *testenv.Postgres
+	pg                   *sandbox.Postgres
 )
 
 func TestMain(m *testing.M) {
@@ -64,7 +65,7 @@ func testMain(m *testing.M) int {
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{})
+	pg, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rewards e2e: start postgres:", err)
@@ -103,7 +104,7 @@ func TestEffectOnceUnderKills(t *testing.T) {
 		t.Fatal(err)
 	}
 	applyOutboxMigrations(ctx, t, outboxURL)
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{
 		Partitions: 4, Topics: []string{topic},
 		// Sessions shorter than Kafka's 6 s minimum, so that the partitions of
 		// a killed consumer move within a second or two.
@@ -113,7 +114,7 @@ func TestEffectOnceUnderKills(t *testing.T) {
 
 	var relayAddr string
 	relay := newProc(t, "cdc-relay", relayBin, func() []string {
-		port, err := testenv.FreePort()
+		port, err := sandbox.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -409,7 +410,7 @@ type proc struct {
 	name string
 	bin  string
 	args func() []string // per start
-	logs *testenv.Buffer
+	logs *sandbox.Buffer
 	tee  io.Writer // also gets the output, when set
 	runs int
 
@@ -422,7 +423,7 @@ type proc struct {
 // the end of its logs when t failed (all of them with CDC_RELAY_E2E_LOGS
 // set, which cdc-relay's own end-to-end tests honour too).
 func newProc(t *testing.T, name, bin string, args func() []string) *proc {
-	p := &proc{t: t, name: name, bin: bin, args: args, logs: &testenv.Buffer{}}
+	p := &proc{t: t, name: name, bin: bin, args: args, logs: &sandbox.Buffer{}}
 	t.Cleanup(func() {
 		p.kill()
 		switch {

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -36,11 +37,11 @@ func (s *failingSaver) Save(ctx context.Context, c Checkpoint) error {
 	return s.FileStore.Save(ctx, c)
 }
 
-func newTestCommitter(t *testing.T, start pglogrepl.LSN) (*Committer, *failingSaver, *metrics.Metrics, *testenv.Buffer) {
+func newTestCommitter(t *testing.T, start pglogrepl.LSN) (*Committer, *failingSaver, *metrics.Metrics, *sandbox.Buffer) {
 	t.Helper()
 	store := &failingSaver{FileStore: NewFileStore(filepath.Join(t.TempDir(), "ck.json"))}
 	m := metrics.New(prometheus.NewRegistry())
-	logs := &testenv.Buffer{}
+	logs := &sandbox.Buffer{}
 	c := NewCommitter(CommitterConfig{
 		Store: store, Start: start, Base: Checkpoint{Slot: "s", SystemID: "1", RelayName: "r"},
 		Every: 10 * time.Millisecond, Idle: time.Hour, Logger: zerolog.New(logs), Metrics: m,

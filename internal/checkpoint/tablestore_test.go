@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -24,9 +25,9 @@ const testDB = "cdc_relay_checkpoint_test"
 
 // newTestDB starts (or attaches to, with CDC_RELAY_TEST_PG_URL) a Postgres 15 server,
 // creates a fresh database and returns the server and the database's URL.
-func newTestDB(t *testing.T) (*testenv.Postgres, string) {
+func newTestDB(t *testing.T) (*sandbox.Postgres, string) {
 	t.Helper()
-	p := testenv.NewPostgres(t, testenv.PGOptions{})
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
 	dbURL, err := p.CreateDatabase(t.Context(), testDB)
 	if err != nil {
 		t.Fatalf("create database: %v", err)

@@ -75,7 +75,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 		return nil
 	}
 	if err != nil {
-		err = &usageError{err}
+		err = &usageError{nameFlags(err, runFlags)}
 		getenv := env.Getenv
 		if getenv == nil {
 			getenv = os.Getenv
@@ -87,7 +87,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	}
 	// Each command's Run method takes what it needs of these.
 	kctx.BindTo(ctx, (*context.Context)(nil))
-	return kctx.Run(env)
+	return nameFlags(kctx.Run(env), runFlags)
 }
 
 // parse fills c from args and the environment, running every Validate hook.
@@ -150,7 +150,9 @@ func NewLogger(w io.Writer, level, format string) zerolog.Logger {
 	if err != nil {
 		lvl = zerolog.InfoLevel
 	}
-	if format == "console" || (format == "auto" && isTerminal(w)) {
+	console := format == "console" || (format == "auto" && isTerminal(w))
+	w = flagWriter{w: w, flags: runFlags} // messages name flags, not library fields
+	if console {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()

@@ -204,7 +204,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "topic empty", set: map[string]string{"topic": ""}, want: []string{"--topic", "CDC_RELAY_TOPIC", "empty"}},
 		{name: "topic-regex lookahead", set: map[string]string{"topic-regex": "ord(?=er)"}, want: []string{"--topic-regex", "CDC_RELAY_TOPIC_REGEX", "lookaround"}},
 		{name: "topic-regex invalid", set: map[string]string{"topic-regex": "(a"}, want: []string{"--topic-regex", "CDC_RELAY_TOPIC_REGEX", "missing closing )"}},
-		{name: "topic group without topic-regex", set: map[string]string{"topic": "outbox.$1"}, want: []string{"--topic", "CDC_RELAY_TOPIC", "--topic-regex, which is not set"}},
+		{name: "topic group without topic-regex", set: map[string]string{"topic": "outbox.$1"}, want: []string{"--topic", "CDC_RELAY_TOPIC", "(--topic-regex / CDC_RELAY_TOPIC_REGEX), which is not set"}},
 		{name: "topic group the regex lacks", set: map[string]string{"topic": "outbox.${kind}", "topic-regex": "(?<region>.*)"}, want: []string{"--topic", "CDC_RELAY_TOPIC", `no group named "kind"`}},
 		{name: "topic-regex-field unknown", set: map[string]string{"topic-regex": "(.*)", "topic-regex-field": "tenant"}, want: []string{"--topic-regex-field must be one of", `"tenant"`}},
 		{name: "on-slot-loss unknown", set: map[string]string{"on-slot-loss": "ignore"}, want: []string{"--on-slot-loss", "fail", "backfill"}},

@@ -31,8 +31,8 @@ type ConfigPrintCmd struct {
 
 	JSON bool `name:"json" group:"output" help:"Print JSON instead of a table."`
 
-	file     string    `kong:"-"` // the --config file, "" for none
-	settings []setting `kong:"-"` // taken by BeforeApply
+	file     string        `kong:"-"` // the --config file, "" for none
+	settings []flagSetting `kong:"-"` // taken by BeforeApply
 }
 
 // Sources of a setting, in the order of precedence.
@@ -43,8 +43,8 @@ const (
 	sourceDefault = "default"
 )
 
-// setting is one run flag's effective value, as config print shows it.
-type setting struct {
+// flagSetting is one run flag's effective value, as config print shows it.
+type flagSetting struct {
 	Flag   string `json:"flag"`
 	Value  any    `json:"value"` // string, bool, number or list of strings; secrets redacted
 	Source string `json:"source"`
@@ -89,7 +89,7 @@ func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context, loader *configLoader) er
 				src = sourceEnv
 			}
 		}
-		s := setting{Flag: f.Name, Source: src, Env: envName(f.Name)}
+		s := flagSetting{Flag: f.Name, Source: src, Env: envName(f.Name)}
 		s.Value, s.text = shownValue(f.Name, ctx.FlagValue(f))
 		p.settings = append(p.settings, s)
 	}
@@ -152,15 +152,15 @@ func redactSetting(flag, v string) string {
 func (p *ConfigPrintCmd) Run(env Env) error {
 	if p.JSON {
 		return writeJSON(env.Stdout, "configuration", struct {
-			ConfigFile string    `json:"config_file"`
-			Settings   []setting `json:"settings"`
+			ConfigFile string        `json:"config_file"`
+			Settings   []flagSetting `json:"settings"`
 		}{p.file, p.settings})
 	}
 	return printSettings(env.Stdout, p.file, p.settings)
 }
 
 // printSettings prints settings as an aligned table.
-func printSettings(w io.Writer, file string, settings []setting) error {
+func printSettings(w io.Writer, file string, settings []flagSetting) error {
 	if file == "" {
 		file = "(none)"
 	}

@@ -12,21 +12,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // infra is a database and a broker for CLI tests.
 type infra struct {
-	pg    *testenv.Postgres
+	pg    *sandbox.Postgres
 	url   string
 	pool  *pgxpool.Pool
-	kafka *testenv.Kafka
+	kafka *sandbox.Kafka
 }
 
 func newInfra(t *testing.T, db string) *infra {
 	t.Helper()
-	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{})
 	url, err := pg.CreateDatabase(t.Context(), db)
 	if err != nil {
 		t.Fatal(err)
@@ -36,17 +37,17 @@ func newInfra(t *testing.T, db string) *infra {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return &infra{pg: pg, url: url, pool: pool, kafka: testenv.NewKafka(t, testenv.KafkaOptions{})}
+	return &infra{pg: pg, url: url, pool: pool, kafka: testenv.NewKafka(t, sandbox.KafkaOptions{})}
 }
 
 // brokers is the --kafka-brokers value.
 func (in *infra) brokers() string { return strings.Join(in.kafka.Brokers(), ",") }
 
-func (in *infra) read(t *testing.T, topic string) []testenv.Record {
+func (in *infra) read(t *testing.T, topic string) []sandbox.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	recs, err := testenv.ReadAll(ctx, in.kafka.Brokers(), topic)
+	recs, err := sandbox.ReadAll(ctx, in.kafka.Brokers(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}

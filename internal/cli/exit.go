@@ -10,8 +10,8 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // Exit codes. status also exits ExitUsage when it finds a problem with the
@@ -33,14 +33,14 @@ func (e *usageError) Unwrap() error { return e.error }
 // ExitCode is the process's exit code for err, as Run returned it: 0 for
 // nil, an *ExitError's Code, ExitUsage for a mistake in the command line,
 // environment or configuration found before connecting anywhere (flags,
-// --config file, a *config.FieldError from the relay's own checks), and
+// --config file, a *setting.FieldError from the relay's own checks), and
 // ExitFailure for anything else, including what the servers refuse (a
 // *replication.ConfigError: wal_level, a missing table, privileges).
 func ExitCode(err error) int {
 	var exit *ExitError
 	var usage *usageError
 	var server *replication.ConfigError
-	var field *config.FieldError
+	var field *setting.FieldError
 	switch {
 	case err == nil:
 		return 0

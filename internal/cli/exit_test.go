@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // TestExitCode checks the classification main exits with.
@@ -25,8 +25,8 @@ func TestExitCode(t *testing.T) {
 		{"runtime failure", errors.New("connect to Postgres: refused"), ExitFailure},
 		{"usage", &usageError{errors.New("--pg-url is required")}, ExitUsage},
 		{"usage, reported", &reportedError{&usageError{errors.New("bad")}}, ExitUsage},
-		{"field error from the relay's Validate", fmt.Errorf("relay: %w", config.Errorf("Topic", "is empty")), ExitUsage},
-		{"server-side check naming a setting", &replication.ConfigError{Msg: "table missing", Err: config.Errorf("Decoder.Table", "does not exist")}, ExitFailure},
+		{"field error from the relay's Validate", fmt.Errorf("relay: %w", setting.Errorf("Topic", "is empty")), ExitUsage},
+		{"server-side check naming a setting", &replication.ConfigError{Msg: "table missing", Err: setting.Errorf("Decoder.Table", "does not exist")}, ExitFailure},
 		{"explicit code", &ExitError{Code: 2, Err: errors.New("slot lost")}, 2},
 		{"runtime failure, reported", &reportedError{errors.New("halted")}, ExitFailure},
 	}

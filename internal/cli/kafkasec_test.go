@@ -24,6 +24,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -58,7 +59,7 @@ func writeFile(t *testing.T, dir, name, content string) string {
 // password.
 func TestKafkaSecurityFlags(t *testing.T) {
 	dir := t.TempDir()
-	pki, err := testenv.WriteTLSFiles(dir)
+	pki, err := sandbox.WriteTLSFiles(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,10 +239,10 @@ func TestKafkaSecurityHelp(t *testing.T) {
 }
 
 // securedBroker starts a broker with TLS and a SCRAM-SHA-512 user.
-func securedBroker(t *testing.T) *testenv.Kafka {
+func securedBroker(t *testing.T) *sandbox.Kafka {
 	t.Helper()
-	k := testenv.NewKafka(t, testenv.KafkaOptions{TLS: true, SASLUsers: []testenv.SASLUser{
-		{Mechanism: testenv.SASLScramSHA512, User: "relay", Password: secret},
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{TLS: true, SASLUsers: []sandbox.SASLUser{
+		{Mechanism: sandbox.SASLScramSHA512, User: "relay", Password: secret},
 	}})
 	testenv.RequireLocalKafka(t, k)
 	return k
@@ -249,7 +250,7 @@ func securedBroker(t *testing.T) *testenv.Kafka {
 
 // securedArgs are the flags that reach a securedBroker as its user; without
 // --kafka-sasl-password when password is "".
-func securedArgs(k *testenv.Kafka, password string) []string {
+func securedArgs(k *sandbox.Kafka, password string) []string {
 	args := []string{"--kafka-brokers", strings.Join(k.Brokers(), ","), "--kafka-tls-ca-file", k.TLSFiles().CA,
 		"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-username", "relay"}
 	if password != "" {
@@ -263,16 +264,16 @@ func securedArgs(k *testenv.Kafka, password string) []string {
 func TestSinkKafkaSecurity(t *testing.T) {
 	t.Parallel()
 	mechanisms := []struct{ flag, broker string }{
-		{"none", ""}, {"plain", testenv.SASLPlain}, {"scram-sha-256", testenv.SASLScramSHA256}, {"scram-sha-512", testenv.SASLScramSHA512},
+		{"none", ""}, {"plain", sandbox.SASLPlain}, {"scram-sha-256", sandbox.SASLScramSHA256}, {"scram-sha-512", sandbox.SASLScramSHA512},
 	}
 	for _, m := range mechanisms {
 		for _, tlsMode := range []string{"off", "on", "mutual"} {
 			t.Run(m.flag+"/tls-"+tlsMode, func(t *testing.T) {
 				t.Parallel()
-				opts := testenv.KafkaOptions{TLS: tlsMode != "off", RequireClientCert: tlsMode == "mutual", Partitions: 2}
+				opts := sandbox.KafkaOptions{TLS: tlsMode != "off", RequireClientCert: tlsMode == "mutual", Partitions: 2}
 				f := KafkaSecurityFlags{KafkaSASLMechanism: m.flag}
 				if m.broker != "" {
-					opts.SASLUsers = []testenv.SASLUser{{Mechanism: m.broker, User: "relay", Password: secret}}
+					opts.SASLUsers = []sandbox.SASLUser{{Mechanism: m.broker, User: "relay", Password: secret}}
 					f.KafkaSASLUsername, f.KafkaSASLPassword = "relay", secret
 				}
 				k := testenv.NewKafka(t, opts)
@@ -358,7 +359,7 @@ func sendEvents(t *testing.T, cfg sink.Config, n int) {
 func TestKafkaSecurityCommands(t *testing.T) {
 	clearEnv(t)
 	ctx := t.Context()
-	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{})
 	url, err := pg.CreateDatabase(ctx, "cdc_relay_cli_kafka_security")
 	if err != nil {
 		t.Fatal(err)
@@ -395,7 +396,7 @@ func TestKafkaSecurityCommands(t *testing.T) {
 		t.Setenv("CDC_RELAY_KAFKA_SASL_PASSWORD_FILE", writeFile(t, t.TempDir(), "pw", secret+"\n"))
 		args := append(append(slices.Clone(runArgs), securedArgs(k, "")...), "--topic", "secured.run", "--slot", "secured_run")
 		rctx, cancel := context.WithCancel(ctx)
-		var log testenv.Buffer
+		var log sandbox.Buffer
 		var rl atomic.Pointer[relay.Relay]
 		done := make(chan error, 1)
 		go func() {
@@ -495,7 +496,7 @@ func TestKafkaSecurityCommands(t *testing.T) {
 		}
 	})
 
-	otherCA, err := testenv.WriteTLSFiles(t.TempDir())
+	otherCA, err := sandbox.WriteTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -561,7 +562,7 @@ func TestKafkaInsecureSkipVerifyWarns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log testenv.Buffer
+	var log sandbox.Buffer
 	f.logKafkaSecurity(zerolog.New(&log))
 	if !strings.Contains(log.String(), `"level":"warn"`) || !strings.Contains(log.String(), "NOT verified") {
 		t.Errorf("no warning logged:\n%s", log.String())
@@ -576,12 +577,12 @@ func TestKafkaInsecureSkipVerifyWarns(t *testing.T) {
 // checks that the error names what to fix.
 func TestExplainKafkaError(t *testing.T) {
 	t.Parallel()
-	mutual := testenv.NewKafka(t, testenv.KafkaOptions{RequireClientCert: true})
+	mutual := testenv.NewKafka(t, sandbox.KafkaOptions{RequireClientCert: true})
 	testenv.RequireLocalKafka(t, mutual)
-	scram256 := testenv.NewKafka(t, testenv.KafkaOptions{SASLUsers: []testenv.SASLUser{{Mechanism: testenv.SASLScramSHA256, User: "u", Password: secret}}})
+	scram256 := testenv.NewKafka(t, sandbox.KafkaOptions{SASLUsers: []sandbox.SASLUser{{Mechanism: sandbox.SASLScramSHA256, User: "u", Password: secret}}})
 	tests := []struct {
 		name  string
-		k     *testenv.Kafka
+		k     *sandbox.Kafka
 		flags KafkaSecurityFlags
 		want  string
 	}{

@@ -14,12 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // TestStatus reads a real slot: healthy, lagging past the threshold, missing.
 func TestStatus(t *testing.T) {
-	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{})
 	ctx := context.Background()
 	url, err := pg.CreateDatabase(ctx, "status_db")
 	if err != nil {

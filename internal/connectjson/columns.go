@@ -58,7 +58,7 @@ const (
 	nameTimestamp  = "io.debezium.time.Timestamp"
 	nameMicroTS    = "io.debezium.time.MicroTimestamp"
 	nameZonedTS    = "io.debezium.time.ZonedTimestamp"
-	unsupportedFix = "use --value-encoding/--key-encoding raw for it, or give the column one of the types listed in docs/kafka.md#formats"
+	unsupportedFix = "write it raw (the key or value encoding raw), or give the column one of the types listed in docs/kafka.md#formats"
 )
 
 // precision is a timestamp column's fractional-second digits (6 by default).

@@ -16,6 +16,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
@@ -82,9 +83,9 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "first replay", res, deadletter.Counts{Selected: 6, Published: 6})
-	recs := kafka.MustReadAll(t, topic)
-	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(testenv.IDs(recs), want) {
-		t.Fatalf("Kafka has %v, want %v", testenv.IDs(recs), want)
+	recs := testenv.MustReadAll(t, kafka, topic)
+	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(sandbox.IDs(recs), want) {
+		t.Fatalf("Kafka has %v, want %v", sandbox.IDs(recs), want)
 	}
 	lastOf := map[string]int{} // per key, the last event number seen: order within a key
 	for _, r := range recs {
@@ -138,7 +139,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "second replay", res2, deadletter.Counts{Selected: 6, Skipped: 6})
-	if n := len(kafka.MustReadAll(t, topic)); n != 6 {
+	if n := len(testenv.MustReadAll(t, kafka, topic)); n != 6 {
 		t.Errorf("second replay published: %d records, want still 6", n)
 	}
 	if events, _ := s.ListReplayEvents(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != deadletter.ResultSkipped {
@@ -154,7 +155,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	if res3.DryRun != 6 {
 		t.Errorf("dry run would publish %d, want 6", res3.DryRun)
 	}
-	if n := len(kafka.MustReadAll(t, topic)); n != 6 {
+	if n := len(testenv.MustReadAll(t, kafka, topic)); n != 6 {
 		t.Errorf("dry run published: %d records, want still 6", n)
 	}
 	if events, _ := s.ListReplayEvents(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != deadletter.ResultDryRun {
@@ -167,7 +168,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "forced replay", res4, deadletter.Counts{Selected: 3, Published: 3})
-	recs = kafka.MustReadAll(t, topic)
+	recs = testenv.MustReadAll(t, kafka, topic)
 	var again []string
 	for _, r := range recs {
 		if r.Headers[deadletter.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
@@ -276,7 +277,7 @@ func TestReplayFailures(t *testing.T) {
 				e, l.Status, l.Attempts, l.LastAttemptError, l.NextAttemptAt, l.ClaimedBy)
 		}
 	}
-	if got := testenv.IDs(kafka.MustReadAll(t, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
+	if got := sandbox.IDs(testenv.MustReadAll(t, kafka, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
 		t.Errorf("Kafka has %v", got)
 	}
 	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
@@ -313,7 +314,7 @@ func TestReplayRate(t *testing.T) {
 	if got > rate*1.1 || got < rate/2 || elapsed < 1500*time.Millisecond || elapsed > 4*time.Second {
 		t.Errorf("replay ran at %.1f events/s (%v for 40), want about %g", got, elapsed, rate)
 	}
-	if n := len(kafka.MustReadAll(t, topic)); n != 40 {
+	if n := len(testenv.MustReadAll(t, kafka, topic)); n != 40 {
 		t.Errorf("Kafka has %d records, want 40", n)
 	}
 }
@@ -401,7 +402,7 @@ func TestReplayConcurrent(t *testing.T) {
 	if results[0].Published == 0 || results[1].Published == 0 {
 		t.Errorf("one replay published nothing (%d, %d): they did not run at the same time", results[0].Published, results[1].Published)
 	}
-	recs := kafka.MustReadAll(t, topic)
+	recs := testenv.MustReadAll(t, kafka, topic)
 	seen := map[string]int{}
 	for _, r := range recs {
 		seen[r.Headers[sink.HeaderID]]++
@@ -468,7 +469,7 @@ func TestReplaySkipsHeldLetters(t *testing.T) {
 			t.Errorf("held letter's result: %+v", e)
 		}
 	}
-	if got := testenv.IDs(kafka.MustReadAll(t, topic)); !slices.Equal(got, []string{"e-00", "e-02"}) {
+	if got := sandbox.IDs(testenv.MustReadAll(t, kafka, topic)); !slices.Equal(got, []string{"e-00", "e-02"}) {
 		t.Errorf("Kafka has %v", got)
 	}
 	if l, _ := s.Get(ctx, held.ID); l.Status != deadletter.StatusProcessing || l.ClaimedBy != "the other replay" {
@@ -496,7 +497,7 @@ func TestReplayTopicOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "override", res, deadletter.Counts{Selected: 1, Published: 1})
-	if got := testenv.IDs(kafka.MustReadAll(t, fixed)); !slices.Equal(got, []string{"bad-topic"}) {
+	if got := sandbox.IDs(testenv.MustReadAll(t, kafka, fixed)); !slices.Equal(got, []string{"bad-topic"}) {
 		t.Errorf("%s has %v", fixed, got)
 	}
 	l := byEventID(t, s, "bad-topic")
@@ -558,7 +559,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "replay", res, deadletter.Counts{Selected: 1, Published: 1})
-	recs := kafka.MustReadAll(t, topic)
+	recs := testenv.MustReadAll(t, kafka, topic)
 	if len(recs) != 1 {
 		t.Fatalf("Kafka has %d records, want 1", len(recs))
 	}
@@ -585,7 +586,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "structured replay", res, deadletter.Counts{Selected: 1, Published: 1})
-	recs = kafka.MustReadAll(t, topic)
+	recs = testenv.MustReadAll(t, kafka, topic)
 	if len(recs) != 2 {
 		t.Fatalf("Kafka has %d records, want 2", len(recs))
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -158,7 +159,7 @@ func TestAutoRetryToDead(t *testing.T) {
 	if l := byEventID(t, s, "no-key"); l.Status != deadletter.StatusPending || l.Attempts != 0 {
 		t.Errorf("empty_key letter: %s after %d attempts, want pending, untouched", l.Status, l.Attempts)
 	}
-	if n := len(kafka.MustReadAll(t, topic)); n != 0 {
+	if n := len(testenv.MustReadAll(t, kafka, topic)); n != 0 {
 		t.Errorf("%s has %d records, want none", topic, n)
 	}
 	for _, c := range []struct {
@@ -204,9 +205,9 @@ func TestAutoRetryCompletes(t *testing.T) {
 	setTopicConfig(t, topic, "max.message.bytes", "1048576")
 	l := waitStatus(t, s, "fix-1", deadletter.StatusCompleted)
 	stop()
-	recs := kafka.MustReadAll(t, topic)
+	recs := testenv.MustReadAll(t, kafka, topic)
 	if len(recs) != 1 || recs[0].Headers[sink.HeaderID] != "fix-1" || recs[0].Headers[deadletter.HeaderReplay] == "" {
-		t.Fatalf("%s has %+v, want fix-1 once, with the replay header", topic, testenv.IDs(recs))
+		t.Fatalf("%s has %+v, want fix-1 once, with the replay header", topic, sandbox.IDs(recs))
 	}
 	if l.LastAttemptError != "" || l.ReplayCount != 1 {
 		t.Errorf("completed letter: error %q, replay_count %d", l.LastAttemptError, l.ReplayCount)

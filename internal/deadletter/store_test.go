@@ -20,6 +20,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -29,8 +30,8 @@ const testDB = "cdc_relay_deadletter_test"
 // The package's shared servers: one Postgres cluster and one Kafka broker. Every
 // test uses its own tables and topics.
 var (
-	pg      *testenv.Postgres
-	kafka   *testenv.Kafka
+	pg      *sandbox.Postgres
+	kafka   *sandbox.Kafka
 	dbURL   string
 	pool    *pgxpool.Pool
 	counter atomic.Int64
@@ -43,12 +44,12 @@ func TestMain(m *testing.M) {
 func testMain(m *testing.M) int {
 	ctx := context.Background()
 	var err error
-	if pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{}); err != nil {
+	if pg, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{}); err != nil {
 		fmt.Fprintln(os.Stderr, "start postgres:", err)
 		return 1
 	}
 	defer pg.Close()
-	if kafka, err = testenv.StartKafka(testenv.KafkaOptions{}); err != nil {
+	if kafka, err = sandbox.StartKafka(sandbox.KafkaOptions{}); err != nil {
 		fmt.Fprintln(os.Stderr, "start kafka:", err)
 		return 1
 	}

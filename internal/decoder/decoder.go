@@ -21,12 +21,12 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
-// Config fields named in configuration errors (config.FieldError), so that they
+// Config fields named in configuration errors (setting.FieldError), so that they
 // tell the operator what to set.
 const (
 	fieldSchema        = "Schema"
@@ -63,7 +63,7 @@ const (
 // ErrMissingColumn reports that the outbox table, as announced by a Relation message,
 // lacks a configured column. It is a configuration error: the relay must stop and the
 // operator must fix the named setting (or the table). Retrying does not help.
-// It comes wrapped in a *config.FieldError naming the setting.
+// It comes wrapped in a *setting.FieldError naming the setting.
 var ErrMissingColumn = errors.New("outbox column missing")
 
 // notReplicated says which columns a Relation message lacks although the table
@@ -294,31 +294,31 @@ type Decoder struct {
 	pool valuePool // value buffers of recycled events (Recycle)
 }
 
-// New returns a Decoder for cfg, or a *config.FieldError naming the setting
+// New returns a Decoder for cfg, or a *setting.FieldError naming the setting
 // to fix if a name is empty.
 func New(cfg Config) (*Decoder, error) {
 	if cfg.Schema == "" {
-		return nil, config.Errorf(fieldSchema, "new decoder: outbox schema is empty: set it")
+		return nil, setting.Errorf(fieldSchema, "new decoder: outbox schema is empty: set it")
 	}
 	if cfg.Table == "" {
-		return nil, config.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
+		return nil, setting.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
 	}
 	for i, name := range cfg.Columns.names() {
 		if name == "" {
-			return nil, config.Errorf(columnFields[i], "new decoder: column name is empty: set it")
+			return nil, setting.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
 	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
-		return nil, config.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
+		return nil, setting.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
 	}
 	if err := cfg.JSON.Check(); err != nil {
-		return nil, config.Errorf(fieldJSON, "new decoder: %w", err)
+		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
 	}
 	if cfg.SchemaVersionColumn != "" && (cfg.JSON.Value != connectjson.JSONWithSchema || len(cfg.EnvelopeColumns) == 0) {
-		return nil, config.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
+		return nil, setting.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
 	}
 	if err := CheckContentType(cfg.ContentType); err != nil {
-		return nil, config.Errorf(fieldContentType, "new decoder: content type %w", err)
+		return nil, setting.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
@@ -329,13 +329,13 @@ func New(cfg Config) (*Decoder, error) {
 	}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
-			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
+			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
 		}
 		if key == "" {
-			return nil, config.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
+			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
 		}
 		if reservedHeader(key) {
-			return nil, config.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
+			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
 		}
 		d.headers = append(d.headers, headerCol{column: column, key: key})
 	}
@@ -571,14 +571,14 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 	if isOutbox {
 		for f, col := range rel.fields {
 			if col < 0 {
-				return Message{}, config.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
+				return Message{}, setting.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
 					ErrMissingColumn, d.schema, d.table, d.columns[f], notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
-				return Message{}, config.Errorf(fieldHeaderColumns, "%w: table %q.%q has no column %q named in the header columns (%s): fix them or the table",
+				return Message{}, setting.Errorf(fieldHeaderColumns, "%w: table %q.%q has no column %q named in the header columns (%s): fix them or the table",
 					ErrMissingColumn, d.schema, d.table, d.headers[h].column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
@@ -588,27 +588,27 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		if d.timestampColumn != "" {
 			if rel.tsCol < 0 {
-				return Message{}, config.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
+				return Message{}, setting.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
 					ErrMissingColumn, d.schema, d.table, d.timestampColumn, notReplicated)
 			}
 			if err := CheckTimestampType(rel.tsType); err != nil {
-				return Message{}, config.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", d.schema, d.table, d.timestampColumn, err)
+				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", d.schema, d.table, d.timestampColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.tsCol)
 		}
 		if d.partitionColumn != "" {
 			if rel.partCol < 0 {
-				return Message{}, config.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
+				return Message{}, setting.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
 					ErrMissingColumn, d.schema, d.table, d.partitionColumn, notReplicated)
 			}
 			if err := CheckPartitionType(partType); err != nil {
-				return Message{}, config.Errorf(fieldPartition, "table %q.%q: partition column %q %w", d.schema, d.table, d.partitionColumn, err)
+				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", d.schema, d.table, d.partitionColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.partCol)
 		}
 		for i, col := range rel.envCols {
 			if col < 0 {
-				return Message{}, config.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
+				return Message{}, setting.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
 					ErrMissingColumn, d.schema, d.table, d.envelope[i].Column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
@@ -618,7 +618,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		}
 		if d.versionColumn != "" {
 			if rel.verCol < 0 {
-				return Message{}, config.Errorf(fieldVersion, "%w: table %q.%q has no schema version column %q (%s): fix it or the table",
+				return Message{}, setting.Errorf(fieldVersion, "%w: table %q.%q has no schema version column %q (%s): fix it or the table",
 					ErrMissingColumn, d.schema, d.table, d.versionColumn, notReplicated)
 			}
 			rel.keep = append(rel.keep, rel.verCol)
@@ -641,7 +641,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 			}
 			enc, err := connectjson.New(d.json, l)
 			if err != nil {
-				return Message{}, config.Errorf(fieldJSON, "table %q.%q: %w", d.schema, d.table, err)
+				return Message{}, setting.Errorf(fieldJSON, "table %q.%q: %w", d.schema, d.table, err)
 			}
 			rel.json = enc
 		}

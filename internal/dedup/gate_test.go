@@ -13,6 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -53,14 +54,14 @@ func in(topic string, m sink.Message) sink.Message {
 
 // env is a broker with a topic of two partitions and a producer reading it.
 type env struct {
-	kafka  *testenv.Kafka
+	kafka  *sandbox.Kafka
 	reader *sink.Kafka
 	client *kgo.Client
 }
 
 func newEnv(t *testing.T, topics ...string) *env {
 	t.Helper()
-	k := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: topics})
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2, Topics: topics})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r, err := sink.Open(ctx, sink.Config{Brokers: k.Brokers(), Topics: topics})

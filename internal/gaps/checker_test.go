@@ -19,13 +19,15 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // pgEnv is one Postgres cluster with two databases: "gaps_a" holds the outbox
 // table, "gaps_b" is another database of the same cluster.
 type pgEnv struct {
-	pg       *testenv.Postgres
+	pg       *sandbox.Postgres
 	urlA     string
 	poolA    *pgxpool.Pool
 	poolB    *pgxpool.Pool
@@ -35,7 +37,7 @@ type pgEnv struct {
 func newPGEnv(t *testing.T) *pgEnv {
 	t.Helper()
 	ctx := t.Context()
-	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{})
 	e := &pgEnv{pg: pg}
 	var err error
 	if e.urlA, err = pg.CreateDatabase(ctx, "gaps_a"); err != nil {
@@ -95,9 +97,9 @@ func (e *pgEnv) moveWAL(t *testing.T) {
 	e.exec(t, e.poolA, "SELECT pg_switch_wal()")
 }
 
-func newChecker(setup replication.SetupConfig) (*gaps.Checker, *metrics.Metrics, *testenv.Buffer) {
+func newChecker(setup replication.SetupConfig) (*gaps.Checker, *metrics.Metrics, *sandbox.Buffer) {
 	m := metrics.New(prometheus.NewRegistry())
-	logs := new(testenv.Buffer)
+	logs := new(sandbox.Buffer)
 	return gaps.New(gaps.Config{Setup: setup, Logger: zerolog.New(logs), Metrics: m}), m, logs
 }
 
@@ -188,7 +190,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID}
 			},
 			wantFailed: gaps.CheckSlotDatabase,
-			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, "--slot"},
+			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, setting.Token("Slot")},
 		},
 		{
 			name: "slot with another plugin",
@@ -206,7 +208,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID, Stored: stored(slot, 0, e.systemID), HaveStored: true, SnapshotPending: true}
 			},
 			wantFailed: gaps.CheckSnapshotIncomplete,
-			want:       []string{"did not complete", "--snapshot initial"},
+			want:       []string{"did not complete", setting.Token("Snapshot")},
 		},
 		{
 			name: "initial snapshot marker, retaken",

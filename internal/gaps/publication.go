@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // The names of the publication and WAL checks.
@@ -41,7 +41,7 @@ func publicationChecks() []Check {
 			if !f.Setup.PublishUpdates || f.Coverage.PubUpdate {
 				return Finding{}
 			}
-			return fatal(&replication.ConfigError{Err: config.Errorf("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore",
+			return fatal(&replication.ConfigError{Err: setting.Errorf("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore",
 				f.Setup.Publication, pubIdent(f))})
 		}},
 		{CheckTableCovered, func(f *Facts) Finding {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // GapKind tells apart the reasons Reconcile refuses to start.
@@ -93,7 +94,7 @@ func slotChecks() []Check {
 			if !s.Exists || s.Database == f.Database {
 				return Finding{}
 			}
-			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("replication slot %q belongs to database %q, not %q: choose another --slot / CDC_RELAY_SLOT or connect to %q", slot, s.Database, f.Database, s.Database)})
+			return fatal(&replication.ConfigError{Err: setting.Errorf("Slot", "replication slot %q belongs to database %q, not %q: choose another slot or connect to %q", slot, s.Database, f.Database, s.Database)})
 		}},
 		{CheckSnapshotIncomplete, func(f *Facts) Finding {
 			if !f.SnapshotPending {
@@ -104,7 +105,7 @@ func slotChecks() []Check {
 			}
 			slot := f.Setup.Slot
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("the initial snapshot of replication slot %q (started by relay %q at %s) did not complete, so rows already in the outbox may be missing downstream: "+
-				"restart with --snapshot initial (CDC_RELAY_SNAPSHOT=initial) to drop the slot and take the snapshot again; "+
+				"restart with the initial snapshot on "+setting.Token("Snapshot")+" to drop the slot and take the snapshot again; "+
 				"or, to give it up, drop the slot with SELECT pg_drop_replication_slot('%s'); and delete its checkpoint (the row slot_name = '%s' of the checkpoint table, or the checkpoint file), then restart",
 				slot, f.Stored.RelayName, f.Stored.UpdatedAt.UTC().Format(time.RFC3339), slot, slot)})
 		}},

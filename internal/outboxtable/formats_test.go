@@ -8,6 +8,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func TestReplayBinaryPayload(t *testing.T) {
 		t.Run(tt.output, func(t *testing.T) {
 			ctx := t.Context()
 			pool := newPool(t, "cdc_relay_outboxtable_bytea_"+tt.output)
-			kafka := testenv.NewKafka(t, testenv.KafkaOptions{})
+			kafka := testenv.NewKafka(t, sandbox.KafkaOptions{})
 			s := newStore(t, pool)
 			p := newPublisher(t, kafka)
 			if _, err := pool.Exec(ctx, `ALTER DATABASE cdc_relay_outboxtable_bytea_`+tt.output+` SET bytea_output = `+tt.output); err != nil {
@@ -67,11 +68,11 @@ VALUES ('order', $1, 'Placed', $2, $3, now() - interval '2 minutes'), ('order', 
 			if res.Published != 2 {
 				t.Fatalf("published %d, want 2 (%+v)", res.Published, res)
 			}
-			recs := kafka.MustReadAll(t, topic)
+			recs := testenv.MustReadAll(t, kafka, topic)
 			if len(recs) != 2 {
 				t.Fatalf("Kafka has %d records, want 2", len(recs))
 			}
-			byType := map[string]testenv.Record{}
+			byType := map[string]sandbox.Record{}
 			for _, r := range recs {
 				byType[r.Headers["event_type"]] = r
 			}

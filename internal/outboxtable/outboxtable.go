@@ -23,9 +23,12 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
-// Columns names the outbox table's columns for Replay.
+// Columns names the outbox table's columns for Replay. They mirror the
+// decoder's configuration (decoder.Config), so errors name the decoder's
+// fields (setting.Token("TimestampColumn")) as the setting to check.
 type Columns struct {
 	decoder.Columns        // as the relay's --column-* flags
 	CreatedAt       string // insert time, for the time filters and order; "" means created_at
@@ -276,18 +279,18 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 	}
 	if q.cols.Timestamp != "" {
 		if q.tsType == 0 {
-			return fmt.Errorf("read outbox table %s: it has no timestamp column %q (check --column-timestamp)", q.name, q.cols.Timestamp)
+			return fmt.Errorf("read outbox table %s: it has no timestamp column %q %s", q.name, q.cols.Timestamp, setting.Token("TimestampColumn"))
 		}
 		if err := decoder.CheckTimestampType(q.tsType); err != nil {
-			return fmt.Errorf("read outbox table %s: timestamp column %q %w (check --column-timestamp)", q.name, q.cols.Timestamp, err)
+			return fmt.Errorf("read outbox table %s: timestamp column %q %w %s", q.name, q.cols.Timestamp, err, setting.Token("TimestampColumn"))
 		}
 	}
 	if q.cols.Partition != "" {
 		if q.partType == 0 {
-			return fmt.Errorf("read outbox table %s: it has no partition column %q (check --column-partition)", q.name, q.cols.Partition)
+			return fmt.Errorf("read outbox table %s: it has no partition column %q %s", q.name, q.cols.Partition, setting.Token("PartitionColumn"))
 		}
 		if err := decoder.CheckPartitionType(q.partType); err != nil {
-			return fmt.Errorf("read outbox table %s: partition column %q %w (check --column-partition)", q.name, q.cols.Partition, err)
+			return fmt.Errorf("read outbox table %s: partition column %q %w %s", q.name, q.cols.Partition, err, setting.Token("PartitionColumn"))
 		}
 	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
@@ -306,20 +309,20 @@ func (q *outboxQuery) describeJSON(cols map[string]connectjson.Column) error {
 	for _, ec := range q.cols.Envelope {
 		c, ok := cols[ec.Column]
 		if !ok {
-			return fmt.Errorf("read outbox table %s: it has no envelope column %q (check --envelope-columns)", q.name, ec.Column)
+			return fmt.Errorf("read outbox table %s: it has no envelope column %q %s", q.name, ec.Column, setting.Token("EnvelopeColumns"))
 		}
 		l.Envelope = append(l.Envelope, connectjson.EnvelopeField{Alias: ec.Alias, Column: c})
 	}
 	if q.cols.SchemaVersion != "" {
 		c, ok := cols[q.cols.SchemaVersion]
 		if !ok {
-			return fmt.Errorf("read outbox table %s: it has no schema version column %q (check --column-schema-version)", q.name, q.cols.SchemaVersion)
+			return fmt.Errorf("read outbox table %s: it has no schema version column %q %s", q.name, q.cols.SchemaVersion, setting.Token("SchemaVersionColumn"))
 		}
 		l.Version, q.hasVersion = &c, true
 	}
 	enc, err := connectjson.New(o, l)
 	if err != nil {
-		return fmt.Errorf("read outbox table %s: %w", q.name, err)
+		return fmt.Errorf("read outbox table %s: %w %s", q.name, err, setting.Token("JSON"))
 	}
 	q.json = enc
 	return nil
@@ -502,9 +505,9 @@ func outboxErr(err error, table string) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "42P01":
-			return fmt.Errorf("read outbox table %s: it does not exist (check --table / CDC_RELAY_TABLE): %w", table, err)
+			return fmt.Errorf("read outbox table %s: it does not exist %s: %w", table, setting.Token("Table"), err)
 		case "42703":
-			return fmt.Errorf("read outbox table %s: a column is missing (check the --column-* flags): %w", table, err)
+			return fmt.Errorf("read outbox table %s: a column is missing %s: %w", table, setting.Token("Columns"), err)
 		}
 	}
 	return fmt.Errorf("read outbox table %s: %w", table, err)

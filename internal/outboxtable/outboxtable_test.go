@@ -13,6 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -21,7 +22,7 @@ import (
 // database db.
 func newPool(t *testing.T, db string) *pgxpool.Pool {
 	t.Helper()
-	url, err := testenv.NewPostgres(t, testenv.PGOptions{}).CreateDatabase(t.Context(), db)
+	url, err := testenv.NewPostgres(t, sandbox.PGOptions{}).CreateDatabase(t.Context(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func newStore(t *testing.T, pool *pgxpool.Pool) *deadletter.Store {
 }
 
 // newPublisher returns a publisher to k, closed with t.
-func newPublisher(t *testing.T, k *testenv.Kafka) *deadletter.KafkaPublisher {
+func newPublisher(t *testing.T, k *sandbox.Kafka) *deadletter.KafkaPublisher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -110,7 +111,7 @@ VALUES ($1, $2, $3, $4, $5, nullif($6, '')) RETURNING id::text`,
 func TestReplay(t *testing.T) {
 	ctx := t.Context()
 	pool := newPool(t, "cdc_relay_outboxtable_replay")
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{})
 	s := newStore(t, pool)
 	p := newPublisher(t, kafka)
 	table := outboxTable(t, pool)
@@ -134,11 +135,11 @@ func TestReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkResult(t, "outbox replay", res, deadletter.Counts{Selected: 4, Published: 4})
-	orders, users := kafka.MustReadAll(t, prefix+".order"), kafka.MustReadAll(t, prefix+".user")
+	orders, users := testenv.MustReadAll(t, kafka, prefix+".order"), testenv.MustReadAll(t, kafka, prefix+".user")
 	want := []string{ids[1], ids[2], ids[4]}
 	slices.Sort(want)
-	if !slices.Equal(testenv.IDs(orders), want) || len(users) != 1 || users[0].Headers["id"] != ids[3] {
-		t.Fatalf("replayed: orders %v, users %v; want orders %v, users [%s]", testenv.IDs(orders), testenv.IDs(users), want, ids[3])
+	if !slices.Equal(sandbox.IDs(orders), want) || len(users) != 1 || users[0].Headers["id"] != ids[3] {
+		t.Fatalf("replayed: orders %v, users %v; want orders %v, users [%s]", sandbox.IDs(orders), sandbox.IDs(users), want, ids[3])
 	}
 	var keyA []string
 	for _, r := range orders {

@@ -19,11 +19,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -151,7 +152,7 @@ func TestOddData(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.exec(oddSetupSQL)
-	if err := testenv.CreateTopic(ctx, e.kafka.Brokers(), e.topic, 4); err != nil {
+	if err := sandbox.CreateTopic(ctx, e.kafka.Brokers(), e.topic, 4); err != nil {
 		t.Fatal(err)
 	}
 	setTopicConfig(t, e.kafka.Brokers(), e.topic, "max.message.bytes", fmt.Sprint(topicMaxBytes))
@@ -483,7 +484,7 @@ func TestOutboxSchemaChanges(t *testing.T) {
 	})
 	e.exec(`INSERT INTO outbox_events (payload, tenant, note, event_type, aggregate_id, aggregate_type) VALUES ('{"r": 2}', 'new', 'x', 'Recreated', 'k2', 't2')`)
 	recs := e.waitRecords(4)
-	got := map[string]testenv.Record{}
+	got := map[string]sandbox.Record{}
 	for _, r := range recs {
 		got[r.Headers["event_type"]] = r
 	}
@@ -504,7 +505,7 @@ func TestOutboxSchemaChanges(t *testing.T) {
 	end := e.currentLSN()
 	stopErr := e.waitStopped(20 * time.Second)
 	wantConfigError(t, stopErr, `has no column "tenant" named in the header columns`, "(setting HeaderColumns)")
-	if f := config.Fields(stopErr); len(f) != 1 || f[0].Field != "Decoder.HeaderColumns" {
+	if f := setting.Fields(stopErr); len(f) != 1 || f[0].Field != "Decoder.HeaderColumns" {
 		t.Errorf("error names %v, want the setting Decoder.HeaderColumns", f)
 	}
 	if got := e.slotConfirmed(); got >= end {

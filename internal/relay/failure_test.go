@@ -22,6 +22,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -84,7 +85,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the big event was not handed to the dead-letter store")
 	}
-	pg.WaitStatusUpdates(t, e.db, e.slot, 5, 30*time.Second)
+	testenv.WaitStatusUpdates(t, pg, e.db, e.slot, 5, 30*time.Second)
 	if got := e.slotConfirmed(); got >= bigEnd {
 		t.Fatalf("slot confirmed %s before the dead letter was committed; the big event's transaction ends at %s", got, bigEnd)
 	}
@@ -171,9 +172,9 @@ func TestPoisonEventHalts(t *testing.T) {
 	select {
 	case err := <-e.done:
 		e.cancel = nil
-		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), "--on-error") ||
+		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), setting.Token("OpenDeadLetters")) ||
 			!strings.Contains(err.Error(), "message_too_large") {
-			t.Fatalf("Run = %v; want an error naming event %s, the code and --on-error", err, bigID)
+			t.Fatalf("Run = %v; want an error naming event %s, the code and the dead-letter setting", err, bigID)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay did not halt")
@@ -232,7 +233,7 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 	// Reading pauses: while the circuit is open, new WAL is not received. The
 	// metric is refreshed with each status update: let the one message in hand
 	// when the circuit opened be counted first.
-	pg.WaitStatusUpdates(t, e.db, e.slot, 3, 30*time.Second)
+	testenv.WaitStatusUpdates(t, pg, e.db, e.slot, 3, 30*time.Second)
 	received := testutil.ToFloat64(e.m.ReceivedLSN)
 	for i := 0; i < 20; i++ {
 		insert(21+i*10, 30+i*10)
@@ -261,7 +262,7 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 		}
 		return nil
 	})
-	pg.WaitStatusUpdates(t, e.db, e.slot, 5, 30*time.Second)
+	testenv.WaitStatusUpdates(t, pg, e.db, e.slot, 5, 30*time.Second)
 	if got := testutil.ToFloat64(e.m.ReceivedLSN); got != received {
 		t.Errorf("received_lsn moved from %v to %v while the circuit was open", received, got)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -113,7 +114,7 @@ func TestBinaryPayloadAndTraceHeaders(t *testing.T) {
 			})
 
 			recs := e.waitRecords(len(rows))
-			byKey := map[string]testenv.Record{}
+			byKey := map[string]sandbox.Record{}
 			for _, r := range recs {
 				byKey[string(r.Key)] = r
 			}

@@ -13,13 +13,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/dedup"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -147,7 +147,7 @@ func (h *handler) outboxUpdate(msg decoder.Message) error {
 	case OutboxUpdateError:
 		h.relay.eventLog.Error().Uint32("xid", msg.XID).Str("lsn", msg.CommitLSN.String()).Msg(what)
 	case OutboxUpdateFatal:
-		return &replication.ConfigError{Err: config.Errorf("OnOutboxUpdate",
+		return &replication.ConfigError{Err: setting.Errorf("OnOutboxUpdate",
 			"transaction %d (commit LSN %s) updated a row of the outbox table %s.%s, which the relay treats as fatal: "+
 				"fix the writer (the outbox is insert-only), or choose ignore, warn or error", msg.XID, msg.CommitLSN,
 			h.relay.cfg.Decoder.Schema, h.relay.cfg.Decoder.Table)}
@@ -262,9 +262,9 @@ func (h *handler) permanent(ctx context.Context, ev *outbox.Event, cause error) 
 	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
 		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
 	if h.deadLetter == nil {
-		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it (--on-error=halt)")
-		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with --on-error=dlq; the slot was not confirmed past it",
-			ev.ID, ev.AggregateID, ev.CommitLSN, cause)
+		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + setting.Token("OpenDeadLetters"))
+		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with dead letters on %s; the slot was not confirmed past it",
+			ev.ID, ev.AggregateID, ev.CommitLSN, cause, setting.Token("OpenDeadLetters"))
 	}
 	for attempt := 0; ; attempt++ {
 		err := h.deadLetter(ctx, ev, cause)

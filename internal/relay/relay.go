@@ -33,7 +33,6 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/dedup"
@@ -43,6 +42,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
@@ -315,47 +315,47 @@ func (c *Config) setDefaults() {
 }
 
 // Validate checks everything in c that can be checked without connecting,
-// and returns a *config.FieldError naming the field to fix. Run calls it
+// and returns a *setting.FieldError naming the field to fix. Run calls it
 // first.
 func (c Config) Validate() error {
 	if !replication.ValidName(c.Slot) {
-		return config.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
+		return setting.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
 	}
 	if !replication.ValidName(c.Publication) {
-		return config.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
+		return setting.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
 	}
 	if _, err := pgxpool.ParseConfig(c.PGURL); err != nil {
-		return config.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
+		return setting.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
 	}
 	if _, err := decoder.New(c.Decoder); err != nil {
-		return config.Within("Decoder", err)
+		return setting.Within("Decoder", err)
 	}
 	if _, err := route.NewWithRegex(c.Topic, c.TopicRegex); err != nil {
-		return config.Errorf("Topic", "%w", err)
+		return setting.Errorf("Topic", "%w", err)
 	}
 	switch c.Delivery {
 	case "", DeliveryEffectivelyOnce, DeliveryAtLeastOnce:
 	default:
-		return config.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
+		return setting.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
 	}
 	switch c.OnOutboxUpdate {
 	case "", OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal:
 	default:
-		return config.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
+		return setting.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
 			OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal)
 	}
 	if len(c.Sink.Brokers) == 0 {
-		return config.Errorf("Sink.Brokers", "no Kafka brokers configured")
+		return setting.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
 	if c.Pool == nil {
-		return config.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
+		return setting.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
 	}
 	if got := c.Pool.Config().ConnString(); got != c.PGURL {
-		return config.Errorf("Pool", "the pool reaches %s, not PGURL %s: open it with relay.OpenPool(ctx, PGURL)",
+		return setting.Errorf("Pool", "the pool reaches %s, not PGURL %s: open it with relay.OpenPool(ctx, PGURL)",
 			replication.Redact(got), replication.Redact(c.PGURL))
 	}
 	if c.Checkpoints == nil {
-		return config.Errorf("Checkpoints", "no checkpoint store configured")
+		return setting.Errorf("Checkpoints", "no checkpoint store configured")
 	}
 	return nil
 }
@@ -368,7 +368,7 @@ func (c Config) Validate() error {
 func OpenPool(ctx context.Context, pgURL string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
-		return nil, config.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(pgURL), err)
+		return nil, setting.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(pgURL), err)
 	}
 	cfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -444,11 +444,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	dec, err := decoder.New(cfg.Decoder)
 	if err != nil {
-		return config.Within("Decoder", err)
+		return setting.Within("Decoder", err)
 	}
 	router, err := route.NewWithRegex(cfg.Topic, cfg.TopicRegex)
 	if err != nil {
-		return config.Errorf("Topic", "%w", err)
+		return setting.Errorf("Topic", "%w", err)
 	}
 
 	// Postgres: server, table, publication, slot, stored checkpoint.

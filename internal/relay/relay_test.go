@@ -27,17 +27,18 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // pg is the package's shared cluster; every test uses its own database and slot.
-var pg *testenv.Postgres
+var pg *sandbox.Postgres
 
 func TestMain(m *testing.M) {
 	ctx := context.Background()
 	var err error
-	pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{})
+	pg, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start postgres:", err)
 		os.Exit(1)
@@ -53,11 +54,11 @@ type env struct {
 	db      string
 	url     string
 	pool    *pgxpool.Pool
-	kafka   *testenv.Kafka
+	kafka   *sandbox.Kafka
 	topic   string
 	reg     *prometheus.Registry
 	m       *metrics.Metrics
-	logs    *testenv.Buffer
+	logs    *sandbox.Buffer
 	cancel  context.CancelFunc
 	done    chan error
 	relay   *relay.Relay
@@ -115,10 +116,10 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(pool.Close)
 	e := &env{
 		t: t, db: db, url: url, pool: pool,
-		kafka: testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4}),
+		kafka: testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4}),
 		topic: "outbox.events",
 		slot:  "slot_" + db,
-		logs:  &testenv.Buffer{},
+		logs:  &sandbox.Buffer{},
 	}
 	t.Cleanup(func() {
 		e.stop()
@@ -235,14 +236,14 @@ func insert(tx pgx.Tx, aggType, aggID, evType, payload string) (string, error) {
 	return id, err
 }
 
-func (e *env) waitRecords(n int, topics ...string) []testenv.Record {
+func (e *env) waitRecords(n int, topics ...string) []sandbox.Record {
 	e.t.Helper()
 	if len(topics) == 0 {
 		topics = []string{e.topic}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	recs, err := testenv.WaitForRecords(ctx, e.kafka.Brokers(), n, topics...)
+	recs, err := sandbox.WaitForRecords(ctx, e.kafka.Brokers(), n, topics...)
 	if err != nil {
 		e.t.Fatalf("wait for %d records: got %d: %v\n%s", n, len(recs), err, e.logs.String())
 	}
@@ -250,14 +251,14 @@ func (e *env) waitRecords(n int, topics ...string) []testenv.Record {
 }
 
 // readAll returns what is in the topics now.
-func (e *env) readAll(topics ...string) []testenv.Record {
+func (e *env) readAll(topics ...string) []sandbox.Record {
 	e.t.Helper()
 	if len(topics) == 0 {
 		topics = []string{e.topic}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	recs, err := testenv.ReadAll(ctx, e.kafka.Brokers(), topics...)
+	recs, err := sandbox.ReadAll(ctx, e.kafka.Brokers(), topics...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -292,7 +293,7 @@ func (e *env) waitSlotConfirmed(target pglogrepl.LSN) {
 }
 
 // commitLSN returns the commit LSN of the record whose id header is id.
-func commitLSN(t *testing.T, recs []testenv.Record, id string) pglogrepl.LSN {
+func commitLSN(t *testing.T, recs []sandbox.Record, id string) pglogrepl.LSN {
 	t.Helper()
 	for _, r := range recs {
 		if r.Headers["id"] == id {
@@ -398,7 +399,7 @@ func TestOnlyCommittedOutboxInsertsArePublished(t *testing.T) {
 		}
 		t.Fatalf("got %d records, want exactly %d", len(recs), len(want))
 	}
-	byID := map[string]testenv.Record{}
+	byID := map[string]sandbox.Record{}
 	for _, r := range recs {
 		byID[r.Headers["id"]] = r
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -130,7 +131,7 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			if !errors.As(err, &gap) || gap.Kind != tt.kind {
 				t.Fatalf("run with --on-slot-loss=fail = %v, want a %s gap error\n%s", err, tt.kind, e.logs.String())
 			}
-			if !strings.Contains(err.Error(), "--on-slot-loss=backfill") {
+			if !strings.Contains(err.Error(), "--on-slot-loss=backfill") { // run through the CLI, which names the flag
 				t.Errorf("the gap error does not mention --on-slot-loss=backfill: %v", err)
 			}
 
@@ -179,7 +180,7 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			}
 			// Once the slot is confirmed past the last event, Kafka has
 			// acknowledged all the relay sent before it.
-			i := slices.IndexFunc(recs, func(r testenv.Record) bool { return r.Headers["event_type"] == "last" })
+			i := slices.IndexFunc(recs, func(r sandbox.Record) bool { return r.Headers["event_type"] == "last" })
 			if i < 0 {
 				t.Fatal("the event committed after the restart is not in Kafka")
 			}
@@ -230,7 +231,7 @@ func (e *env) waitStored(target pglogrepl.LSN) {
 }
 
 // maxCommitLSN returns the highest commit_lsn header of recs.
-func maxCommitLSN(t *testing.T, recs []testenv.Record) pglogrepl.LSN {
+func maxCommitLSN(t *testing.T, recs []sandbox.Record) pglogrepl.LSN {
 	t.Helper()
 	var top pglogrepl.LSN
 	for _, r := range recs {

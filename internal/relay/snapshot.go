@@ -12,6 +12,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // The initial snapshot (--snapshot initial, Config.Snapshot).
@@ -60,7 +61,7 @@ func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pg
 		}
 	}
 	if !r.cfg.CreateSlot {
-		return 0, &replication.ConfigError{Msg: fmt.Sprintf("retake the initial snapshot of slot %q: the slot must be created with an exported snapshot but --create-slot=false: allow the relay to create it, or start with --snapshot never", slot)}
+		return 0, &replication.ConfigError{Msg: fmt.Sprintf("retake the initial snapshot of slot %q: the slot must be created with an exported snapshot but the relay may not create it %s: allow the relay to create it, or start without the initial snapshot", slot, setting.Token("CreateSlot"))}
 	}
 	r.log.Warn().Str("started_by", stored.RelayName).Time("started_at", stored.UpdatedAt).Bool("slot_dropped", state.Exists).
 		Msg("the initial snapshot did not complete: dropped the slot of that attempt (nothing was confirmed from it) and taking the snapshot again; rows that attempt published are published again")
@@ -83,7 +84,7 @@ func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *p
 	began := time.Now()
 	var n int
 	point, err := replication.CreateSlotWithSnapshot(ctx, r.cfg.PGURL, slot, func(ctx context.Context, tx pgx.Tx) error {
-		r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds (--snapshot initial)")
+		r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds " + setting.Token("Snapshot"))
 		var err error
 		n, err = r.cfg.Snapshot(ctx, tx)
 		return err
@@ -93,8 +94,8 @@ func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *p
 			"make sure one relay runs per slot, then restart (the relay drops the slot and takes the snapshot again): %w", slot, err)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("initial snapshot of slot %q (%d rows published before the failure; the next start with --snapshot initial drops the slot and takes the snapshot again): %w",
-			slot, n, err)
+		return 0, fmt.Errorf("initial snapshot of slot %q (%d rows published before the failure; the next start with the initial snapshot %s drops the slot and takes the snapshot again): %w",
+			slot, n, setting.Token("Snapshot"), err)
 	}
 	var offsets checkpoint.Offsets
 	if r.cfg.Delivery == DeliveryEffectivelyOnce {

@@ -17,6 +17,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
@@ -26,7 +27,7 @@ import (
 // silent until the connection times out.
 func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	wait := waitlog.Start(r.log, "Postgres", pgAddress(pool.Config().ConnConfig),
-		"check --pg-url / CDC_RELAY_PG_URL; connect_timeout=<seconds> in it bounds the wait")
+		"check the Postgres URL "+setting.Token("PGURL")+"; connect_timeout=<seconds> in it bounds the wait")
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		wait.Failed(err)
@@ -129,16 +130,16 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 			return 0, err
 		}
 		if r.cfg.Backfill == nil {
-			return 0, fmt.Errorf("%w. Or restart with --on-slot-loss=backfill (CDC_RELAY_ON_SLOT_LOSS=backfill): "+
+			return 0, fmt.Errorf("%w. Or restart with backfilling on "+setting.Token("Backfill")+": "+
 				"the relay then recreates the slot and republishes the outbox rows still in the table "+
 				"that were created since %s", err, r.backfillSince(stored).UTC().Format(time.RFC3339))
 		}
-		r.log.Warn().Err(err).Msg("slot lost: backfilling (--on-slot-loss=backfill)")
+		r.log.Warn().Err(err).Msg("slot lost: backfilling " + setting.Token("Backfill"))
 		return r.backfill(ctx, pool, conn, op, stored, state, gap.Kind)
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
-			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, slot)}
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, setting.Token("CreateSlot"), slot)}
 		}
 		if r.cfg.Snapshot != nil {
 			return r.initialSnapshot(ctx, pool, conn, op)
@@ -152,7 +153,7 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
 	}
 	if r.cfg.Snapshot != nil {
-		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (--snapshot initial applies only when the relay creates the slot)")
+		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (the initial snapshot " + setting.Token("Snapshot") + " is taken only when the relay creates the slot)")
 	}
 	return op.StartFrom(state.ConfirmedFlush), nil
 }
@@ -202,7 +203,7 @@ func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
-			return 0, &replication.ConfigError{Msg: fmt.Sprintf("backfill slot %q: the slot must be recreated but --create-slot=false: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); and restart", slot, slot)}
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("backfill slot %q: the slot must be recreated but the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); and restart", slot, setting.Token("CreateSlot"), slot)}
 		}
 		// Every transaction the new slot streams commits after this instant.
 		var err error

@@ -11,10 +11,10 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // stream runs replication connections until ctx is done, reconnecting with
@@ -75,7 +75,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			if errors.Is(err, decoder.ErrMissingColumn) {
 				// Reconnecting cannot help: the table no longer has a configured column.
 				s.Close(context.Background())
-				return r.finish(nil, ck, &replication.ConfigError{Err: config.Within("Decoder", err)})
+				return r.finish(nil, ck, &replication.ConfigError{Err: setting.Within("Decoder", err)})
 			}
 			if gap := r.gaps.StreamError(err); gap != nil {
 				err = gap

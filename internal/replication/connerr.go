@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // meaningfulConnectError returns the server's error among the connection
@@ -67,7 +69,7 @@ func meaningfulConnectError(err error) (*pgconn.PgError, error) {
 
 // connectHint says what to check for a connection the server refused with pe.
 func connectHint(pe *pgconn.PgError) string {
-	const url = "--pg-url / CDC_RELAY_PG_URL"
+	url := "the Postgres URL " + setting.Token("PGURL")
 	switch pe.Code {
 	case "28P01": // invalid_password
 		return "wrong password: check the user and password in " + url + ", or PGPASSWORD / ~/.pgpass when the URL has no password"

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -22,7 +24,7 @@ import (
 func TestConnectErrorServerRefusal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pg := testenv.NewPostgres(t, testenv.PGOptions{HBA: []string{
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{HBA: []string{
 		"host all pw_user 127.0.0.1/32 scram-sha-256",
 		"host all nobody_allowed 127.0.0.1/32 reject",
 	}})
@@ -49,11 +51,11 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 		want      []string
 	}{
 		{"wrong password", at(url.UserPassword("pw_user", "wrong-Pass-13"), "postgres"), "28P01",
-			[]string{`password authentication failed for user "pw_user"`, "wrong password: check the user and password in --pg-url / CDC_RELAY_PG_URL", "PGPASSWORD"}},
+			[]string{`password authentication failed for user "pw_user"`, "wrong password: check the user and password in the Postgres URL " + setting.Token("PGURL"), "PGPASSWORD"}},
 		{"missing database", at(url.UserPassword("pw_user", password), "no_such_db"), "3D000",
 			[]string{`database "no_such_db" does not exist`, "does not exist on this server"}},
 		{"pg_hba.conf rejects", at(url.User("nobody_allowed"), "postgres"), "28000",
-			[]string{"pg_hba.conf", "check the user in --pg-url"}},
+			[]string{"pg_hba.conf", "check the user in the Postgres URL " + setting.Token("PGURL")}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

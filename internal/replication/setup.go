@@ -16,12 +16,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // ConfigError is a problem an operator must fix before the relay can run. Its
 // message says what is wrong and how to fix it, with the SQL to run where there
-// is one. When Err is set (a *config.FieldError naming the setting), the
+// is one. When Err is set (a *setting.FieldError naming the setting), the
 // message is Err's.
 type ConfigError struct {
 	Msg string
@@ -40,7 +40,7 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 
 // fieldErr is a *ConfigError naming the setting field.
 func fieldErr(field, format string, args ...any) error {
-	return &ConfigError{Err: config.Errorf(field, format, args...)}
+	return &ConfigError{Err: setting.Errorf(field, format, args...)}
 }
 
 func configErr(format string, args ...any) error {
@@ -48,7 +48,7 @@ func configErr(format string, args ...any) error {
 }
 
 // Column is a column the relay needs, with the configuration field that
-// names it (for config.FieldError).
+// names it (for setting.FieldError).
 type Column struct {
 	Name  string
 	Field string
@@ -137,14 +137,14 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	}
 	if !c.PubExists {
 		if !cfg.CreatePublication {
-			return configErr("publication %q does not exist and --create-publication=false: run %s (as the table owner) or allow the relay to create it", cfg.Publication, create)
+			return configErr("publication %q does not exist and the relay may not create it %s: run %s (as the table owner) or allow the relay to create it", cfg.Publication, setting.Token("CreatePublication"), create)
 		}
 		if _, err := conn.Exec(ctx, create); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
 				return checkPublication(ctx, conn, cfg)
 			}
-			return configErr("create publication %q: %v: run %s as the table owner, then start the relay with --create-publication=false", cfg.Publication, err, create)
+			return configErr("create publication %q: %v: run %s as the table owner, then start the relay without creating it %s", cfg.Publication, err, create, setting.Token("CreatePublication"))
 		}
 	}
 	return nil
@@ -374,7 +374,7 @@ func redactErr(err error) error {
 // ones, on one line (see meaningfulConnectError).
 func ConnectError(url string, err error) error {
 	server, err := meaningfulConnectError(err)
-	hint := "check --pg-url / CDC_RELAY_PG_URL"
+	hint := "check the Postgres URL " + setting.Token("PGURL")
 	if server != nil {
 		hint = connectHint(server)
 	}
@@ -383,9 +383,9 @@ func ConnectError(url string, err error) error {
 	var verify *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &host):
-		hint = "the server's certificate does not name the host of --pg-url: connect by a name the certificate lists"
+		hint = "the server's certificate does not name the host of the Postgres URL " + setting.Token("PGURL") + ": connect by a name the certificate lists"
 	case errors.As(err, &unknown), errors.As(err, &verify):
-		hint = "the server's certificate is not signed by a CA the relay trusts: set sslrootcert=<CA file> in --pg-url"
+		hint = "the server's certificate is not signed by a CA the relay trusts: set sslrootcert=<CA file> in the Postgres URL " + setting.Token("PGURL")
 	}
 	return fmt.Errorf("connect to Postgres %s (%s): %w", Redact(url), hint, redactErr(err))
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 func TestRedact(t *testing.T) {
@@ -219,7 +221,7 @@ func TestConnectError(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"plain", errors.New("dial tcp: connection refused"), "check --pg-url / CDC_RELAY_PG_URL"},
+		{"plain", errors.New("dial tcp: connection refused"), "check the Postgres URL " + setting.Token("PGURL")},
 		{"unknown CA", fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), "sslrootcert=<CA file>"},
 		{"wrong host", fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: x509.HostnameError{Host: "db.internal"}}), "does not name the host"},
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // ErrSlotBusy means another process is streaming the slot (SQLSTATE 55006). The
@@ -89,7 +90,7 @@ func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 func connectReplication(ctx context.Context, url string, coalesce time.Duration) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse Postgres URL (check --pg-url / CDC_RELAY_PG_URL): %w", redactErr(err))
+		return nil, fmt.Errorf("parse Postgres URL %s: %w", setting.Token("PGURL"), redactErr(err))
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	if cfg.RuntimeParams["application_name"] == "" {

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // MaxTopicLen is Kafka's limit on topic name length.
@@ -188,7 +189,7 @@ func (r *Router) parse(template string) error {
 // the group's number and the reference's length.
 func (r *Router) groupRef(s string) (group, n int, err error) {
 	if r.re == nil {
-		return 0, 0, fmt.Errorf("%.20q refers to a group of --topic-regex, which is not set", s)
+		return 0, 0, fmt.Errorf("%.20q refers to a group of the topic regex %s, which is not set", s, setting.Token("TopicRegex"))
 	}
 	groups := r.re.NumSubexp()
 	if len(s) > 1 && s[1] == '{' {
@@ -281,7 +282,7 @@ func (r *Router) render(ev *outbox.Event) (string, error) {
 			// No match: the topic stays the value, as RegexRouter leaves it.
 			t := string(on)
 			if err := ValidTopic(t); err != nil {
-				return "", &outbox.EventError{Code: "invalid_topic", Err: fmt.Errorf("%s %q does not match --topic-regex %q, so it is the topic: %w", fieldName(r.reOn), on, r.reSrc, err)}
+				return "", &outbox.EventError{Code: "invalid_topic", Err: fmt.Errorf("%s %q does not match the topic regex %q %s, so it is the topic: %w", fieldName(r.reOn), on, r.reSrc, setting.Token("TopicRegex"), err)}
 			}
 			return t, nil
 		}

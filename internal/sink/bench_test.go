@@ -12,6 +12,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -25,7 +26,7 @@ func BenchmarkSinkThroughputIdempotent(b *testing.B) { benchThroughput(b, true) 
 
 func benchThroughput(b *testing.B, idempotent bool) {
 	const topic = "outbox.bench"
-	kafka := testenv.NewKafka(b, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	kafka := testenv.NewKafka(b, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	evs := make([]*outbox.Event, b.N)
 	next := make(map[string]int)
 	size := 0
@@ -65,7 +66,7 @@ func BenchmarkSinkPaced(b *testing.B) {
 
 func benchPaced(b *testing.B, parts int, inMemory bool) {
 	const topic, perTick = "outbox.paced", 30
-	kafka := testenv.NewKafka(b, testenv.KafkaOptions{Partitions: parts, Topics: []string{topic}, InMemory: inMemory})
+	kafka := testenv.NewKafka(b, sandbox.KafkaOptions{Partitions: parts, Topics: []string{topic}, InMemory: inMemory})
 	evs := make([]*outbox.Event, b.N)
 	next := make(map[string]int)
 	for i := range evs {

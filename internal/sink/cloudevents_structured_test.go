@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
 )
@@ -232,9 +233,9 @@ func encodeOne(t *testing.T, cfg Config, m Message) kmsg.Record {
 	return recs[0]
 }
 
-// recordOf is r as testenv.ReadAll returns records.
-func recordOf(r kmsg.Record) testenv.Record {
-	rec := testenv.Record{Key: r.Key, Value: r.Value, Headers: map[string]string{}}
+// recordOf is r as sandbox.ReadAll returns records.
+func recordOf(r kmsg.Record) sandbox.Record {
+	rec := sandbox.Record{Key: r.Key, Value: r.Value, Headers: map[string]string{}}
 	for _, h := range r.Headers {
 		rec.Headers[h.Key] = string(h.Value)
 	}
@@ -312,7 +313,7 @@ func TestIsJSONMediaType(t *testing.T) {
 func TestCloudEventsStructuredMode(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.ce.structured"
-	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
+	kf := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 	origin := outbox.NewOrigin("7312345678901234567", 1, "cdc_relay")
 	evs := stream(4, 30)
 	origins := map[*outbox.Event]*outbox.Origin{}

@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
 )
@@ -19,7 +20,7 @@ import (
 func TestCloudEventsBinaryMode(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.ce"
-	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic, topic + ".native"}})
+	kf := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{topic, topic + ".native"}})
 	for _, tc := range []struct {
 		topic, source string
 	}{{topic, "/cdc-relay/app/public.outbox_events"}, {topic + ".native", ""}} {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -27,10 +28,10 @@ const idemTopic = "outbox.idem"
 
 // idemRun is one producer on a kfake broker, for the delivery tests below.
 type idemRun struct {
-	kf   *testenv.Kafka
+	kf   *sandbox.Kafka
 	k    *Kafka
 	m    *metrics.Metrics
-	logs *testenv.Buffer
+	logs *sandbox.Buffer
 	evs  []*outbox.Event
 	acks *ackLog
 	// origins holds the Origin of the events sent as read from a stream.
@@ -42,9 +43,9 @@ type idemRun struct {
 // are to be sent.
 func startIdem(t *testing.T, idempotent bool, partitions, events int, tweak func(*Config)) *idemRun {
 	t.Helper()
-	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: partitions, Topics: []string{idemTopic}})
+	kf := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: partitions, Topics: []string{idemTopic}})
 	testenv.RequireLocalKafka(t, kf)
-	r := &idemRun{kf: kf, m: metrics.New(prometheus.NewRegistry()), logs: &testenv.Buffer{}, evs: stream(20, events)}
+	r := &idemRun{kf: kf, m: metrics.New(prometheus.NewRegistry()), logs: &sandbox.Buffer{}, evs: stream(20, events)}
 	r.acks = newAckLog(len(r.evs))
 	if TestVerifier == nil {
 		t.Fatal("no Verifier: verifier_test.go sets dedup's Decider")
@@ -75,11 +76,11 @@ func (r *idemRun) send(t *testing.T, evs []*outbox.Event) {
 // finish waits for every acknowledgement and reads the topic back. It fails t
 // when an event is missing from Kafka or was acknowledged other than once,
 // and returns the records and how many of them repeat an earlier id.
-func (r *idemRun) finish(t *testing.T) ([]testenv.Record, int) {
+func (r *idemRun) finish(t *testing.T) ([]sandbox.Record, int) {
 	t.Helper()
 	r.acks.wait(t, 8*time.Second)
 	r.acks.checkExactlyOnce(t, r.evs)
-	recs := r.kf.MustReadAll(t, idemTopic)
+	recs := testenv.MustReadAll(t, r.kf, idemTopic)
 	seen := map[string]bool{}
 	dupes := 0
 	for _, rec := range recs {
@@ -99,13 +100,13 @@ func (r *idemRun) finish(t *testing.T) ([]testenv.Record, int) {
 
 // checkClean fails t unless Kafka holds every event exactly once, in order
 // per key, and each acknowledged event says where Kafka stored it.
-func (r *idemRun) checkClean(t *testing.T, recs []testenv.Record, dupes int) {
+func (r *idemRun) checkClean(t *testing.T, recs []sandbox.Record, dupes int) {
 	t.Helper()
 	if dupes != 0 || len(recs) != len(r.evs) {
 		t.Errorf("%d records for %d events, %d duplicates; want none", len(recs), len(r.evs), dupes)
 	}
 	checkOrder(t, recs)
-	at := map[string]testenv.Record{}
+	at := map[string]sandbox.Record{}
 	for _, rec := range recs {
 		at[rec.Headers[HeaderID]] = rec
 	}
@@ -485,7 +486,7 @@ func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
 // with one warning and a metric saying so.
 func TestIdempotentUnavailableFallsBack(t *testing.T) {
 	t.Parallel()
-	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
+	kf := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
 	testenv.RequireLocalKafka(t, kf)
 	c := kf.Cluster()
 	c.ControlKey(int16(kmsg.InitProducerID), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
@@ -506,7 +507,7 @@ func TestIdempotentUnavailableFallsBack(t *testing.T) {
 		return nil, nil, false
 	})
 	m := metrics.New(prometheus.NewRegistry())
-	logs := &testenv.Buffer{}
+	logs := &sandbox.Buffer{}
 	k := openSink(t, Config{Brokers: kf.Brokers(), Topics: []string{idemTopic}, Idempotent: true, Retry: fastRetry, Logger: zerolog.New(logs), Metrics: m})
 	if k.Idempotent() {
 		t.Fatal("Idempotent() = true although the broker refused a producer id")
@@ -516,7 +517,7 @@ func TestIdempotentUnavailableFallsBack(t *testing.T) {
 	sendAll(t, k, idemTopic, evs, acks.ack)
 	acks.wait(t, 8*time.Second)
 	acks.checkExactlyOnce(t, evs)
-	checkOrder(t, kf.MustReadAll(t, idemTopic))
+	checkOrder(t, testenv.MustReadAll(t, kf, idemTopic))
 	if got := testutil.ToFloat64(m.DeliveryFallbacks.WithLabelValues("producer_id_unavailable")); got != 1 {
 		t.Errorf("delivery_fallbacks_total{producer_id_unavailable} = %v, want 1", got)
 	}
@@ -536,7 +537,7 @@ func TestIdempotentUnavailableFallsBack(t *testing.T) {
 // COORDINATOR_NOT_AVAILABLE, is never asked.
 func TestIdempotentNoCoordinatorLookup(t *testing.T) {
 	t.Parallel()
-	kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
+	kf := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{idemTopic}})
 	testenv.RequireLocalKafka(t, kf)
 	c := kf.Cluster()
 	var lookups, inits atomic.Int32

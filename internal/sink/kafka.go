@@ -61,6 +61,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // Config configures the Kafka sink.
@@ -288,7 +289,7 @@ type Kafka struct {
 func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
 	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("no Kafka brokers configured (set --kafka-brokers or CDC_RELAY_KAFKA_BROKERS)")
+		return nil, setting.Errorf("Brokers", "no Kafka brokers configured: set them")
 	}
 	if cfg.CloudEventsMode == CloudEventsStructured {
 		if cfg.CloudEventsSource == "" {
@@ -383,7 +384,7 @@ func (k *Kafka) Produce(m Message, done Done) error {
 	if k.structured {
 		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
 			return k.fail(it, &outbox.EventError{Code: "invalid_json",
-				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set --content-type to what the payload is)", ct)})
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, setting.Token("ContentType"))})
 		}
 	}
 	ts := k.topic(m.Topic)

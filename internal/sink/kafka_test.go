@@ -29,6 +29,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -222,11 +224,11 @@ func sendRouted(t testing.TB, k *Kafka, template string, evs []*outbox.Event, do
 	}
 }
 
-func readAll(t testing.TB, kafka *testenv.Kafka, topics ...string) []testenv.Record {
+func readAll(t testing.TB, kafka *sandbox.Kafka, topics ...string) []sandbox.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	recs, err := testenv.ReadAll(ctx, kafka.Brokers(), topics...)
+	recs, err := sandbox.ReadAll(ctx, kafka.Brokers(), topics...)
 	if err != nil {
 		t.Fatalf("read back %v: %v", topics, err)
 	}
@@ -237,7 +239,7 @@ func readAll(t testing.TB, kafka *testenv.Kafka, topics ...string) []testenv.Rec
 // them) and fails t unless every key lives in one partition and its sequence
 // numbers run 0, 1, 2, ... without gap, duplicate or reordering. It returns the
 // number of records per key.
-func checkOrder(t testing.TB, recs []testenv.Record) map[string]int {
+func checkOrder(t testing.TB, recs []sandbox.Record) map[string]int {
 	t.Helper()
 	next := make(map[string]int)
 	part := make(map[string]int32)
@@ -270,7 +272,7 @@ func checkOrder(t testing.TB, recs []testenv.Record) map[string]int {
 func TestSendDeliversInOrderWithHeaders(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.events"
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	evs := stream(200, 5000)
 	evs[7].Headers = []outbox.Header{{Key: "traceparent", Value: []byte("00-abc-01")}}
 	acks := newAckLog(len(evs))
@@ -365,7 +367,7 @@ func TestSendDeliversInOrderWithHeaders(t *testing.T) {
 func TestPartitioningMatchesJavaClient(t *testing.T) {
 	t.Parallel()
 	const topic, parts = "outbox.seven", 7
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: parts, Topics: []string{topic}})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: parts, Topics: []string{topic}})
 	keys := []string{"a", "ab", "abc", "abcd", "abcde", "0", "-1", "order-42",
 		"ü", "日本語のキー", "\x00", "\xff\xfe\xfd", strings.Repeat("k", 1000),
 		"4f8c2a4e-8f6d-4c3b-9a51-3c6f7b1e2d90"}
@@ -403,7 +405,7 @@ func TestPartitioningMatchesJavaClient(t *testing.T) {
 // and each keeps its keys in order.
 func TestTemplateTopics(t *testing.T) {
 	t.Parallel()
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 3})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 3})
 	evs := stream(30, 900)
 	types := []string{"order", "invoice", "customer"}
 	for i, ev := range evs {
@@ -522,12 +524,12 @@ func (f *faultInjector) failures() int {
 func TestRetriesKeepOrderUnderTransientErrors(t *testing.T) {
 	t.Parallel()
 	const topic = "outbox.events"
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	testenv.RequireLocalKafka(t, kafka)
 	faults := newFaultInjector(1)
 	faults.install(kafka.Cluster())
 
-	logs := &testenv.Buffer{}
+	logs := &sandbox.Buffer{}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	evs := stream(100, 3000)
@@ -630,7 +632,7 @@ func blockFirstProduce(c *kfake.Cluster) (release func(), sizes func() []int) {
 
 // tooLarge is one run of TestMessageTooLarge.
 type tooLarge struct {
-	kafka *testenv.Kafka
+	kafka *sandbox.Kafka
 	k     *Kafka
 	m     *metrics.Metrics
 	acks  *ackLog
@@ -655,7 +657,7 @@ func (r *tooLarge) permanentCalls() []permanentCall {
 }
 
 // kafkaIDs returns the id headers of the records of topic, in offset order.
-func kafkaIDs(t *testing.T, kafka *testenv.Kafka, topic string) string {
+func kafkaIDs(t *testing.T, kafka *sandbox.Kafka, topic string) string {
 	t.Helper()
 	var ids []string
 	for _, r := range readAll(t, kafka, topic) {
@@ -679,7 +681,7 @@ func eventIDs(evs []*outbox.Event) string {
 func startTooLarge(t *testing.T, refuse error, wantAcks int) *tooLarge {
 	const topic, key = "outbox.events", "agg-1"
 	r := &tooLarge{
-		kafka: testenv.NewKafka(t, testenv.KafkaOptions{
+		kafka: testenv.NewKafka(t, sandbox.KafkaOptions{
 			Partitions: 1, Topics: []string{topic},
 			BrokerConfigs: map[string]string{"message.max.bytes": "4096"},
 		}),
@@ -840,7 +842,7 @@ func (p *partition) queueLen() int {
 func TestPermanentFailuresAtSend(t *testing.T) {
 	t.Parallel()
 	const topic = "t.order"
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2})
 	type call struct {
 		id   string
 		code string
@@ -897,7 +899,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Parallel()
 	t.Run("unreachable broker", func(t *testing.T) {
 		t.Parallel()
-		port, err := testenv.FreePort()
+		port, err := sandbox.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -914,8 +916,8 @@ func TestOpenErrors(t *testing.T) {
 				k.Close()
 				t.Fatalf("topic %s: Open succeeded against a closed port", topic)
 			}
-			if !strings.Contains(err.Error(), "--kafka-brokers") {
-				t.Errorf("topic %s: error %q does not name --kafka-brokers", topic, err)
+			if !strings.Contains(err.Error(), setting.Token("Brokers")) {
+				t.Errorf("topic %s: error %q does not name the Brokers setting", topic, err)
 			}
 			if elapsed > 2*time.Second {
 				t.Errorf("topic %s: Open took %v with a 1s context", topic, elapsed)
@@ -925,7 +927,7 @@ func TestOpenErrors(t *testing.T) {
 	})
 	t.Run("topic missing", func(t *testing.T) {
 		t.Parallel()
-		kafka := testenv.NewKafka(t, testenv.KafkaOptions{NoAutoCreate: true})
+		kafka := testenv.NewKafka(t, sandbox.KafkaOptions{NoAutoCreate: true})
 		testenv.RequireLocalKafka(t, kafka) // external brokers may create topics
 		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 		defer cancel()
@@ -950,7 +952,7 @@ func TestOpenErrors(t *testing.T) {
 	})
 	t.Run("topic auto-created", func(t *testing.T) {
 		t.Parallel()
-		kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 5})
+		kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 5})
 		k := openSink(t, Config{Brokers: kafka.Brokers(), Topics: []string{"outbox.auto"}, Logger: zerolog.Nop()})
 		if ts := k.topics["outbox.auto"]; ts == nil || len(ts.parts) != 5 {
 			t.Fatalf("topic state after Open: %+v, want 5 partitions", ts)
@@ -959,7 +961,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("bad config", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), "--kafka-brokers") {
+		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), setting.Token("Brokers")) {
 			t.Errorf("no brokers: %v", err)
 		}
 	})
@@ -976,7 +978,7 @@ func TestOpenErrors(t *testing.T) {
 func closeWhileRetrying(t *testing.T, hold func(), needRetries bool) (*Kafka, *metrics.Metrics, int) {
 	t.Helper()
 	const topic = "outbox.events"
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	testenv.RequireLocalKafka(t, kafka)
 	c := kafka.Cluster()
 	// Let kfake settle before counting.
@@ -1078,7 +1080,7 @@ func TestCloseAbandonsInFlightProduce(t *testing.T) {
 // not exist: the error must still say so rather than blame the broker address.
 func TestOpenMissingTopicSlowBroker(t *testing.T) {
 	t.Parallel()
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{NoAutoCreate: true})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{NoAutoCreate: true})
 	testenv.RequireLocalKafka(t, kafka)
 	c := kafka.Cluster()
 	done := make(chan struct{})
@@ -1139,17 +1141,17 @@ func TestOpenWaitsForBroker(t *testing.T) {
 			t.Parallel()
 			if strings.Contains(topic, "{") {
 			}
-			if os.Getenv(testenv.EnvKafkaBrokers) != "" {
-				t.Skipf("skip: starts its own broker late, %s points at external brokers", testenv.EnvKafkaBrokers)
+			if os.Getenv(sandbox.EnvKafkaBrokers) != "" {
+				t.Skipf("skip: starts its own broker late, %s points at external brokers", sandbox.EnvKafkaBrokers)
 			}
-			port, err := testenv.FreePort()
+			port, err := sandbox.FreePort()
 			if err != nil {
 				t.Fatal(err)
 			}
-			started := make(chan *testenv.Kafka, 1)
+			started := make(chan *sandbox.Kafka, 1)
 			go func() {
 				time.Sleep(300 * time.Millisecond)
-				kafka, err := testenv.StartKafka(testenv.KafkaOptions{Port: port, Topics: []string{"outbox.events"}})
+				kafka, err := sandbox.StartKafka(sandbox.KafkaOptions{Port: port, Topics: []string{"outbox.events"}})
 				if err != nil {
 					t.Errorf("start kafka on port %d: %v", port, err)
 				}
@@ -1184,7 +1186,7 @@ func TestOpenWaitsForBroker(t *testing.T) {
 // topic up again with backoff, not in a loop.
 func TestBrokerRejectsTemplatedTopic(t *testing.T) {
 	t.Parallel()
-	kafka := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2})
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2})
 	testenv.RequireLocalKafka(t, kafka)
 	lookups := kafka.Cluster().Fault(kfake.Fault{
 		Keys: []kmsg.Key{kmsg.Metadata}, Topic: "t.bad", Err: kerr.InvalidTopicException, Count: -1,
@@ -1250,7 +1252,7 @@ func TestCompression(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/idempotent=%v", c, idempotent), func(t *testing.T) {
 			t.Parallel()
 			const topic = "outbox.compressed"
-			kf := testenv.NewKafka(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
+			kf := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 			evs := stream(20, 600)
 			origins := map[*outbox.Event]*outbox.Origin{}
 			for i, ev := range evs {

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
-// WaitStatusUpdates waits until the client streaming slot in database has
+// WaitStatusUpdates waits until the client streaming slot in database of p has
 // sent n more standby status updates, as Postgres sees them: the reply_time
 // of the slot's walsender in pg_stat_replication moved on n times since the
 // call (the first move may be an update already on its way). It fails t
@@ -20,7 +22,7 @@ import (
 // this to show that the relay went on well past the moment it would have
 // confirmed something it must not (n chances to do it), instead of waiting a
 // fixed time and hoping the relay was scheduled meanwhile.
-func (p *Postgres) WaitStatusUpdates(t testing.TB, database, slot string, n int, timeout time.Duration) {
+func WaitStatusUpdates(t testing.TB, p *sandbox.Postgres, database, slot string, n int, timeout time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+10*time.Second)
 	defer cancel()

@@ -32,7 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // stubSpans are n ended spans as the processor hands them to the exporter.
@@ -55,7 +55,7 @@ func stubSpans(n int) []sdktrace.ReadOnlySpan {
 type testExporter struct {
 	*exporter
 	m    *metrics.Metrics
-	logs *testenv.Buffer
+	logs *sandbox.Buffer
 }
 
 func newTestExporter(t *testing.T, env map[string]string) testExporter {
@@ -64,7 +64,7 @@ func newTestExporter(t *testing.T, env map[string]string) testExporter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	te := testExporter{m: metrics.New(prometheus.NewRegistry()), logs: &testenv.Buffer{}}
+	te := testExporter{m: metrics.New(prometheus.NewRegistry()), logs: &sandbox.Buffer{}}
 	te.exporter = newExporter(dest, "v1.0.0-test", zerolog.New(te.logs), te.m)
 	te.backoff = 10 * time.Millisecond
 	t.Cleanup(func() {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -333,7 +334,7 @@ func TestExportFailure(t *testing.T) {
 	}))
 	defer srv.Close()
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", srv.URL+"/custom/path")
-	var logs testenv.Buffer
+	var logs sandbox.Buffer
 	m := metrics.New(prometheus.NewRegistry())
 	s, err := New(context.Background(), Config{Logger: zerolog.New(&logs), Metrics: m})
 	if err != nil {

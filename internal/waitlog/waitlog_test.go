@@ -10,11 +10,12 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // records parses the JSON lines in buf.
-func records(t *testing.T, buf *testenv.Buffer) []map[string]any {
+func records(t *testing.T, buf *sandbox.Buffer) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
@@ -34,7 +35,7 @@ func records(t *testing.T, buf *testenv.Buffer) []map[string]any {
 // first names what and where, the next counts the failed attempts with the
 // last error, and the answer ends them.
 func TestWaitLogsFirstProgressAndAnswer(t *testing.T) {
-	var buf testenv.Buffer
+	var buf sandbox.Buffer
 	w := start(zerolog.New(&buf), "Kafka brokers", "127.0.0.1:1", "check --kafka-brokers", 50*time.Millisecond, 100*time.Millisecond)
 	w.Failed(errors.New("dial tcp 127.0.0.1:1: connect: connection refused"))
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -69,7 +70,7 @@ func TestWaitLogsFirstProgressAndAnswer(t *testing.T) {
 // TestShortWaitIsSilent checks that a wait ending before the first line
 // logs nothing, answered or not.
 func TestShortWaitIsSilent(t *testing.T) {
-	var buf testenv.Buffer
+	var buf sandbox.Buffer
 	for _, ok := range []bool{true, false} {
 		w := start(zerolog.New(&buf), "Postgres", "db:5432", "", time.Hour, time.Hour)
 		w.Failed(errors.New("refused"))
@@ -86,7 +87,7 @@ func TestShortWaitIsSilent(t *testing.T) {
 // TestGivenUpWaitLogsNoAnswer checks that a wait given up (Done(false)) after
 // it was logged does not claim an answer: the caller reports the failure.
 func TestGivenUpWaitLogsNoAnswer(t *testing.T) {
-	var buf testenv.Buffer
+	var buf sandbox.Buffer
 	w := start(zerolog.New(&buf), "Postgres", "db:5432", "", 10*time.Millisecond, time.Hour)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if !w.Logged() {

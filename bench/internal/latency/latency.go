@@ -1,5 +1,5 @@
 // Package latency measures commit-to-consumer latency: a Kafka consumer (kgo,
-// through testenv.Tail) records, for every record, the time it arrived minus
+// through sandbox.Tail) records, for every record, the time it arrived minus
 // the commit_time header (the Postgres commit timestamp of the event's
 // transaction, RFC 3339). That spans commit → relay → Kafka ack → fetch, so it
 // is an upper bound of commit → ack.
@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // Sample is one event's latency and when its transaction committed.
@@ -43,12 +43,12 @@ func Start(ctx context.Context, brokers []string, topic string) *Consumer {
 	c := &Consumer{cancel: cancel, done: make(chan struct{}), arrived: make(chan struct{}, 1)}
 	go func() {
 		defer close(c.done)
-		c.err = testenv.Tail(cctx, brokers, "^"+regexp.QuoteMeta(topic)+"$", c.record)
+		c.err = sandbox.Tail(cctx, brokers, "^"+regexp.QuoteMeta(topic)+"$", c.record)
 	}()
 	return c
 }
 
-func (c *Consumer) record(r testenv.Record) {
+func (c *Consumer) record(r sandbox.Record) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()

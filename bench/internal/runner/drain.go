@@ -18,7 +18,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgload"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // drainPhase runs the selected drain cells in order. The headline cell's
@@ -190,7 +190,7 @@ func (b *bench) drainRelayAndLimit(ctx context.Context, c DrainCell, cell *resul
 // createTopics creates topics with n partitions each.
 func (b *bench) createTopics(ctx context.Context, topics []string, n int) error {
 	for _, t := range topics {
-		if err := testenv.CreateTopic(ctx, b.brokers, t, n); err != nil {
+		if err := sandbox.CreateTopic(ctx, b.brokers, t, n); err != nil {
 			return fmt.Errorf("create topic %s: %w", t, err)
 		}
 	}
@@ -425,7 +425,7 @@ func verifyDrain(ctx context.Context, brokers []string, system string, topics []
 	v := results.Verify{System: system, Topic: topic}
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	recs, err := testenv.ReadAll(rctx, brokers, topics...)
+	recs, err := sandbox.ReadAll(rctx, brokers, topics...)
 	if err != nil {
 		return v, fmt.Errorf("read back %s: %w", topic, err)
 	}

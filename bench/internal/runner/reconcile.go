@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // reconcileMessage matches the message of the log line the relay writes at
@@ -43,7 +43,7 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 	events := b.cell.Events
 	rec := results.Reconcile{TopicPartitions: n, Events: events}
 	topic := reconcileTopic(n)
-	if err := testenv.CreateTopic(ctx, b.brokers, topic, n); err != nil {
+	if err := sandbox.CreateTopic(ctx, b.brokers, topic, n); err != nil {
 		return rec, err
 	}
 	opts := relayOptions{slot: reconcileSlot(n), topic: topic, delivery: results.EffectivelyOnce, logLevel: "info"}
@@ -116,7 +116,7 @@ func (b *bench) reconcileRun(ctx context.Context, n int) (results.Reconcile, err
 
 	// Let the restarted relay finish, then check nothing was lost or sent twice.
 	wctx, cancel := context.WithTimeout(ctx, b.drainTimeout())
-	_, err = testenv.WaitForRecords(wctx, b.brokers, events, topic)
+	_, err = sandbox.WaitForRecords(wctx, b.brokers, events, topic)
 	cancel()
 	if err != nil {
 		return rec, fmt.Errorf("wait for the restarted relay to finish: %w", err)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/child"
 	"github.com/cdc-relay/cdc-relay/bench/internal/cpusplit"
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // relayProc is the relay binary running as `cdc-relay run`.
@@ -66,7 +66,7 @@ func (b *bench) relayArgs(o relayOptions, addr string) []string {
 
 // startRelay starts the built relay on the relay database.
 func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
-	port, err := testenv.FreePort()
+	port, err := sandbox.FreePort()
 	if err != nil {
 		return nil, fmt.Errorf("pick metrics port: %w", err)
 	}

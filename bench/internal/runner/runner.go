@@ -25,7 +25,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // Names shared by the phases.
@@ -95,7 +95,7 @@ type Config struct {
 	Out io.Writer
 }
 
-// PGSettings are the server settings of the run, on top of testenv's
+// PGSettings are the server settings of the run, on top of sandbox's
 // (wal_level=logical, fsync=off, full_page_writes=off).
 var PGSettings = map[string]string{
 	"shared_buffers":     "256MB",
@@ -115,7 +115,7 @@ type bench struct {
 	root     string // module root
 	tmp      string
 	relayBin string
-	pg       *testenv.Postgres
+	pg       *sandbox.Postgres
 	cpu      *pgstat.CPUSampler
 	brokers  []string
 	res      *results.Results
@@ -181,7 +181,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 		}
 	}
 	b.say("starting PostgreSQL 15 and the in-process Kafka broker (kfake)")
-	if b.pg, err = testenv.StartPostgres(ctx, testenv.PGOptions{Settings: PGSettings}); err != nil {
+	if b.pg, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{Settings: PGSettings}); err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
 	defer func() {
@@ -190,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 		}
 	}()
 	if b.pg.External() {
-		return nil, fmt.Errorf("the benchmark measures Postgres processes through /proc: unset %s", testenv.EnvPGURL)
+		return nil, fmt.Errorf("the benchmark measures Postgres processes through /proc: unset %s", sandbox.EnvPGURL)
 	}
 	// initdb leaves the catalogs of template1 and postgres unanalysed;
 	// autovacuum's first visit then ANALYZEs them, ~120 KiB of WAL that
@@ -211,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	// 24 GiB, as kfake then keeps every batch. Persisting costs ~6 µs of the
 	// machine's CPU per partition batch (internal/sink's BenchmarkSinkPaced),
 	// which the broker spends beside the relay at 256 partitions.
-	kafka, err := testenv.StartKafka(testenv.KafkaOptions{Partitions: head.Partitions, NoAutoCreate: true,
+	kafka, err := sandbox.StartKafka(sandbox.KafkaOptions{Partitions: head.Partitions, NoAutoCreate: true,
 		BrokerConfigs: map[string]string{"message.max.bytes": strconv.Itoa(brokerMaxMessageBytes)}})
 	if err != nil {
 		return nil, fmt.Errorf("start kafka: %w", err)
@@ -401,6 +401,6 @@ func (b *bench) notes() []string {
 		"CPU pressure: the share of a window in which some runnable task waited for a CPU (Linux PSI, /proc/pressure/cpu \"some\"): how oversubscribed the machine was, which explains tails and rates better than its load average",
 		fmt.Sprintf("poller: BEGIN; SELECT … ORDER BY created_at, id LIMIT %d FOR UPDATE SKIP LOCKED; produce with kafka-go's Writer (acks=all, murmur2, whole batch per call, 1 ms batch timeout); DELETE the published rows (delete, not UPDATE published_at); COMMIT; sleeps %s when a poll finds nothing; commit_time from pg_xact_commit_timestamp(xmin)", b.cfg.PollerBatch, b.cfg.PollerIdle),
 		"Postgres µs/ev by process: walsender = logical decoding for the limit reader or the relay; backend = client sessions (the poller's SELECT/DELETE, the load generator's INSERTs); exited = sessions that ended before the sample (e.g. the load generator's at the end of a latency run)",
-		"Postgres runs with testenv's fsync=off and full_page_writes=off, so WAL figures hold no full-page images (the poller's DELETEs would add some after every checkpoint) and commits never wait for a disk",
+		"Postgres runs with sandbox's fsync=off and full_page_writes=off, so WAL figures hold no full-page images (the poller's DELETEs would add some after every checkpoint) and commits never wait for a disk",
 	}
 }

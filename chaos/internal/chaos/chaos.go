@@ -37,7 +37,7 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // Options configure the scenarios (Scenarios uses Kills, Episodes and
@@ -180,12 +180,12 @@ type size struct {
 // in-process toxiproxy server. Create it with NewEnv and Close it.
 type Env struct {
 	opts       Options
-	pg         *testenv.Postgres
+	pg         *sandbox.Postgres
 	proxies    *toxiproxy.ApiServer
 	migrations []string
 }
 
-// NewEnv starts the Postgres cluster the scenarios share (testenv: a
+// NewEnv starts the Postgres cluster the scenarios share (sandbox: a
 // throwaway PostgreSQL 15, or CDC_RELAY_TEST_PG_URL) and reads the
 // migrations.
 func NewEnv(ctx context.Context, opts Options) (*Env, error) {
@@ -197,7 +197,7 @@ func NewEnv(ctx context.Context, opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	pg, err := testenv.StartPostgres(ctx, testenv.PGOptions{})
+	pg, err := sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
@@ -284,10 +284,10 @@ func (e *Env) Run(ctx context.Context, s Scenario) Result {
 	res := Result{Scenario: s.Name, MinFaults: s.MinFaults, DuplicatesReason: s.DuplicatesReason, Seed: e.opts.Seed}
 	switch {
 	case s.localPG && e.pg.External():
-		res.Skipped = "needs a local Postgres it can restart (" + testenv.EnvPGURL + " is set)"
+		res.Skipped = "needs a local Postgres it can restart (" + sandbox.EnvPGURL + " is set)"
 		return res
-	case s.localKafka && s.kafka == kafkaLocal && os.Getenv(testenv.EnvKafkaBrokers) != "":
-		res.Skipped = "needs a local kfake broker (" + testenv.EnvKafkaBrokers + " is set)"
+	case s.localKafka && s.kafka == kafkaLocal && os.Getenv(sandbox.EnvKafkaBrokers) != "":
+		res.Skipped = "needs a local kfake broker (" + sandbox.EnvKafkaBrokers + " is set)"
 		return res
 	}
 	e.opts.Logf("%s: %s", s.Name, s.Fault)

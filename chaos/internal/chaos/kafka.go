@@ -7,14 +7,14 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // kafkaKind says which Kafka a scenario runs against.
 type kafkaKind int
 
 const (
-	// kafkaLocal is testenv's one-broker kfake, which can be stopped and
+	// kafkaLocal is sandbox's one-broker kfake, which can be stopped and
 	// started again on the same port with its data (or external brokers
 	// named by CDC_RELAY_TEST_KAFKA_BROKERS, for scenarios without Kafka
 	// faults).
@@ -34,7 +34,7 @@ const partitions = 4
 // kafkaEnv is the Kafka side of one scenario.
 type kafkaEnv struct {
 	brokers []string
-	local   *testenv.Kafka // kafkaLocal
+	local   *sandbox.Kafka // kafkaLocal
 	cluster *kfake.Cluster // kafkaProxied, kafkaThreeBrokers
 	proxy   *netProxy      // kafkaProxied
 }
@@ -52,7 +52,7 @@ func startKafka(kind kafkaKind, topic string, proxies *toxiproxy.ApiServer) (*ka
 		}
 		return &kafkaEnv{brokers: c.ListenAddrs(), cluster: c}, nil
 	default:
-		k, err := testenv.StartKafka(testenv.KafkaOptions{Partitions: partitions, Topics: []string{topic}})
+		k, err := sandbox.StartKafka(sandbox.KafkaOptions{Partitions: partitions, Topics: []string{topic}})
 		if err != nil {
 			return nil, err
 		}
@@ -63,7 +63,7 @@ func startKafka(kind kafkaKind, topic string, proxies *toxiproxy.ApiServer) (*ka
 // startProxiedKafka starts one kfake broker on a free port and a proxy in
 // front of it on another; the broker advertises the proxy's address.
 func startProxiedKafka(topic string, proxies *toxiproxy.ApiServer) (*kafkaEnv, error) {
-	port, err := testenv.FreePort()
+	port, err := sandbox.FreePort()
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // relayProc runs the cdc-relay binary as a child process, possibly several
@@ -24,7 +24,7 @@ type relayProc struct {
 	bin  string
 	args []string
 	env  []string
-	logs testenv.Buffer
+	logs sandbox.Buffer
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -62,7 +62,7 @@ func (r *relayProc) start() error {
 			return errors.New("start relay: already running")
 		}
 	}
-	port, err := testenv.FreePort()
+	port, err := sandbox.FreePort()
 	if err != nil {
 		return fmt.Errorf("start relay: %w", err)
 	}

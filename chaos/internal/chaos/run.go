@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
-	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
 
 // Timing of a run's phases.
@@ -120,7 +120,7 @@ func (r *run) execute(ctx context.Context, res *Result) {
 	}
 	r.startLoad(ctx)
 	wctx, cancel := context.WithTimeout(ctx, warmupTimeout)
-	_, err := testenv.WaitForRecords(wctx, r.kafka.brokers, 1, r.topic)
+	_, err := sandbox.WaitForRecords(wctx, r.kafka.brokers, 1, r.topic)
 	cancel()
 	if err != nil {
 		res.Err = fmt.Errorf("warm-up: no record in Kafka: %w", err)

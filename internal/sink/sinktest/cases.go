@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -81,7 +82,7 @@ func coin(seed uint64, p float64) func(kmsg.Request) bool {
 // (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS): every event is reported
 // done(nil) once, in order, and is in the log once, in order.
 func testOrderTransient(t *testing.T, open Opener) {
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
 	produce := []kmsg.Key{kmsg.Produce}
 	faults := b.Cluster().Fault(
 		kfake.Fault{Keys: produce, Err: kerr.NotLeaderForPartition, Count: -1, When: coin(1, 0.15)},
@@ -101,7 +102,7 @@ func testOrderTransient(t *testing.T, open Opener) {
 // are in, so duplicates are allowed, but nothing is lost, each event is
 // reported once, and a re-sent event never lands after a later one.
 func testOrderAmbiguous(t *testing.T, open Opener) {
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
 	produce := []kmsg.Key{kmsg.Produce}
 	faults := b.Cluster().Fault(
 		kfake.Fault{Keys: produce, Err: kerr.RequestTimedOut, Count: -1, When: coin(3, 0.15)},
@@ -125,7 +126,7 @@ var errDropped = errors.New("sinktest: response dropped after the append")
 // lost: duplicates are allowed, but nothing is lost, each event is reported
 // once, and a re-sent event never lands after a later one.
 func testOrderDroppedResponses(t *testing.T, open Opener) {
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
 	var n int // requests seen; controls run one at a time
 	dropped := b.dropResponses(func() bool {
 		n++
@@ -212,7 +213,7 @@ func appendVia(cl *kgo.Client, c *kfake.Cluster, req *kmsg.ProduceRequest) error
 // each event is reported once, and a re-sent event never lands after a
 // later one (what was in flight at the stop may be in the log twice).
 func testOrderBrokerRestart(t *testing.T, open Opener) {
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
 	var n atomic.Int64
 	g := b.hold(func(*kmsg.ProduceRequest) bool { return n.Add(1) == 8 })
 	evs := orderStream()
@@ -237,7 +238,7 @@ func testOrderBrokerRestart(t *testing.T, open Opener) {
 // lost, each event is reported once, and the log holds each event once, in
 // per-key order.
 func testOrderLeaderMoves(t *testing.T, open Opener) {
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
 	c := b.Cluster()
 	if _, _, err := c.AddNode(-1, 0); err != nil {
 		t.Fatalf("add a second broker: %v", err)
@@ -273,7 +274,7 @@ func testOrderLeaderMoves(t *testing.T, open Opener) {
 // asks for acks=all (as in every case).
 func testAckAfterAppend(t *testing.T, open Opener) {
 	const topic = "contract.acks"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	c := b.Cluster()
 	delay := coin(5, 0.5)
 	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
@@ -318,7 +319,7 @@ func testAckAfterAppend(t *testing.T, open Opener) {
 // other event is delivered once, in order.
 func testMessageTooLarge(t *testing.T, open Opener) {
 	const topic = "contract.small"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 1})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 1})
 	if err := b.Cluster().CreateTopic(topic, 1, map[string]string{"max.message.bytes": "4096"}); err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
@@ -360,7 +361,7 @@ func testMessageTooLarge(t *testing.T, open Opener) {
 // *outbox.EventError of Code "empty_key"; the good ones are delivered.
 func testEmptyKey(t *testing.T, open Opener) {
 	const topic = "contract.keys"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 	good := []*outbox.Event{newEvent("k000", 0, 0, 0), newEvent("k000", 1, 3, 0)}
 	null := newEvent("k001", 0, 1, 0)
 	null.ID, null.AggregateID = []byte("null-key"), nil
@@ -387,7 +388,7 @@ func testEmptyKey(t *testing.T, open Opener) {
 // a producer that calls Done from one goroutine, none can come meanwhile.
 func testRefusedTopic(t *testing.T, open Opener) {
 	const topic, refused = "contract.good", "contract.refused"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 2, Topics: []string{topic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 2, Topics: []string{topic}})
 	faults := b.Cluster().Fault(kfake.Fault{
 		Keys: []kmsg.Key{kmsg.Metadata, kmsg.CreateTopics}, Topic: refused, Err: kerr.InvalidTopicException, Count: -1,
 	})
@@ -433,7 +434,7 @@ func testRefusedTopic(t *testing.T, open Opener) {
 // Not parallel: it looks at every goroutine of the process.
 func testCloseAbandons(t *testing.T, open Opener) {
 	const topic = "contract.close"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	g := b.hold(nil)
 	before := goroutineStacks()
 	p := b.open(open, Options{Retry: fastRetry, RequestTimeout: 30 * time.Second}, topic)
@@ -484,7 +485,7 @@ func testCloseAbandons(t *testing.T, open Opener) {
 // produce request in flight per partition.
 func testHaltOnDoneError(t *testing.T, open Opener) {
 	const topic, markers = "contract.halt", "contract.markers"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic, markers}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic, markers}})
 	var halted atomic.Bool
 	var afterHalt atomic.Int64
 	g := b.hold(func(req *kmsg.ProduceRequest) bool {
@@ -571,7 +572,7 @@ func testHaltOnDoneError(t *testing.T, open Opener) {
 // Not parallel: it measures the heap of the process.
 func testBoundedMemory(t *testing.T, open Opener) {
 	const topic = "contract.memory"
-	b := newBroker(t, testenv.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
 	evs := stream(100, 1000, 300)
 	queued := queuedBytes(evs)
 	faults := b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})

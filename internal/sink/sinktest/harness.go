@@ -18,6 +18,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -28,7 +29,7 @@ var fastRetry = backoff.Policy{Base: time.Millisecond, Cap: 20 * time.Millisecon
 // broker is a case's in-process Kafka broker. It records the acks of every
 // produce request it sees.
 type broker struct {
-	*testenv.Kafka
+	*sandbox.Kafka
 	t *testing.T
 
 	mu       sync.Mutex
@@ -48,7 +49,7 @@ func (b *broker) problem(format string, args ...any) {
 // newBroker starts a broker for t, skipping t unless it is local (the cases
 // inject faults), and checks when t ends that every produce request asked for
 // acks=all.
-func newBroker(t *testing.T, opts testenv.KafkaOptions) *broker {
+func newBroker(t *testing.T, opts sandbox.KafkaOptions) *broker {
 	t.Helper()
 	k := testenv.NewKafka(t, opts)
 	testenv.RequireLocalKafka(t, k)

@@ -1,7 +1,7 @@
 // Package sinktest is the contract suite every Kafka producer of the relay
 // must pass: Run opens producers through a factory, each on a fresh
 // in-process broker (testenv.NewKafka), injects faults with kfake's controls
-// and faults, and checks what arrived with testenv's franz-go reader, a
+// and faults, and checks what arrived with sandbox's franz-go reader, a
 // different client than the producer under test.
 //
 // The cases, one subtest each:

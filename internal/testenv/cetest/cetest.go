@@ -17,7 +17,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/cloudevents/sdk-go/v2/event"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // Kafka binding names: binary-mode attributes are headers with this prefix,
@@ -35,7 +35,7 @@ var binarySpecs = spec.WithPrefix(attrPrefix)
 // CloudEvents event format the SDK knows (the JSON format), binary mode when
 // it carries ce_specversion; anything else is an error. It returns the event,
 // validated (event.Validate), and the mode it was read in.
-func ToEvent(rec testenv.Record) (*event.Event, binding.Encoding, error) {
+func ToEvent(rec sandbox.Record) (*event.Event, binding.Encoding, error) {
 	m, err := newMessage(rec)
 	if err != nil {
 		return nil, binding.EncodingUnknown, err
@@ -50,9 +50,9 @@ func ToEvent(rec testenv.Record) (*event.Event, binding.Encoding, error) {
 	return ev, m.ReadEncoding(), nil
 }
 
-// message is a testenv.Record as a binding.Message.
+// message is a sandbox.Record as a binding.Message.
 type message struct {
-	rec     testenv.Record
+	rec     sandbox.Record
 	format  format.Format // structured mode
 	version spec.Version  // binary mode
 }
@@ -62,7 +62,7 @@ var (
 	_ binding.MessageMetadataReader = (*message)(nil)
 )
 
-func newMessage(rec testenv.Record) (*message, error) {
+func newMessage(rec sandbox.Record) (*message, error) {
 	m := &message{rec: rec}
 	ct := rec.Headers[headerContentType]
 	if strings.HasPrefix(strings.ToLower(ct), format.Prefix) {

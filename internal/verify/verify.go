@@ -20,7 +20,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // Event is one committed outbox row as the writer knows it: Seq numbers the
@@ -75,17 +75,17 @@ func (r Result) Err() error {
 	return nil
 }
 
-// Check checks records (as testenv.ReadAll returns them) against the
+// Check checks records (as sandbox.ReadAll returns them) against the
 // committed events. Delivery is at-least-once: an event may appear several
 // times, but for each key the first occurrences, in offset order, must follow
 // commit order, and a key must stay on one partition.
-func Check(committed []Event, records []testenv.Record) Result {
+func Check(committed []Event, records []sandbox.Record) Result {
 	res := Result{Committed: len(committed), Records: len(records)}
 	byID := make(map[string]*Event, len(committed))
 	for i := range committed {
 		byID[committed[i].ID] = &committed[i]
 	}
-	byOffset := func(a, b testenv.Record) int {
+	byOffset := func(a, b sandbox.Record) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	}
 	recs := records
@@ -100,7 +100,7 @@ func Check(committed []Event, records []testenv.Record) Result {
 	seen := make(map[string]bool, len(committed))
 	home := make(map[string]where)
 	lastSeq := make(map[string]int)
-	mismatch := func(r testenv.Record, format string, args ...any) {
+	mismatch := func(r sandbox.Record, format string, args ...any) {
 		res.Mismatches = append(res.Mismatches, fmt.Sprintf("%s/%d@%d: ", r.Topic, r.Partition, r.Offset)+fmt.Sprintf(format, args...))
 	}
 	for _, r := range recs {
@@ -197,14 +197,14 @@ const readTimeout = 30 * time.Second
 // passes, and returns the last check with the records it checked. It polls
 // every interval (250ms when 0). The error is only for a read that failed:
 // events still missing at the deadline are in the Result.
-func Await(ctx context.Context, brokers []string, topic string, committed func() []Event, timeout, interval time.Duration) (Result, []testenv.Record, error) {
+func Await(ctx context.Context, brokers []string, topic string, committed func() []Event, timeout, interval time.Duration) (Result, []sandbox.Record, error) {
 	if interval <= 0 {
 		interval = 250 * time.Millisecond
 	}
 	deadline := time.Now().Add(timeout)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, readTimeout)
-		recs, err := testenv.ReadAll(rctx, brokers, topic)
+		recs, err := sandbox.ReadAll(rctx, brokers, topic)
 		cancel()
 		if err != nil {
 			return Result{}, nil, fmt.Errorf("read topic %s: %w", topic, err)

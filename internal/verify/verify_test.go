@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // TestCheck checks the checker itself on hand-made records.
@@ -13,14 +13,14 @@ func TestCheck(t *testing.T) {
 	committed := []Event{
 		{ID: "1", Agg: "a", Seq: 1}, {ID: "2", Agg: "b", Seq: 1}, {ID: "3", Agg: "a", Seq: 2}, {ID: "4", Agg: "a", Seq: 3},
 	}
-	rec := func(p int32, off int64, id string) testenv.Record {
+	rec := func(p int32, off int64, id string) sandbox.Record {
 		var ev Event
 		for _, e := range committed {
 			if e.ID == id {
 				ev = e
 			}
 		}
-		return testenv.Record{
+		return sandbox.Record{
 			Topic: "t", Partition: p, Offset: off, Key: []byte(ev.Agg),
 			Value: []byte(fmt.Sprintf(`{"agg": %q, "seq": %d}`, ev.Agg, ev.Seq)),
 			Headers: map[string]string{
@@ -31,15 +31,15 @@ func TestCheck(t *testing.T) {
 	}
 	tests := []struct {
 		name                 string
-		recs                 []testenv.Record
+		recs                 []sandbox.Record
 		missing, dups, order int
 	}{
-		{name: "exact", recs: []testenv.Record{rec(0, 0, "1"), rec(0, 1, "3"), rec(0, 2, "4"), rec(1, 0, "2")}},
-		{name: "redelivered", recs: []testenv.Record{rec(0, 0, "1"), rec(0, 1, "3"), rec(0, 2, "1"), rec(0, 3, "3"), rec(0, 4, "4"), rec(1, 0, "2"), rec(1, 1, "2")}, dups: 3},
-		{name: "missing", recs: []testenv.Record{rec(0, 0, "1"), rec(0, 2, "4"), rec(1, 0, "2")}, missing: 1},
-		{name: "reordered", recs: []testenv.Record{rec(0, 0, "1"), rec(0, 1, "4"), rec(0, 2, "3"), rec(1, 0, "2")}, order: 1},
-		{name: "two partitions", recs: []testenv.Record{rec(0, 0, "1"), rec(0, 1, "3"), rec(2, 0, "4"), rec(1, 0, "2")}, order: 1},
-		{name: "offset order decides", recs: []testenv.Record{rec(0, 2, "1"), rec(0, 1, "3"), rec(0, 3, "4"), rec(1, 0, "2")}, order: 1},
+		{name: "exact", recs: []sandbox.Record{rec(0, 0, "1"), rec(0, 1, "3"), rec(0, 2, "4"), rec(1, 0, "2")}},
+		{name: "redelivered", recs: []sandbox.Record{rec(0, 0, "1"), rec(0, 1, "3"), rec(0, 2, "1"), rec(0, 3, "3"), rec(0, 4, "4"), rec(1, 0, "2"), rec(1, 1, "2")}, dups: 3},
+		{name: "missing", recs: []sandbox.Record{rec(0, 0, "1"), rec(0, 2, "4"), rec(1, 0, "2")}, missing: 1},
+		{name: "reordered", recs: []sandbox.Record{rec(0, 0, "1"), rec(0, 1, "4"), rec(0, 2, "3"), rec(1, 0, "2")}, order: 1},
+		{name: "two partitions", recs: []sandbox.Record{rec(0, 0, "1"), rec(0, 1, "3"), rec(2, 0, "4"), rec(1, 0, "2")}, order: 1},
+		{name: "offset order decides", recs: []sandbox.Record{rec(0, 2, "1"), rec(0, 1, "3"), rec(0, 3, "4"), rec(1, 0, "2")}, order: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,7 +54,7 @@ func TestCheck(t *testing.T) {
 	}
 	bad := rec(0, 0, "1")
 	bad.Value = []byte(`{"agg":"a","seq":7}`)
-	if res := Check(committed[:1], []testenv.Record{bad}); len(res.Mismatches) != 1 || res.Err() == nil {
+	if res := Check(committed[:1], []sandbox.Record{bad}); len(res.Mismatches) != 1 || res.Err() == nil {
 		t.Errorf("wrong seq in value: got %s, want one mismatch", res)
 	}
 	if res := Check(committed, nil); !strings.Contains(res.String(), "missing=4") {
@@ -62,7 +62,7 @@ func TestCheck(t *testing.T) {
 	}
 	stranger := rec(0, 5, "1")
 	stranger.Headers = map[string]string{"id": "99"}
-	if res := Check(committed[:1], []testenv.Record{rec(0, 0, "1"), stranger}); res.Unknown != 1 || res.Err() == nil {
+	if res := Check(committed[:1], []sandbox.Record{rec(0, 0, "1"), stranger}); res.Unknown != 1 || res.Err() == nil {
 		t.Errorf("record of an uncommitted event: got %s, want unknown=1 and an error", res)
 	}
 }

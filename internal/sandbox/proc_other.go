@@ -1,6 +1,6 @@
 //go:build !unix
 
-package testenv
+package sandbox
 
 import "os/exec"
 

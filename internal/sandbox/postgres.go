@@ -1,4 +1,4 @@
-package testenv
+package sandbox
 
 import (
 	"bytes"
@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -171,7 +170,7 @@ func (p *Postgres) initAndStart(ctx context.Context, conf string, opts PGOptions
 			return err
 		}
 		// Before conf, so opts.Settings may still override these.
-		conf = "\n# cdc-relay testenv: PGOptions.TLS\n" +
+		conf = "\n# cdc-relay sandbox: PGOptions.TLS\n" +
 			"ssl = on\n" +
 			"ssl_cert_file = " + confQuote(p.tls.server.ServerCert) + "\n" +
 			"ssl_key_file = " + confQuote(p.tls.server.ServerKey) + "\n" + conf
@@ -210,7 +209,7 @@ func (p *Postgres) initAndStart(ctx context.Context, conf string, opts PGOptions
 // socket directory and TLS files.
 func pgConf(walLevel string, settings map[string]string) (string, error) {
 	var b strings.Builder
-	b.WriteString("\n# cdc-relay testenv\n")
+	b.WriteString("\n# cdc-relay sandbox\n")
 	b.WriteString("listen_addresses = '127.0.0.1'\n")
 	b.WriteString("wal_level = " + confQuote(walLevel) + "\n")
 	b.WriteString("max_wal_senders = 20\n")
@@ -282,7 +281,7 @@ func writeHBA(path string, opts PGOptions) error {
 	}
 	var b strings.Builder
 	if len(opts.HBA) > 0 {
-		b.WriteString("# cdc-relay testenv: PGOptions.HBA\n")
+		b.WriteString("# cdc-relay sandbox: PGOptions.HBA\n")
 		for _, l := range opts.HBA {
 			b.WriteString(l + "\n")
 		}
@@ -290,7 +289,7 @@ func writeHBA(path string, opts PGOptions) error {
 	if opts.TLS {
 		// A logical replication connection (replication=database) matches
 		// the database lines; the "replication" keyword is for physical ones.
-		b.WriteString("# cdc-relay testenv: PGOptions.TLS\n")
+		b.WriteString("# cdc-relay sandbox: PGOptions.TLS\n")
 		b.WriteString("hostssl all all 127.0.0.1/32 trust\n")
 		b.WriteString("hostssl replication all 127.0.0.1/32 trust\n")
 	}
@@ -300,7 +299,7 @@ func writeHBA(path string, opts PGOptions) error {
 	b.Write(initdb)
 	// initdb -A trust already trusts local TCP connections; say so explicitly
 	// so the relay's replication connections never depend on that default.
-	b.WriteString("\n# cdc-relay testenv\n" +
+	b.WriteString("\n# cdc-relay sandbox\n" +
 		"host all all 127.0.0.1/32 trust\n" +
 		"host replication all 127.0.0.1/32 trust\n")
 	// The file exists: WriteFile keeps its owner and mode.
@@ -360,38 +359,6 @@ func AttachPostgres(ctx context.Context, rawURL string, opts PGOptions) (*Postgr
 		return nil, fmt.Errorf("check external postgres %s: wal_level is %q, need logical", u.Redacted(), level)
 	}
 	return p, nil
-}
-
-// NewPostgres is StartPostgres for tests: it fails t on error, skips t when
-// the external server of CDC_RELAY_TEST_PG_URL cannot honour opts, and closes
-// the server when t ends.
-func NewPostgres(t testing.TB, opts PGOptions) *Postgres {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	p, err := StartPostgres(ctx, opts)
-	if errors.Is(err, ErrExternal) {
-		t.Skipf("skip: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("start postgres: %v", err)
-	}
-	t.Logf("postgres: %s", p.Describe())
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("close postgres: %v", err)
-		}
-	})
-	return p
-}
-
-// RequireLocal skips t unless p is a cluster this package started, for tests
-// that stop, restart or reconfigure the server.
-func RequireLocal(t testing.TB, p *Postgres) {
-	t.Helper()
-	if p.External() {
-		t.Skipf("skip: test needs a local PostgreSQL it can stop and restart, but %s points at an external server", EnvPGURL)
-	}
 }
 
 // External reports whether p wraps a server named by CDC_RELAY_TEST_PG_URL.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -18,7 +19,7 @@ import (
 // as committed is exactly what is in the table, each aggregate numbered in
 // increasing order.
 func TestWriterRidesOutRestart(t *testing.T) {
-	pg := testenv.NewPostgres(t, testenv.PGOptions{})
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{})
 	testenv.RequireLocal(t, pg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -26,7 +27,7 @@ func TestWriterRidesOutRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sql, err := os.ReadFile(filepath.Join("..", "..", "..", "migrations", "001_outbox.sql"))
+	sql, err := os.ReadFile(filepath.Join("..", "..", "migrations", "001_outbox.sql"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package testenv
+package sandbox
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -306,27 +305,6 @@ func (k *Kafka) clusterOpts(port int) []kfake.Opt {
 		}
 	}
 	return opts
-}
-
-// NewKafka is StartKafka for tests: it fails t on error and closes the broker
-// when t ends.
-func NewKafka(t testing.TB, opts KafkaOptions) *Kafka {
-	t.Helper()
-	k, err := StartKafka(opts)
-	if err != nil {
-		t.Fatalf("start kafka: %v", err)
-	}
-	t.Cleanup(k.Close)
-	return k
-}
-
-// RequireLocalKafka skips t unless k is a broker this package started, for
-// tests that stop the broker or inject faults through Cluster.
-func RequireLocalKafka(t testing.TB, k *Kafka) {
-	t.Helper()
-	if k.External() {
-		t.Skipf("skip: test needs a local kfake broker, but %s points at external brokers", EnvKafkaBrokers)
-	}
 }
 
 // External reports whether k wraps brokers named by

@@ -1,4 +1,4 @@
-package testenv
+package sandbox
 
 import (
 	"cmp"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -451,19 +450,6 @@ func (ep endpoint) client(opts ...kgo.Opt) (*kgo.Client, error) {
 		return nil, fmt.Errorf("create kafka client: %w", err)
 	}
 	return cl, nil
-}
-
-// MustReadAll is ReadAll for a test: it fails t when the records cannot be
-// read within 30 s.
-func (k *Kafka) MustReadAll(t testing.TB, topics ...string) []Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	recs, err := k.ReadAll(ctx, topics...)
-	if err != nil {
-		t.Fatalf("read %v: %v", topics, err)
-	}
-	return recs
 }
 
 // IDs returns the "id" headers (the event ids) of recs, sorted.

@@ -1,9 +1,8 @@
-package testenv
+package sandbox
 
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -182,7 +181,7 @@ func TestPGLookupOrder(t *testing.T) {
 			if l.envDir != "" {
 				env[EnvPGBinDir] = l.envDir
 			}
-			dir, from, err := pgLookup{getenv: func(k string) string { return env[k] }, debianRoot: l.debian}.find(testContext(t))
+			dir, from, err := pgLookup{getenv: func(k string) string { return env[k] }, debianRoot: l.debian}.find(t.Context()) // pg_config runs within pgToolTimeout
 			if len(l.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("found %s via %s, want an error", dir, from)
@@ -224,81 +223,5 @@ func TestParsePostgresVersion(t *testing.T) {
 	}
 	if _, _, err := parsePostgresVersion("psql (PostgreSQL)"); err == nil {
 		t.Error("parsePostgresVersion without a version: no error")
-	}
-}
-
-// symlinkFarm makes a directory under parent holding symlinks named initdb,
-// pg_ctl and postgres to those in target.
-func symlinkFarm(t *testing.T, parent, target string) string {
-	t.Helper()
-	dir := filepath.Join(parent, "bin")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range pgServerBinaries {
-		if err := os.Symlink(filepath.Join(target, name), filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
-// TestStartPostgresFromEnvBinDir starts a real cluster from binaries named
-// only by CDC_RELAY_PG_BINDIR: a symlink farm to the default binaries, in a
-// directory no other lookup step would find.
-func TestStartPostgresFromEnvBinDir(t *testing.T) {
-	ctx := testContext(t)
-	def, err := FindPGBin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Not t.TempDir: as root the cluster runs as postgres, which must reach it.
-	parent, err := os.MkdirTemp("", "cdc-relay-pgbin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(parent) })
-	if err := os.Chmod(parent, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	farm := symlinkFarm(t, parent, def.Dir)
-	t.Setenv(EnvPGBinDir, farm)
-	t.Setenv(EnvPGURL, "")
-
-	p := NewPostgres(t, PGOptions{})
-	if got := p.Bin(); got.Dir != farm || got.Source != EnvPGBinDir {
-		t.Errorf("Bin() = %+v, want Dir %s via %s", got, farm, EnvPGBinDir)
-	}
-	if !strings.Contains(p.Describe(), farm) {
-		t.Errorf("Describe() = %q, want it to name %s", p.Describe(), farm)
-	}
-	version := queryString(ctx, t, p.URL("postgres"), "SHOW server_version")
-	num, err := strconv.Atoi(queryString(ctx, t, p.URL("postgres"), "SHOW server_version_num"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// server_version may add a suffix: "15.14 (Debian 15.14-0+deb12u1)".
-	if !strings.HasPrefix(version, p.Version()) || p.Major() != num/10000 {
-		t.Errorf("Version() = %q, Major() = %d; server says server_version %q, server_version_num %d", p.Version(), p.Major(), version, num)
-	}
-}
-
-// TestFindPGBinUnreachableByServerUser: as root the server runs as the
-// postgres OS user, which cannot enter t.TempDir (0700, root's). Binaries
-// there must be refused up front with the fix, not fail later inside initdb.
-func TestFindPGBinUnreachableByServerUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skip: only root runs the server as another OS user")
-	}
-	ctx := testContext(t)
-	def, err := FindPGBin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	farm := symlinkFarm(t, t.TempDir(), def.Dir)
-	t.Setenv(EnvPGBinDir, farm)
-	_, err = FindPGBin(ctx)
-	if err == nil || !strings.Contains(err.Error(), "the postgres user must be able to read and execute "+farm) {
-		t.Errorf("err = %v, want the permission fix for %s", err, farm)
 	}
 }

@@ -1,16 +1,20 @@
-// Package config holds what every layer's configuration shares: the error
-// that names the setting to fix.
+// Package setting is how a library names the configuration setting an
+// operator must fix, without knowing the command line: the error for a bad
+// value (FieldError) and the token that names a setting inside a hint or a
+// log line (Token). It holds no configuration: each package owns its Config
+// struct, and the command line (cli) owns flags, files and the environment.
 //
 // Library packages name their own configuration fields ("Slot",
 // "Decoder.Columns.ID"); they know nothing of flags. The command line alone
 // maps a field to the flag and environment variable that set it (cli), so a
-// message reads "--column-id / CDC_RELAY_COLUMN_ID" there and "Decoder.Columns.ID"
-// to a library caller.
-package config
+// message reads "--column-id / CDC_RELAY_COLUMN_ID" there and "(setting
+// Columns.ID)" to a library caller.
+package setting
 
 import (
 	"errors"
 	"fmt"
+	"regexp"
 )
 
 // FieldError is a bad configuration value: Err says what is wrong and how to
@@ -39,9 +43,25 @@ func (e *FieldError) Token() string {
 // Unwrap returns Err.
 func (e *FieldError) Unwrap() error { return e.Err }
 
-// Token is how a field is named inside an error's text; the command line
-// replaces it with the flag and environment variable.
+// Token is how a field is named inside an error's or a log line's text; the
+// command line replaces it with the flag and environment variable (see
+// ReplaceTokens). A library writes it where it would name a flag: as the
+// setting to check in a hint, or as the fix of a *FieldError.
 func Token(field string) string { return "(setting " + field + ")" }
+
+// tokens matches Token's output.
+var tokens = regexp.MustCompile(`\(setting ([A-Za-z][A-Za-z0-9.]*)\)`)
+
+// ReplaceTokens returns s with every Token in it replaced by name's answer
+// for its field; a token name does not know (ok false) stays as it is.
+func ReplaceTokens(s string, name func(field string) (text string, ok bool)) string {
+	return tokens.ReplaceAllStringFunc(s, func(tok string) string {
+		if text, ok := name(tokens.FindStringSubmatch(tok)[1]); ok {
+			return text
+		}
+		return tok
+	})
+}
 
 // Errorf returns a *FieldError for field with a formatted message (which may
 // wrap an error with %w).

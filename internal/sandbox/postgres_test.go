@@ -1,4 +1,4 @@
-package testenv
+package sandbox_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // testTimeout bounds each test's work against the real servers.
@@ -44,19 +48,19 @@ func queryString(ctx context.Context, t *testing.T, url, sql string) string {
 // TestPostgres runs the checks that can share one cluster in sequence.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	p := NewPostgres(t, PGOptions{})
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
 	t.Run("settings", func(t *testing.T) { testPostgresSettings(t, p) })
 	t.Run("create database replaces", func(t *testing.T) { testPostgresCreateDatabaseReplaces(t, p) })
 	t.Run("stop start", func(t *testing.T) { testPostgresStopStart(t, p) })
 	t.Run("logical replication survives crash", func(t *testing.T) { testPostgresLogicalReplicationSurvivesCrash(t, p) })
 }
 
-func testPostgresSettings(t *testing.T, p *Postgres) {
+func testPostgresSettings(t *testing.T, p *sandbox.Postgres) {
 	ctx := testContext(t)
 	if got := queryString(ctx, t, p.URL("postgres"), "SHOW wal_level"); got != "logical" {
 		t.Errorf("wal_level = %q, want logical", got)
 	}
-	RequireLocal(t, p)
+	testenv.RequireLocal(t, p)
 	for _, tc := range []struct{ sql, want string }{
 		{"SHOW fsync", "off"},
 		{"SHOW full_page_writes", "off"},
@@ -73,7 +77,7 @@ func testPostgresSettings(t *testing.T, p *Postgres) {
 	}
 }
 
-func testPostgresLogicalReplicationSurvivesCrash(t *testing.T, p *Postgres) {
+func testPostgresLogicalReplicationSurvivesCrash(t *testing.T, p *sandbox.Postgres) {
 	ctx := testContext(t)
 	url, err := p.CreateDatabase(ctx, "relay_test")
 	if err != nil {
@@ -106,7 +110,7 @@ func testPostgresLogicalReplicationSurvivesCrash(t *testing.T, p *Postgres) {
 		t.Errorf("close replication connection: %v", err)
 	}
 
-	RequireLocal(t, p)
+	testenv.RequireLocal(t, p)
 	port := p.Port()
 	if err := p.Restart("immediate"); err != nil {
 		t.Fatal(err)
@@ -125,9 +129,9 @@ func testPostgresLogicalReplicationSurvivesCrash(t *testing.T, p *Postgres) {
 	}
 }
 
-func testPostgresStopStart(t *testing.T, p *Postgres) {
+func testPostgresStopStart(t *testing.T, p *sandbox.Postgres) {
 	ctx := testContext(t)
-	RequireLocal(t, p)
+	testenv.RequireLocal(t, p)
 	if err := p.Exec(ctx, "postgres", "CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)"); err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +162,7 @@ func testPostgresStopStart(t *testing.T, p *Postgres) {
 	}
 }
 
-func testPostgresCreateDatabaseReplaces(t *testing.T, p *Postgres) {
+func testPostgresCreateDatabaseReplaces(t *testing.T, p *sandbox.Postgres) {
 	ctx := testContext(t)
 	const db = "Mixed-Case db"
 	url, err := p.CreateDatabase(ctx, db)
@@ -206,7 +210,7 @@ func testPostgresCreateDatabaseReplaces(t *testing.T, p *Postgres) {
 func TestPostgresWalLevelReplica(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	p := NewPostgres(t, PGOptions{
+	p := testenv.NewPostgres(t, sandbox.PGOptions{
 		WalLevel: "replica",
 		Settings: map[string]string{"logical_decoding_work_mem": "64kB", "max_wal_senders": "7"},
 	})
@@ -227,10 +231,10 @@ func TestPostgresWalLevelReplica(t *testing.T) {
 
 func TestPostgresCloseLeavesNothing(t *testing.T) {
 	t.Parallel()
-	if os.Getenv(EnvPGURL) != "" {
-		t.Skipf("skip: %s is set", EnvPGURL)
+	if os.Getenv(sandbox.EnvPGURL) != "" {
+		t.Skipf("skip: %s is set", sandbox.EnvPGURL)
 	}
-	p, err := StartPostgres(testContext(t), PGOptions{})
+	p, err := sandbox.StartPostgres(testContext(t), sandbox.PGOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,32 +282,32 @@ func TestStartPostgresBadSettings(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
-		opts    PGOptions
+		opts    sandbox.PGOptions
 		wantErr string
 	}{
 		{
 			name:    "injected line",
-			opts:    PGOptions{Settings: map[string]string{"x = 1\nfsync": "on"}},
+			opts:    sandbox.PGOptions{Settings: map[string]string{"x = 1\nfsync": "on"}},
 			wantErr: "not a parameter name",
 		},
 		{
 			name:    "hba line break",
-			opts:    PGOptions{HBA: []string{"host all all 127.0.0.1/32 trust\nhost all all 0.0.0.0/0 trust"}},
+			opts:    sandbox.PGOptions{HBA: []string{"host all all 127.0.0.1/32 trust\nhost all all 0.0.0.0/0 trust"}},
 			wantErr: "want one non-empty line",
 		},
 		{
 			// The server refuses to start; the error carries its log.
 			name:    "bad wal_level",
-			opts:    PGOptions{WalLevel: "verbose"},
+			opts:    sandbox.PGOptions{WalLevel: "verbose"},
 			wantErr: `invalid value for parameter "wal_level"`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bin, err := FindPGBin(testContext(t))
+			bin, err := sandbox.FindPGBin(testContext(t))
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = startLocal(testContext(t), bin, tc.opts)
+			_, err = sandbox.StartLocal(testContext(t), bin, tc.opts)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("err = %v, want one containing %q", err, tc.wantErr)
 			}
@@ -314,10 +318,10 @@ func TestStartPostgresBadSettings(t *testing.T) {
 // TestAttachPostgres uses a local cluster as the "external" server.
 func TestAttachPostgres(t *testing.T) {
 	ctx := testContext(t)
-	local := NewPostgres(t, PGOptions{})
-	t.Setenv(EnvPGURL, local.URL("postgres"))
+	local := testenv.NewPostgres(t, sandbox.PGOptions{})
+	t.Setenv(sandbox.EnvPGURL, local.URL("postgres"))
 
-	p, err := StartPostgres(ctx, PGOptions{})
+	p, err := sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,22 +339,22 @@ func TestAttachPostgres(t *testing.T) {
 		"Start":   p.Start(),
 		"Restart": p.Restart("fast"),
 	} {
-		if !errors.Is(err, ErrExternal) {
-			t.Errorf("%s: err = %v, want ErrExternal", name, err)
+		if !errors.Is(err, sandbox.ErrExternal) {
+			t.Errorf("%s: err = %v, want sandbox.ErrExternal", name, err)
 		}
 	}
 	if err := p.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 
-	for name, opts := range map[string]PGOptions{
+	for name, opts := range map[string]sandbox.PGOptions{
 		"wal_level": {WalLevel: "replica"},
 		"settings":  {Settings: map[string]string{"fsync": "on"}},
 		"tls":       {TLS: true},
 		"hba":       {HBA: []string{"host all all 127.0.0.1/32 trust"}},
 	} {
-		if _, err := StartPostgres(ctx, opts); !errors.Is(err, ErrExternal) {
-			t.Errorf("%s: err = %v, want ErrExternal", name, err)
+		if _, err := sandbox.StartPostgres(ctx, opts); !errors.Is(err, sandbox.ErrExternal) {
+			t.Errorf("%s: err = %v, want sandbox.ErrExternal", name, err)
 		}
 	}
 }
@@ -359,7 +363,7 @@ func TestAttachPostgresRedactsPassword(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	port, err := FreePort()
+	port, err := sandbox.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,9 +372,9 @@ func TestAttachPostgresRedactsPassword(t *testing.T) {
 		"mysql://u:s3cr3t@127.0.0.1/db",
 		"postgres://u:s3cr3t@[bad",
 	} {
-		_, err := AttachPostgres(ctx, raw, PGOptions{})
+		_, err := sandbox.AttachPostgres(ctx, raw, sandbox.PGOptions{})
 		if err == nil {
-			t.Errorf("AttachPostgres(%q) succeeded", raw)
+			t.Errorf("sandbox.AttachPostgres(%q) succeeded", raw)
 			continue
 		}
 		if strings.Contains(err.Error(), "s3cr3t") {
@@ -386,7 +390,7 @@ func TestAttachPostgresRedactsPassword(t *testing.T) {
 // the HBA line comes first, so its role needs its password.
 func TestPostgresTLS(t *testing.T) {
 	t.Parallel()
-	p := NewPostgres(t, PGOptions{TLS: true, HBA: []string{"host all pw_user 127.0.0.1/32 scram-sha-256"}})
+	p := testenv.NewPostgres(t, sandbox.PGOptions{TLS: true, HBA: []string{"host all pw_user 127.0.0.1/32 scram-sha-256"}})
 	ctx := testContext(t)
 	tlsURL := p.TLSURL("postgres")
 	if tlsURL == "" || p.CAFile() == "" || p.UntrustedCAFile() == "" || p.CAFile() == p.UntrustedCAFile() {
@@ -460,7 +464,7 @@ func TestPostgresTLS(t *testing.T) {
 	}
 
 	// The files survive a restart.
-	RequireLocal(t, p)
+	testenv.RequireLocal(t, p)
 	if err := p.Restart("fast"); err != nil {
 		t.Fatal(err)
 	}
@@ -472,13 +476,89 @@ func TestPostgresTLS(t *testing.T) {
 // TestPostgresWithoutTLS: the default cluster has TLS off and no TLS URL.
 func TestPostgresWithoutTLS(t *testing.T) {
 	t.Parallel()
-	p := NewPostgres(t, PGOptions{})
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
 	if p.TLSURL("postgres") != "" || p.CAFile() != "" || p.UntrustedCAFile() != "" {
 		t.Errorf("TLSURL %q, CAFile %q, UntrustedCAFile %q: want all empty", p.TLSURL("postgres"), p.CAFile(), p.UntrustedCAFile())
 	}
-	RequireLocal(t, p) // an external server may well have TLS on
+	testenv.RequireLocal(t, p) // an external server may well have TLS on
 	ctx := testContext(t)
 	if got := queryString(ctx, t, p.URL("postgres"), "SHOW ssl"); got != "off" {
 		t.Errorf("ssl = %q, want off", got)
+	}
+}
+
+// symlinkFarm makes a directory under parent holding symlinks named initdb,
+// pg_ctl and postgres to those in target.
+func symlinkFarm(t *testing.T, parent, target string) string {
+	t.Helper()
+	dir := filepath.Join(parent, "bin")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range sandbox.PGServerBinaries {
+		if err := os.Symlink(filepath.Join(target, name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestStartPostgresFromEnvBinDir starts a real cluster from binaries named
+// only by CDC_RELAY_PG_BINDIR: a symlink farm to the default binaries, in a
+// directory no other lookup step would find.
+func TestStartPostgresFromEnvBinDir(t *testing.T) {
+	ctx := testContext(t)
+	def, err := sandbox.FindPGBin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not t.TempDir: as root the cluster runs as postgres, which must reach it.
+	parent, err := os.MkdirTemp("", "cdc-relay-pgbin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	if err := os.Chmod(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	farm := symlinkFarm(t, parent, def.Dir)
+	t.Setenv(sandbox.EnvPGBinDir, farm)
+	t.Setenv(sandbox.EnvPGURL, "")
+
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
+	if got := p.Bin(); got.Dir != farm || got.Source != sandbox.EnvPGBinDir {
+		t.Errorf("Bin() = %+v, want Dir %s via %s", got, farm, sandbox.EnvPGBinDir)
+	}
+	if !strings.Contains(p.Describe(), farm) {
+		t.Errorf("Describe() = %q, want it to name %s", p.Describe(), farm)
+	}
+	version := queryString(ctx, t, p.URL("postgres"), "SHOW server_version")
+	num, err := strconv.Atoi(queryString(ctx, t, p.URL("postgres"), "SHOW server_version_num"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// server_version may add a suffix: "15.14 (Debian 15.14-0+deb12u1)".
+	if !strings.HasPrefix(version, p.Version()) || p.Major() != num/10000 {
+		t.Errorf("Version() = %q, Major() = %d; server says server_version %q, server_version_num %d", p.Version(), p.Major(), version, num)
+	}
+}
+
+// TestFindPGBinUnreachableByServerUser: as root the server runs as the
+// postgres OS user, which cannot enter t.TempDir (0700, root's). Binaries
+// there must be refused up front with the fix, not fail later inside initdb.
+func TestFindPGBinUnreachableByServerUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skip: only root runs the server as another OS user")
+	}
+	ctx := testContext(t)
+	def, err := sandbox.FindPGBin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	farm := symlinkFarm(t, t.TempDir(), def.Dir)
+	t.Setenv(sandbox.EnvPGBinDir, farm)
+	_, err = sandbox.FindPGBin(ctx)
+	if err == nil || !strings.Contains(err.Error(), "the postgres user must be able to read and execute "+farm) {
+		t.Errorf("err = %v, want the permission fix for %s", err, farm)
 	}
 }

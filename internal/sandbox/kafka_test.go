@@ -1,4 +1,4 @@
-package testenv
+package sandbox_test
 
 import (
 	"bytes"
@@ -23,6 +23,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // produce writes records with kgo, creating missing topics, and fails t
@@ -70,8 +73,8 @@ func partitionCount(ctx context.Context, t *testing.T, brokers []string, topic s
 }
 
 // sameRecords compares what matters of two record lists.
-func sameRecords(a, b []Record) bool {
-	return slices.EqualFunc(a, b, func(x, y Record) bool {
+func sameRecords(a, b []sandbox.Record) bool {
+	return slices.EqualFunc(a, b, func(x, y sandbox.Record) bool {
 		return x.Topic == y.Topic && x.Partition == y.Partition && x.Offset == y.Offset &&
 			bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value) &&
 			fmt.Sprint(x.Headers) == fmt.Sprint(y.Headers) && x.Timestamp.Equal(y.Timestamp)
@@ -81,8 +84,8 @@ func sameRecords(a, b []Record) bool {
 func TestKafkaPersistsAcrossRestart(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	k := NewKafka(t, KafkaOptions{Partitions: 3, Topics: []string{"seeded"}})
-	RequireLocalKafka(t, k)
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 3, Topics: []string{"seeded"}})
+	testenv.RequireLocalKafka(t, k)
 	brokers := k.Brokers()
 
 	var records []*kgo.Record
@@ -96,12 +99,12 @@ func TestKafkaPersistsAcrossRestart(t *testing.T) {
 	}
 	produce(ctx, t, brokers, records...)
 
-	before, err := ReadAll(ctx, brokers, "events", "seeded", "missing")
+	before, err := sandbox.ReadAll(ctx, brokers, "events", "seeded", "missing")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(before) != len(records) {
-		t.Fatalf("ReadAll got %d records, want %d", len(before), len(records))
+		t.Fatalf("sandbox.ReadAll got %d records, want %d", len(before), len(records))
 	}
 	values := make(map[string]string)
 	for i, r := range before {
@@ -141,7 +144,7 @@ func TestKafkaPersistsAcrossRestart(t *testing.T) {
 	if !slices.Equal(k.Brokers(), brokers) || k.Cluster() == nil {
 		t.Fatalf("after Start: brokers %v (want %v), cluster %v", k.Brokers(), brokers, k.Cluster())
 	}
-	after, err := ReadAll(ctx, brokers, "events", "seeded", "missing")
+	after, err := sandbox.ReadAll(ctx, brokers, "events", "seeded", "missing")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,20 +154,20 @@ func TestKafkaPersistsAcrossRestart(t *testing.T) {
 
 	// The log continues where it was.
 	produce(ctx, t, brokers, &kgo.Record{Topic: "events", Partition: 0, Value: []byte("later")})
-	all, err := WaitForRecords(ctx, brokers, len(records)+1, "events")
+	all, err := sandbox.WaitForRecords(ctx, brokers, len(records)+1, "events")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(all) != len(records)+1 {
-		t.Errorf("WaitForRecords got %d records, want %d", len(all), len(records)+1)
+		t.Errorf("sandbox.WaitForRecords got %d records, want %d", len(all), len(records)+1)
 	}
 }
 
 func TestKafkaNoAutoCreate(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	k := NewKafka(t, KafkaOptions{NoAutoCreate: true})
-	RequireLocalKafka(t, k)
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{NoAutoCreate: true})
+	testenv.RequireLocalKafka(t, k)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
 	if err != nil {
 		t.Fatal(err)
@@ -187,16 +190,16 @@ func TestKafkaNoAutoCreate(t *testing.T) {
 		partitions, want int
 	}{
 		{partitions: 2, want: 2},
-		{partitions: 0, want: defaultPartitions},
+		{partitions: 0, want: sandbox.DefaultPartitions},
 	} {
 		topic := fmt.Sprintf("created-%d", tc.partitions)
-		if err := CreateTopic(ctx, k.Brokers(), topic, tc.partitions); err != nil {
+		if err := sandbox.CreateTopic(ctx, k.Brokers(), topic, tc.partitions); err != nil {
 			t.Fatal(err)
 		}
 		if got := partitionCount(ctx, t, k.Brokers(), topic); got != tc.want {
-			t.Errorf("CreateTopic(%d partitions): got %d, want %d", tc.partitions, got, tc.want)
+			t.Errorf("sandbox.CreateTopic(%d partitions): got %d, want %d", tc.partitions, got, tc.want)
 		}
-		if err := CreateTopic(ctx, k.Brokers(), topic, tc.partitions); !errors.Is(err, kerr.TopicAlreadyExists) {
+		if err := sandbox.CreateTopic(ctx, k.Brokers(), topic, tc.partitions); !errors.Is(err, kerr.TopicAlreadyExists) {
 			t.Errorf("second CreateTopic: %v, want TopicAlreadyExists", err)
 		}
 	}
@@ -205,8 +208,8 @@ func TestKafkaNoAutoCreate(t *testing.T) {
 func TestReadAllReturnsAtOnce(t *testing.T) {
 	t.Parallel()
 	empty, missing := uniqueTopic("empty"), uniqueTopic("missing")
-	k := NewKafka(t, KafkaOptions{Topics: []string{empty}})
-	// Something to not read: ReadAll of no topics must not mean all topics.
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{Topics: []string{empty}})
+	// Something to not read: sandbox.ReadAll of no topics must not mean all topics.
 	produce(testContext(t), t, k.Brokers(), &kgo.Record{Topic: uniqueTopic("full"), Value: []byte("v")})
 	for _, tc := range []struct {
 		name   string
@@ -220,21 +223,21 @@ func TestReadAllReturnsAtOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
-			got, err := ReadAll(ctx, k.Brokers(), tc.topics...)
+			got, err := sandbox.ReadAll(ctx, k.Brokers(), tc.topics...)
 			if err != nil || len(got) != 0 {
-				t.Errorf("ReadAll = %v, %v; want nothing", got, err)
+				t.Errorf("sandbox.ReadAll = %v, %v; want nothing", got, err)
 			}
 		})
 	}
 }
 
-// TestReadAllTransactional checks that ReadAll finishes when a partition ends
+// TestReadAllTransactional checks that sandbox.ReadAll finishes when a partition ends
 // with a transaction marker, which takes an offset but is no record.
 func TestReadAllTransactional(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	topic := uniqueTopic("txn")
-	k := NewKafka(t, KafkaOptions{Partitions: 1, Topics: []string{topic}})
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 1, Topics: []string{topic}})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.TransactionalID(topic))
 	if err != nil {
 		t.Fatal(err)
@@ -251,45 +254,45 @@ func TestReadAllTransactional(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := ReadAll(ctx, k.Brokers(), topic)
+	got, err := sandbox.ReadAll(ctx, k.Brokers(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Three data records (one aborted, read uncommitted) and three markers.
 	if len(got) != 3 {
-		t.Errorf("ReadAll got %d records, want 3: %v", len(got), got)
+		t.Errorf("sandbox.ReadAll got %d records, want 3: %v", len(got), got)
 	}
 }
 
 func TestWaitForRecords(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	k := NewKafka(t, KafkaOptions{})
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{})
 	brokers := k.Brokers()
 
 	t.Run("topic created later", func(t *testing.T) {
-		// The broker tells when WaitForRecords asked for the topic (and heard
+		// The broker tells when sandbox.WaitForRecords asked for the topic (and heard
 		// it does not exist), so the topic is created only after that.
-		RequireLocalKafka(t, k)
+		testenv.RequireLocalKafka(t, k)
 		late := uniqueTopic("late")
 		asked := k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: late, Observe: true, Count: -1})
 		defer asked.Remove()
-		done := make(chan []Record, 1)
+		done := make(chan []sandbox.Record, 1)
 		go func() {
-			got, err := WaitForRecords(ctx, brokers, 2, late)
+			got, err := sandbox.WaitForRecords(ctx, brokers, 2, late)
 			if err != nil {
 				t.Errorf("WaitForRecords: %v", err)
 			}
 			done <- got
 		}()
 		if err := asked.Wait(ctx, 1); err != nil {
-			t.Fatalf("WaitForRecords did not look the topic up: %v", err)
+			t.Fatalf("sandbox.WaitForRecords did not look the topic up: %v", err)
 		}
 		produce(ctx, t, brokers, &kgo.Record{Topic: late, Partition: 0, Value: []byte("a")},
 			&kgo.Record{Topic: late, Partition: 0, Value: []byte("b")})
 		got := <-done
 		if len(got) != 2 || string(got[0].Value) != "a" || string(got[1].Value) != "b" {
-			t.Errorf("WaitForRecords = %v, want a, b", got)
+			t.Errorf("sandbox.WaitForRecords = %v, want a, b", got)
 		}
 	})
 
@@ -298,7 +301,7 @@ func TestWaitForRecords(t *testing.T) {
 		produce(ctx, t, brokers, &kgo.Record{Topic: short, Value: []byte("only")})
 		shortCtx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		got, err := WaitForRecords(shortCtx, brokers, 5, short)
+		got, err := sandbox.WaitForRecords(shortCtx, brokers, 5, short)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("err = %v, want DeadlineExceeded", err)
 		}
@@ -311,7 +314,7 @@ func TestWaitForRecords(t *testing.T) {
 func TestTail(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	k := NewKafka(t, KafkaOptions{})
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{})
 	brokers := k.Brokers()
 	prefix := uniqueTopic("tail")
 	topicA, topicB := prefix+"-a", prefix+"-b"
@@ -324,7 +327,7 @@ func TestTail(t *testing.T) {
 	seen := make(map[string]string)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Tail(tailCtx, brokers, "^"+regexp.QuoteMeta(prefix)+"-", func(r Record) {
+		errc <- sandbox.Tail(tailCtx, brokers, "^"+regexp.QuoteMeta(prefix)+"-", func(r sandbox.Record) {
 			mu.Lock()
 			defer mu.Unlock()
 			seen[string(r.Value)] = r.Topic
@@ -339,16 +342,16 @@ func TestTail(t *testing.T) {
 		t.Fatalf("Tail: %v", err)
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("Tail did not see both records in time: %v", seen)
+		t.Fatalf("sandbox.Tail did not see both records in time: %v", seen)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if seen["1"] != topicA || seen["2"] != topicB || len(seen) != 2 {
-		t.Errorf("Tail saw %v, want 1 from %s and 2 from %s", seen, topicA, topicB)
+		t.Errorf("sandbox.Tail saw %v, want 1 from %s and 2 from %s", seen, topicA, topicB)
 	}
 
-	if err := Tail(ctx, brokers, "(", func(Record) {}); err == nil {
-		t.Errorf("Tail accepted an invalid regex")
+	if err := sandbox.Tail(ctx, brokers, "(", func(sandbox.Record) {}); err == nil {
+		t.Errorf("sandbox.Tail accepted an invalid regex")
 	}
 }
 
@@ -356,20 +359,20 @@ func TestKafkaKeepsGivenDataDir(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	dir := t.TempDir()
-	k := NewKafka(t, KafkaOptions{DataDir: dir})
-	RequireLocalKafka(t, k)
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{DataDir: dir})
+	testenv.RequireLocalKafka(t, k)
 	produce(ctx, t, k.Brokers(), &kgo.Record{Topic: "kept", Value: []byte("v")})
 	k.Close()
 	k.Close()
 
 	// A new broker on the same directory, on a new port, has the data.
-	k2 := NewKafka(t, KafkaOptions{DataDir: dir})
-	got, err := ReadAll(ctx, k2.Brokers(), "kept")
+	k2 := testenv.NewKafka(t, sandbox.KafkaOptions{DataDir: dir})
+	got, err := sandbox.ReadAll(ctx, k2.Brokers(), "kept")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || string(got[0].Value) != "v" {
-		t.Errorf("ReadAll after reopening the data dir = %v, want one record v", got)
+		t.Errorf("sandbox.ReadAll after reopening the data dir = %v, want one record v", got)
 	}
 	if err := k.Start(); err == nil {
 		t.Errorf("Start after Close succeeded")
@@ -378,22 +381,22 @@ func TestKafkaKeepsGivenDataDir(t *testing.T) {
 
 func TestKafkaInMemory(t *testing.T) {
 	t.Parallel()
-	if _, err := StartKafka(KafkaOptions{InMemory: true, DataDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "InMemory and a DataDir") {
-		t.Errorf("StartKafka with InMemory and a DataDir: %v, want an error naming both", err)
+	if _, err := sandbox.StartKafka(sandbox.KafkaOptions{InMemory: true, DataDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "InMemory and a DataDir") {
+		t.Errorf("sandbox.StartKafka with InMemory and a DataDir: %v, want an error naming both", err)
 	}
 	ctx := testContext(t)
-	k := NewKafka(t, KafkaOptions{InMemory: true})
-	RequireLocalKafka(t, k)
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{InMemory: true})
+	testenv.RequireLocalKafka(t, k)
 	if d := k.DataDir(); d != "" {
 		t.Errorf("DataDir() = %q, want none", d)
 	}
 	produce(ctx, t, k.Brokers(), &kgo.Record{Topic: "mem", Value: []byte("v")})
-	got, err := ReadAll(ctx, k.Brokers(), "mem")
+	got, err := sandbox.ReadAll(ctx, k.Brokers(), "mem")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || string(got[0].Value) != "v" {
-		t.Errorf("ReadAll = %v, want one record v", got)
+		t.Errorf("sandbox.ReadAll = %v, want one record v", got)
 	}
 	k.Stop()
 	if err := k.Start(); err == nil || !strings.Contains(err.Error(), "in-memory") {
@@ -402,31 +405,31 @@ func TestKafkaInMemory(t *testing.T) {
 }
 
 func TestFreePort(t *testing.T) {
-	port, err := FreePort()
+	port, err := sandbox.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
-		t.Fatalf("listen on FreePort %d: %v", port, err)
+		t.Fatalf("listen on sandbox.FreePort %d: %v", port, err)
 	}
 	ln.Close()
 }
 
 // TestKafkaSecurity starts brokers with TLS and SASL and checks that the
-// helpers reach them through ClientOpts and the Kafka methods, across a
+// helpers reach them through ClientOpts and the sandbox.Kafka methods, across a
 // restart, while a client without the right settings is turned away.
 func TestKafkaSecurity(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name string
-		opts KafkaOptions
+		opts sandbox.KafkaOptions
 		// wrong are client settings the broker must refuse.
 		wrong map[string][]kgo.Opt
 	}{
 		{
 			name: "TLS",
-			opts: KafkaOptions{TLS: true},
+			opts: sandbox.KafkaOptions{TLS: true},
 			wrong: map[string][]kgo.Opt{
 				"plain TCP":    nil,
 				"untrusted CA": {kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})},
@@ -435,14 +438,14 @@ func TestKafkaSecurity(t *testing.T) {
 		},
 		{
 			name: "mutual TLS",
-			opts: KafkaOptions{RequireClientCert: true},
+			opts: sandbox.KafkaOptions{RequireClientCert: true},
 			wrong: map[string][]kgo.Opt{
 				"no client certificate": {kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true})},
 			},
 		},
 		{
 			name: "PLAIN",
-			opts: KafkaOptions{SASLUsers: []SASLUser{{SASLPlain, "alice", "pw-plain"}}},
+			opts: sandbox.KafkaOptions{SASLUsers: []sandbox.SASLUser{{sandbox.SASLPlain, "alice", "pw-plain"}}},
 			wrong: map[string][]kgo.Opt{
 				"no SASL":        nil,
 				"wrong password": {kgo.SASL(plain.Auth{User: "alice", Pass: "nope"}.AsMechanism())},
@@ -450,7 +453,7 @@ func TestKafkaSecurity(t *testing.T) {
 		},
 		{
 			name: "SCRAM-SHA-256",
-			opts: KafkaOptions{SASLUsers: []SASLUser{{SASLScramSHA256, "bob", "pw-256"}}},
+			opts: sandbox.KafkaOptions{SASLUsers: []sandbox.SASLUser{{sandbox.SASLScramSHA256, "bob", "pw-256"}}},
 			wrong: map[string][]kgo.Opt{
 				"wrong password":  {kgo.SASL(scram.Auth{User: "bob", Pass: "nope"}.AsSha256Mechanism())},
 				"wrong mechanism": {kgo.SASL(scram.Auth{User: "bob", Pass: "pw-256"}.AsSha512Mechanism())},
@@ -458,7 +461,7 @@ func TestKafkaSecurity(t *testing.T) {
 		},
 		{
 			name: "TLS and SCRAM-SHA-512",
-			opts: KafkaOptions{TLS: true, SASLUsers: []SASLUser{{SASLScramSHA512, "carol", "pw-512"}, {SASLPlain, "dave", "pw"}}},
+			opts: sandbox.KafkaOptions{TLS: true, SASLUsers: []sandbox.SASLUser{{sandbox.SASLScramSHA512, "carol", "pw-512"}, {sandbox.SASLPlain, "dave", "pw"}}},
 			wrong: map[string][]kgo.Opt{
 				"SASL without TLS": {kgo.SASL(scram.Auth{User: "carol", Pass: "pw-512"}.AsSha512Mechanism())},
 			},
@@ -468,13 +471,13 @@ func TestKafkaSecurity(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testContext(t)
-			k := NewKafka(t, tt.opts)
+			k := testenv.NewKafka(t, tt.opts)
 			if k.External() { // even with CDC_RELAY_TEST_KAFKA_BROKERS set
 				t.Fatal("a broker with TLS or SASL must be local")
 			}
 			f := k.TLSFiles()
 			if tls := tt.opts.TLS || tt.opts.RequireClientCert; tls != (f.CA != "") || tls != (k.ClientTLS() != nil) {
-				t.Fatalf("TLSFiles() = %+v, ClientTLS() = %v with TLS %v", f, k.ClientTLS() != nil, tls)
+				t.Fatalf("sandbox.TLSFiles() = %+v, ClientTLS() = %v with TLS %v", f, k.ClientTLS() != nil, tls)
 			}
 			topic := uniqueTopic("secure")
 			for round := range 2 { // before and after a restart
@@ -489,10 +492,10 @@ func TestKafkaSecurity(t *testing.T) {
 				}
 				got, err := k.ReadAll(ctx, topic)
 				if err != nil || len(got) != round+1 {
-					t.Fatalf("round %d: ReadAll = %d records, %v; want %d", round, len(got), err, round+1)
+					t.Fatalf("round %d: sandbox.ReadAll = %d records, %v; want %d", round, len(got), err, round+1)
 				}
 				if got, err := k.WaitForRecords(ctx, round+1, topic); err != nil || len(got) != round+1 {
-					t.Fatalf("round %d: WaitForRecords = %d records, %v", round, len(got), err)
+					t.Fatalf("round %d: sandbox.WaitForRecords = %d records, %v", round, len(got), err)
 				}
 				for what, opts := range tt.wrong {
 					if err := ping(ctx, k.Brokers(), opts...); err == nil {
@@ -506,14 +509,14 @@ func TestKafkaSecurity(t *testing.T) {
 			}
 			tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			tailed := 0
-			err := k.Tail(tctx, regexp.QuoteMeta(topic), func(Record) {
+			err := k.Tail(tctx, regexp.QuoteMeta(topic), func(sandbox.Record) {
 				if tailed++; tailed == 2 {
 					cancel()
 				}
 			})
 			cancel()
 			if err != nil || tailed != 2 {
-				t.Errorf("Tail saw %d records (%v), want 2", tailed, err)
+				t.Errorf("sandbox.Tail saw %d records (%v), want 2", tailed, err)
 			}
 			if err := k.CreateTopic(ctx, uniqueTopic("created"), 2); err != nil {
 				t.Errorf("CreateTopic: %v", err)
@@ -545,7 +548,7 @@ func ping(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
 // broker's certificates.
 func otherCA(t *testing.T) *tls.Config {
 	t.Helper()
-	f, err := WriteTLSFiles(t.TempDir())
+	f, err := sandbox.WriteTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,20 +560,20 @@ func otherCA(t *testing.T) *tls.Config {
 }
 
 func TestKafkaBadSASLUser(t *testing.T) {
-	for _, u := range []SASLUser{{"GSSAPI", "u", "p"}, {SASLPlain, "", "p"}} {
-		if k, err := StartKafka(KafkaOptions{SASLUsers: []SASLUser{u}}); err == nil {
+	for _, u := range []sandbox.SASLUser{{"GSSAPI", "u", "p"}, {sandbox.SASLPlain, "", "p"}} {
+		if k, err := sandbox.StartKafka(sandbox.KafkaOptions{SASLUsers: []sandbox.SASLUser{u}}); err == nil {
 			k.Close()
-			t.Errorf("StartKafka with SASL user %+v: no error", u)
+			t.Errorf("sandbox.StartKafka with SASL user %+v: no error", u)
 		}
 	}
 }
 
 func TestWriteTLSFiles(t *testing.T) {
-	f, err := WriteTLSFiles(t.TempDir())
+	f, err := sandbox.WriteTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := f.caPool()
+	pool, err := f.CAPool()
 	if err != nil {
 		t.Fatal(err)
 	}
