@@ -13,6 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // validateSlotLoss checks the --on-slot-loss flags.
@@ -80,7 +81,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 			return 0, fmt.Errorf("open the replay history (--dlq-table %s): %w", dlqTable, err)
 		}
 		octx, cancel := context.WithTimeout(ctx, wait)
-		p, err := deadletter.NewKafkaPublisher(octx, sinkCfg)
+		p, err := sink.NewPublisher(octx, sinkCfg)
 		cancel()
 		if err != nil {
 			return 0, err

@@ -537,7 +537,7 @@ func (f *publishFlags) actor() string {
 }
 
 // publisher connects to Kafka for a replay, or returns nil for a dry run.
-func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (*sink.Publisher, error) {
 	if f.DryRun {
 		return nil, nil
 	}
@@ -551,7 +551,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	defer cancel()
 	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport}
 	rf.apply(&cfg)
-	p, err := deadletter.NewKafkaPublisher(octx, cfg)
+	p, err := sink.NewPublisher(octx, cfg)
 	if err != nil {
 		return nil, sec.explainKafkaError(err)
 	}
@@ -560,7 +560,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 }
 
 // replayPublisher is publisher as the deadletter.Publisher a replay takes:
-// nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
+// nil for a dry run (not a nil *sink.Publisher, which is no nil interface),
 // and done, which closes it.
 func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
 	p, err := f.publisher(ctx, brokers, sec, rf, stderr)

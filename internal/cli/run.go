@@ -410,7 +410,7 @@ func (r *RunCmd) autoRetry(store *deadletter.Store, cfg relay.Config, log zerolo
 		a := &deadletter.AutoRetry{
 			Store: store,
 			Open: func(ctx context.Context) (deadletter.Publisher, func() error, error) {
-				p, err := deadletter.NewKafkaPublisher(ctx, pubCfg)
+				p, err := sink.NewPublisher(ctx, pubCfg)
 				if err != nil {
 					return nil, nil, err
 				}

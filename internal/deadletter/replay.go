@@ -452,7 +452,7 @@ func (r *ReplayRun) Flush(ctx context.Context) error {
 				tried = errors.Is(stop, errAttemptTimeout)
 			}
 		}
-		var pe *PublishError
+		var pe *sink.PublishError
 		isPE := errors.As(err, &pe)
 		now := time.Now()
 		for i, it := range items {

@@ -21,19 +21,19 @@ import (
 )
 
 // newPublisher returns a publisher to the package's broker, closed with t.
-func newPublisher(t *testing.T) *deadletter.KafkaPublisher {
+func newPublisher(t *testing.T) *sink.Publisher {
 	t.Helper()
 	return newPublisherWith(t, sink.Config{Brokers: kafka.Brokers()})
 }
 
 // newPublisherWith is newPublisher with cfg, e.g. a record format.
-func newPublisherWith(t *testing.T, cfg sink.Config) *deadletter.KafkaPublisher {
+func newPublisherWith(t *testing.T, cfg sink.Config) *sink.Publisher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(ctx, cfg)
+	p, err := sink.NewPublisher(ctx, cfg)
 	if err != nil {
-		t.Fatalf("NewKafkaPublisher: %v", err)
+		t.Fatalf("NewPublisher: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {
@@ -363,7 +363,7 @@ func TestReplayConcurrent(t *testing.T) {
 	s := newStore(t)
 	topic := unique("replay.concurrent")
 	seed(t, s, topic, 300)
-	pubs := []*deadletter.KafkaPublisher{newPublisher(t), newPublisher(t)}
+	pubs := []*sink.Publisher{newPublisher(t), newPublisher(t)}
 	results := make([]deadletter.ReplayResult, 2)
 	errs := make([]error, 2)
 	start := make(chan struct{})

@@ -53,7 +53,7 @@ func autoRetry(t *testing.T, s *deadletter.Store, budget int) (*deadletter.AutoR
 	return &deadletter.AutoRetry{
 		Store: s,
 		Open: func(ctx context.Context) (deadletter.Publisher, func() error, error) {
-			p, err := deadletter.NewKafkaPublisher(ctx, sink.Config{Brokers: kafka.Brokers()})
+			p, err := sink.NewPublisher(ctx, sink.Config{Brokers: kafka.Brokers()})
 			if err != nil {
 				return nil, nil, err
 			}

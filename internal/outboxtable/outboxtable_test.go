@@ -44,13 +44,13 @@ func newStore(t *testing.T, pool *pgxpool.Pool) *deadletter.Store {
 }
 
 // newPublisher returns a publisher to k, closed with t.
-func newPublisher(t *testing.T, k *testenv.Kafka) *deadletter.KafkaPublisher {
+func newPublisher(t *testing.T, k *testenv.Kafka) *sink.Publisher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(ctx, sink.Config{Brokers: k.Brokers()})
+	p, err := sink.NewPublisher(ctx, sink.Config{Brokers: k.Brokers()})
 	if err != nil {
-		t.Fatalf("NewKafkaPublisher: %v", err)
+		t.Fatalf("NewPublisher: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {

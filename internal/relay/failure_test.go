@@ -122,7 +122,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 
 	// Raise the broker's limit for the topic, then replay.
 	setTopicConfig(t, e.kafka.Brokers(), e.topic, "max.message.bytes", "8388608")
-	pub, err := deadletter.NewKafkaPublisher(context.Background(), sink.Config{Brokers: e.kafka.Brokers(), BatchMaxBytes: 4 << 20})
+	pub, err := sink.NewPublisher(context.Background(), sink.Config{Brokers: e.kafka.Brokers(), BatchMaxBytes: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
