@@ -23,23 +23,6 @@ const (
 	HeaderSchemaVersion = "schema_version"
 )
 
-// HeaderReplay is the header a replay adds to every message it publishes: the
-// replay's id in the history, so consumers and operators can tell a replay from
-// the original delivery.
-const HeaderReplay = "cdc_relay_replay"
-
-// HeaderBackfill marks events republished from the outbox table after the
-// replication slot was lost (cdc-relay run --on-slot-loss=backfill); its value
-// is the kind of loss: slot_missing, slot_lost or slot_ahead. Such events also
-// carry HeaderReplay, and may repeat events consumers already have.
-const HeaderBackfill = "cdc_relay_backfill"
-
-// HeaderSnapshot marks events published from the snapshot the relay exported
-// when it created its slot (cdc-relay run --snapshot initial); its value is
-// "initial". Such events also carry HeaderReplay and no source position, and
-// may be sent again if the relay stops before the snapshot completes.
-const HeaderSnapshot = "cdc_relay_snapshot"
-
 // FromEvent returns the dead letter of ev, which failed permanently with cause
 // on its way to topic. Headers holds every header the message carries (the
 // sink's id, event_type, aggregate_type, commit_lsn and commit_time, and the

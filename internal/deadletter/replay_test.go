@@ -14,6 +14,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -61,7 +62,7 @@ func seed(t *testing.T, s *deadletter.Store, topic string, n int) {
 	}
 }
 
-func checkResult(t *testing.T, what string, got deadletter.ReplayResult, want deadletter.Counts) {
+func checkResult(t *testing.T, what string, got replay.Outcome, want replay.Counts) {
 	t.Helper()
 	if got.Counts != want {
 		t.Errorf("%s: counts %+v, want %+v (failures %+v)", what, got.Counts, want, got.Failures)
@@ -80,7 +81,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "first replay", res, deadletter.Counts{Selected: 6, Published: 6})
+	checkResult(t, "first replay", res, replay.Counts{Selected: 6, Published: 6})
 	recs := kafka.MustReadAll(t, topic)
 	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(testenv.IDs(recs), want) {
 		t.Fatalf("Kafka has %v, want %v", testenv.IDs(recs), want)
@@ -92,7 +93,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		wantKey := map[bool]string{true: "A", false: "B"}[n%2 == 0]
 		want := map[string]string{
 			"id": id, "event_type": "OrderPlaced", "aggregate_type": "order", "commit_lsn": "0/10",
-			"commit_time": "2024-05-01T09:00:00Z", "tenant": "acme", deadletter.HeaderReplay: fmt.Sprint(res.ReplayID),
+			"commit_time": "2024-05-01T09:00:00Z", "tenant": "acme", replay.HeaderReplay: fmt.Sprint(res.ReplayID),
 		}
 		if string(r.Key) != wantKey || string(r.Value) != fmt.Sprintf(`{"n": %q}`, id) || fmt.Sprint(r.Headers) != fmt.Sprint(want) {
 			t.Errorf("record %s: key %q, value %s, headers %v; want key %q, headers %v", id, r.Key, r.Value, r.Headers, wantKey, want)
@@ -112,21 +113,21 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 
 	// History: the replay and one result per letter.
-	replays, err := s.ListReplays(ctx, 0)
+	replays, err := s.History().List(ctx, 0)
 	if err != nil || len(replays) != 1 {
 		t.Fatalf("ListReplays = %+v, %v", replays, err)
 	}
 	r := replays[0]
-	if r.ID != res.ReplayID || r.Kind != deadletter.KindDLQ || r.Actor != "alice" || r.FinishedAt == nil ||
+	if r.ID != res.ReplayID || r.Kind != replay.KindDLQ || r.Actor != "alice" || r.FinishedAt == nil ||
 		r.Counts != res.Counts || r.DryRun || r.Forced || len(r.Filters) != 0 {
 		t.Errorf("history entry = %+v", r)
 	}
-	events, err := s.ListReplayEvents(ctx, res.ReplayID)
+	events, err := s.History().Events(ctx, res.ReplayID)
 	if err != nil || len(events) != 6 {
 		t.Fatalf("ListReplayEvents = %d, %v; want 6", len(events), err)
 	}
 	for _, e := range events {
-		if e.Result != deadletter.ResultPublished || e.DeadLetterID == 0 || e.Error != "" {
+		if e.Result != replay.ResultPublished || e.DeadLetterID == 0 || e.Error != "" {
 			t.Errorf("history event = %+v", e)
 		}
 	}
@@ -136,11 +137,11 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "second replay", res2, deadletter.Counts{Selected: 6, Skipped: 6})
+	checkResult(t, "second replay", res2, replay.Counts{Selected: 6, Skipped: 6})
 	if n := len(kafka.MustReadAll(t, topic)); n != 6 {
 		t.Errorf("second replay published: %d records, want still 6", n)
 	}
-	if events, _ := s.ListReplayEvents(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != deadletter.ResultSkipped {
+	if events, _ := s.History().Events(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != replay.ResultSkipped {
 		t.Errorf("second replay history = %+v", events)
 	}
 
@@ -149,14 +150,14 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "dry run", res3, deadletter.Counts{Selected: 6})
+	checkResult(t, "dry run", res3, replay.Counts{Selected: 6})
 	if res3.DryRun != 6 {
 		t.Errorf("dry run would publish %d, want 6", res3.DryRun)
 	}
 	if n := len(kafka.MustReadAll(t, topic)); n != 6 {
 		t.Errorf("dry run published: %d records, want still 6", n)
 	}
-	if events, _ := s.ListReplayEvents(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != deadletter.ResultDryRun {
+	if events, _ := s.History().Events(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != replay.ResultDryRun {
 		t.Errorf("dry run history = %+v", events)
 	}
 
@@ -165,11 +166,11 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "forced replay", res4, deadletter.Counts{Selected: 3, Published: 3})
+	checkResult(t, "forced replay", res4, replay.Counts{Selected: 3, Published: 3})
 	recs = kafka.MustReadAll(t, topic)
 	var again []string
 	for _, r := range recs {
-		if r.Headers[deadletter.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
+		if r.Headers[replay.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
 			again = append(again, r.Headers[sink.HeaderID])
 		}
 	}
@@ -183,7 +184,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Errorf("e-01 replay_count = %d, want 1", l.ReplayCount)
 	}
 
-	replays, _ = s.ListReplays(ctx, 2)
+	replays, _ = s.History().List(ctx, 2)
 	if len(replays) != 2 || replays[0].ID != res4.ReplayID || !replays[0].Forced || replays[1].ID != res3.ReplayID ||
 		!replays[1].DryRun || replays[0].Filters["aggregate_id"] != "A" {
 		t.Errorf("ListReplays(2) = %+v", replays)
@@ -223,7 +224,7 @@ func TestReplayFilters(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			events, err := s.ListReplayEvents(ctx, res.ReplayID)
+			events, err := s.History().Events(ctx, res.ReplayID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -257,7 +258,7 @@ func TestReplayFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay", res, deadletter.Counts{Selected: 4, Published: 2, Failed: 2})
+	checkResult(t, "replay", res, replay.Counts{Selected: 4, Published: 2, Failed: 2})
 	failed := map[string]string{}
 	for _, f := range res.Failures {
 		failed[f.EventID] = f.Error
@@ -278,10 +279,10 @@ func TestReplayFailures(t *testing.T) {
 	if got := testenv.IDs(kafka.MustReadAll(t, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
 		t.Errorf("Kafka has %v", got)
 	}
-	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
+	events, _ := s.History().Events(ctx, res.ReplayID)
 	var nFailed int
 	for _, e := range events {
-		if e.Result == deadletter.ResultFailed && e.Error != "" {
+		if e.Result == replay.ResultFailed && e.Error != "" {
 			nFailed++
 		}
 	}
@@ -304,7 +305,7 @@ func TestReplayRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "rate-limited replay", res, deadletter.Counts{Selected: 40, Published: 40})
+	checkResult(t, "rate-limited replay", res, replay.Counts{Selected: 40, Published: 40})
 	got := 40 / elapsed.Seconds()
 	t.Logf("40 events at --rate %g took %v: %.1f events/s", rate, elapsed, got)
 	// The limiter starts empty, so 40 events take about 40/rate = 2s. Allow a
@@ -331,7 +332,7 @@ func TestReplayCanceled(t *testing.T) {
 	if res.Published == 0 || res.Published >= 20 {
 		t.Errorf("canceled replay published %d of 20", res.Published)
 	}
-	replays, _ := s.ListReplays(t.Context(), 1)
+	replays, _ := s.History().List(t.Context(), 1)
 	if len(replays) != 1 || replays[0].FinishedAt == nil || replays[0].Counts != res.Counts {
 		t.Errorf("history of the canceled replay = %+v, result %+v", replays, res.Counts)
 	}
@@ -339,7 +340,7 @@ func TestReplayCanceled(t *testing.T) {
 	if len(replayed) != res.Published {
 		t.Errorf("%d letters marked replayed, %d published", len(replayed), res.Published)
 	}
-	events, _ := s.ListReplayEvents(t.Context(), res.ReplayID)
+	events, _ := s.History().Events(t.Context(), res.ReplayID)
 	if len(events) != res.Selected {
 		t.Errorf("%d results recorded for %d selected letters", len(events), res.Selected)
 	}
@@ -364,7 +365,7 @@ func TestReplayConcurrent(t *testing.T) {
 	topic := unique("replay.concurrent")
 	seed(t, s, topic, 300)
 	pubs := []*sink.Publisher{newPublisher(t), newPublisher(t)}
-	results := make([]deadletter.ReplayResult, 2)
+	results := make([]replay.Outcome, 2)
 	errs := make([]error, 2)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -427,10 +428,10 @@ func TestReplaySkipsHeldLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay", res, deadletter.Counts{Selected: 3, Published: 2, Skipped: 1})
-	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
+	checkResult(t, "replay", res, replay.Counts{Selected: 3, Published: 2, Skipped: 1})
+	events, _ := s.History().Events(ctx, res.ReplayID)
 	for _, e := range events {
-		if e.EventID == "e-01" && (e.Result != deadletter.ResultSkipped || !strings.Contains(e.Error, "held by the other replay until")) {
+		if e.EventID == "e-01" && (e.Result != replay.ResultSkipped || !strings.Contains(e.Error, "held by the other replay until")) {
 			t.Errorf("held letter's result: %+v", e)
 		}
 	}
@@ -461,7 +462,7 @@ func TestReplayTopicOverride(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "override", res, deadletter.Counts{Selected: 1, Published: 1})
+	checkResult(t, "override", res, replay.Counts{Selected: 1, Published: 1})
 	if got := testenv.IDs(kafka.MustReadAll(t, fixed)); !slices.Equal(got, []string{"bad-topic"}) {
 		t.Errorf("%s has %v", fixed, got)
 	}
@@ -469,7 +470,7 @@ func TestReplayTopicOverride(t *testing.T) {
 	if l.Status != deadletter.StatusCompleted || l.Topic != bad.Topic {
 		t.Errorf("letter after the override: %s, topic %q (the letter keeps the topic it was meant for)", l.Status, l.Topic)
 	}
-	replays, _ := s.ListReplays(ctx, 1)
+	replays, _ := s.History().List(ctx, 1)
 	if len(replays) != 1 || replays[0].TopicOverride != fixed {
 		t.Errorf("replay history: %+v", replays)
 	}
@@ -523,7 +524,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay", res, deadletter.Counts{Selected: 1, Published: 1})
+	checkResult(t, "replay", res, replay.Counts{Selected: 1, Published: 1})
 	recs := kafka.MustReadAll(t, topic)
 	if len(recs) != 1 {
 		t.Fatalf("Kafka has %d records, want 1", len(recs))
@@ -550,7 +551,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "structured replay", res, deadletter.Counts{Selected: 1, Published: 1})
+	checkResult(t, "structured replay", res, replay.Counts{Selected: 1, Published: 1})
 	recs = kafka.MustReadAll(t, topic)
 	if len(recs) != 2 {
 		t.Fatalf("Kafka has %d records, want 2", len(recs))
@@ -563,41 +564,5 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 		ce.ID() != "bin-1" || ce.Source() != source || ce.Extensions()["traceparent"] != tp {
 		t.Errorf("structured replay: base64 %v data %x datacontenttype %q id %q source %q extensions %v",
 			ce.DataBase64, ce.Data(), ce.DataContentType(), ce.ID(), ce.Source(), ce.Extensions())
-	}
-}
-
-// TestReplayTotals: the history's events by kind and result, dry runs left
-// out, every kind and result present.
-func TestReplayTotals(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	for _, r := range []struct {
-		kind   string
-		dry    bool
-		counts deadletter.Counts
-	}{
-		{deadletter.KindOutbox, false, deadletter.Counts{Selected: 5, Published: 4, Failed: 1}},
-		{deadletter.KindOutbox, false, deadletter.Counts{Selected: 2, Published: 2}},
-		{deadletter.KindDLQ, false, deadletter.Counts{Selected: 3, Published: 1, Skipped: 2}},
-		{deadletter.KindDLQ, true, deadletter.Counts{Selected: 9, Published: 9}},
-	} {
-		id, err := s.StartReplay(ctx, deadletter.Replay{Kind: r.kind, Actor: "t", DryRun: r.dry})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.FinishReplay(ctx, id, r.counts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := s.ReplayTotals(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []deadletter.ReplayTotal{
-		{deadletter.KindDLQ, deadletter.ResultPublished, 1}, {deadletter.KindDLQ, deadletter.ResultSkipped, 2}, {deadletter.KindDLQ, deadletter.ResultFailed, 0},
-		{deadletter.KindOutbox, deadletter.ResultPublished, 6}, {deadletter.KindOutbox, deadletter.ResultSkipped, 0}, {deadletter.KindOutbox, deadletter.ResultFailed, 1},
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("ReplayTotals = %v, want %v", got, want)
 	}
 }

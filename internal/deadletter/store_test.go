@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -395,11 +396,11 @@ func TestEnsure(t *testing.T) {
 			if n, err := s.Backlog(ctx); err != nil || n != 1 {
 				t.Errorf("Backlog of %q = %d, %v", table, n, err)
 			}
-			id, err := s.StartReplay(ctx, deadletter.Replay{Kind: deadletter.KindDLQ, Actor: "t"})
+			id, err := s.History().Start(ctx, replay.Entry{Kind: replay.KindDLQ, Actor: "t"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.RecordReplayEvent(ctx, id, deadletter.ReplayEvent{EventID: "e-1", Result: deadletter.ResultSkipped}); err != nil {
+			if err := s.History().RecordEvent(ctx, id, replay.Event{EventID: "e-1", Result: replay.ResultSkipped}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -60,7 +61,7 @@ func newPublisher(t *testing.T, k *testenv.Kafka) *sink.Publisher {
 	return p
 }
 
-func checkResult(t *testing.T, what string, got deadletter.ReplayResult, want deadletter.Counts) {
+func checkResult(t *testing.T, what string, got replay.Outcome, want replay.Counts) {
 	t.Helper()
 	if got.Counts != want {
 		t.Errorf("%s: counts %+v, want %+v (failures %+v)", what, got.Counts, want, got.Failures)
@@ -129,11 +130,11 @@ func TestReplay(t *testing.T) {
 		Since: now.Add(-2 * time.Hour), Until: now.Add(-30 * time.Minute),
 		Topic: prefix + ".{aggregate_type}", Actor: "bob", BatchSize: 2,
 	}
-	res, err := outboxtable.Replay(ctx, pool, s, table, cols, p, opts)
+	res, err := outboxtable.Replay(ctx, pool, s.History(), table, cols, p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "outbox replay", res, deadletter.Counts{Selected: 4, Published: 4})
+	checkResult(t, "outbox replay", res, replay.Counts{Selected: 4, Published: 4})
 	orders, users := kafka.MustReadAll(t, prefix+".order"), kafka.MustReadAll(t, prefix+".user")
 	want := []string{ids[1], ids[2], ids[4]}
 	slices.Sort(want)
@@ -145,7 +146,7 @@ func TestReplay(t *testing.T) {
 		if string(r.Key) == "A" {
 			keyA = append(keyA, r.Headers["id"])
 		}
-		if r.Headers[deadletter.HeaderReplay] != fmt.Sprint(res.ReplayID) || r.Headers["event_type"] == "" ||
+		if r.Headers[replay.HeaderReplay] != fmt.Sprint(res.ReplayID) || r.Headers["event_type"] == "" ||
 			r.Headers["aggregate_type"] != "order" || !strings.HasPrefix(string(r.Value), `{"i": `) {
 			t.Errorf("record %+v", r)
 		}
@@ -159,17 +160,17 @@ func TestReplay(t *testing.T) {
 			t.Errorf("row %d: x-correlation header %q, want %q", i, r.Headers["x-correlation"], wantCorr)
 		}
 	}
-	replays, _ := s.ListReplays(ctx, 1)
-	if len(replays) != 1 || replays[0].Kind != deadletter.KindOutbox || replays[0].Actor != "bob" || replays[0].Filters["table"] != table {
+	replays, _ := s.History().List(ctx, 1)
+	if len(replays) != 1 || replays[0].Kind != replay.KindOutbox || replays[0].Actor != "bob" || replays[0].Filters["table"] != table {
 		t.Errorf("history = %+v", replays)
 	}
-	if events, _ := s.ListReplayEvents(ctx, res.ReplayID); len(events) != 4 || events[0].DeadLetterID != 0 || events[0].Result != deadletter.ResultPublished {
+	if events, _ := s.History().Events(ctx, res.ReplayID); len(events) != 4 || events[0].DeadLetterID != 0 || events[0].Result != replay.ResultPublished {
 		t.Errorf("history events = %+v", events)
 	}
 
 	// Aggregate and event type filters, then ids.
 	opts.AggregateID, opts.Since, opts.Until = "A", time.Time{}, time.Time{}
-	res, err = outboxtable.Replay(ctx, pool, s, table, cols, nil, withDryRun(opts))
+	res, err = outboxtable.Replay(ctx, pool, s.History(), table, cols, nil, withDryRun(opts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,12 +179,12 @@ func TestReplay(t *testing.T) {
 	}
 	opts.EventType = "Placed"
 	opts.AggregateID = ""
-	res, _ = outboxtable.Replay(ctx, pool, s, table, cols, nil, withDryRun(opts))
+	res, _ = outboxtable.Replay(ctx, pool, s.History(), table, cols, nil, withDryRun(opts))
 	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[0], ids[2]}) {
 		t.Errorf("event type Placed selected %v", got)
 	}
 	opts.EventType, opts.IDs = "", []string{ids[5], ids[2]}
-	res, _ = outboxtable.Replay(ctx, pool, s, table, cols, nil, withDryRun(opts))
+	res, _ = outboxtable.Replay(ctx, pool, s.History(), table, cols, nil, withDryRun(opts))
 	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[2], ids[5]}) {
 		t.Errorf("ids selected %v", got)
 	}
@@ -192,13 +193,13 @@ func TestReplay(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET aggregate_type = 'bad/type' WHERE id = $1`, ids[5]); err != nil {
 		t.Fatal(err)
 	}
-	res, err = outboxtable.Replay(ctx, pool, s, table, cols, p, outboxtable.ReplayOptions{IDs: []string{ids[2], ids[5]}, Topic: prefix + ".{aggregate_type}"})
+	res, err = outboxtable.Replay(ctx, pool, s.History(), table, cols, p, outboxtable.ReplayOptions{IDs: []string{ids[2], ids[5]}, Topic: prefix + ".{aggregate_type}"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay with a bad topic", res, deadletter.Counts{Selected: 2, Published: 1, Failed: 1})
+	checkResult(t, "replay with a bad topic", res, replay.Counts{Selected: 2, Published: 1, Failed: 1})
 
-	if _, err := outboxtable.Replay(ctx, pool, s, "public.no_such_outbox", cols, nil, withDryRun(opts)); err == nil || !strings.Contains(err.Error(), "public.no_such_outbox") {
+	if _, err := outboxtable.Replay(ctx, pool, s.History(), "public.no_such_outbox", cols, nil, withDryRun(opts)); err == nil || !strings.Contains(err.Error(), "public.no_such_outbox") {
 		t.Errorf("replay of a missing table: %v", err)
 	}
 }
@@ -211,7 +212,7 @@ func withDryRun(o outboxtable.ReplayOptions) outboxtable.ReplayOptions {
 // resultIDs returns the event ids recorded for a replay, in order.
 func resultIDs(t *testing.T, s *deadletter.Store, replayID int64) []string {
 	t.Helper()
-	events, err := s.ListReplayEvents(t.Context(), replayID)
+	events, err := s.History().Events(t.Context(), replayID)
 	if err != nil {
 		t.Fatal(err)
 	}

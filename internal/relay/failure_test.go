@@ -21,6 +21,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -141,11 +142,11 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 			last = r
 		}
 	}
-	if last.Headers["id"] != bigID || last.Headers[deadletter.HeaderReplay] == "" {
-		t.Errorf("replayed record: id %q replay header %q, want id %s and a replay header", last.Headers["id"], last.Headers[deadletter.HeaderReplay], bigID)
+	if last.Headers["id"] != bigID || last.Headers[replay.HeaderReplay] == "" {
+		t.Errorf("replayed record: id %q replay header %q, want id %s and a replay header", last.Headers["id"], last.Headers[replay.HeaderReplay], bigID)
 	}
-	history, err := store.ListReplayEvents(context.Background(), res.ReplayID)
-	if err != nil || len(history) != 1 || history[0].EventID != bigID || history[0].Result != deadletter.ResultPublished {
+	history, err := store.History().Events(context.Background(), res.ReplayID)
+	if err != nil || len(history) != 1 || history[0].EventID != bigID || history[0].Result != replay.ResultPublished {
 		t.Errorf("replay history %+v (%v), want one published row for %s", history, err, bigID)
 	}
 	again, err := store.ReplayDeadLetters(context.Background(), pub, deadletter.ReplayOptions{Actor: "test"})
