@@ -289,11 +289,7 @@ func (r *RunCmd) wire(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger)
 	cfg.Checkpoints = r.checkpointStore(pool)
 	if r.OnError == "dlq" {
 		store := deadletter.NewStore(pool, r.DLQTable)
-		record, err := store.Recorder(cfg.RelayName, r.Topic, r.topicRegex())
-		if err != nil {
-			return flagError("topic", err.Error())
-		}
-		cfg.DeadLetter = record
+		cfg.DeadLetter = store.Recorder(cfg.RelayName)
 		cfg.DeadLetterStore = store
 		cfg.ReplayTotals = replayTotals(store.History())
 		if keep := r.DLQRetention; keep > 0 {

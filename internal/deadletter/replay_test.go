@@ -15,7 +15,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replay"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/cetest"
@@ -506,11 +505,8 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 			{Key: outbox.HeaderTraceState, Value: []byte("rojo=00f067aa0ba902b7")},
 		},
 	}
-	rec, err := s.Recorder("relay-a", topic, route.Regex{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rec(ctx, ev, &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}); err != nil {
+	rec := s.Recorder("relay-a")
+	if err := rec(ctx, ev, topic, &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}); err != nil {
 		t.Fatalf("record the dead letter of a binary event: %v", err)
 	}
 	l := byEventID(t, s, "bin-1")
