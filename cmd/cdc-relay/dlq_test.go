@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -349,13 +350,13 @@ func TestDLQEventIDAndTopicOverride(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Headers[sink.HeaderID] != "bad-topic" || string(recs[0].Key) != "o-9" || recs[0].Headers[deadletter.HeaderReplay] == "" {
+	if len(recs) != 1 || recs[0].Headers[sink.HeaderID] != "bad-topic" || string(recs[0].Key) != "o-9" || recs[0].Headers[replay.HeaderReplay] == "" {
 		t.Fatalf("%s has %d records (%v), want bad-topic with its key and the replay header", fixed, len(recs), sandbox.IDs(recs))
 	}
 	if l := letterOf(t, s, "bad-topic"); l.Status != deadletter.StatusCompleted || l.Topic != "outbox.{aggregate_type}" {
 		t.Errorf("after the override: %s, topic %q; want completed, its intended topic kept", l.Status, l.Topic)
 	}
-	var replays []deadletter.Replay
+	var replays []replay.Entry
 	if err := json.Unmarshal([]byte(mustCLI(append([]string{"dlq", "history", "--json"}, pg...)...)), &replays); err != nil {
 		t.Fatal(err)
 	}

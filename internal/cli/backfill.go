@@ -13,6 +13,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // validateSlotLoss checks the --on-slot-loss flags.
@@ -29,29 +31,29 @@ func (r *RunCmd) validateSlotLoss() error {
 // setBackfill installs the on-slot-loss=backfill policy in cfg: republish the
 // outbox rows created since a time through a replay (recorded in the replay
 // history of the dead-letter tables, migration 005) marked with the header
-// deadletter.HeaderBackfill, producing as the relay does. pool is the relay's
+// replay.HeaderBackfill, producing as the relay does. pool is the relay's
 // (cfg.Pool).
 func (r *RunCmd) setBackfill(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) {
 	if r.OnSlotLoss != "backfill" {
 		return
 	}
-	replay := r.outboxReplayer(cfg, pool, log, "backfill", "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)")
+	republish := r.outboxReplayer(cfg, pool, log, "backfill", "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)")
 	cfg.Backfill = func(ctx context.Context, since time.Time, kind string) (int, error) {
-		return replay(ctx, pool, since, outbox.Header{Key: deadletter.HeaderBackfill, Value: []byte(kind)})
+		return republish(ctx, pool, since, outbox.Header{Key: replay.HeaderBackfill, Value: []byte(kind)})
 	}
 }
 
 // setSnapshot installs --snapshot initial in cfg: when the relay creates its
 // slot, publish the rows of the exported snapshot through a replay (recorded
-// like a backfill's) marked with the header deadletter.HeaderSnapshot. pool is
+// like a backfill's) marked with the header replay.HeaderSnapshot. pool is
 // the relay's (cfg.Pool).
 func (r *RunCmd) setSnapshot(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) {
 	if r.Snapshot != "initial" {
 		return
 	}
-	replay := r.outboxReplayer(cfg, pool, log, "snapshot", "cdc-relay run "+cfg.RelayName+" (snapshot=initial)")
+	republish := r.outboxReplayer(cfg, pool, log, "snapshot", "cdc-relay run "+cfg.RelayName+" (snapshot=initial)")
 	cfg.Snapshot = func(ctx context.Context, tx pgx.Tx) (int, error) {
-		return replay(ctx, tx, time.Time{}, outbox.Header{Key: deadletter.HeaderSnapshot, Value: []byte("initial")})
+		return republish(ctx, tx, time.Time{}, outbox.Header{Key: replay.HeaderSnapshot, Value: []byte("initial")})
 	}
 }
 
@@ -69,25 +71,25 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn, Timestamp: cfg.Decoder.TimestampColumn,
 		Partition: cfg.Decoder.PartitionColumn, Envelope: cfg.Decoder.EnvelopeColumns,
 		JSON: cfg.Decoder.JSON, SchemaVersion: cfg.Decoder.SchemaVersionColumn, RouteByEventType: cfg.Decoder.RouteByEventType}
-	history := deadletter.NewStore(pool, r.DLQTable)
+	store := deadletter.NewStore(pool, r.DLQTable)
 	table, dlqTable, topic, topicRegex := r.Table, r.DLQTable, r.Topic, r.topicRegex()
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
 	m := cfg.Metrics
 	return func(ctx context.Context, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error) {
-		if err := history.Ensure(ctx); err != nil {
+		if err := store.Ensure(ctx); err != nil {
 			return 0, fmt.Errorf("open the replay history (--dlq-table %s): %w", dlqTable, err)
 		}
 		octx, cancel := context.WithTimeout(ctx, wait)
-		p, err := deadletter.NewKafkaPublisher(octx, sinkCfg)
+		p, err := sink.NewPublisher(octx, sinkCfg)
 		cancel()
 		if err != nil {
 			return 0, err
 		}
 		defer p.Close()
 		p.TopicWait = wait
-		res, err := outboxtable.Replay(ctx, db, history, table, cols, p, outboxtable.ReplayOptions{
+		res, err := outboxtable.Replay(ctx, db, store.History(), table, cols, p, outboxtable.ReplayOptions{
 			Since:      since,
 			Topic:      topic,
 			TopicRegex: topicRegex,
@@ -95,9 +97,9 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 			Headers:    []outbox.Header{mark},
 		})
 		if m != nil {
-			m.Replays.WithLabelValues(deadletter.KindOutbox, deadletter.ResultPublished).Add(float64(res.Published))
-			m.Replays.WithLabelValues(deadletter.KindOutbox, deadletter.ResultSkipped).Add(float64(res.Skipped))
-			m.Replays.WithLabelValues(deadletter.KindOutbox, deadletter.ResultFailed).Add(float64(res.Failed))
+			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultPublished).Add(float64(res.Published))
+			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultSkipped).Add(float64(res.Skipped))
+			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultFailed).Add(float64(res.Failed))
 		}
 		if err != nil {
 			return res.Published, err

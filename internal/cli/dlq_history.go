@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 )
 
 // DLQHistoryCmd is "cdc-relay dlq history".
@@ -56,7 +57,7 @@ func (c *DLQHistoryCmd) Run(ctx context.Context, env Env) error {
 			return printTransitions(env.Stdout, ts)
 		}
 		if c.Replay != 0 {
-			events, err := s.ListReplayEvents(ctx, c.Replay)
+			events, err := s.History().Events(ctx, c.Replay)
 			if err != nil {
 				return err
 			}
@@ -65,7 +66,7 @@ func (c *DLQHistoryCmd) Run(ctx context.Context, env Env) error {
 			}
 			return printReplayEvents(env.Stdout, c.Replay, events)
 		}
-		replays, err := s.ListReplays(ctx, c.Limit)
+		replays, err := s.History().List(ctx, c.Limit)
 		if err != nil {
 			return err
 		}
@@ -77,7 +78,7 @@ func (c *DLQHistoryCmd) Run(ctx context.Context, env Env) error {
 }
 
 // printReplayEvents prints the events of replay replayID as a table.
-func printReplayEvents(w io.Writer, replayID int64, events []deadletter.ReplayEvent) error {
+func printReplayEvents(w io.Writer, replayID int64, events []replay.Event) error {
 	if len(events) == 0 {
 		fmt.Fprintf(w, "replay %d recorded no events (or does not exist)\n", replayID)
 		return nil
@@ -118,7 +119,7 @@ func printTransitions(w io.Writer, ts []deadletter.Transition) error {
 }
 
 // printReplays prints replays as a table.
-func printReplays(w io.Writer, replays []deadletter.Replay) error {
+func printReplays(w io.Writer, replays []replay.Entry) error {
 	if len(replays) == 0 {
 		fmt.Fprintln(w, "no replays yet")
 		return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -236,7 +237,7 @@ func TestDLQCommands(t *testing.T) {
 		var got []string
 		for _, r := range recs {
 			got = append(got, r.Headers["id"])
-			if r.Headers[deadletter.HeaderReplay] == "" {
+			if r.Headers[replay.HeaderReplay] == "" {
 				t.Errorf("record without replay header: %v", r.Headers)
 			}
 		}
@@ -256,7 +257,7 @@ func TestDLQCommands(t *testing.T) {
 				t.Errorf("dlq history lacks %q:\n%s", w, out)
 			}
 		}
-		replays, err := s.ListReplays(ctx, 1)
+		replays, err := s.History().List(ctx, 1)
 		if err != nil || len(replays) != 1 {
 			t.Fatal(replays, err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -537,7 +538,7 @@ func (f *publishFlags) actor() string {
 }
 
 // publisher connects to Kafka for a replay, or returns nil for a dry run.
-func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (*deadletter.KafkaPublisher, error) {
+func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (*sink.Publisher, error) {
 	if f.DryRun {
 		return nil, nil
 	}
@@ -551,7 +552,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	defer cancel()
 	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport}
 	rf.apply(&cfg)
-	p, err := deadletter.NewKafkaPublisher(octx, cfg)
+	p, err := sink.NewPublisher(octx, cfg)
 	if err != nil {
 		return nil, sec.explainKafkaError(err)
 	}
@@ -559,10 +560,10 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	return p, nil
 }
 
-// replayPublisher is publisher as the deadletter.Publisher a replay takes:
-// nil for a dry run (not a nil *KafkaPublisher, which is no nil interface),
+// replayPublisher is publisher as the replay.Publisher a replay takes:
+// nil for a dry run (not a nil *sink.Publisher, which is no nil interface),
 // and done, which closes it.
-func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (pub deadletter.Publisher, done func(), err error) {
+func (f *publishFlags) replayPublisher(ctx context.Context, brokers []string, sec *KafkaSecurityFlags, rf recordFormat, stderr io.Writer) (pub replay.Publisher, done func(), err error) {
 	p, err := f.publisher(ctx, brokers, sec, rf, stderr)
 	if err != nil || p == nil {
 		return nil, func() {}, err

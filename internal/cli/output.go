@@ -9,7 +9,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 )
 
 // The renderers the commands share: the commands compute a value, and
@@ -49,10 +49,10 @@ func oneLine(s string) string {
 
 // replaySummary is what replay and dlq replay report.
 type replaySummary struct {
-	Kind   string // deadletter.KindOutbox or deadletter.KindDLQ
+	Kind   string // replay.KindOutbox or replay.KindDLQ
 	Actor  string
 	DryRun bool
-	Result deadletter.ReplayResult
+	Result replay.Outcome
 }
 
 // reportReplay prints what a replay did, unless it did not start, and returns
@@ -68,7 +68,7 @@ func reportReplay(w io.Writer, s replaySummary, err error) error {
 // replayError is the error a replay command exits with: err, the reason the
 // replay stopped, or else one for the events that failed, so the exit status
 // shows them.
-func replayError(res deadletter.ReplayResult, err error) error {
+func replayError(res replay.Outcome, err error) error {
 	if err != nil {
 		return fmt.Errorf("replay %d: %w", res.ReplayID, err)
 	}

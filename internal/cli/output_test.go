@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 )
 
 // TestReportReplay checks what a replay command prints and the error it exits
 // with, from the replay's result alone.
 func TestReportReplay(t *testing.T) {
 	stopped := errors.New("stopped")
-	failures := []deadletter.ReplayEvent{
+	failures := []replay.Event{
 		{EventID: "e-1", DeadLetterID: 4, Error: "too large"},
 		{EventID: "e-2", Error: "bad topic"},
 	}
@@ -32,25 +33,25 @@ func TestReportReplay(t *testing.T) {
 			want: "", wantErr: "stopped", is: stopped,
 		},
 		{
-			name: "published", s: replaySummary{Kind: "outbox", Actor: "bob", Result: deadletter.ReplayResult{ReplayID: 3,
-				Counts: deadletter.Counts{Selected: 2, Published: 2}}},
+			name: "published", s: replaySummary{Kind: "outbox", Actor: "bob", Result: replay.Outcome{ReplayID: 3,
+				Counts: replay.Counts{Selected: 2, Published: 2}}},
 			want: "replay 3 (outbox, by bob): selected 2, published 2, skipped 0, failed 0\n",
 		},
 		{
-			name: "dry run", s: replaySummary{Kind: "dlq", Actor: "ann", DryRun: true, Result: deadletter.ReplayResult{ReplayID: 5,
-				Counts: deadletter.Counts{Selected: 3, Skipped: 1}, DryRun: 2}},
+			name: "dry run", s: replaySummary{Kind: "dlq", Actor: "ann", DryRun: true, Result: replay.Outcome{ReplayID: 5,
+				Counts: replay.Counts{Selected: 3, Skipped: 1}, DryRun: 2}},
 			want: "dry run 5 (dlq, by ann): selected 3, published 0, skipped 1, failed 0, would publish 2\n",
 		},
 		{
-			name: "failures, more than listed", s: replaySummary{Kind: "dlq", Actor: "ann", Result: deadletter.ReplayResult{ReplayID: 9,
-				Counts: deadletter.Counts{Selected: 5, Published: 2, Failed: 3}, Failures: failures}},
+			name: "failures, more than listed", s: replaySummary{Kind: "dlq", Actor: "ann", Result: replay.Outcome{ReplayID: 9,
+				Counts: replay.Counts{Selected: 5, Published: 2, Failed: 3}, Failures: failures}},
 			want: "replay 9 (dlq, by ann): selected 5, published 2, skipped 0, failed 3\nfailures:\n" +
 				"  dead letter 4, event e-1: too large\n  event e-2: bad topic\n  ... and 1 more: cdc-relay dlq history --replay 9\n",
 			wantErr: "replay 9: 3 of 5 events failed (listed above)",
 		},
 		{
-			name: "stopped midway", s: replaySummary{Kind: "outbox", Actor: "bob", Result: deadletter.ReplayResult{ReplayID: 2,
-				Counts: deadletter.Counts{Selected: 1, Published: 1}}},
+			name: "stopped midway", s: replaySummary{Kind: "outbox", Actor: "bob", Result: replay.Outcome{ReplayID: 2,
+				Counts: replay.Counts{Selected: 1, Published: 1}}},
 			err:  context.Canceled,
 			want: "replay 2 (outbox, by bob): selected 1, published 1, skipped 0, failed 0\n", wantErr: "replay 2: context canceled", is: context.Canceled,
 		},

@@ -121,7 +121,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 		return err
 	}
 	cols.SchemaVersion, cols.RouteByEventType = r.ColumnSchemaVersion, routeByEventType(r.Topic, r.topicRegex())
-	res, err := outboxtable.Replay(ctx, pool, store, r.Table, cols, pub, outboxtable.ReplayOptions{
+	res, err := outboxtable.Replay(ctx, pool, store.History(), r.Table, cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})

@@ -23,7 +23,9 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/tracing"
 )
@@ -288,13 +290,14 @@ func (r *RunCmd) wire(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger)
 	cfg.Checkpoints = r.checkpointStore(pool)
 	if r.OnError == "dlq" {
 		store := deadletter.NewStore(pool, r.DLQTable)
-		record, err := store.Recorder(cfg.RelayName, r.Topic, r.topicRegex())
-		if err != nil {
-			return flagError("topic", err.Error())
+		record := store.Recorder(cfg.RelayName)
+		// The letter keeps the error as the operator will read it (dlq list,
+		// dlq show): naming the flag to fix, not the library's field.
+		cfg.DeadLetter = func(ctx context.Context, ev *outbox.Event, topic string, cause error) error {
+			return record(ctx, ev, topic, nameFlags(cause, runFlags))
 		}
-		cfg.DeadLetter = record
 		cfg.DeadLetterStore = store
-		cfg.ReplayTotals = replayTotals(store)
+		cfg.ReplayTotals = replayTotals(store.History())
 		if keep := r.DLQRetention; keep > 0 {
 			cfg.DeadLetterRetention = func(ctx context.Context) (int64, error) {
 				return store.Purge(ctx, time.Now().Add(-keep), "")
@@ -318,11 +321,11 @@ func (r *RunCmd) checkpointStore(pool *pgxpool.Pool) relay.Store {
 	return checkpoint.NewTableStore(pool, r.CheckpointTable)
 }
 
-// replayTotals reads the replay history's totals of store as the relay's
-// monitor takes them (relay.Config.ReplayTotals).
-func replayTotals(store *deadletter.Store) func(context.Context) ([]relay.ReplayTotal, error) {
+// replayTotals reads the totals of replay history h as the relay's monitor
+// takes them (relay.Config.ReplayTotals).
+func replayTotals(h *replay.History) func(context.Context) ([]relay.ReplayTotal, error) {
 	return func(ctx context.Context) ([]relay.ReplayTotal, error) {
-		totals, err := store.ReplayTotals(ctx)
+		totals, err := h.Totals(ctx)
 		out := make([]relay.ReplayTotal, len(totals))
 		for i, t := range totals {
 			out[i] = relay.ReplayTotal{Kind: t.Kind, Result: t.Result, Events: t.Events}
@@ -409,8 +412,8 @@ func (r *RunCmd) autoRetry(store *deadletter.Store, cfg relay.Config, log zerolo
 	return func(ctx context.Context, ready func() bool) error {
 		a := &deadletter.AutoRetry{
 			Store: store,
-			Open: func(ctx context.Context) (deadletter.Publisher, func() error, error) {
-				p, err := deadletter.NewKafkaPublisher(ctx, pubCfg)
+			Open: func(ctx context.Context) (replay.Publisher, func() error, error) {
+				p, err := sink.NewPublisher(ctx, pubCfg)
 				if err != nil {
 					return nil, nil, err
 				}

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,7 +12,9 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // TestWireBuildsValuesFirst: wire sets every value the relay takes with
@@ -66,5 +70,41 @@ func TestWireBuildsValuesFirst(t *testing.T) {
 	}
 	if _, err := cfg.DeadLetterRetention(ctx); err == nil {
 		t.Error("DeadLetterRetention with no Postgres listening: nil error")
+	}
+}
+
+// TestWiredDeadLetterNamesFlags: a dead letter keeps its error as the operator
+// reads it in dlq list and dlq show, naming the flag to fix, where the library
+// that failed the event named its own setting (setting.Token).
+func TestWiredDeadLetterNamesFlags(t *testing.T) {
+	clearEnv(t)
+	in := newInfra(t, "cdc_relay_cli_wire_dlq")
+	c, err := parseArgs(t, "run", "--pg-url", in.url, "--kafka-brokers", in.brokers(), "--on-error", "dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.Run.config(zerolog.Nop(), metrics.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run.wire(&cfg, in.pool, zerolog.Nop()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := cfg.DeadLetterStore.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ev := &outbox.Event{ID: []byte("ev-flag"), AggregateID: []byte("a-1"), EventType: []byte("T"), Payload: []byte("{}")}
+	cause := fmt.Errorf("the payload is not JSON %s", setting.Token("Decoder.JSON"))
+	if err := cfg.DeadLetter(ctx, ev, "outbox.events", cause); err != nil {
+		t.Fatal(err)
+	}
+	letters, err := cfg.DeadLetterStore.(*deadletter.Store).List(ctx, deadletter.Filter{EventIDs: []string{"ev-flag"}})
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("list the letter: %d letters, %v", len(letters), err)
+	}
+	msg := letters[0].ErrorMessage
+	if !strings.Contains(msg, "--value-encoding") || strings.Contains(msg, "(setting ") {
+		t.Errorf("stored error %q: want the flag (--value-encoding), not the library's setting", msg)
 	}
 }

@@ -124,6 +124,25 @@ type settlement struct {
 	detail    string        // the error, or why it was not attempted
 }
 
+// settleIn ends, in tx, lease's claims ss (see settleSQL).
+func (s *Store) settleIn(ctx context.Context, tx pgx.Tx, lease Lease, ss []settlement) error {
+	if len(ss) == 0 {
+		return nil
+	}
+	// Lock in id order first: two replays ending claims on the same letters
+	// (one took over the other's expired lease) then wait for each other
+	// instead of deadlocking.
+	ids := make([]int64, len(ss))
+	for i, x := range ss {
+		ids[i] = x.id
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.n.letters+` WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, s.settleSQL(), settleArgs(lease, ss)...)
+	return err
+}
+
 // settleSQL ends claims ($2…$7 are arrays of settlements): a completed letter
 // is marked whoever holds it now (it is in Kafka); any other end applies only
 // while lease $1 still holds the letter, so a replay whose lease expired and

@@ -7,12 +7,10 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -22,23 +20,6 @@ const (
 	HeaderCorrelationID = "correlation_id"
 	HeaderSchemaVersion = "schema_version"
 )
-
-// HeaderReplay is the header a replay adds to every message it publishes: the
-// replay's id in the history, so consumers and operators can tell a replay from
-// the original delivery.
-const HeaderReplay = "cdc_relay_replay"
-
-// HeaderBackfill marks events republished from the outbox table after the
-// replication slot was lost (cdc-relay run --on-slot-loss=backfill); its value
-// is the kind of loss: slot_missing, slot_lost or slot_ahead. Such events also
-// carry HeaderReplay, and may repeat events consumers already have.
-const HeaderBackfill = "cdc_relay_backfill"
-
-// HeaderSnapshot marks events published from the snapshot the relay exported
-// when it created its slot (cdc-relay run --snapshot initial); its value is
-// "initial". Such events also carry HeaderReplay and no source position, and
-// may be sent again if the relay stops before the snapshot completes.
-const HeaderSnapshot = "cdc_relay_snapshot"
 
 // FromEvent returns the dead letter of ev, which failed permanently with cause
 // on its way to topic. Headers holds every header the message carries (the
@@ -99,26 +80,15 @@ func textOf(b []byte) string {
 
 // Recorder returns the function the relay's dlq failure policy calls for each
 // event it gives up on: it stores the event's dead letter (FromEvent, with the
-// topic rendered from topicTemplate and re, or the template itself when the
-// topic cannot be rendered) and returns nil once it is committed. It is safe for
-// concurrent use; its type is relay.DeadLetterFunc's.
-func (s *Store) Recorder(relayName, topicTemplate string, re route.Regex) (func(ctx context.Context, ev *outbox.Event, cause error) error, error) {
-	router, err := route.NewWithRegex(topicTemplate, re)
-	if err != nil {
-		return nil, err
-	}
-	var mu sync.Mutex // a Router is used from one goroutine
-	return func(ctx context.Context, ev *outbox.Event, cause error) error {
-		mu.Lock()
-		topic, err := router.Topic(ev)
-		mu.Unlock()
-		if err != nil {
-			topic = topicTemplate
-		}
+// topic the relay routed it to) for relay relayName and returns nil once it
+// is committed. It is safe for concurrent use; its type is
+// relay.DeadLetterFunc's.
+func (s *Store) Recorder(relayName string) func(ctx context.Context, ev *outbox.Event, topic string, cause error) error {
+	return func(ctx context.Context, ev *outbox.Event, topic string, cause error) error {
 		l := FromEvent(ev, topic, cause)
 		l.RelayName = relayName
 		return s.Add(ctx, l)
-	}, nil
+	}
 }
 
 // noIDEventID names the dead letter of an event without an id: "no-id:" and

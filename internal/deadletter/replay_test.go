@@ -15,7 +15,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
-	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -23,19 +23,19 @@ import (
 )
 
 // newPublisher returns a publisher to the package's broker, closed with t.
-func newPublisher(t *testing.T) *deadletter.KafkaPublisher {
+func newPublisher(t *testing.T) *sink.Publisher {
 	t.Helper()
 	return newPublisherWith(t, sink.Config{Brokers: kafka.Brokers()})
 }
 
 // newPublisherWith is newPublisher with cfg, e.g. a record format.
-func newPublisherWith(t *testing.T, cfg sink.Config) *deadletter.KafkaPublisher {
+func newPublisherWith(t *testing.T, cfg sink.Config) *sink.Publisher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(ctx, cfg)
+	p, err := sink.NewPublisher(ctx, cfg)
 	if err != nil {
-		t.Fatalf("NewKafkaPublisher: %v", err)
+		t.Fatalf("NewPublisher: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {
@@ -63,7 +63,7 @@ func seed(t *testing.T, s *deadletter.Store, topic string, n int) {
 	}
 }
 
-func checkResult(t *testing.T, what string, got deadletter.ReplayResult, want deadletter.Counts) {
+func checkResult(t *testing.T, what string, got replay.Outcome, want replay.Counts) {
 	t.Helper()
 	if got.Counts != want {
 		t.Errorf("%s: counts %+v, want %+v (failures %+v)", what, got.Counts, want, got.Failures)
@@ -82,7 +82,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "first replay", res, deadletter.Counts{Selected: 6, Published: 6})
+	checkResult(t, "first replay", res, replay.Counts{Selected: 6, Published: 6})
 	recs := testenv.MustReadAll(t, kafka, topic)
 	if want := []string{"e-00", "e-01", "e-02", "e-03", "e-04", "e-05"}; !slices.Equal(sandbox.IDs(recs), want) {
 		t.Fatalf("Kafka has %v, want %v", sandbox.IDs(recs), want)
@@ -94,7 +94,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		wantKey := map[bool]string{true: "A", false: "B"}[n%2 == 0]
 		want := map[string]string{
 			"id": id, "event_type": "OrderPlaced", "aggregate_type": "order", "commit_lsn": "0/10",
-			"commit_time": "2024-05-01T09:00:00Z", "tenant": "acme", deadletter.HeaderReplay: fmt.Sprint(res.ReplayID),
+			"commit_time": "2024-05-01T09:00:00Z", "tenant": "acme", replay.HeaderReplay: fmt.Sprint(res.ReplayID),
 		}
 		if string(r.Key) != wantKey || string(r.Value) != fmt.Sprintf(`{"n": %q}`, id) || fmt.Sprint(r.Headers) != fmt.Sprint(want) {
 			t.Errorf("record %s: key %q, value %s, headers %v; want key %q, headers %v", id, r.Key, r.Value, r.Headers, wantKey, want)
@@ -114,21 +114,21 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 
 	// History: the replay and one result per letter.
-	replays, err := s.ListReplays(ctx, 0)
+	replays, err := s.History().List(ctx, 0)
 	if err != nil || len(replays) != 1 {
 		t.Fatalf("ListReplays = %+v, %v", replays, err)
 	}
 	r := replays[0]
-	if r.ID != res.ReplayID || r.Kind != deadletter.KindDLQ || r.Actor != "alice" || r.FinishedAt == nil ||
+	if r.ID != res.ReplayID || r.Kind != replay.KindDLQ || r.Actor != "alice" || r.FinishedAt == nil ||
 		r.Counts != res.Counts || r.DryRun || r.Forced || len(r.Filters) != 0 {
 		t.Errorf("history entry = %+v", r)
 	}
-	events, err := s.ListReplayEvents(ctx, res.ReplayID)
+	events, err := s.History().Events(ctx, res.ReplayID)
 	if err != nil || len(events) != 6 {
 		t.Fatalf("ListReplayEvents = %d, %v; want 6", len(events), err)
 	}
 	for _, e := range events {
-		if e.Result != deadletter.ResultPublished || e.DeadLetterID == 0 || e.Error != "" {
+		if e.Result != replay.ResultPublished || e.DeadLetterID == 0 || e.Error != "" {
 			t.Errorf("history event = %+v", e)
 		}
 	}
@@ -138,11 +138,11 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "second replay", res2, deadletter.Counts{Selected: 6, Skipped: 6})
+	checkResult(t, "second replay", res2, replay.Counts{Selected: 6, Skipped: 6})
 	if n := len(testenv.MustReadAll(t, kafka, topic)); n != 6 {
 		t.Errorf("second replay published: %d records, want still 6", n)
 	}
-	if events, _ := s.ListReplayEvents(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != deadletter.ResultSkipped {
+	if events, _ := s.History().Events(ctx, res2.ReplayID); len(events) != 6 || events[0].Result != replay.ResultSkipped {
 		t.Errorf("second replay history = %+v", events)
 	}
 
@@ -151,14 +151,14 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "dry run", res3, deadletter.Counts{Selected: 6})
+	checkResult(t, "dry run", res3, replay.Counts{Selected: 6})
 	if res3.DryRun != 6 {
 		t.Errorf("dry run would publish %d, want 6", res3.DryRun)
 	}
 	if n := len(testenv.MustReadAll(t, kafka, topic)); n != 6 {
 		t.Errorf("dry run published: %d records, want still 6", n)
 	}
-	if events, _ := s.ListReplayEvents(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != deadletter.ResultDryRun {
+	if events, _ := s.History().Events(ctx, res3.ReplayID); len(events) != 6 || events[5].Result != replay.ResultDryRun {
 		t.Errorf("dry run history = %+v", events)
 	}
 
@@ -167,11 +167,11 @@ func TestReplayDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "forced replay", res4, deadletter.Counts{Selected: 3, Published: 3})
+	checkResult(t, "forced replay", res4, replay.Counts{Selected: 3, Published: 3})
 	recs = testenv.MustReadAll(t, kafka, topic)
 	var again []string
 	for _, r := range recs {
-		if r.Headers[deadletter.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
+		if r.Headers[replay.HeaderReplay] == fmt.Sprint(res4.ReplayID) {
 			again = append(again, r.Headers[sink.HeaderID])
 		}
 	}
@@ -185,7 +185,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Errorf("e-01 replay_count = %d, want 1", l.ReplayCount)
 	}
 
-	replays, _ = s.ListReplays(ctx, 2)
+	replays, _ = s.History().List(ctx, 2)
 	if len(replays) != 2 || replays[0].ID != res4.ReplayID || !replays[0].Forced || replays[1].ID != res3.ReplayID ||
 		!replays[1].DryRun || replays[0].Filters["aggregate_id"] != "A" {
 		t.Errorf("ListReplays(2) = %+v", replays)
@@ -225,7 +225,7 @@ func TestReplayFilters(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			events, err := s.ListReplayEvents(ctx, res.ReplayID)
+			events, err := s.History().Events(ctx, res.ReplayID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestReplayFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay", res, deadletter.Counts{Selected: 4, Published: 2, Failed: 2})
+	checkResult(t, "replay", res, replay.Counts{Selected: 4, Published: 2, Failed: 2})
 	failed := map[string]string{}
 	for _, f := range res.Failures {
 		failed[f.EventID] = f.Error
@@ -280,10 +280,10 @@ func TestReplayFailures(t *testing.T) {
 	if got := sandbox.IDs(testenv.MustReadAll(t, kafka, topic)); !slices.Equal(got, []string{"e-00", "e-01"}) {
 		t.Errorf("Kafka has %v", got)
 	}
-	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
+	events, _ := s.History().Events(ctx, res.ReplayID)
 	var nFailed int
 	for _, e := range events {
-		if e.Result == deadletter.ResultFailed && e.Error != "" {
+		if e.Result == replay.ResultFailed && e.Error != "" {
 			nFailed++
 		}
 	}
@@ -306,7 +306,7 @@ func TestReplayRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "rate-limited replay", res, deadletter.Counts{Selected: 40, Published: 40})
+	checkResult(t, "rate-limited replay", res, replay.Counts{Selected: 40, Published: 40})
 	got := 40 / elapsed.Seconds()
 	t.Logf("40 events at --rate %g took %v: %.1f events/s", rate, elapsed, got)
 	// The limiter starts empty, so 40 events take about 40/rate = 2s. Allow a
@@ -333,7 +333,7 @@ func TestReplayCanceled(t *testing.T) {
 	if res.Published == 0 || res.Published >= 20 {
 		t.Errorf("canceled replay published %d of 20", res.Published)
 	}
-	replays, _ := s.ListReplays(t.Context(), 1)
+	replays, _ := s.History().List(t.Context(), 1)
 	if len(replays) != 1 || replays[0].FinishedAt == nil || replays[0].Counts != res.Counts {
 		t.Errorf("history of the canceled replay = %+v, result %+v", replays, res.Counts)
 	}
@@ -341,7 +341,7 @@ func TestReplayCanceled(t *testing.T) {
 	if len(replayed) != res.Published {
 		t.Errorf("%d letters marked replayed, %d published", len(replayed), res.Published)
 	}
-	events, _ := s.ListReplayEvents(t.Context(), res.ReplayID)
+	events, _ := s.History().Events(t.Context(), res.ReplayID)
 	if len(events) != res.Selected {
 		t.Errorf("%d results recorded for %d selected letters", len(events), res.Selected)
 	}
@@ -374,7 +374,7 @@ func TestReplayConcurrent(t *testing.T) {
 		{Publisher: newPublisher(t), mine: published[0], other: published[1]},
 		{Publisher: newPublisher(t), mine: published[1], other: published[0]},
 	}
-	results := make([]deadletter.ReplayResult, 2)
+	results := make([]replay.Outcome, 2)
 	errs := make([]error, 2)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -425,7 +425,7 @@ func TestReplayConcurrent(t *testing.T) {
 // turnPublisher publishes through Publisher; before its second batch it waits
 // until the other replay's publisher closed other (after its first batch).
 type turnPublisher struct {
-	deadletter.Publisher
+	replay.Publisher
 	mine, other chan struct{}
 	calls       atomic.Int32
 	once        sync.Once
@@ -462,10 +462,10 @@ func TestReplaySkipsHeldLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay", res, deadletter.Counts{Selected: 3, Published: 2, Skipped: 1})
-	events, _ := s.ListReplayEvents(ctx, res.ReplayID)
+	checkResult(t, "replay", res, replay.Counts{Selected: 3, Published: 2, Skipped: 1})
+	events, _ := s.History().Events(ctx, res.ReplayID)
 	for _, e := range events {
-		if e.EventID == "e-01" && (e.Result != deadletter.ResultSkipped || !strings.Contains(e.Error, "held by the other replay until")) {
+		if e.EventID == "e-01" && (e.Result != replay.ResultSkipped || !strings.Contains(e.Error, "held by the other replay until")) {
 			t.Errorf("held letter's result: %+v", e)
 		}
 	}
@@ -496,7 +496,7 @@ func TestReplayTopicOverride(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "override", res, deadletter.Counts{Selected: 1, Published: 1})
+	checkResult(t, "override", res, replay.Counts{Selected: 1, Published: 1})
 	if got := sandbox.IDs(testenv.MustReadAll(t, kafka, fixed)); !slices.Equal(got, []string{"bad-topic"}) {
 		t.Errorf("%s has %v", fixed, got)
 	}
@@ -504,7 +504,7 @@ func TestReplayTopicOverride(t *testing.T) {
 	if l.Status != deadletter.StatusCompleted || l.Topic != bad.Topic {
 		t.Errorf("letter after the override: %s, topic %q (the letter keeps the topic it was meant for)", l.Status, l.Topic)
 	}
-	replays, _ := s.ListReplays(ctx, 1)
+	replays, _ := s.History().List(ctx, 1)
 	if len(replays) != 1 || replays[0].TopicOverride != fixed {
 		t.Errorf("replay history: %+v", replays)
 	}
@@ -540,11 +540,8 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 			{Key: outbox.HeaderTraceState, Value: []byte("rojo=00f067aa0ba902b7")},
 		},
 	}
-	rec, err := s.Recorder("relay-a", topic, route.Regex{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rec(ctx, ev, &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}); err != nil {
+	rec := s.Recorder("relay-a")
+	if err := rec(ctx, ev, topic, &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}); err != nil {
 		t.Fatalf("record the dead letter of a binary event: %v", err)
 	}
 	l := byEventID(t, s, "bin-1")
@@ -558,7 +555,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay", res, deadletter.Counts{Selected: 1, Published: 1})
+	checkResult(t, "replay", res, replay.Counts{Selected: 1, Published: 1})
 	recs := testenv.MustReadAll(t, kafka, topic)
 	if len(recs) != 1 {
 		t.Fatalf("Kafka has %d records, want 1", len(recs))
@@ -585,7 +582,7 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "structured replay", res, deadletter.Counts{Selected: 1, Published: 1})
+	checkResult(t, "structured replay", res, replay.Counts{Selected: 1, Published: 1})
 	recs = testenv.MustReadAll(t, kafka, topic)
 	if len(recs) != 2 {
 		t.Fatalf("Kafka has %d records, want 2", len(recs))
@@ -598,41 +595,5 @@ func TestReplayKeepsRawBytesAndFormatHeaders(t *testing.T) {
 		ce.ID() != "bin-1" || ce.Source() != source || ce.Extensions()["traceparent"] != tp {
 		t.Errorf("structured replay: base64 %v data %x datacontenttype %q id %q source %q extensions %v",
 			ce.DataBase64, ce.Data(), ce.DataContentType(), ce.ID(), ce.Source(), ce.Extensions())
-	}
-}
-
-// TestReplayTotals: the history's events by kind and result, dry runs left
-// out, every kind and result present.
-func TestReplayTotals(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	for _, r := range []struct {
-		kind   string
-		dry    bool
-		counts deadletter.Counts
-	}{
-		{deadletter.KindOutbox, false, deadletter.Counts{Selected: 5, Published: 4, Failed: 1}},
-		{deadletter.KindOutbox, false, deadletter.Counts{Selected: 2, Published: 2}},
-		{deadletter.KindDLQ, false, deadletter.Counts{Selected: 3, Published: 1, Skipped: 2}},
-		{deadletter.KindDLQ, true, deadletter.Counts{Selected: 9, Published: 9}},
-	} {
-		id, err := s.StartReplay(ctx, deadletter.Replay{Kind: r.kind, Actor: "t", DryRun: r.dry})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.FinishReplay(ctx, id, r.counts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := s.ReplayTotals(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []deadletter.ReplayTotal{
-		{deadletter.KindDLQ, deadletter.ResultPublished, 1}, {deadletter.KindDLQ, deadletter.ResultSkipped, 2}, {deadletter.KindDLQ, deadletter.ResultFailed, 0},
-		{deadletter.KindOutbox, deadletter.ResultPublished, 6}, {deadletter.KindOutbox, deadletter.ResultSkipped, 0}, {deadletter.KindOutbox, deadletter.ResultFailed, 1},
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("ReplayTotals = %v, want %v", got, want)
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 )
 
 // DefaultRetryCodes are the error codes the automatic retries take by
@@ -36,7 +38,7 @@ const (
 
 // PublisherOpener connects a Publisher for the automatic retries and returns
 // it with the function that closes it.
-type PublisherOpener func(ctx context.Context) (Publisher, func() error, error)
+type PublisherOpener func(ctx context.Context) (replay.Publisher, func() error, error)
 
 // AutoRetry is the relay's automatic reprocessing of dead letters
 // (--dlq-auto-retry): in the background it claims the letters whose error
@@ -47,7 +49,7 @@ type PublisherOpener func(ctx context.Context) (Publisher, func() error, error)
 // and operators' replays, may run at the same time.
 //
 // Each Run is one entry in the replay history (kind dlq, actor "auto retry
-// of relay …"), whose published messages carry its id in HeaderReplay, and
+// of relay …"), whose published messages carry its id in replay.HeaderReplay, and
 // whose transitions say what happened to every letter.
 type AutoRetry struct {
 	Store *Store
@@ -76,7 +78,7 @@ type AutoRetry struct {
 	// when 0).
 	AttemptTimeout time.Duration
 	// BatchSize is how many letters are claimed and published at once
-	// (DefaultBatchSize when 0).
+	// (replay.DefaultBatchSize when 0).
 	BatchSize int
 	// Lease is how long a claim lasts unless renewed (DefaultLease when 0).
 	Lease time.Duration
@@ -121,14 +123,18 @@ func (a *AutoRetry) Run(ctx context.Context) error {
 	if a.MaxAge > 0 {
 		filters["max_age"] = a.MaxAge.String()
 	}
-	r, err := a.Store.startRun(ctx, nil, Replay{Kind: KindDLQ, Actor: "auto retry of relay " + a.RelayName, Filters: filters}, a.BatchSize)
+	c := &letterClaims{s: a.Store, policy: settlePolicy{budget: budget, maxAge: a.MaxAge, retry: retry}, held: map[int64]*claimed{}}
+	p := &retryPublisher{open: a.Open}
+	run, err := a.Store.History().StartRun(ctx, p,
+		replay.Entry{Kind: replay.KindDLQ, Actor: "auto retry of relay " + a.RelayName, Filters: filters}, a.BatchSize, c)
 	if err != nil {
 		return fmt.Errorf("start the automatic dead-letter retries: %w", err)
 	}
-	r.lease = Lease{Owner: OwnerName("auto retry", r.id), Duration: a.Lease, ReplayID: r.id}
-	r.policy = settlePolicy{budget: budget, maxAge: a.MaxAge, retry: retry}
-	log := a.Logger.With().Str("component", "dlq-auto-retry").Int64("replay_id", r.id).Logger()
-	r.onSettle = func(x settlement, eventID string) {
+	r := &letterRun{s: a.Store, run: run, claims: c}
+	c.lease = Lease{Owner: OwnerName("auto retry", run.ID()), Duration: a.Lease, ReplayID: run.ID()}
+	log := a.Logger.With().Str("component", "dlq-auto-retry").Int64("replay_id", run.ID()).Logger()
+	p.log = log
+	c.onSettle = func(x settlement, eventID string) {
 		if !x.attempted {
 			return
 		}
@@ -143,7 +149,6 @@ func (a *AutoRetry) Run(ctx context.Context) error {
 
 	rctx, stopLeases := r.keepLeases(ctx)
 	defer stopLeases()
-	p := &retryPublisher{open: a.Open, log: log}
 	defer p.close()
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -153,7 +158,7 @@ func (a *AutoRetry) Run(ctx context.Context) error {
 			n, err = a.round(rctx, r, p, codes, retry.Base)
 		}
 		if rctx.Err() != nil {
-			_, ferr := r.Finish(ctx, nil)
+			_, ferr := run.Finish(ctx, nil)
 			if ferr != nil && ctx.Err() == nil {
 				return ferr
 			}
@@ -163,10 +168,10 @@ func (a *AutoRetry) Run(ctx context.Context) error {
 			return nil
 		}
 		if err != nil {
-			_, ferr := r.Finish(ctx, err)
+			_, ferr := run.Finish(ctx, err)
 			return errors.Join(fmt.Errorf("automatic dead-letter retries: %w", err), ferr)
 		}
-		if n == r.batch {
+		if n == run.BatchSize() {
 			continue // more may be due
 		}
 		select {
@@ -178,29 +183,27 @@ func (a *AutoRetry) Run(ctx context.Context) error {
 
 // round claims the letters due now and publishes them; it returns how many
 // it claimed.
-func (a *AutoRetry) round(ctx context.Context, r *ReplayRun, p *retryPublisher, codes []string, firstDelay time.Duration) (int, error) {
-	letters, err := a.Store.ClaimDue(ctx, r.lease, codes, firstDelay, r.batch)
+func (a *AutoRetry) round(ctx context.Context, r *letterRun, p *retryPublisher, codes []string, firstDelay time.Duration) (int, error) {
+	letters, err := a.Store.ClaimDue(ctx, r.claims.lease, codes, firstDelay, r.run.BatchSize())
 	if err != nil || len(letters) == 0 {
 		return 0, err
 	}
 	for _, l := range letters {
-		r.res.Selected++
-		r.pending = append(r.pending, r.item(l, ""))
+		r.run.Select()
+		r.run.Queue(r.item(l, ""))
 	}
-	pub, err := p.get(ctx)
-	if err != nil {
+	if _, err := p.get(ctx); err != nil {
 		// Kafka unreachable: the letters go back untried.
-		return len(letters), r.abandon(ctx, err)
+		return len(letters), r.run.Abandon(ctx, err)
 	}
-	r.p = pub
 	timeout := a.AttemptTimeout
 	if timeout <= 0 {
 		timeout = DefaultAttemptTimeout
 	}
-	actx, cancel := context.WithTimeoutCause(ctx, timeout, errAttemptTimeout)
-	err = r.Flush(actx)
+	actx, cancel := context.WithTimeoutCause(ctx, timeout, replay.ErrAttemptTimeout)
+	err = r.run.Flush(actx)
 	cancel()
-	if errors.Is(err, errAttemptTimeout) {
+	if errors.Is(err, replay.ErrAttemptTimeout) {
 		p.log.Warn().Dur("timeout", timeout).Int("letters", len(letters)).
 			Msg("Kafka did not acknowledge a dead-letter retry in time; counted as a failed attempt, reconnecting")
 		p.close()
@@ -212,17 +215,25 @@ func (a *AutoRetry) round(ctx context.Context, r *ReplayRun, p *retryPublisher, 
 	return len(letters), err
 }
 
-// retryPublisher opens the publisher of the automatic retries on first use,
-// and again after close.
+// retryPublisher is the publisher of the automatic retries' run: round opens
+// it (get) before each batch, and again after close.
 type retryPublisher struct {
 	open  PublisherOpener
 	log   zerolog.Logger
-	pub   Publisher
+	pub   replay.Publisher
 	done  func() error
 	fails int // consecutive failures to open
 }
 
-func (p *retryPublisher) get(ctx context.Context) (Publisher, error) {
+// Publish publishes through the publisher get opened.
+func (p *retryPublisher) Publish(ctx context.Context, topic string, events []*outbox.Event) error {
+	if p.pub == nil {
+		return errors.New("publish dead-letter retries: no Kafka connection")
+	}
+	return p.pub.Publish(ctx, topic, events)
+}
+
+func (p *retryPublisher) get(ctx context.Context) (replay.Publisher, error) {
 	if p.pub != nil {
 		return p.pub, nil
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -53,8 +54,8 @@ func autoRetry(t *testing.T, s *deadletter.Store, budget int) (*deadletter.AutoR
 	m := metrics.New(prometheus.NewRegistry())
 	return &deadletter.AutoRetry{
 		Store: s,
-		Open: func(ctx context.Context) (deadletter.Publisher, func() error, error) {
-			p, err := deadletter.NewKafkaPublisher(ctx, sink.Config{Brokers: kafka.Brokers()})
+		Open: func(ctx context.Context) (replay.Publisher, func() error, error) {
+			p, err := sink.NewPublisher(ctx, sink.Config{Brokers: kafka.Brokers()})
 			if err != nil {
 				return nil, nil, err
 			}
@@ -178,7 +179,7 @@ func TestAutoRetryToDead(t *testing.T) {
 	if n := transitionsTo(t, s, deadletter.StatusRetryWait); n != 4 {
 		t.Errorf("%d transitions to retry_wait, want 4", n)
 	}
-	replays, _ := s.ListReplays(t.Context(), 1)
+	replays, _ := s.History().List(t.Context(), 1)
 	if len(replays) != 1 || replays[0].Actor != "auto retry of relay test" || replays[0].FinishedAt == nil ||
 		replays[0].Selected != 6 || replays[0].Failed != 6 || replays[0].Filters["auto_retry"] != true {
 		t.Errorf("the retries' history entry: %+v", replays)
@@ -206,7 +207,7 @@ func TestAutoRetryCompletes(t *testing.T) {
 	l := waitStatus(t, s, "fix-1", deadletter.StatusCompleted)
 	stop()
 	recs := testenv.MustReadAll(t, kafka, topic)
-	if len(recs) != 1 || recs[0].Headers[sink.HeaderID] != "fix-1" || recs[0].Headers[deadletter.HeaderReplay] == "" {
+	if len(recs) != 1 || recs[0].Headers[sink.HeaderID] != "fix-1" || recs[0].Headers[replay.HeaderReplay] == "" {
 		t.Fatalf("%s has %+v, want fix-1 once, with the replay header", topic, sandbox.IDs(recs))
 	}
 	if l.LastAttemptError != "" || l.ReplayCount != 1 {

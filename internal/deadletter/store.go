@@ -1,10 +1,13 @@
-// Package deadletter is the dead-letter store of the relay's dlq failure policy,
-// and the replays that publish dead letters, or rows still in the outbox table,
-// to Kafka again.
+// Package deadletter is the dead-letter store of the relay's dlq failure
+// policy: the letters, their state machine (claims with leases, settled in
+// the transitions table), the dlq replays that publish them again and the
+// relay's automatic retries of them. Replays run, and are recorded, through
+// package replay.
 //
 // The store is a table in the source database (TableDDL, migrations/
-// 005_dead_letters.sql) plus history tables that record every replay, the
-// result of every event it touched and every state transition of a letter. A
+// 005_dead_letters.sql) plus tables that record every state transition of a
+// letter and, for package replay, every replay and the result of every event
+// it touched (the tables keep the names and schema they always had). A
 // dead letter keeps everything needed to publish the event as the relay would
 // have: event id, key, payload, headers and topic. Replays keep the event id
 // (header "id"), so idempotent consumers drop an event they already have.
@@ -44,6 +47,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/letterstate"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 )
 
 // DefaultTable is the dead-letter table a Store uses when given no name.
@@ -279,19 +283,29 @@ func (n names) index(suffix string) string {
 	return pgx.Identifier{n.table + "_" + suffix}.Sanitize()
 }
 
-// Store keeps dead letters and the replay history in tables of the source
-// database. It is safe for concurrent use.
+// Store keeps dead letters in tables of the source database, beside which
+// lies the replay history (History). It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	n    names
+	pool    *pgxpool.Pool
+	n       names
+	history *replay.History
 }
 
 // NewStore returns a store using the dead-letter table named table
 // ("schema.table" or "table", unquoted; "" means DefaultTable) through pool, which
 // the caller keeps owning and closes.
 func NewStore(pool *pgxpool.Pool, table string) *Store {
-	return &Store{pool: pool, n: newNames(table)}
+	s := &Store{pool: pool, n: newNames(table)}
+	s.history = replay.NewHistory(pool, s.n.replays, s.n.events, func(err error, what string) error {
+		return s.wrap(err, "%s", what)
+	})
+	return s
 }
+
+// History returns the replay history kept in the tables named after the
+// dead-letter table (<table>_replays, <table>_replay_events), which Ensure
+// creates: the replays of dead letters and of outbox rows alike.
+func (s *Store) History() *replay.History { return s.history }
 
 // Table returns the dead-letter table's name as configured.
 func (s *Store) Table() string { return s.n.name }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
-	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -396,11 +396,11 @@ func TestEnsure(t *testing.T) {
 			if n, err := s.Backlog(ctx); err != nil || n != 1 {
 				t.Errorf("Backlog of %q = %d, %v", table, n, err)
 			}
-			id, err := s.StartReplay(ctx, deadletter.Replay{Kind: deadletter.KindDLQ, Actor: "t"})
+			id, err := s.History().Start(ctx, replay.Entry{Kind: replay.KindDLQ, Actor: "t"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.RecordReplayEvent(ctx, id, deadletter.ReplayEvent{EventID: "e-1", Result: deadletter.ResultSkipped}); err != nil {
+			if err := s.History().RecordEvent(ctx, id, replay.Event{EventID: "e-1", Result: replay.ResultSkipped}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -539,12 +539,9 @@ func TestFromEventAndRecorder(t *testing.T) {
 		Payload: []byte(`{"total": 1}`), CommitLSN: 0x16B3748, CommitTime: commit,
 		Headers: []outbox.Header{{Key: "correlation_id", Value: []byte("corr-1")}, {Key: "tenant", Value: []byte("acme")}},
 	}
-	rec, err := s.Recorder("relay-a", "outbox.{aggregate_type}", route.Regex{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := s.Recorder("relay-a")
 	cause := &outbox.EventError{Code: "message_too_large", Err: errors.New("1 MB")}
-	if err := rec(ctx, ev, cause); err != nil {
+	if err := rec(ctx, ev, "outbox.order", cause); err != nil {
 		t.Fatal(err)
 	}
 	got := byEventID(t, s, "ev-1")
@@ -559,16 +556,13 @@ func TestFromEventAndRecorder(t *testing.T) {
 		t.Errorf("recorded letter = %+v", got)
 	}
 
-	// A topic the template cannot render is stored as the template.
+	// A topic the template cannot render: the relay gives the template
+	// (TestRoutingFailureGoesToDeadLetters), which is stored.
 	bad := &outbox.Event{ID: []byte("ev-2"), AggregateType: []byte("no/slash"), AggregateID: []byte("1"), Payload: []byte("{}")}
-	if err := rec(ctx, bad, &outbox.EventError{Code: "invalid_topic", Err: errors.New("bad")}); err != nil {
+	if err := rec(ctx, bad, "outbox.{aggregate_type}", &outbox.EventError{Code: "invalid_topic", Err: errors.New("bad")}); err != nil {
 		t.Fatal(err)
 	}
 	if got := byEventID(t, s, "ev-2"); got.Topic != "outbox.{aggregate_type}" || got.ErrorCode != "invalid_topic" {
 		t.Errorf("invalid-topic letter: topic %q, code %q", got.Topic, got.ErrorCode)
-	}
-
-	if _, err := s.Recorder("r", "bad.{nope}", route.Regex{}); err == nil {
-		t.Error("Recorder accepted a bad template")
 	}
 }

@@ -60,7 +60,7 @@ VALUES ('order', $1, 'Placed', $2, $3, now() - interval '2 minutes'), ('order', 
 			}
 			cols := outboxtable.Columns{Columns: decoder.DefaultColumns(), ContentType: tt.contentType, Tracing: decoder.DefaultTracingColumn}
 			topic := "bin." + tt.output
-			res, err := outboxtable.Replay(ctx, pool, s, "public.outbox_bin", cols, p, outboxtable.ReplayOptions{
+			res, err := outboxtable.Replay(ctx, pool, s.History(), "public.outbox_bin", cols, p, outboxtable.ReplayOptions{
 				Since: time.Now().Add(-time.Hour), Topic: topic, Actor: "t"})
 			if err != nil {
 				t.Fatal(err)

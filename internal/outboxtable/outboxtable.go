@@ -1,8 +1,8 @@
 // Package outboxtable reads the outbox table itself, not its WAL: it
 // republishes rows still in the table (a replay for consumers rebuilding
 // their state, or the relay's backfill after a slot loss) and prunes old rows.
-// Its replays are recorded in the dead-letter store's replay history, beside
-// the dead-letter replays, so operators find every replay in one place.
+// Its replays run, and are recorded, through package replay, beside the
+// dead-letter replays, so operators find every replay in one place.
 package outboxtable
 
 import (
@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
-	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
@@ -76,11 +76,11 @@ type ReplayOptions struct {
 	// TopicRegex is the relay's --topic-regex (route.NewWithRegex).
 	TopicRegex route.Regex
 	Rate       float64 // events per second; 0 = unlimited
-	BatchSize  int     // 0 means deadletter.DefaultBatchSize
+	BatchSize  int     // 0 means replay.DefaultBatchSize
 	DryRun     bool
 	Actor      string
 	// Headers are added to every published event, after
-	// deadletter.HeaderReplay (e.g. deadletter.HeaderBackfill).
+	// replay.HeaderReplay (e.g. replay.HeaderBackfill).
 	Headers []outbox.Header
 }
 
@@ -126,35 +126,35 @@ var _ Querier = (*pgxpool.Pool)(nil)
 // Replay publishes rows still present in the outbox table again, for
 // consumers that rebuild their state, ordered by created_at then id: each as the
 // relay publishes it (key aggregate_id, value payload, the same "id" header and
-// header columns) plus the header deadletter.HeaderReplay, to the topic o.Topic
+// header columns) plus the header replay.HeaderReplay, to the topic o.Topic
 // renders. commit_lsn is 0/0 (unknown) and commit_time carries created_at,
 // since a row read from the table has no commit position. The replay is
-// recorded in history's replay history as kind "outbox"; outbox rows are not
+// recorded in history as kind "outbox"; outbox rows are not
 // marked. Rows are read through db (usually the pool; a transaction for a
 // snapshot) in pages, so the table is not locked or held in memory. p may be
 // nil for a dry run. On ctx's end it behaves as
 // deadletter.Store.ReplayDeadLetters.
-func Replay(ctx context.Context, db Querier, history *deadletter.Store, table string, cols Columns, p deadletter.Publisher, o ReplayOptions) (deadletter.ReplayResult, error) {
+func Replay(ctx context.Context, db Querier, history *replay.History, table string, cols Columns, p replay.Publisher, o ReplayOptions) (replay.Outcome, error) {
 	if cols.CreatedAt == "" {
 		cols.CreatedAt = "created_at"
 	}
 	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload} {
 		if c == "" {
-			return deadletter.ReplayResult{}, errors.New("replay outbox: a column name is empty")
+			return replay.Outcome{}, errors.New("replay outbox: a column name is empty")
 		}
 	}
 	router, err := route.NewWithRegex(o.Topic, o.TopicRegex)
 	if err != nil {
-		return deadletter.ReplayResult{}, fmt.Errorf("replay outbox: %w", err)
+		return replay.Outcome{}, fmt.Errorf("replay outbox: %w", err)
 	}
 	if !o.Since.IsZero() && !o.Until.IsZero() && !o.Until.After(o.Since) {
-		return deadletter.ReplayResult{}, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
+		return replay.Outcome{}, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
 			o.Until.Format(time.RFC3339), o.Since.Format(time.RFC3339))
 	}
-	r, err := history.StartReplayRun(ctx, p, deadletter.Replay{Kind: deadletter.KindOutbox, Actor: o.Actor, Filters: o.describe(table),
-		DryRun: o.DryRun, RatePerSec: o.Rate}, o.BatchSize)
+	r, err := history.StartRun(ctx, p, replay.Entry{Kind: replay.KindOutbox, Actor: o.Actor, Filters: o.describe(table),
+		DryRun: o.DryRun, RatePerSec: o.Rate}, o.BatchSize, nil)
 	if err != nil {
-		return deadletter.ReplayResult{}, err
+		return replay.Outcome{}, err
 	}
 	q := outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
 	if err := q.describe(ctx, db); err != nil {
@@ -177,13 +177,13 @@ func Replay(ctx context.Context, db Querier, history *deadletter.Store, table st
 			topic, terr := router.Topic(ev)
 			switch {
 			case terr != nil:
-				err = r.Note(ctx, deadletter.ReplayEvent{EventID: string(ev.ID), Result: deadletter.ResultFailed, Error: terr.Error(), At: time.Now()})
+				err = r.Note(ctx, replay.Event{EventID: string(ev.ID), Result: replay.ResultFailed, Error: terr.Error(), At: time.Now()})
 			case o.DryRun:
-				err = r.Note(ctx, deadletter.ReplayEvent{EventID: string(ev.ID), Result: deadletter.ResultDryRun})
+				err = r.Note(ctx, replay.Event{EventID: string(ev.ID), Result: replay.ResultDryRun})
 			default:
-				ev.Headers = append(ev.Headers, outbox.Header{Key: deadletter.HeaderReplay, Value: fmt.Appendf(nil, "%d", r.ID())})
+				ev.Headers = append(ev.Headers, outbox.Header{Key: replay.HeaderReplay, Value: fmt.Appendf(nil, "%d", r.ID())})
 				ev.Headers = append(ev.Headers, o.Headers...)
-				err = r.Publish(ctx, deadletter.ReplayItem{Event: ev, Topic: topic})
+				err = r.Publish(ctx, replay.Item{Event: ev, Topic: topic})
 			}
 			if err != nil {
 				return r.Finish(ctx, err)

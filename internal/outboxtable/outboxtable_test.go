@@ -13,6 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -45,13 +46,13 @@ func newStore(t *testing.T, pool *pgxpool.Pool) *deadletter.Store {
 }
 
 // newPublisher returns a publisher to k, closed with t.
-func newPublisher(t *testing.T, k *sandbox.Kafka) *deadletter.KafkaPublisher {
+func newPublisher(t *testing.T, k *sandbox.Kafka) *sink.Publisher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	p, err := deadletter.NewKafkaPublisher(ctx, sink.Config{Brokers: k.Brokers()})
+	p, err := sink.NewPublisher(ctx, sink.Config{Brokers: k.Brokers()})
 	if err != nil {
-		t.Fatalf("NewKafkaPublisher: %v", err)
+		t.Fatalf("NewPublisher: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {
@@ -61,7 +62,7 @@ func newPublisher(t *testing.T, k *sandbox.Kafka) *deadletter.KafkaPublisher {
 	return p
 }
 
-func checkResult(t *testing.T, what string, got deadletter.ReplayResult, want deadletter.Counts) {
+func checkResult(t *testing.T, what string, got replay.Outcome, want replay.Counts) {
 	t.Helper()
 	if got.Counts != want {
 		t.Errorf("%s: counts %+v, want %+v (failures %+v)", what, got.Counts, want, got.Failures)
@@ -130,11 +131,11 @@ func TestReplay(t *testing.T) {
 		Since: now.Add(-2 * time.Hour), Until: now.Add(-30 * time.Minute),
 		Topic: prefix + ".{aggregate_type}", Actor: "bob", BatchSize: 2,
 	}
-	res, err := outboxtable.Replay(ctx, pool, s, table, cols, p, opts)
+	res, err := outboxtable.Replay(ctx, pool, s.History(), table, cols, p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "outbox replay", res, deadletter.Counts{Selected: 4, Published: 4})
+	checkResult(t, "outbox replay", res, replay.Counts{Selected: 4, Published: 4})
 	orders, users := testenv.MustReadAll(t, kafka, prefix+".order"), testenv.MustReadAll(t, kafka, prefix+".user")
 	want := []string{ids[1], ids[2], ids[4]}
 	slices.Sort(want)
@@ -146,7 +147,7 @@ func TestReplay(t *testing.T) {
 		if string(r.Key) == "A" {
 			keyA = append(keyA, r.Headers["id"])
 		}
-		if r.Headers[deadletter.HeaderReplay] != fmt.Sprint(res.ReplayID) || r.Headers["event_type"] == "" ||
+		if r.Headers[replay.HeaderReplay] != fmt.Sprint(res.ReplayID) || r.Headers["event_type"] == "" ||
 			r.Headers["aggregate_type"] != "order" || !strings.HasPrefix(string(r.Value), `{"i": `) {
 			t.Errorf("record %+v", r)
 		}
@@ -160,17 +161,17 @@ func TestReplay(t *testing.T) {
 			t.Errorf("row %d: x-correlation header %q, want %q", i, r.Headers["x-correlation"], wantCorr)
 		}
 	}
-	replays, _ := s.ListReplays(ctx, 1)
-	if len(replays) != 1 || replays[0].Kind != deadletter.KindOutbox || replays[0].Actor != "bob" || replays[0].Filters["table"] != table {
+	replays, _ := s.History().List(ctx, 1)
+	if len(replays) != 1 || replays[0].Kind != replay.KindOutbox || replays[0].Actor != "bob" || replays[0].Filters["table"] != table {
 		t.Errorf("history = %+v", replays)
 	}
-	if events, _ := s.ListReplayEvents(ctx, res.ReplayID); len(events) != 4 || events[0].DeadLetterID != 0 || events[0].Result != deadletter.ResultPublished {
+	if events, _ := s.History().Events(ctx, res.ReplayID); len(events) != 4 || events[0].DeadLetterID != 0 || events[0].Result != replay.ResultPublished {
 		t.Errorf("history events = %+v", events)
 	}
 
 	// Aggregate and event type filters, then ids.
 	opts.AggregateID, opts.Since, opts.Until = "A", time.Time{}, time.Time{}
-	res, err = outboxtable.Replay(ctx, pool, s, table, cols, nil, withDryRun(opts))
+	res, err = outboxtable.Replay(ctx, pool, s.History(), table, cols, nil, withDryRun(opts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,12 +180,12 @@ func TestReplay(t *testing.T) {
 	}
 	opts.EventType = "Placed"
 	opts.AggregateID = ""
-	res, _ = outboxtable.Replay(ctx, pool, s, table, cols, nil, withDryRun(opts))
+	res, _ = outboxtable.Replay(ctx, pool, s.History(), table, cols, nil, withDryRun(opts))
 	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[0], ids[2]}) {
 		t.Errorf("event type Placed selected %v", got)
 	}
 	opts.EventType, opts.IDs = "", []string{ids[5], ids[2]}
-	res, _ = outboxtable.Replay(ctx, pool, s, table, cols, nil, withDryRun(opts))
+	res, _ = outboxtable.Replay(ctx, pool, s.History(), table, cols, nil, withDryRun(opts))
 	if got := resultIDs(t, s, res.ReplayID); !slices.Equal(got, []string{ids[2], ids[5]}) {
 		t.Errorf("ids selected %v", got)
 	}
@@ -193,13 +194,13 @@ func TestReplay(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE `+table+` SET aggregate_type = 'bad/type' WHERE id = $1`, ids[5]); err != nil {
 		t.Fatal(err)
 	}
-	res, err = outboxtable.Replay(ctx, pool, s, table, cols, p, outboxtable.ReplayOptions{IDs: []string{ids[2], ids[5]}, Topic: prefix + ".{aggregate_type}"})
+	res, err = outboxtable.Replay(ctx, pool, s.History(), table, cols, p, outboxtable.ReplayOptions{IDs: []string{ids[2], ids[5]}, Topic: prefix + ".{aggregate_type}"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResult(t, "replay with a bad topic", res, deadletter.Counts{Selected: 2, Published: 1, Failed: 1})
+	checkResult(t, "replay with a bad topic", res, replay.Counts{Selected: 2, Published: 1, Failed: 1})
 
-	if _, err := outboxtable.Replay(ctx, pool, s, "public.no_such_outbox", cols, nil, withDryRun(opts)); err == nil || !strings.Contains(err.Error(), "public.no_such_outbox") {
+	if _, err := outboxtable.Replay(ctx, pool, s.History(), "public.no_such_outbox", cols, nil, withDryRun(opts)); err == nil || !strings.Contains(err.Error(), "public.no_such_outbox") {
 		t.Errorf("replay of a missing table: %v", err)
 	}
 }
@@ -212,7 +213,7 @@ func withDryRun(o outboxtable.ReplayOptions) outboxtable.ReplayOptions {
 // resultIDs returns the event ids recorded for a replay, in order.
 func resultIDs(t *testing.T, s *deadletter.Store, replayID int64) []string {
 	t.Helper()
-	events, err := s.ListReplayEvents(t.Context(), replayID)
+	events, err := s.History().Events(t.Context(), replayID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
-	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -398,10 +397,7 @@ func withParam(url, key, value string) string {
 func (e *env) withDeadLetters(more func(*relay.Config)) *deadletter.Store {
 	e.t.Helper()
 	store := deadletter.NewStore(e.relayPool, deadletter.DefaultTable)
-	record, err := store.Recorder("test-relay", e.topic, route.Regex{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	record := store.Recorder("test-relay")
 	e.cfgHook = func(c *relay.Config) {
 		c.DeadLetter = record
 		c.DeadLetterStore = store

@@ -21,7 +21,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
-	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -53,20 +53,17 @@ func poison(t *testing.T, e *env) (bigID string, bigEnd pglogrepl.LSN) {
 func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 	e := newEnv(t)
 	store := deadletter.NewStore(e.relayPool, deadletter.DefaultTable)
-	rec, err := store.Recorder("test-relay", e.topic, route.Regex{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := store.Recorder("test-relay")
 	release := make(chan struct{})
 	var once, enterOnce sync.Once
 	entered := make(chan struct{}) // the relay is storing the dead letter
 	stored := make(chan struct{})
 	e.cfgHook = func(c *relay.Config) {
 		// Hold the dead letter back until the test has looked at the slot.
-		c.DeadLetter = func(ctx context.Context, ev *outbox.Event, cause error) error {
+		c.DeadLetter = func(ctx context.Context, ev *outbox.Event, topic string, cause error) error {
 			enterOnce.Do(func() { close(entered) })
 			<-release
-			err := rec(ctx, ev, cause)
+			err := rec(ctx, ev, topic, cause)
 			once.Do(func() { close(stored) })
 			return err
 		}
@@ -123,7 +120,7 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 
 	// Raise the broker's limit for the topic, then replay.
 	setTopicConfig(t, e.kafka.Brokers(), e.topic, "max.message.bytes", "8388608")
-	pub, err := deadletter.NewKafkaPublisher(context.Background(), sink.Config{Brokers: e.kafka.Brokers(), BatchMaxBytes: 4 << 20})
+	pub, err := sink.NewPublisher(context.Background(), sink.Config{Brokers: e.kafka.Brokers(), BatchMaxBytes: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,11 +139,11 @@ func TestPoisonEventGoesToDeadLetters(t *testing.T) {
 			last = r
 		}
 	}
-	if last.Headers["id"] != bigID || last.Headers[deadletter.HeaderReplay] == "" {
-		t.Errorf("replayed record: id %q replay header %q, want id %s and a replay header", last.Headers["id"], last.Headers[deadletter.HeaderReplay], bigID)
+	if last.Headers["id"] != bigID || last.Headers[replay.HeaderReplay] == "" {
+		t.Errorf("replayed record: id %q replay header %q, want id %s and a replay header", last.Headers["id"], last.Headers[replay.HeaderReplay], bigID)
 	}
-	history, err := store.ListReplayEvents(context.Background(), res.ReplayID)
-	if err != nil || len(history) != 1 || history[0].EventID != bigID || history[0].Result != deadletter.ResultPublished {
+	history, err := store.History().Events(context.Background(), res.ReplayID)
+	if err != nil || len(history) != 1 || history[0].EventID != bigID || history[0].Result != replay.ResultPublished {
 		t.Errorf("replay history %+v (%v), want one published row for %s", history, err, bigID)
 	}
 	again, err := store.ReplayDeadLetters(context.Background(), pub, deadletter.ReplayOptions{Actor: "test"})
@@ -370,15 +367,17 @@ func TestDeadLetterRetentionRuns(t *testing.T) {
 func TestRoutingFailureGoesToDeadLetters(t *testing.T) {
 	e := newEnv(t)
 	var (
-		mu    sync.Mutex
-		codes []string
+		mu     sync.Mutex
+		codes  []string
+		topics []string // what the dead letters were given
 	)
 	e.cfgHook = func(c *relay.Config) {
 		c.Topic = "outbox.{aggregate_type}"
-		c.DeadLetter = func(_ context.Context, ev *outbox.Event, cause error) error {
+		c.DeadLetter = func(_ context.Context, ev *outbox.Event, topic string, cause error) error {
 			mu.Lock()
 			defer mu.Unlock()
 			codes = append(codes, string(ev.AggregateType)+":"+sink.Code(cause))
+			topics = append(topics, topic)
 			return nil
 		}
 	}
@@ -396,10 +395,14 @@ func TestRoutingFailureGoesToDeadLetters(t *testing.T) {
 		t.Fatalf("%d records in outbox.order, want 2", len(recs))
 	}
 	mu.Lock()
-	got := fmt.Sprint(codes)
+	got, gotTopics := fmt.Sprint(codes), fmt.Sprint(topics)
 	mu.Unlock()
 	if want := "[orders/eu:invalid_topic]"; got != want {
 		t.Errorf("dead letters %s, want %s", got, want)
+	}
+	// The template could not name a topic: the letter is given the template.
+	if want := "[outbox.{aggregate_type}]"; gotTopics != want {
+		t.Errorf("dead letters' topics %s, want %s", gotTopics, want)
 	}
 	if v := testutil.ToFloat64(e.m.PermanentFailures.WithLabelValues("invalid_topic")); v != 1 {
 		t.Errorf("permanent_failures_total{invalid_topic} = %v, want 1", v)
@@ -421,7 +424,7 @@ func TestStopWhileDeadLetterStoreHangs(t *testing.T) {
 	var once sync.Once
 	e.cfgHook = func(c *relay.Config) {
 		c.ShutdownTimeout = 2 * time.Second
-		c.DeadLetter = func(ctx context.Context, _ *outbox.Event, _ error) error {
+		c.DeadLetter = func(ctx context.Context, _ *outbox.Event, _ string, _ error) error {
 			once.Do(func() { close(storing) })
 			<-ctx.Done() // the store never answers
 			return ctx.Err()

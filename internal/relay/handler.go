@@ -201,7 +201,7 @@ func (rec *pending) delivered(m sink.Message, at sink.Stored, err error) error {
 func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at sink.Stored, err error) error {
 	ev := m.Event
 	if err != nil {
-		if herr := h.permanent(ctx, ev, err); herr != nil {
+		if herr := h.permanent(ctx, m, err); herr != nil {
 			if h.spans != nil {
 				h.spans.End(m, rec.span, at, err, false)
 			}
@@ -251,11 +251,13 @@ func (h *handler) ack(rec *pending, ev *outbox.Event) {
 	}
 }
 
-// permanent applies the failure policy to an event that failed permanently:
-// with dead letters, store it (retrying until the store commits it), after
-// which the caller counts it as done; without, halt.
-func (h *handler) permanent(ctx context.Context, ev *outbox.Event, cause error) error {
+// permanent applies the failure policy to the event of m, which failed
+// permanently: with dead letters, store it with the topic it was routed to
+// (the template when routing failed), retrying until the store commits it,
+// after which the caller counts it as done; without, halt.
+func (h *handler) permanent(ctx context.Context, m sink.Message, cause error) error {
 	r := h.relay
+	ev := m.Event
 	code := sink.Code(cause)
 	// Per-event lines are sampled: a burst of poison events (a topic template
 	// gone wrong) must not flood the log; the metric counts every one.
@@ -266,8 +268,12 @@ func (h *handler) permanent(ctx context.Context, ev *outbox.Event, cause error) 
 		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with dead letters on %s; the slot was not confirmed past it",
 			ev.ID, ev.AggregateID, ev.CommitLSN, cause, setting.Token("OpenDeadLetters"))
 	}
+	topic := m.Topic
+	if topic == "" {
+		topic = r.cfg.Topic // the router could not name one
+	}
 	for attempt := 0; ; attempt++ {
-		err := h.deadLetter(ctx, ev, cause)
+		err := h.deadLetter(ctx, ev, topic, cause)
 		if err == nil {
 			break
 		}

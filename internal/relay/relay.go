@@ -119,13 +119,15 @@ type Spans interface {
 	End(m sink.Message, span trace.Span, at sink.Stored, err error, deadLetter bool)
 }
 
-// DeadLetterFunc stores ev, which failed permanently with cause, and returns
-// nil once the dead letter is committed: only then is the event counted as
-// done, so the checkpoint never moves past an event that is neither in Kafka
-// nor in the dead-letter store. It is called from the producer's goroutine
-// and the stream's, so it must be safe for concurrent use
-// (deadletter.Store.Recorder is).
-type DeadLetterFunc func(ctx context.Context, ev *outbox.Event, cause error) error
+// DeadLetterFunc stores ev, which failed permanently with cause on its way to
+// topic, and returns nil once the dead letter is committed: only then is the
+// event counted as done, so the checkpoint never moves past an event that is
+// neither in Kafka nor in the dead-letter store. topic is the one the relay
+// routed ev to, or, when the template could not name one (cause says why),
+// the template itself (Config.Topic), so the letter shows what to fix. It is
+// called from the producer's goroutine and the stream's, so it must be safe
+// for concurrent use (deadletter.Store.Recorder is).
+type DeadLetterFunc func(ctx context.Context, ev *outbox.Event, topic string, cause error) error
 
 // Config configures a relay.
 type Config struct {

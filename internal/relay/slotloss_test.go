@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/cdc-relay/cdc-relay/internal/cli"
-	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -147,8 +147,8 @@ SELECT 't', 'k' || (g % 3), $1, jsonb_build_object('seq', g) FROM generate_serie
 			byType := map[string]int{}
 			for _, r := range recs {
 				key := r.Headers["event_type"]
-				if r.Headers[deadletter.HeaderBackfill] != "" {
-					if got := r.Headers[deadletter.HeaderBackfill]; got != tt.kind.String() {
+				if r.Headers[replay.HeaderBackfill] != "" {
+					if got := r.Headers[replay.HeaderBackfill]; got != tt.kind.String() {
 						t.Errorf("backfill header = %q, want %q", got, tt.kind)
 					}
 					key += "+backfill"

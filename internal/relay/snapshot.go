@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -50,7 +49,7 @@ import (
 // snapshot that did not complete (the stored marker, step 1 above; without
 // --snapshot initial the gap check refuses to start and says what to do): it
 // drops the slot that attempt created and takes the snapshot again.
-func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState) (pglogrepl.LSN, error) {
+func (r *Relay) retakeSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	if state.Exists {
 		if state.Active {
@@ -65,13 +64,13 @@ func (r *Relay) retakeSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pg
 	}
 	r.log.Warn().Str("started_by", stored.RelayName).Time("started_at", stored.UpdatedAt).Bool("slot_dropped", state.Exists).
 		Msg("the initial snapshot did not complete: dropped the slot of that attempt (nothing was confirmed from it) and taking the snapshot again; rows that attempt published are published again")
-	return r.initialSnapshot(ctx, pool, conn, op)
+	return r.initialSnapshot(ctx, conn, op)
 }
 
 // initialSnapshot creates the slot with an exported snapshot, publishes the
 // snapshot's rows through Config.Snapshot and, once Kafka acknowledged them
 // all, stores the slot's consistent point as the checkpoint and returns it.
-func (r *Relay) initialSnapshot(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening) (pglogrepl.LSN, error) {
+func (r *Relay) initialSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpoint.Opening) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	// Every transaction the new slot streams commits after this instant.
 	markTime, err := replication.ServerClock(ctx, conn)

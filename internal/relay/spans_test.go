@@ -126,7 +126,7 @@ func TestSpansOfEvents(t *testing.T) {
 			c.Topic = "outbox.{aggregate_type}"
 			c.Decoder.TracingColumn = decoder.DefaultTracingColumn
 			c.Spans = spans
-			c.DeadLetter = func(context.Context, *outbox.Event, error) error { return nil }
+			c.DeadLetter = func(context.Context, *outbox.Event, string, error) error { return nil }
 		}
 		e.start()
 		ids := rows(e, []struct{ typ, key, trace string }{

@@ -86,7 +86,7 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if err != nil {
 		return system, nil, 0, err
 	}
-	start, err := r.reconcile(ctx, pool, conn, op, system.SystemID)
+	start, err := r.reconcile(ctx, conn, op, system.SystemID)
 	return system, op, start, err
 }
 
@@ -114,7 +114,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 // (DESIGN invariant 6), repairs what it is configured to repair (a backfill, a
 // retaken snapshot), creates the slot when that is safe and allowed, and
 // returns where to start.
-func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening, systemID string) (pglogrepl.LSN, error) {
+func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Opening, systemID string) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	stored, haveStored := op.Stored()
 	state, rep, err := r.gaps.Slot(ctx, conn, gaps.SlotFacts{
@@ -122,7 +122,7 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 		SnapshotPending: op.SnapshotPending(), RetakeSnapshot: r.cfg.Snapshot != nil,
 	})
 	if rep.Failed == gaps.CheckSnapshotIncomplete && err == nil {
-		return r.retakeSnapshot(ctx, pool, conn, op, stored, state)
+		return r.retakeSnapshot(ctx, conn, op, stored, state)
 	}
 	if err != nil {
 		var gap *gaps.GapError
@@ -135,14 +135,14 @@ func (r *Relay) reconcile(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Con
 				"that were created since %s", err, r.backfillSince(stored).UTC().Format(time.RFC3339))
 		}
 		r.log.Warn().Err(err).Msg("slot lost: backfilling " + setting.Token("Backfill"))
-		return r.backfill(ctx, pool, conn, op, stored, state, gap.Kind)
+		return r.backfill(ctx, conn, op, stored, state, gap.Kind)
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
 			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, setting.Token("CreateSlot"), slot)}
 		}
 		if r.cfg.Snapshot != nil {
-			return r.initialSnapshot(ctx, pool, conn, op)
+			return r.initialSnapshot(ctx, conn, op)
 		}
 		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
 			return 0, err
@@ -182,7 +182,7 @@ func (r *Relay) backfillSince(stored checkpoint.Checkpoint) time.Time {
 // checkpoint, so a crash midway backfills again on the next start (the slot is
 // then ahead of the store). Rows deleted from the outbox since cannot be
 // republished: the log says so.
-func (r *Relay) backfill(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState, kind gaps.GapKind) (pglogrepl.LSN, error) {
+func (r *Relay) backfill(ctx context.Context, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState, kind gaps.GapKind) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
 	since := r.backfillSince(stored)
 	if stored.CommitTime.IsZero() {

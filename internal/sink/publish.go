@@ -1,4 +1,4 @@
-package deadletter
+package sink
 
 import (
 	"context"
@@ -8,23 +8,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/route"
-	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
-
-// Publisher publishes replayed events.
-//
-// Publish returns nil once Kafka acknowledged every event with acks=all. When
-// some events failed for good and the others were acknowledged, it returns a
-// *PublishError naming the failed ones. Any other error (the context ended, the
-// topic could not be opened) means no event may be assumed delivered. The
-// topic travels beside the events, as every fact a stage learns about an
-// event does (sink.Message), never in them: the relay renders it from a
-// template, a dead letter stores it, a replay may override it. Replayed
-// events carry no source position (no Origin): Kafka's copy is never taken
-// for the stream's.
-type Publisher interface {
-	Publish(ctx context.Context, topic string, events []*outbox.Event) error
-}
 
 // PublishError lists the events of one Publish call that failed for good, by
 // their index in the slice given to Publish; every other event was acknowledged.
@@ -42,18 +26,17 @@ func (e *PublishError) Error() string {
 	return fmt.Sprintf("%d events failed, the first (#%d): %v", len(e.Errs), first, e.Errs[first])
 }
 
-var _ Publisher = (*KafkaPublisher)(nil)
-
-// KafkaPublisher publishes through the relay's own Kafka producer
-// (internal/sink): acks=all, per-key order, the same headers, one producer for
+// Publisher publishes batches of events outside the relay's stream (the
+// replays of dead letters and outbox rows, the backfill) through the relay's
+// own producer: acks=all, per-key order, the same headers, one producer for
 // every topic. Publish calls are serialized.
-type KafkaPublisher struct {
+type Publisher struct {
 	// TopicWait bounds how long Publish waits for a topic it has not used yet
 	// to exist (the broker creates it, when allowed, on first use). Default 30s.
 	TopicWait time.Duration
 
 	mu sync.Mutex // serializes Publish: the producer's Produce is single-goroutine
-	k  *sink.Kafka
+	k  *Kafka
 }
 
 // publishCall tracks the events of one Publish call.
@@ -64,21 +47,25 @@ type publishCall struct {
 	done chan struct{}
 }
 
-// NewKafkaPublisher checks, within ctx, that the brokers of cfg answer and
+// NewPublisher checks, within ctx, that the brokers of cfg answer and
 // returns a publisher producing with cfg. Close it when done.
-func NewKafkaPublisher(ctx context.Context, cfg sink.Config) (*KafkaPublisher, error) {
+func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	cfg.Topics = nil // topics are given per Publish call, and waited for then
-	k, err := sink.Open(ctx, cfg)
+	k, err := Open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &KafkaPublisher{TopicWait: 30 * time.Second, k: k}, nil
+	return &Publisher{TopicWait: 30 * time.Second, k: k}, nil
 }
 
-// Publish sends events to topic, in order, and waits until Kafka acknowledged
-// all of them or reported the failure of some (see Publisher). Transient
-// failures are retried until ctx ends, like the relay does.
-func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*outbox.Event) error {
+// Publish sends events to topic, in order, and returns nil once Kafka
+// acknowledged every one with acks=all. When some failed for good and the
+// others were acknowledged, it returns a *PublishError naming the failed ones.
+// Any other error (ctx ended, the topic could not be opened) means no event
+// may be assumed delivered. Transient failures are retried until ctx ends,
+// like the relay does. The events carry no source position: Kafka's copy is
+// never taken for the stream's.
+func (p *Publisher) Publish(ctx context.Context, topic string, events []*outbox.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
@@ -103,7 +90,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*ou
 	}
 	c := &publishCall{left: len(events), errs: map[int]error{}, done: make(chan struct{})}
 	for i, ev := range events {
-		done := func(_ sink.Message, _ sink.Stored, err error) error {
+		done := func(_ Message, _ Stored, err error) error {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if err != nil {
@@ -114,7 +101,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*ou
 			}
 			return nil // the producer goes on with the other events
 		}
-		if err := p.k.Produce(sink.Message{Topic: topic, Event: ev}, done); err != nil { // only once halted, which our Done never does
+		if err := p.k.Produce(Message{Topic: topic, Event: ev}, done); err != nil { // only once halted, which our Done never does
 			return fmt.Errorf("send to topic %q: %w", topic, err)
 		}
 	}
@@ -132,7 +119,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, topic string, events []*ou
 }
 
 // Close closes the producer. Events not acknowledged by then stay so.
-func (p *KafkaPublisher) Close() error {
+func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.k.Close(); err != nil {

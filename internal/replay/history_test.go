@@ -1,0 +1,88 @@
+package replay_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+)
+
+var pool *pgxpool.Pool
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	ctx := context.Background()
+	pg, err := sandbox.StartPostgres(ctx, sandbox.PGOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start postgres:", err)
+		return 1
+	}
+	defer pg.Close()
+	dbURL, err := pg.CreateDatabase(ctx, "cdc_relay_replay_test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "create database:", err)
+		return 1
+	}
+	if pool, err = pgxpool.New(ctx, dbURL); err != nil {
+		fmt.Fprintln(os.Stderr, "connect:", err)
+		return 1
+	}
+	defer pool.Close()
+	return m.Run()
+}
+
+// newHistory returns the history of fresh dead-letter tables, which hold it.
+func newHistory(t *testing.T) *replay.History {
+	t.Helper()
+	s := deadletter.NewStore(pool, "public."+t.Name())
+	if err := s.Ensure(t.Context()); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	return s.History()
+}
+
+// TestReplayTotals: the history's events by kind and result, dry runs left
+// out, every kind and result present.
+func TestReplayTotals(t *testing.T) {
+	ctx := context.Background()
+	h := newHistory(t)
+	for _, r := range []struct {
+		kind   string
+		dry    bool
+		counts replay.Counts
+	}{
+		{replay.KindOutbox, false, replay.Counts{Selected: 5, Published: 4, Failed: 1}},
+		{replay.KindOutbox, false, replay.Counts{Selected: 2, Published: 2}},
+		{replay.KindDLQ, false, replay.Counts{Selected: 3, Published: 1, Skipped: 2}},
+		{replay.KindDLQ, true, replay.Counts{Selected: 9, Published: 9}},
+	} {
+		id, err := h.Start(ctx, replay.Entry{Kind: r.kind, Actor: "t", DryRun: r.dry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Finish(ctx, id, r.counts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := h.Totals(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []replay.Total{
+		{Kind: replay.KindDLQ, Result: replay.ResultPublished, Events: 1}, {Kind: replay.KindDLQ, Result: replay.ResultSkipped, Events: 2}, {Kind: replay.KindDLQ, Result: replay.ResultFailed, Events: 0},
+		{Kind: replay.KindOutbox, Result: replay.ResultPublished, Events: 6}, {Kind: replay.KindOutbox, Result: replay.ResultSkipped, Events: 0}, {Kind: replay.KindOutbox, Result: replay.ResultFailed, Events: 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ReplayTotals = %v, want %v", got, want)
+	}
+}
