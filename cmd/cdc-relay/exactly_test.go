@@ -28,8 +28,8 @@ func TestKillNineLoopEffectivelyOnce(t *testing.T) {
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
 	r := newRelay(t, f.relayArgs())
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 
 	w := verify.NewWriter(f.url, "agg-", 200, 7)
 	stop := make(chan struct{})
@@ -44,41 +44,41 @@ func TestKillNineLoopEffectivelyOnce(t *testing.T) {
 			time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 		case 1:
 			// Soon after it streams again, while it catches up.
-			r.waitReady(30 * time.Second)
+			r.WaitReady(30 * time.Second)
 			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 		default:
-			r.waitReady(30 * time.Second)
+			r.WaitReady(30 * time.Second)
 			time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
 		}
-		if r.exited() {
-			code, _ := r.wait(0)
-			t.Fatalf("relay exited by itself (code %d) before kill %d:\n%s", code, i+1, tail(r.logs.String(), 30))
+		if r.Exited() {
+			code, _ := r.Wait(0)
+			t.Fatalf("relay exited by itself (code %d) before kill %d:\n%s", code, i+1, tail(r.Logs(), 30))
 		}
-		if r.readyz() != 200 {
+		if r.Readyz() != 200 {
 			startup++
 		}
-		r.kill()
-		r.start()
+		r.Kill()
+		r.Start()
 	}
 	close(stop)
 	if err := <-werr; err != nil {
 		t.Fatal(err)
 	}
-	r.waitReady(30 * time.Second)
+	r.WaitReady(30 * time.Second)
 	res, _ := f.waitDelivered(ctx, t, w.Committed, 60*time.Second)
 	t.Logf("after %d x SIGKILL (%d before the relay was ready): %s", kills, startup, res)
 	requireComplete(t, res)
 	if res.Duplicates != 0 {
 		t.Fatalf("%d duplicates after %d kills with --delivery effectively-once; log tail:\n%s",
-			res.Duplicates, kills, tail(r.logs.String(), 40))
+			res.Duplicates, kills, tail(r.Logs(), 40))
 	}
 	if startup == 0 {
 		t.Errorf("no kill came before the relay was ready; the test no longer kills during start-up")
 	}
-	if n := strings.Count(r.logs.String(), "events already in Kafka"); n < kills/2 {
+	if n := strings.Count(r.Logs(), "events already in Kafka"); n < kills/2 {
 		t.Errorf("only %d start-up reconciliation lines in %d runs", n, kills+1)
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 }
 
 // tail returns the last n lines of s.
@@ -171,8 +171,8 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "checkpoint.json")
 			args := f.relayArgs("--checkpoint-store", "file", "--checkpoint-file", file, "--status-interval", "1h")
 			r := newRelay(t, append(slices.Clone(args), tc.firstArgs...))
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			store := checkpoint.NewFileStore(file)
 
 			w := verify.NewWriter(f.url, "agg-", 50, uint64(i+1))
@@ -187,7 +187,7 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
 			requireComplete(t, res)
 			firstHalf := w.Count() - 600
-			r.kill()
+			r.Kill()
 			if err := store.Save(ctx, older); err != nil { // back to before the second 600
 				t.Fatal(err)
 			}
@@ -195,9 +195,9 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			if tc.whileDown != nil {
 				replayed = tc.whileDown(ctx, t, f, w)
 			}
-			r.args = args
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.P.SetArgs(args)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			if err := <-w.GoRun(ctx, nil, 200, 3000); err != nil {
 				t.Fatal(err)
 			}
@@ -206,7 +206,7 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 				committed = func() []verify.Event { return w.Committed()[firstHalf:] }
 			}
 			res, _ = f.waitDelivered(ctx, t, committed, 30*time.Second)
-			logs := r.logs.String()
+			logs := r.Logs()
 			t.Logf("%s: %s; %s", tc.name, res, reconciledLine(logs))
 			switch {
 			case len(res.Missing) > 0 || len(res.Mismatches) > 0:
@@ -226,7 +226,7 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			if tc.fallback != "" && !strings.Contains(logs, `"reason":"`+tc.fallback+`"`) {
 				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, tail(logs, 30))
 			}
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 		})
 	}
 }
