@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -14,81 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
 )
-
-// TestKillNineLoopEffectivelyOnce SIGKILLs the relay 50 times at random
-// points while a writer commits steadily: during start-up and
-// reconciliation, right after it became ready, and in full flow. With the
-// default --delivery effectively-once, every committed event must be in
-// Kafka exactly once, in per-key order.
-func TestKillNineLoopEffectivelyOnce(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	f := newFixture(t, sharedPG, t.Name(), true)
-	r := newRelay(t, f.relayArgs())
-	r.Start()
-	r.WaitReady(30 * time.Second)
-
-	w := verify.NewWriter(f.url, "agg-", 200, 7)
-	stop := make(chan struct{})
-	werr := w.GoRun(ctx, stop, 0, 1500)
-	rng := rand.New(rand.NewPCG(11, 42))
-	const kills = 50
-	startup := 0
-	for i := 0; i < kills; i++ {
-		switch i % 3 {
-		case 0:
-			// During start-up: checks, slot, reconciliation with Kafka.
-			time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
-		case 1:
-			// Soon after it streams again, while it catches up.
-			r.WaitReady(30 * time.Second)
-			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-		default:
-			r.WaitReady(30 * time.Second)
-			time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
-		}
-		if r.Exited() {
-			code, _ := r.Wait(0)
-			t.Fatalf("relay exited by itself (code %d) before kill %d:\n%s", code, i+1, tail(r.Logs(), 30))
-		}
-		if r.Readyz() != 200 {
-			startup++
-		}
-		r.Kill()
-		r.Start()
-	}
-	close(stop)
-	if err := <-werr; err != nil {
-		t.Fatal(err)
-	}
-	r.WaitReady(30 * time.Second)
-	res, _ := f.waitDelivered(ctx, t, w.Committed, 60*time.Second)
-	t.Logf("after %d x SIGKILL (%d before the relay was ready): %s", kills, startup, res)
-	requireComplete(t, res)
-	if res.Duplicates != 0 {
-		t.Fatalf("%d duplicates after %d kills with --delivery effectively-once; log tail:\n%s",
-			res.Duplicates, kills, tail(r.Logs(), 40))
-	}
-	if startup == 0 {
-		t.Errorf("no kill came before the relay was ready; the test no longer kills during start-up")
-	}
-	if n := strings.Count(r.Logs(), "events already in Kafka"); n < kills/2 {
-		t.Errorf("only %d start-up reconciliation lines in %d runs", n, kills+1)
-	}
-	r.Stop(10 * time.Second)
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
 
 // TestEffectivelyOnceReplayFromOlderCheckpoint makes the relay replay a
 // stretch it already delivered — the checkpoint file is put back to an older
@@ -217,14 +145,14 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 				t.Fatalf("per-key order broken: %s", res)
 			}
 			if !tc.dupsAllowed && res.Duplicates != replayed {
-				t.Fatalf("%d duplicates, want the %d an operator replayed; log tail:\n%s", res.Duplicates, replayed, tail(logs, 30))
+				t.Fatalf("%d duplicates, want the %d an operator replayed; log tail:\n%s", res.Duplicates, replayed, relaytest.Tail(logs, 30))
 			}
 			if tc.fallback == "" && !strings.Contains(reconciledLine(logs), "already_in_kafka\":6") &&
 				!strings.Contains(reconciledLine(logs), "already_in_kafka\":5") {
 				t.Errorf("the restart found too few of the 600 replayed events in Kafka: %s", reconciledLine(logs))
 			}
 			if tc.fallback != "" && !strings.Contains(logs, `"reason":"`+tc.fallback+`"`) {
-				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, tail(logs, 30))
+				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, relaytest.Tail(logs, 30))
 			}
 			r.Stop(10 * time.Second)
 		})
