@@ -80,8 +80,8 @@ func TestRestarts(t *testing.T) {
 			stopped: func(t *testing.T, r *relayProc) {
 				// With --log-format json every line the relay writes is a JSON
 				// object.
-				for _, line := range strings.Split(r.Logs(), "\n") {
-					if line == "" || strings.HasPrefix(line, "----- ") {
+				for _, line := range strings.Split(r.Output(), "\n") {
+					if line == "" {
 						continue
 					}
 					if !strings.HasPrefix(line, "{") {

@@ -426,6 +426,23 @@ func (p *Process) Scrape(ctx context.Context) (map[string]float64, error) {
 // Logs returns the output of all runs the log still holds.
 func (p *Process) Logs() string { return p.log.String() }
 
+// Output returns what the process wrote in all runs the log still holds,
+// without the harness's marker lines (start, SIGKILL, dropped bytes).
+func (p *Process) Output() string {
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(p.log.String(), "\n") {
+		if !isMarker(line) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// isMarker reports whether line is a marker the harness wrote into the log.
+func isMarker(line string) bool {
+	return strings.HasPrefix(line, "----- ") && strings.HasSuffix(strings.TrimSuffix(line, "\n"), " -----")
+}
+
 // LogRecords returns the JSON log records of all runs; other lines (run
 // markers, plain-text errors) are skipped.
 func (p *Process) LogRecords() []map[string]any {

@@ -124,6 +124,10 @@ func (p *Proc) Metric(sample string) float64 {
 // Logs returns the output of all runs.
 func (p *Proc) Logs() string { return p.P.Logs() }
 
+// Output returns what the process wrote in all runs, without the harness's
+// marker lines.
+func (p *Proc) Output() string { return p.P.Output() }
+
 // LogRecords returns the JSON log records of all runs.
 func (p *Proc) LogRecords() []map[string]any { return p.P.LogRecords() }
 
