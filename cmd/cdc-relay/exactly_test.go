@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
-	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
 )
@@ -145,14 +145,14 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 				t.Fatalf("per-key order broken: %s", res)
 			}
 			if !tc.dupsAllowed && res.Duplicates != replayed {
-				t.Fatalf("%d duplicates, want the %d an operator replayed; log tail:\n%s", res.Duplicates, replayed, relaytest.Tail(logs, 30))
+				t.Fatalf("%d duplicates, want the %d an operator replayed; log tail:\n%s", res.Duplicates, replayed, relayproc.Tail(logs, 30))
 			}
 			if tc.fallback == "" && !strings.Contains(reconciledLine(logs), "already_in_kafka\":6") &&
 				!strings.Contains(reconciledLine(logs), "already_in_kafka\":5") {
 				t.Errorf("the restart found too few of the 600 replayed events in Kafka: %s", reconciledLine(logs))
 			}
 			if tc.fallback != "" && !strings.Contains(logs, `"reason":"`+tc.fallback+`"`) {
-				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, relaytest.Tail(logs, 30))
+				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, relayproc.Tail(logs, 30))
 			}
 			r.Stop(10 * time.Second)
 		})

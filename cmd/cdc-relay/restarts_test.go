@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/testenv/verify"
 )
@@ -139,7 +139,7 @@ func TestRestarts(t *testing.T) {
 			t.Logf("%s (%d runs): %s", tc.name, r.Runs(), res)
 			requireComplete(t, res)
 			if tc.exactlyOnce && res.Duplicates != 0 {
-				t.Fatalf("%d duplicates, want 0 (DESIGN invariant 7); log tail:\n%s", res.Duplicates, relaytest.Tail(r.Logs(), 40))
+				t.Fatalf("%d duplicates, want 0 (DESIGN invariant 7); log tail:\n%s", res.Duplicates, relayproc.Tail(r.Logs(), 40))
 			}
 			if tc.delivered != nil {
 				tc.delivered(t, r)
@@ -158,7 +158,7 @@ func requireRunning(t *testing.T, r *relayProc, when string) {
 	t.Helper()
 	if r.Exited() {
 		code, _ := r.Wait(0)
-		t.Fatalf("relay exited by itself (code %d) %s:\n%s", code, when, relaytest.Tail(r.Logs(), 30))
+		t.Fatalf("relay exited by itself (code %d) %s:\n%s", code, when, relayproc.Tail(r.Logs(), 30))
 	}
 }
 

@@ -142,14 +142,14 @@ func TestEffectOnceUnderKills(t *testing.T) {
 		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
 		c := consumers[i%2]
 		if c.Exited() {
-			t.Fatalf("%s exited by itself:\n%s", c.P.Name(), relaytest.Tail(c.Logs(), 30))
+			t.Fatalf("%s exited by itself:\n%s", c.P.Name(), relayproc.Tail(c.Logs(), 30))
 		}
 		c.Restart()
 		consumerKills++
 		switch i {
 		case 3, 9:
 			if relay.Exited() {
-				t.Fatalf("the relay exited by itself:\n%s", relaytest.Tail(relay.Logs(), 30))
+				t.Fatalf("the relay exited by itself:\n%s", relayproc.Tail(relay.Logs(), 30))
 			}
 			relay.Kill()
 			relayKills++
@@ -177,7 +177,7 @@ func TestEffectOnceUnderKills(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, func() error {
 		for _, p := range append([]*relaytest.Proc{relay}, consumers[:]...) {
 			if p.Exited() {
-				t.Fatalf("%s exited by itself:\n%s", p.P.Name(), relaytest.Tail(p.Logs(), 30))
+				t.Fatalf("%s exited by itself:\n%s", p.P.Name(), relayproc.Tail(p.Logs(), 30))
 			}
 		}
 		var n int64

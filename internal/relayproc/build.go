@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 )
 
 // relayModule is the module whose ./cmd/cdc-relay Build builds.
@@ -57,7 +58,7 @@ func Build(ctx context.Context, dir string, opts BuildOptions) (string, error) {
 	env := os.Environ()
 	if opts.Release {
 		args = append(args, "-trimpath")
-		ldflags = "-s -w " + ldflags
+		ldflags = strings.TrimSpace("-s -w " + ldflags)
 		env = append(env, "CGO_ENABLED=0")
 	}
 	if ldflags != "" {

@@ -46,6 +46,9 @@ type Options struct {
 	MetricsAddr    string
 	// Output, when set, also receives everything the process writes.
 	Output io.Writer
+	// Stdout, when set, receives the process's stdout instead of the log and
+	// Output (for a child whose stdout is data, not log lines).
+	Stdout io.Writer
 	// LogLimit is how many bytes of output the log keeps (the newest); 0 is
 	// DefaultLogLimit.
 	LogLimit int
@@ -72,6 +75,7 @@ type Process struct {
 	state   *os.ProcessState
 	metrics string // host:port of the current run's metrics server
 	runs    int
+	started time.Time
 }
 
 // New returns a Process for opts; it does not start it.
@@ -159,9 +163,13 @@ func (p *Process) Start() error {
 		out = io.MultiWriter(p.log, p.opts.Output)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
+	if p.opts.Stdout != nil {
+		cmd.Stdout = p.opts.Stdout
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.opts.Name, err)
 	}
+	p.started = time.Now()
 	done := make(chan struct{})
 	p.cmd, p.done, p.state = cmd, done, nil
 	go func() {
@@ -214,6 +222,13 @@ func (p *Process) PID() int {
 		return 0
 	}
 	return cmd.Process.Pid
+}
+
+// StartedAt returns when the last run was started.
+func (p *Process) StartedAt() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.started
 }
 
 // Runs returns how many times the process was started.
@@ -480,6 +495,15 @@ func (p *Process) HasLog(substr string) bool {
 		}
 	}
 	return false
+}
+
+// Tail returns the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -7,7 +7,6 @@ package relaytest
 import (
 	"context"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -69,7 +68,7 @@ func (p *Proc) Signal(sig os.Signal) {
 func (p *Proc) Stop(timeout time.Duration) {
 	p.t.Helper()
 	if err := p.P.Stop(timeout); err != nil {
-		p.t.Fatalf("%v; last lines:\n%s", err, Tail(p.P.Logs(), 30))
+		p.t.Fatalf("%v; last lines:\n%s", err, relayproc.Tail(p.P.Logs(), 30))
 	}
 }
 
@@ -139,12 +138,3 @@ func (p *Proc) PID() int { return p.P.PID() }
 
 // Runs returns how many times the process was started.
 func (p *Proc) Runs() int { return p.P.Runs() }
-
-// Tail returns the last n lines of s.
-func Tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
