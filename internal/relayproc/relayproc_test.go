@@ -44,6 +44,12 @@ func TestStopKillRestart(t *testing.T) {
 	if err := p.Restart(); err != nil {
 		t.Fatal(err)
 	}
+	for deadline := time.Now().Add(10 * time.Second); strings.Count(p.Output(), "ready") < 2; {
+		if time.Now().After(deadline) || !p.Running() {
+			t.Fatalf("the second run printed no ready line (running %v):\n%s", p.Running(), p.Logs())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the output, not a wait-then-assert
+	}
 	if !p.Kill() {
 		t.Fatal("Kill found no running process")
 	}
