@@ -29,8 +29,8 @@ func TestCloudEventsFormat(t *testing.T) {
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
 	r := newRelay(t, f.relayArgs("--format", "cloudevents"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 
 	conn := f.connect(ctx, t)
 	var id string
@@ -74,7 +74,7 @@ func TestCloudEventsFormat(t *testing.T) {
 		t.Errorf("SDK read a %s event: id %q source %q type %q datacontenttype %q time %s data %q",
 			enc, ce.ID(), ce.Source(), ce.Type(), ce.DataContentType(), ce.Time(), ce.Data())
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 }
 
 // TestCloudEventsStructured runs the built relay with --cloudevents-mode
@@ -117,8 +117,8 @@ func TestCloudEventsStructured(t *testing.T) {
 			}
 			format := []string{"--format", "cloudevents", "--cloudevents-mode", "structured", "--column-partition", "part"}
 			r := newRelay(t, f.relayArgs(format...))
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 
 			var id, badID string
 			if err := conn.QueryRow(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, tracingspancontext)
@@ -141,7 +141,7 @@ func TestCloudEventsStructured(t *testing.T) {
 				}
 				return nil
 			})
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 
 			source := "/cdc-relay/" + dbName(t, f.url) + "/public.outbox_events"
 			check := func(rec sandbox.Record, wantID, wantType string, stream bool) *event.Event {

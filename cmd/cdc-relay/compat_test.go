@@ -241,8 +241,8 @@ func TestDebeziumCompatibility(t *testing.T) {
 			r := newRelay(t, []string{"run", "--debezium-config", path,
 				"--kafka-brokers", strings.Join(f.brokers, ","),
 				"--log-format", "json", "--status-interval", "200ms", "--retry-cap", "1s"})
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			if _, err := conn.Exec(ctx, compatRows); err != nil {
 				t.Fatal(err)
 			}
@@ -255,7 +255,7 @@ func TestDebeziumCompatibility(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 			if len(recs) != 3 {
 				t.Fatalf("%d records on %v, want 3 (one per row)", len(recs), tc.topics)
 			}

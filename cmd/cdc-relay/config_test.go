@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
@@ -67,10 +69,10 @@ rate: 10   # a replay flag: run ignores it
 		}
 	}
 
-	r := newRelay(t, []string{"run", "--config", path})
-	r.metricsAddr = metrics
-	r.start()
-	r.waitReady(30 * time.Second)
+	// The config file sets the metrics address: no --metrics-addr added.
+	r := relaytest.New(t, relayproc.Options{Path: relayBin, Args: []string{"run", "--config", path}, MetricsAddr: metrics})
+	r.Start()
+	r.WaitReady(30 * time.Second)
 
 	if err := f.pg.Exec(ctx, f.db, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('order', 'order-7', 'created', '{"total": 42}')`); err != nil {
@@ -88,8 +90,8 @@ rate: 10   # a replay flag: run ignores it
 	if rec.Headers["x-aggregate"] != "order-7" {
 		t.Errorf("header x-aggregate = %q, want order-7 (header-columns from the file); headers %v", rec.Headers["x-aggregate"], rec.Headers)
 	}
-	if !r.hasLog("starting cdc-relay") {
+	if !r.HasLog("starting cdc-relay") {
 		t.Errorf("no JSON start log line (log-format: json from the file)")
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 }

@@ -81,8 +81,8 @@ func TestRunDebeziumConfig(t *testing.T) {
 	r := newRelay(t, []string{"run", "--debezium-config", path,
 		"--kafka-brokers", strings.Join(f.brokers, ","),
 		"--log-format", "json", "--status-interval", "200ms", "--retry-cap", "1s"})
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 
 	var id string
 	if err := conn.QueryRow(ctx, `INSERT INTO public.outboxevent (id, aggregatetype, aggregateid, type, payload)
@@ -93,7 +93,7 @@ func TestRunDebeziumConfig(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
 	if _, err := sandbox.WaitForRecords(wctx, f.brokers, 1, topic); err != nil {
-		t.Fatalf("wait for the event on %s: %v\nrelay log:\n%s", topic, err, r.logs.String())
+		t.Fatalf("wait for the event on %s: %v\nrelay log:\n%s", topic, err, r.Logs())
 	}
 	recs, err := sandbox.ReadAll(wctx, f.brokers, topic)
 	if err != nil {
@@ -116,5 +116,5 @@ func TestRunDebeziumConfig(t *testing.T) {
 	if err := json.Unmarshal(rec.Value, &payload); err != nil || payload["total"] != float64(7) {
 		t.Errorf("value %q, want the payload column's JSON (%v)", rec.Value, err)
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 }

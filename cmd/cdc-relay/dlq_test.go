@@ -414,8 +414,8 @@ func TestDLQAutoRetry(t *testing.T) {
 	r := newRelay(t, f.relayArgs("--topic", f.topic+".{aggregate_type}", "--dlq-auto-retry",
 		"--dlq-auto-retry-budget", fmt.Sprint(budget), "--dlq-auto-retry-base", "500ms", "--dlq-auto-retry-cap", "1s",
 		"--dlq-auto-retry-interval", "100ms", "--monitor-interval", "100ms"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES
     ('stuck', 's-1', 'Big', jsonb_build_object('pad', repeat('x', 8000))),
@@ -498,7 +498,7 @@ func TestDLQAutoRetry(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() error {
 		var wrong []string
 		for series, v := range want {
-			if got := r.metric(t, series); got != v {
+			if got := r.Metric(series); got != v {
 				wrong = append(wrong, fmt.Sprintf("%s = %v, want %v", series, got, v))
 			}
 		}
@@ -508,7 +508,7 @@ func TestDLQAutoRetry(t *testing.T) {
 		return nil
 	})
 	n := 0
-	for _, l := range r.logLines() {
+	for _, l := range r.LogRecords() {
 		if msg, _ := l["message"].(string); strings.Contains(msg, "automatic retries gave up on a dead letter") {
 			n++
 		}
@@ -516,5 +516,5 @@ func TestDLQAutoRetry(t *testing.T) {
 	if n != 2 {
 		t.Errorf("%d log lines for letters gone dead, want 2", n)
 	}
-	r.stop(15 * time.Second)
+	r.Stop(15 * time.Second)
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,258 +17,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
-
-// TestKillNineThreeTimes SIGKILLs the relay three times while a writer
-// commits, restarting it each time: nothing committed may be lost and each
-// key keeps its commit order; duplicates are expected (at-least-once).
-func TestKillNineThreeTimes(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	f := newFixture(t, sharedPG, t.Name(), true)
-	r := newRelay(t, f.relayArgs())
-	r.start()
-	r.waitReady(30 * time.Second)
-
-	const total = 6000
-	w := verify.NewWriter(f.url, "agg-", 300, 1)
-	werr := w.GoRun(ctx, nil, total, 1200) // ~5s
-	killAt := func(what string) {
-		t.Helper()
-		if r.exited() {
-			code, _ := r.wait(0)
-			t.Fatalf("relay exited by itself (code %d) before kill %s", code, what)
-		}
-		committed := w.Count()
-		r.kill()
-		t.Logf("SIGKILL %s: %d of %d events committed so far", what, committed, total)
-		if committed >= total {
-			t.Errorf("kill %s came after the writer finished; the test no longer kills mid-stream", what)
-		}
-		r.start()
-	}
-
-	// 1: in full flow, once a good part of the stream has been delivered.
-	f.waitRecords(ctx, t, 800, 30*time.Second)
-	killAt("#1 (after 800 records in Kafka)")
-	// 2: soon after the restart, while it redelivers and catches up.
-	r.waitReady(30 * time.Second)
-	time.Sleep(300 * time.Millisecond)
-	killAt("#2 (300ms after the restarted relay became ready)")
-	// 3: later in the stream, once 3800 records are in Kafka, or before the
-	// writer ends if the relay lags behind.
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if w.Count() >= 5000 {
-			return nil
-		}
-		if n := len(f.read(ctx, t)); n < 3800 {
-			return fmt.Errorf("only %d records in Kafka since the second restart", n)
-		}
-		return nil
-	})
-	killAt("#3 (after 3800 records in Kafka or 5000 committed)")
-
-	if err := <-werr; err != nil {
-		t.Fatal(err)
-	}
-	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
-	t.Logf("after 3 x SIGKILL: %s", res)
-	requireComplete(t, res)
-	if r.exited() {
-		t.Fatalf("relay exited")
-	}
-	r.stop(10 * time.Second)
-}
-
-// TestSigtermCleanStop stops the relay with SIGTERM mid-stream, restarts it
-// and requires every event exactly once: a clean stop finishes the current
-// transaction, waits for Kafka and confirms before it exits 0.
-func TestSigtermCleanStop(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	f := newFixture(t, sharedPG, t.Name(), true)
-	r := newRelay(t, f.relayArgs())
-	r.start()
-	r.waitReady(30 * time.Second)
-
-	w := verify.NewWriter(f.url, "agg-", 100, 2)
-	stopWriter := make(chan struct{})
-	werr := w.GoRun(ctx, stopWriter, 0, 1000)
-	f.waitRecords(ctx, t, 1000, 30*time.Second)
-
-	before := w.Count()
-	start := time.Now()
-	r.signal(syscall.SIGTERM)
-	code, ok := r.wait(10 * time.Second)
-	if !ok {
-		t.Fatalf("relay did not exit within 10s of SIGTERM")
-	}
-	if code != 0 {
-		t.Fatalf("relay exited with code %d after SIGTERM, want 0", code)
-	}
-	t.Logf("SIGTERM with %d events committed; exit 0 after %v", before, time.Since(start).Round(time.Millisecond))
-	stopped := false
-	for _, m := range r.logLines() {
-		stopped = stopped || m["message"] == "stopped"
-	}
-	if !stopped {
-		t.Errorf("no \"stopped\" log line after SIGTERM")
-	}
-
-	// The writer keeps going while the relay is down (the outage: half a
-	// second) and after its restart, for 1500 more events (at its 1000/s,
-	// about 1.5 s), which the restarted relay streams as they come.
-	time.Sleep(500 * time.Millisecond)
-	r.start()
-	r.waitReady(30 * time.Second)
-	atReady := w.Count()
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := w.Count() - atReady; n < 1500 {
-			return fmt.Errorf("writer committed %d events since the restart (%d since the SIGTERM), want 1500", n, w.Count()-before)
-		}
-		return nil
-	})
-	close(stopWriter)
-	if err := <-werr; err != nil {
-		t.Fatal(err)
-	}
-	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
-	t.Logf("after SIGTERM and restart: %s", res)
-	requireComplete(t, res)
-	if res.Duplicates != 0 {
-		t.Errorf("%d duplicates after a clean stop, want 0 (DESIGN invariant 7)", res.Duplicates)
-	}
-	r.stop(10 * time.Second)
-
-	// With --log-format json every line the relay writes is a JSON object.
-	for _, line := range strings.Split(r.logs.String(), "\n") {
-		if line == "" || strings.HasPrefix(line, "----- run") {
-			continue
-		}
-		if !strings.HasPrefix(line, "{") {
-			t.Errorf("non-JSON stderr line with --log-format json: %q", line)
-		}
-	}
-}
-
-// TestBrokerDownTenSeconds stops the broker for 10s while the writer keeps
-// committing: the relay must keep running, report not ready, and deliver
-// everything once the broker is back.
-func TestBrokerDownTenSeconds(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	f := newFixture(t, sharedPG, t.Name(), true)
-	testenv.RequireLocalKafka(t, f.kafka)
-	r := newRelay(t, f.relayArgs())
-	r.start()
-	r.waitReady(30 * time.Second)
-
-	w := verify.NewWriter(f.url, "agg-", 100, 3)
-	stopWriter := make(chan struct{})
-	werr := w.GoRun(ctx, stopWriter, 0, 500)
-	f.waitRecords(ctx, t, 500, 30*time.Second)
-
-	f.kafka.Stop()
-	down := time.Now()
-	atStop := w.Count()
-	saw503 := false
-	for time.Since(down) < 10*time.Second {
-		if r.exited() {
-			code, _ := r.wait(0)
-			t.Fatalf("relay exited (code %d) %v into the broker outage", code, time.Since(down).Round(time.Millisecond))
-		}
-		if r.readyz() == http.StatusServiceUnavailable {
-			saw503 = true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	duringOutage := w.Count() - atStop
-	if err := f.kafka.Start(); err != nil {
-		t.Fatalf("restart broker: %v", err)
-	}
-	t.Logf("broker down for %v; %d events committed meanwhile", time.Since(down).Round(time.Millisecond), duringOutage)
-	if !saw503 {
-		t.Errorf("/readyz never answered 503 during the 10s broker outage")
-	}
-	if duringOutage == 0 {
-		t.Errorf("writer committed nothing during the outage")
-	}
-
-	time.Sleep(2 * time.Second)
-	close(stopWriter)
-	if err := <-werr; err != nil {
-		t.Fatal(err)
-	}
-	res, _ := f.waitDelivered(ctx, t, w.Committed, 40*time.Second)
-	t.Logf("after a 10s broker outage: %s", res)
-	requireComplete(t, res)
-	testenv.Eventually(t, 10*time.Second, func() error {
-		if code := r.readyz(); code != http.StatusOK {
-			return fmt.Errorf("relay not ready again after delivering everything (/readyz %d)", code)
-		}
-		return nil
-	})
-	r.stop(10 * time.Second)
-}
-
-// TestKillNineDuringBrokerOutage SIGKILLs the relay while the broker is down
-// and the relay holds events Kafka never acknowledged: after both come back,
-// every event must still arrive. A relay that confirmed the slot or saved its
-// checkpoint on receipt instead of on acknowledgement loses them here (the
-// plain SIGKILL test rarely catches that: a local broker acknowledges within
-// milliseconds).
-func TestKillNineDuringBrokerOutage(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	f := newFixture(t, sharedPG, t.Name(), true)
-	testenv.RequireLocalKafka(t, f.kafka)
-	r := newRelay(t, f.relayArgs())
-	r.start()
-	r.waitReady(30 * time.Second)
-
-	w := verify.NewWriter(f.url, "agg-", 50, 5)
-	stopWriter := make(chan struct{})
-	werr := w.GoRun(ctx, stopWriter, 0, 500)
-	f.waitRecords(ctx, t, 300, 30*time.Second)
-
-	f.kafka.Stop()
-	atStop := w.Count()
-	// The relay holds events Kafka never acknowledged, then sends several
-	// status updates: a relay that confirms on receipt (or saves its
-	// checkpoint on receipt) has confirmed them by then.
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if r.exited() {
-			t.Fatalf("relay exited during the broker outage")
-		}
-		if n := r.metric(t, "cdc_relay_in_flight_events"); n == 0 {
-			return errors.New("the relay holds no unacknowledged events")
-		}
-		return nil
-	})
-	testenv.WaitStatusUpdates(t, f.pg, f.db, f.slot, 5, 30*time.Second)
-	if r.exited() {
-		t.Fatalf("relay exited during the broker outage")
-	}
-	r.kill()
-	t.Logf("SIGKILL with the broker down; %d events committed since it stopped", w.Count()-atStop)
-	if err := f.kafka.Start(); err != nil {
-		t.Fatalf("restart broker: %v", err)
-	}
-	r.start()
-	r.waitReady(30 * time.Second)
-	time.Sleep(time.Second)
-	close(stopWriter)
-	if err := <-werr; err != nil {
-		t.Fatal(err)
-	}
-	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
-	t.Logf("after SIGKILL during a broker outage: %s", res)
-	requireComplete(t, res)
-	r.stop(10 * time.Second)
-}
 
 // TestHundredThousandRowTransaction relays one ~150 MB transaction (spilled
 // to disk by Postgres with logical_decoding_work_mem=64kB) with a 4 MiB
@@ -288,8 +40,8 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 	}
 
 	r := newRelay(t, f.relayArgs("--max-in-flight-mib", "4"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 
 	// A schema change mid-stream, between events.
 	w := verify.NewWriter(f.url, "small-", 3, 4)
@@ -351,7 +103,7 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 		if done {
 			return nil
 		}
-		if r.exited() {
+		if r.Exited() {
 			t.Fatalf("relay exited while relaying the transaction")
 		}
 		return fmt.Errorf("slot not confirmed past %s since the commit", walEnd)
@@ -370,10 +122,10 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 	t.Logf("100k-row transaction (read back in %v): %s", time.Since(readStart).Round(time.Millisecond), res)
 	requireComplete(t, res)
 
-	if r.exited() {
+	if r.Exited() {
 		t.Fatalf("relay exited")
 	}
-	hwm, err := peakRSS(r.pid())
+	hwm, err := relayproc.PeakRSS(r.PID())
 	if err != nil {
 		t.Fatalf("read peak RSS: %v", err)
 	}
@@ -381,7 +133,7 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 	if hwm >= 100<<20 {
 		t.Errorf("relay peak RSS %.1f MB, want < 100 MB: it buffers the transaction", float64(hwm)/(1<<20))
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 }
 
 // TestBadConfiguration runs the binary with configurations it must refuse at
@@ -579,19 +331,19 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 	}()
 
 	r := newRelay(t, f.relayArgs())
-	r.start()
+	r.Start()
 
 	testenv.Eventually(t, 15*time.Second, func() error {
-		if r.hasLog("held by another process") {
+		if r.HasLog("held by another process") {
 			return nil
 		}
-		if r.exited() {
-			code, _ := r.wait(0)
+		if r.Exited() {
+			code, _ := r.Wait(0)
 			t.Fatalf("relay exited (code %d) while the slot was held", code)
 		}
 		return errors.New(`no "held by another process" log line`)
 	})
-	if code := r.readyz(); code != http.StatusServiceUnavailable {
+	if code := r.Readyz(); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz = %d while the slot is held, want 503", code)
 	}
 
@@ -615,11 +367,11 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 			return nil
 		})
 	}
-	if r.exited() {
-		code, _ := r.wait(0)
+	if r.Exited() {
+		code, _ := r.Wait(0)
 		t.Fatalf("relay exited (code %d) while the slot was held", code)
 	}
-	if code := r.readyz(); code != http.StatusServiceUnavailable {
+	if code := r.Readyz(); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz = %d while the slot is held, want 503", code)
 	}
 	if recs := f.read(ctx, t); len(recs) != 0 {
@@ -633,8 +385,8 @@ func TestSlotHeldByAnotherConnection(t *testing.T) {
 	t.Logf("relay delivered %v after the slot was released", time.Since(freed).Round(time.Millisecond))
 	res, _ := f.waitDelivered(ctx, t, w.Committed, 5*time.Second)
 	requireComplete(t, res)
-	r.waitReady(5 * time.Second)
-	r.stop(10 * time.Second)
+	r.WaitReady(5 * time.Second)
+	r.Stop(10 * time.Second)
 }
 
 // TestUnixSocket: a relay beside Postgres connects over its Unix socket (the
@@ -656,8 +408,8 @@ func TestUnixSocket(t *testing.T) {
 		}
 	}
 	r := newRelay(t, args)
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 
 	conn := f.connect(ctx, t)
 	var port int
@@ -675,5 +427,5 @@ func TestUnixSocket(t *testing.T) {
 	}
 	res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
 	requireComplete(t, res)
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 }

@@ -11,86 +11,51 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
 // started is a binary run whose output the test polls while it runs.
 type started struct {
-	cmd    *exec.Cmd
-	out    *sandbox.Buffer // stdout and stderr
-	start  time.Time
-	exited chan struct{}
+	*relaytest.Proc
+	start time.Time
 }
 
 // startBinary runs the binary with args; it is killed when t ends.
 func startBinary(t *testing.T, args ...string) *started {
 	t.Helper()
-	s := &started{cmd: exec.Command(relayBin, args...), out: &sandbox.Buffer{}, exited: make(chan struct{})}
-	s.cmd.Env = cleanEnv()
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	s.start = time.Now()
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = s.cmd.Wait()
-		close(s.exited)
-	}()
-	t.Cleanup(func() {
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-		if t.Failed() {
-			t.Logf("output:\n%s", s.out.String())
-		}
-	})
-	return s
+	p := relaytest.New(t, relayproc.Options{Path: relayBin, Args: args})
+	p.Start()
+	return &started{Proc: p, start: time.Now()}
 }
 
 // waitLine waits up to timeout for a line of output containing substr (in
 // its message, for a JSON line) and returns it and how long after the start it was there.
-func (s *started) waitLine(t *testing.T, substr string, timeout time.Duration) (string, time.Duration) {
-	t.Helper()
-	var line string
-	testenv.Eventually(t, timeout, func() error {
-		for _, l := range strings.Split(s.out.String(), "\n") {
-			text := l
-			var rec struct{ Message string }
-			if json.Unmarshal([]byte(l), &rec) == nil {
-				text = rec.Message
-			}
-			if strings.Contains(text, substr) {
-				line = l
-				return nil
-			}
-		}
-		return fmt.Errorf("no line with %q yet", substr)
-	})
-	return line, time.Since(s.start)
+func (s *started) waitLine(substr string, timeout time.Duration) (string, time.Duration) {
+	return s.WaitLog(substr, timeout), time.Since(s.start)
 }
 
 // exitCode waits up to timeout for the process to exit and returns its code.
 func (s *started) exitCode(t *testing.T, timeout time.Duration) int {
 	t.Helper()
-	select {
-	case <-s.exited:
-		return s.cmd.ProcessState.ExitCode()
-	case <-time.After(timeout):
+	code, ok := s.Wait(timeout)
+	if !ok {
 		t.Fatalf("still running after %v", timeout)
-		return 0
 	}
+	return code
 }
 
 // lastLine is the output's last non-empty line.
 func (s *started) lastLine() string {
-	lines := strings.Split(strings.TrimSpace(s.out.String()), "\n")
+	lines := strings.Split(strings.TrimSpace(s.Output()), "\n")
 	return lines[len(lines)-1]
 }
 
@@ -137,15 +102,15 @@ func TestWaitingForKafka(t *testing.T) {
 				"--metrics-addr", "127.0.0.1:0", "--log-format", format, "--kafka-start-timeout", "7s")
 			// The relay has a fixed topic: it waits for the topic's partitions.
 			awaited := fmt.Sprintf("topic %q on Kafka brokers at %s", f.topic, broker)
-			line, after := s.waitLine(t, "waiting for "+awaited, 10*time.Second)
+			line, after := s.waitLine("waiting for "+awaited, 10*time.Second)
 			t.Logf("%s: the waiting line came %v after the start: %s", format, after.Round(time.Millisecond), line)
 			if !strings.Contains(line, "--kafka-brokers") || !strings.Contains(line, "giving up in 7s") {
 				t.Errorf("the waiting line does not say what to check and when it gives up: %s", line)
 			}
-			if strings.Count(strings.ReplaceAll(s.out.String(), `\"`, `"`), "waiting for "+awaited) != 1 {
-				t.Errorf("want ONE waiting line, then progress lines:\n%s", s.out.String())
+			if strings.Count(strings.ReplaceAll(s.Output(), `\"`, `"`), "waiting for "+awaited) != 1 {
+				t.Errorf("want ONE waiting line, then progress lines:\n%s", s.Output())
 			}
-			s.waitLine(t, "still waiting for "+awaited, 10*time.Second)
+			s.waitLine("still waiting for "+awaited, 10*time.Second)
 			if code := s.exitCode(t, 20*time.Second); code != 1 {
 				t.Errorf("exit code %d, want 1 (a runtime failure)", code)
 			}
@@ -165,7 +130,7 @@ func TestWaitingForKafka(t *testing.T) {
 			if rec["exit_code"] != 1.0 || rec["level"] != "error" {
 				t.Errorf("last line: %s", last)
 			}
-			for _, l := range strings.Split(strings.TrimSpace(s.out.String()), "\n") {
+			for _, l := range strings.Split(strings.TrimSpace(s.Output()), "\n") {
 				jsonRecord(t, l) // every line of a JSON run is JSON
 			}
 		})
@@ -200,18 +165,18 @@ func TestWaitingForPostgres(t *testing.T) {
 	addr := ln.Addr().String()
 	s := startBinary(t, "run", "--pg-url", "postgres://relay:pg-Secret-5@"+addr+"/app?connect_timeout=6",
 		"--kafka-brokers", "127.0.0.1:9", "--topic", "t", "--metrics-addr", "127.0.0.1:0", "--log-format", "console")
-	line, after := s.waitLine(t, "waiting for Postgres at "+addr, 10*time.Second)
+	line, after := s.waitLine("waiting for Postgres at "+addr, 10*time.Second)
 	t.Logf("the waiting line came %v after the start: %s", after.Round(time.Millisecond), line)
 	if !strings.Contains(line, "--pg-url") || !strings.Contains(line, "connect_timeout") {
 		t.Errorf("the waiting line does not say what to check: %s", line)
 	}
-	s.waitLine(t, "still waiting for Postgres at "+addr, 10*time.Second)
+	s.waitLine("still waiting for Postgres at "+addr, 10*time.Second)
 	if code := s.exitCode(t, 20*time.Second); code != 1 {
 		t.Errorf("exit code %d, want 1", code)
 	}
 	checkPlainError(t, s.lastLine(), "connect to Postgres postgres://relay:REDACTED@"+addr, "for Postgres at "+addr)
-	if strings.Contains(s.out.String(), "pg-Secret-5") {
-		t.Errorf("the output shows the password:\n%s", s.out.String())
+	if strings.Contains(s.Output(), "pg-Secret-5") {
+		t.Errorf("the output shows the password:\n%s", s.Output())
 	}
 }
 
@@ -240,8 +205,8 @@ func TestWrongPostgresPassword(t *testing.T) {
 			if code := s.exitCode(t, 20*time.Second); code != 1 {
 				t.Errorf("exit code %d, want 1", code)
 			}
-			out := s.out.String()
-			want := []string{"wrong password: check the user and password in the Postgres URL (--pg-url / CDC_RELAY_PG_URL)", `password authentication failed for user "pw_relay"`}
+			out := s.Output()
+			want := []string{"wrong password: check the user and password in --pg-url / CDC_RELAY_PG_URL", `password authentication failed for user "pw_relay"`}
 			if strings.Contains(out, "refused TLS") || strings.Contains(out, "wrong-Secret-3") {
 				t.Errorf("output has the TLS attempt or the password:\n%s", out)
 			}

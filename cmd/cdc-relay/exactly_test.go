@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -14,81 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
-
-// TestKillNineLoopEffectivelyOnce SIGKILLs the relay 50 times at random
-// points while a writer commits steadily: during start-up and
-// reconciliation, right after it became ready, and in full flow. With the
-// default --delivery effectively-once, every committed event must be in
-// Kafka exactly once, in per-key order.
-func TestKillNineLoopEffectivelyOnce(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	f := newFixture(t, sharedPG, t.Name(), true)
-	r := newRelay(t, f.relayArgs())
-	r.start()
-	r.waitReady(30 * time.Second)
-
-	w := verify.NewWriter(f.url, "agg-", 200, 7)
-	stop := make(chan struct{})
-	werr := w.GoRun(ctx, stop, 0, 1500)
-	rng := rand.New(rand.NewPCG(11, 42))
-	const kills = 50
-	startup := 0
-	for i := 0; i < kills; i++ {
-		switch i % 3 {
-		case 0:
-			// During start-up: checks, slot, reconciliation with Kafka.
-			time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
-		case 1:
-			// Soon after it streams again, while it catches up.
-			r.waitReady(30 * time.Second)
-			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-		default:
-			r.waitReady(30 * time.Second)
-			time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
-		}
-		if r.exited() {
-			code, _ := r.wait(0)
-			t.Fatalf("relay exited by itself (code %d) before kill %d:\n%s", code, i+1, tail(r.logs.String(), 30))
-		}
-		if r.readyz() != 200 {
-			startup++
-		}
-		r.kill()
-		r.start()
-	}
-	close(stop)
-	if err := <-werr; err != nil {
-		t.Fatal(err)
-	}
-	r.waitReady(30 * time.Second)
-	res, _ := f.waitDelivered(ctx, t, w.Committed, 60*time.Second)
-	t.Logf("after %d x SIGKILL (%d before the relay was ready): %s", kills, startup, res)
-	requireComplete(t, res)
-	if res.Duplicates != 0 {
-		t.Fatalf("%d duplicates after %d kills with --delivery effectively-once; log tail:\n%s",
-			res.Duplicates, kills, tail(r.logs.String(), 40))
-	}
-	if startup == 0 {
-		t.Errorf("no kill came before the relay was ready; the test no longer kills during start-up")
-	}
-	if n := strings.Count(r.logs.String(), "events already in Kafka"); n < kills/2 {
-		t.Errorf("only %d start-up reconciliation lines in %d runs", n, kills+1)
-	}
-	r.stop(10 * time.Second)
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
 
 // TestEffectivelyOnceReplayFromOlderCheckpoint makes the relay replay a
 // stretch it already delivered — the checkpoint file is put back to an older
@@ -171,8 +99,8 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "checkpoint.json")
 			args := f.relayArgs("--checkpoint-store", "file", "--checkpoint-file", file, "--status-interval", "1h")
 			r := newRelay(t, append(slices.Clone(args), tc.firstArgs...))
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			store := checkpoint.NewFileStore(file)
 
 			w := verify.NewWriter(f.url, "agg-", 50, uint64(i+1))
@@ -187,7 +115,7 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			res, _ := f.waitDelivered(ctx, t, w.Committed, 30*time.Second)
 			requireComplete(t, res)
 			firstHalf := w.Count() - 600
-			r.kill()
+			r.Kill()
 			if err := store.Save(ctx, older); err != nil { // back to before the second 600
 				t.Fatal(err)
 			}
@@ -195,9 +123,9 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 			if tc.whileDown != nil {
 				replayed = tc.whileDown(ctx, t, f, w)
 			}
-			r.args = args
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.P.SetArgs(args)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			if err := <-w.GoRun(ctx, nil, 200, 3000); err != nil {
 				t.Fatal(err)
 			}
@@ -206,7 +134,7 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 				committed = func() []verify.Event { return w.Committed()[firstHalf:] }
 			}
 			res, _ = f.waitDelivered(ctx, t, committed, 30*time.Second)
-			logs := r.logs.String()
+			logs := r.Logs()
 			t.Logf("%s: %s; %s", tc.name, res, reconciledLine(logs))
 			switch {
 			case len(res.Missing) > 0 || len(res.Mismatches) > 0:
@@ -217,16 +145,16 @@ func TestEffectivelyOnceReplayFromOlderCheckpoint(t *testing.T) {
 				t.Fatalf("per-key order broken: %s", res)
 			}
 			if !tc.dupsAllowed && res.Duplicates != replayed {
-				t.Fatalf("%d duplicates, want the %d an operator replayed; log tail:\n%s", res.Duplicates, replayed, tail(logs, 30))
+				t.Fatalf("%d duplicates, want the %d an operator replayed; log tail:\n%s", res.Duplicates, replayed, relayproc.Tail(logs, 30))
 			}
 			if tc.fallback == "" && !strings.Contains(reconciledLine(logs), "already_in_kafka\":6") &&
 				!strings.Contains(reconciledLine(logs), "already_in_kafka\":5") {
 				t.Errorf("the restart found too few of the 600 replayed events in Kafka: %s", reconciledLine(logs))
 			}
 			if tc.fallback != "" && !strings.Contains(logs, `"reason":"`+tc.fallback+`"`) {
-				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, tail(logs, 30))
+				t.Errorf("no %s fallback logged; log tail:\n%s", tc.fallback, relayproc.Tail(logs, 30))
 			}
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 		})
 	}
 }

@@ -8,23 +8,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/verify"
@@ -52,21 +47,15 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 
-	relayBin = filepath.Join(dir, "cdc-relay")
-	// go test puts its own toolchain's bin directory first on PATH.
-	gobin, err := exec.LookPath("go")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	relayBin, err = relayproc.Build(ctx, dir, relayproc.BuildOptions{Version: buildVersion})
+	cancel()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: find the go command: %v\n", err)
-		return 1
-	}
-	build := exec.Command(gobin, "build", "-ldflags", "-X main.version="+buildVersion, "-o", relayBin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build cdc-relay: %v\n", err)
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
 		return 1
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
 	sharedPG, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{})
 	cancel()
 	if err != nil {
@@ -208,243 +197,16 @@ func requireComplete(t *testing.T, res verify.Result) {
 	}
 }
 
-// relayProc runs the cdc-relay binary, possibly several times in a row with
-// the same arguments, collecting stderr of every run in one log.
-type relayProc struct {
-	t    *testing.T
-	args []string
-	env  []string
-	logs *sandbox.Buffer
-	runs int
-	// metricsAddr, when set, is the metrics address the arguments (or a
-	// config file they name) already set: start adds no --metrics-addr.
-	metricsAddr string
+// relayProc is the built binary run by the shared harness
+// (internal/relayproc), bound to a test.
+type relayProc = relaytest.Proc
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	state   *os.ProcessState
-	metrics string
-}
-
-// newRelay returns a relay runner; the cleanup kills a running process and
+// newRelay returns a runner of the built binary with args and a fresh
+// --metrics-addr per start; the test's cleanup kills a running process and
 // prints the logs of all runs when the test failed.
 func newRelay(t *testing.T, args []string) *relayProc {
-	r := &relayProc{t: t, args: args, env: cleanEnv(), logs: &sandbox.Buffer{}}
-	t.Cleanup(func() {
-		r.kill()
-		if t.Failed() || os.Getenv("CDC_RELAY_E2E_LOGS") != "" {
-			t.Logf("cdc-relay stderr (%d runs):\n%s", r.runs, r.logs.String())
-		}
-	})
-	return r
+	return relaytest.New(t, relayproc.Options{Path: relayBin, Args: args, AddMetricsAddr: true})
 }
 
-// cleanEnv is the test's environment without CDC_RELAY_* variables, so a
-// developer's settings cannot leak into the relay's configuration.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CDC_RELAY_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// start starts the binary with a fresh metrics port.
-func (r *relayProc) start() {
-	r.t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.done != nil {
-		select {
-		case <-r.done:
-		default:
-			r.t.Fatalf("relay started twice")
-		}
-	}
-	args := append([]string(nil), r.args...)
-	if r.metricsAddr != "" {
-		r.metrics = r.metricsAddr
-	} else {
-		port, err := sandbox.FreePort()
-		if err != nil {
-			r.t.Fatalf("free port: %v", err)
-		}
-		r.metrics = "127.0.0.1:" + strconv.Itoa(port)
-		args = append(args, "--metrics-addr", r.metrics)
-	}
-	r.runs++
-	fmt.Fprintf(r.logs, "----- run %d: %s -----\n", r.runs, time.Now().Format(time.TimeOnly+".000"))
-	cmd := exec.Command(relayBin, args...)
-	cmd.Env = r.env
-	cmd.Stdout = r.logs
-	cmd.Stderr = r.logs
-	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("start relay: %v", err)
-	}
-	done := make(chan struct{})
-	r.cmd, r.done, r.state = cmd, done, nil
-	go func() {
-		_ = cmd.Wait()
-		r.mu.Lock()
-		r.state = cmd.ProcessState
-		r.mu.Unlock()
-		close(done)
-	}()
-}
-
-func (r *relayProc) current() (*exec.Cmd, chan struct{}) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cmd, r.done
-}
-
-// pid returns the running process's id.
-func (r *relayProc) pid() int {
-	cmd, _ := r.current()
-	return cmd.Process.Pid
-}
-
-// exited reports whether the last started process has exited.
-func (r *relayProc) exited() bool {
-	_, done := r.current()
-	if done == nil {
-		return true
-	}
-	select {
-	case <-done:
-		return true
-	default:
-		return false
-	}
-}
-
-// signal sends sig to the running process.
-func (r *relayProc) signal(sig syscall.Signal) {
-	r.t.Helper()
-	cmd, _ := r.current()
-	if err := cmd.Process.Signal(sig); err != nil {
-		r.t.Fatalf("signal %v: %v", sig, err)
-	}
-}
-
-// wait waits up to timeout for the process to exit and returns its exit code
-// (-1 for a signal) and whether it exited in time.
-func (r *relayProc) wait(timeout time.Duration) (int, bool) {
-	_, done := r.current()
-	select {
-	case <-done:
-	default:
-		select {
-		case <-done:
-		case <-time.After(timeout):
-			return 0, false
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.state.ExitCode(), true
-}
-
-// kill SIGKILLs a running process and waits for it.
-func (r *relayProc) kill() {
-	cmd, done := r.current()
-	if cmd == nil || r.exited() {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-done
-	fmt.Fprintf(r.logs, "----- run %d: SIGKILL at %s -----\n", r.runs, time.Now().Format(time.TimeOnly+".000"))
-}
-
-// stop sends SIGTERM and requires exit code 0 within timeout.
-func (r *relayProc) stop(timeout time.Duration) {
-	r.t.Helper()
-	if r.exited() {
-		r.t.Fatalf("relay exited before it was stopped")
-	}
-	r.signal(syscall.SIGTERM)
-	code, ok := r.wait(timeout)
-	if !ok {
-		r.t.Fatalf("relay did not exit within %v of SIGTERM", timeout)
-	}
-	if code != 0 {
-		r.t.Fatalf("relay exited with code %d after SIGTERM, want 0", code)
-	}
-}
-
-var httpClient = &http.Client{Timeout: time.Second}
-
-// readyz returns the status code of GET /readyz, or 0 when it does not answer.
-func (r *relayProc) readyz() int {
-	r.mu.Lock()
-	addr := r.metrics
-	r.mu.Unlock()
-	resp, err := httpClient.Get("http://" + addr + "/readyz")
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
-// waitReady waits until /readyz answers 200; it fails the test when the
-// process exits first or timeout passes.
-func (r *relayProc) waitReady(timeout time.Duration) {
-	r.t.Helper()
-	testenv.Eventually(r.t, timeout, func() error {
-		code := r.readyz()
-		if code == http.StatusOK {
-			return nil
-		}
-		if r.exited() {
-			code, _ := r.wait(0)
-			r.t.Fatalf("relay exited with code %d before it was ready", code)
-		}
-		return fmt.Errorf("relay not ready (last /readyz: %d)", code)
-	})
-}
-
-// logLines returns the JSON log records of all runs; other lines (run
-// markers, plain-text errors) are skipped.
-func (r *relayProc) logLines() []map[string]any {
-	var out []map[string]any
-	for _, line := range strings.Split(r.logs.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// hasLog reports whether a JSON log record's message contains substr.
-func (r *relayProc) hasLog(substr string) bool {
-	for _, m := range r.logLines() {
-		if msg, _ := m["message"].(string); strings.Contains(msg, substr) {
-			return true
-		}
-	}
-	return false
-}
-
-// peakRSS returns the process's peak resident set size (VmHWM) in bytes.
-func peakRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			f := strings.Fields(v)
-			if len(f) != 2 || f[1] != "kB" {
-				return 0, fmt.Errorf("parse %q", line)
-			}
-			kb, err := strconv.ParseInt(f[0], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmHWM in /proc/<pid>/status")
-}
+// cleanEnv is the test's environment without CDC_RELAY_* variables.
+func cleanEnv() []string { return relayproc.CleanEnv() }

@@ -51,15 +51,15 @@ func TestOTelExporter(t *testing.T) {
 	endpoint.User = url.UserPassword("relay", "hunter2")
 
 	r := newRelay(t, f.relayArgs("--otel-exporter", "otlp"))
-	r.env = append(withoutOTelEnv(r.env),
+	r.P.SetEnv(append(withoutOTelEnv(r.P.Env()),
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+endpoint.String(),
 		"OTEL_BSP_SCHEDULE_DELAY=100", // export within 100 ms instead of 5 s
-	)
-	r.start()
-	r.waitReady(30 * time.Second)
+	))
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	wantLog := "exporting a span per event with a trace context over OTLP"
 	var logged map[string]any
-	for _, m := range r.logLines() {
+	for _, m := range r.LogRecords() {
 		if msg, _ := m["message"].(string); strings.Contains(msg, wantLog) {
 			logged = m
 		}
@@ -67,7 +67,7 @@ func TestOTelExporter(t *testing.T) {
 	if want := rcv.HTTPURL() + "/v1/traces"; logged == nil || logged["endpoint"] != want || logged["protocol"] != "http/protobuf" {
 		t.Errorf("start-up log %v, want %q with endpoint %s and protocol http/protobuf", logged, wantLog, want)
 	}
-	if strings.Contains(r.logs.String(), "hunter2") {
+	if strings.Contains(r.Logs(), "hunter2") {
 		t.Error("the log shows the endpoint's password")
 	}
 
@@ -181,15 +181,15 @@ func TestOTelExporter(t *testing.T) {
 		t.Errorf("dead-lettered event: status %v, attributes %v, trace %s parent %s; want an error, empty_key, in the app's trace",
 			sp.Span.GetStatus(), sp.Attrs, sp.TraceID(), sp.ParentSpanID())
 	}
-	r.stop(15 * time.Second)
+	r.Stop(15 * time.Second)
 
 	// Without the flag, the headers are the row's, byte for byte, and no
 	// span is exported.
 	before := len(rcv.Spans())
 	plain := newRelay(t, f.relayArgs())
-	plain.env = append(withoutOTelEnv(plain.env), "OTEL_EXPORTER_OTLP_ENDPOINT="+rcv.HTTPURL(), "OTEL_BSP_SCHEDULE_DELAY=100")
-	plain.start()
-	plain.waitReady(30 * time.Second)
+	plain.P.SetEnv(append(withoutOTelEnv(plain.P.Env()), "OTEL_EXPORTER_OTLP_ENDPOINT="+rcv.HTTPURL(), "OTEL_BSP_SCHEDULE_DELAY=100"))
+	plain.Start()
+	plain.WaitReady(30 * time.Second)
 	const tp = "00-" + otelAppTrace1 + "-" + otelAppSpan1 + "-01"
 	var id string
 	if err := conn.QueryRow(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, tracingspancontext)
@@ -197,7 +197,7 @@ func TestOTelExporter(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.waitRecords(ctx, t, 4, 30*time.Second)
-	plain.stop(15 * time.Second)
+	plain.Stop(15 * time.Second)
 	for _, rec := range f.read(ctx, t) {
 		if rec.Headers["id"] == id && rec.Headers["traceparent"] != tp {
 			t.Errorf("--otel-exporter none: traceparent %q, want the row's %q", rec.Headers["traceparent"], tp)
@@ -206,7 +206,7 @@ func TestOTelExporter(t *testing.T) {
 	if after := len(rcv.Spans()); after != before {
 		t.Errorf("--otel-exporter none exported %d spans", after-before)
 	}
-	if plain.hasLog(wantLog) {
+	if plain.HasLog(wantLog) {
 		t.Error("--otel-exporter none logs that it exports spans")
 	}
 }

@@ -40,15 +40,15 @@ func TestColumnTimestamp(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := newRelay(t, f.relayArgs("--column-timestamp", "occurred_at"))
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			before := time.Now().Add(-time.Second)
 			if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, occurred_at)
 				VALUES ('order', 'o-1', 'Placed', '{}', `+tc.value+`), ('order', 'o-1', 'Paid', '{}', NULL)`); err != nil {
 				t.Fatal(err)
 			}
 			f.waitRecords(ctx, t, 2, 30*time.Second)
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 			checkTimestamps(t, f.read(ctx, t), want, before)
 
 			out, err := exec.CommandContext(ctx, relayBin, "replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
@@ -109,8 +109,8 @@ func TestOnOutboxUpdate(t *testing.T) {
 			defer cancel()
 			f := newFixture(t, sharedPG, t.Name(), true)
 			r := newRelay(t, f.relayArgs("--on-outbox-update", tc.policy))
-			r.start()
-			r.waitReady(30 * time.Second)
+			r.Start()
+			r.WaitReady(30 * time.Second)
 			conn, err := pgx.Connect(ctx, f.url)
 			if err != nil {
 				t.Fatal(err)
@@ -130,11 +130,11 @@ func TestOnOutboxUpdate(t *testing.T) {
 				}
 			}
 			if tc.policy == "fatal" {
-				code, exited := r.wait(30 * time.Second)
+				code, exited := r.Wait(30 * time.Second)
 				if !exited || code == 0 {
-					t.Fatalf("relay exited=%v code %d, want a non-zero exit\n%s", exited, code, r.logs.String())
+					t.Fatalf("relay exited=%v code %d, want a non-zero exit\n%s", exited, code, r.Logs())
 				}
-				if out := r.logs.String(); !strings.Contains(out, "--on-outbox-update") || !strings.Contains(out, "updated a row of the outbox table") {
+				if out := r.Logs(); !strings.Contains(out, "--on-outbox-update") || !strings.Contains(out, "updated a row of the outbox table") {
 					t.Fatalf("the relay's output does not name --on-outbox-update and the update:\n%s", out)
 				}
 				recs := f.read(ctx, t)
@@ -151,7 +151,7 @@ func TestOnOutboxUpdate(t *testing.T) {
 			// The Paid insert is after the update in the WAL: once it is in
 			// Kafka, the update was handled.
 			var lines []map[string]any
-			for _, m := range r.logLines() {
+			for _, m := range r.LogRecords() {
 				if msg, _ := m["message"].(string); strings.Contains(msg, logMsg) {
 					lines = append(lines, m)
 				}
@@ -165,10 +165,10 @@ func TestOnOutboxUpdate(t *testing.T) {
 			} else if len(lines) != 0 {
 				t.Fatalf("log lines about the update %v, want none", lines)
 			}
-			if got := r.metric(t, "cdc_relay_outbox_updates_total"); got != want {
+			if got := r.Metric("cdc_relay_outbox_updates_total"); got != want {
 				t.Errorf("cdc_relay_outbox_updates_total = %v, want %v", got, want)
 			}
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 		})
 	}
 }
@@ -185,12 +185,12 @@ func TestOnOutboxUpdateNeedsPublishedUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRelay(t, f.relayArgs("--on-outbox-update", "warn"))
-	r.start()
-	code, exited := r.wait(30 * time.Second)
+	r.Start()
+	code, exited := r.Wait(30 * time.Second)
 	if !exited || code == 0 {
-		t.Fatalf("relay exited=%v code %d, want a non-zero exit\n%s", exited, code, r.logs.String())
+		t.Fatalf("relay exited=%v code %d, want a non-zero exit\n%s", exited, code, r.Logs())
 	}
-	out := r.logs.String()
+	out := r.Logs()
 	for _, want := range []string{"does not publish updates", "ALTER PUBLICATION", "--on-outbox-update"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the relay's output lacks %q:\n%s", want, out)
@@ -211,14 +211,14 @@ func TestTombstoneOnEmptyPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRelay(t, f.relayArgs("--tombstone-on-empty-payload"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('order', 'o-1', 'Null', NULL), ('order', 'o-1', 'Empty', ''), ('order', 'o-1', 'Full', 'x')`); err != nil {
 		t.Fatal(err)
 	}
 	f.waitRecords(ctx, t, 3, 30*time.Second)
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 	out, err := exec.CommandContext(ctx, relayBin, "replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
 		"--topic", f.topic, "--since", "1h", "--tombstone-on-empty-payload").CombinedOutput()
 	if err != nil {
@@ -254,8 +254,8 @@ func TestColumnPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRelay(t, f.relayArgs("--column-partition", "kafka_partition"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	// want maps an event type to its partition; -1 for the key's.
 	want := map[string]int32{"p3": 3, "p0": 0, "null": -1}
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, kafka_partition)
@@ -295,7 +295,7 @@ func TestColumnPartition(t *testing.T) {
 	if strings.Join(codes, ",") != "bad-1:invalid_partition,bad7:invalid_partition" {
 		t.Fatalf("dead letters %v, want bad-1 and bad7 as invalid_partition", codes)
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 	check := func(recs []sandbox.Record) {
 		t.Helper()
 		keyPartition := int32(-1)
@@ -365,14 +365,14 @@ func TestEnvelopeColumns(t *testing.T) {
 		t.Fatalf("run with both flags: exit %d, stderr %s; want a refusal naming both", code, stderr)
 	}
 	r := newRelay(t, f.relayArgs("--envelope-columns", "tenant,version=schema_version"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, tenant, version)
 		VALUES ('order', 'o-1', 'Placed', '{"total": 7}', 'acme', NULL), ('order', 'o-1', 'Paid', '[]', NULL, 2)`); err != nil {
 		t.Fatal(err)
 	}
 	f.waitRecords(ctx, t, 2, 30*time.Second)
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 	out, err := exec.CommandContext(ctx, relayBin, "replay", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
 		"--topic", f.topic, "--since", "1h", "--envelope-columns", "tenant,version=schema_version").CombinedOutput()
 	if err != nil {
@@ -405,8 +405,8 @@ func TestTopicRegex(t *testing.T) {
 	routing := []string{"--topic-regex", `(?<region>eu|us)-(?<kind>[a-z]+)`, "--topic", "outbox.${region}.${kind}"}
 	args := append(f.relayArgs(), routing...) // the later --topic wins
 	r := newRelay(t, args)
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	conn := f.connect(ctx, t)
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('eu-order', 'o-1', 'Placed', '{}'), ('us-invoice', 'i-1', 'Paid', '{}'), ('legacy_orders', 'o-2', 'Placed', '{}')`); err != nil {
@@ -419,7 +419,7 @@ func TestTopicRegex(t *testing.T) {
 	if _, err := sandbox.WaitForRecords(wctx, f.brokers, len(want), topics...); err != nil {
 		t.Fatalf("wait for the events on %v: %v", topics, err)
 	}
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 	check := func(perTopic int) {
 		t.Helper()
 		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)

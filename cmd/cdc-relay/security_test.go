@@ -10,13 +10,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,8 +71,8 @@ func TestPostgresVerifyFull(t *testing.T) {
 	})
 
 	r := newRelay(t, withFlag(f.relayArgs(), "--pg-url", goodURL))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	want := insertEvents(ctx, t, f.url, 20)
 	f.waitRecords(ctx, t, len(want), 30*time.Second)
 	if got := sandbox.IDs(f.read(ctx, t)); !slices.Equal(got, want) {
@@ -94,7 +92,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	if !kinds["walsender"] || !kinds["client backend"] {
 		t.Errorf("relay connections %+v: want a walsender and at least one client backend", conns)
 	}
-	if strings.Contains(r.logs.String(), password) {
+	if strings.Contains(r.Logs(), password) {
 		t.Errorf("relay log shows the password")
 	}
 
@@ -126,7 +124,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	if got := sandbox.IDs(replayed); !slices.Equal(got, want) {
 		t.Errorf("replayed event ids %v, want %v", got, want)
 	}
-	r.stop(15 * time.Second)
+	r.Stop(15 * time.Second)
 }
 
 // TestLeastPrivilegeRole applies the migrations the way docs/postgres.md's production
@@ -179,9 +177,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	r := newRelay(t, []string{"run", "--pg-url", relayURL, "--kafka-brokers", brokers, "--topic", topic,
 		"--slot", slot, "--no-create-publication", "--relay-name", "lp-relay", "--log-format", "json",
 		"--status-interval", "200ms", "--retry-cap", "1s", "--heartbeat-interval", "200ms"})
-	r.start()
-	r.waitReady(30 * time.Second)
-	if !r.hasLog("created replication slot") {
+	r.Start()
+	r.WaitReady(30 * time.Second)
+	if !r.HasLog("created replication slot") {
 		t.Error("the relay did not report creating its slot")
 	}
 	var holder string
@@ -253,12 +251,12 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	// Heartbeats (pg_logical_emit_message), as cdc_relay: some succeed (the
 	// first one a --heartbeat-interval after the start), none fails.
 	testenv.Eventually(t, 20*time.Second, func() error {
-		if ok := r.metric(t, `cdc_relay_heartbeats_total{result="ok"}`); ok < 1 {
+		if ok := r.Metric(`cdc_relay_heartbeats_total{result="ok"}`); ok < 1 {
 			return fmt.Errorf("heartbeats as cdc_relay: %v ok; want some", ok)
 		}
 		return nil
 	})
-	if failed := r.metric(t, `cdc_relay_heartbeats_total{result="error"}`); failed != 0 {
+	if failed := r.Metric(`cdc_relay_heartbeats_total{result="error"}`); failed != 0 {
 		t.Errorf("heartbeats as cdc_relay: %v failed; want none", failed)
 	}
 
@@ -269,7 +267,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		st.DeadLetters == nil || st.DeadLetters.Pending != 1 {
 		t.Errorf("status as cdc_relay: exit %d, %+v; want exit 0, the slot, a checkpoint, one pending dead letter\n%s%s", exit, st, stdout, stderr)
 	}
-	if out := r.logs.String() + stdout + stderr; strings.Contains(out, password) {
+	if out := r.Logs() + stdout + stderr; strings.Contains(out, password) {
 		t.Error("the relay or status printed cdc_relay's password")
 	}
 
@@ -295,36 +293,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			t.Errorf("as cdc_relay, %s: err = %v, want permission denied (42501)", sql, err)
 		}
 	}
-	r.stop(15 * time.Second)
-}
-
-// metric returns the value of one series (name{labels}) of the running relay's
-// /metrics, failing t when it is missing.
-func (r *relayProc) metric(t *testing.T, series string) float64 {
-	t.Helper()
-	r.mu.Lock()
-	addr := r.metrics
-	r.mu.Unlock()
-	resp, err := httpClient.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("get /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read /metrics: %v", err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("parse %q: %v", line, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("/metrics has no %s", series)
-	return 0
+	r.Stop(15 * time.Second)
 }
 
 // runCommand runs the binary with args and returns its exit code, stdout and

@@ -45,19 +45,19 @@ func TestOutboxSLOMetrics(t *testing.T) {
 	}
 
 	r := newRelay(t, f.relayArgs("--retry-base", "50ms", "--retry-cap", "200ms", "--monitor-interval", "200ms"))
-	r.start()
-	r.waitReady(30 * time.Second)
+	r.Start()
+	r.WaitReady(30 * time.Second)
 	insert("Placed")
 	insert("Placed")
 	insert("Paid")
 	f.waitRecords(ctx, t, 3, 30*time.Second)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		placed := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Placed"}`)
-		paid := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Paid"}`)
+		placed := r.Metric(`cdc_relay_outbox_wait_seconds_count{event_type="Placed"}`)
+		paid := r.Metric(`cdc_relay_outbox_wait_seconds_count{event_type="Paid"}`)
 		if placed != 2 || paid != 1 {
 			return fmt.Errorf("outbox_wait_seconds_count Placed=%v Paid=%v, want 2 and 1", placed, paid)
 		}
-		if v := r.metric(t, "cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
+		if v := r.Metric("cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
 			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v with everything acknowledged, want 0", v)
 		}
 		return nil
@@ -77,7 +77,7 @@ func TestOutboxSLOMetrics(t *testing.T) {
 	insert("Shipped")
 	const waited = 3.0 // seconds the event must have waited before the checks
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if v := r.metric(t, "cdc_relay_oldest_unrelayed_event_age_seconds"); v < waited {
+		if v := r.Metric("cdc_relay_oldest_unrelayed_event_age_seconds"); v < waited {
 			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v while Kafka refuses, want at least %v", v, waited)
 		}
 		st := status()
@@ -91,18 +91,18 @@ func TestOutboxSLOMetrics(t *testing.T) {
 	refuse.Store(false)
 	f.waitRecords(ctx, t, 4, 30*time.Second)
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if v := r.metric(t, "cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
+		if v := r.Metric("cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
 			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v after Kafka accepted, want 0", v)
 		}
 		if st := status(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 {
 			return fmt.Errorf("status oldest unrelayed %v (%s), want 0", st.OldestUnrelayedAge, st.OldestUnrelayedError)
 		}
-		if v := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Shipped"}`); v != 1 {
+		if v := r.Metric(`cdc_relay_outbox_wait_seconds_count{event_type="Shipped"}`); v != 1 {
 			return fmt.Errorf("outbox_wait_seconds_count{Shipped} = %v, want 1", v)
 		}
 		return nil
 	})
-	if sum := r.metric(t, `cdc_relay_outbox_wait_seconds_sum{event_type="Shipped"}`); sum < waited {
+	if sum := r.Metric(`cdc_relay_outbox_wait_seconds_sum{event_type="Shipped"}`); sum < waited {
 		t.Errorf("outbox_wait_seconds_sum{Shipped} = %v, want the %v s it waited or more", sum, waited)
 	}
 
@@ -113,17 +113,17 @@ func TestOutboxSLOMetrics(t *testing.T) {
 		t.Fatalf("cdc-relay replay: exit %d\n%s\n%s", code, out, errOut)
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if v := r.metric(t, `cdc_relay_replay_history_events{kind="outbox",result="published"}`); v != 4 {
+		if v := r.Metric(`cdc_relay_replay_history_events{kind="outbox",result="published"}`); v != 4 {
 			return fmt.Errorf("replay_history_events{outbox,published} = %v, want the 4 replayed rows", v)
 		}
 		return nil
 	})
-	if v := r.metric(t, `cdc_relay_outbox_wait_seconds_count{event_type="Placed"}`); v != 2 {
+	if v := r.Metric(`cdc_relay_outbox_wait_seconds_count{event_type="Placed"}`); v != 2 {
 		t.Errorf("outbox_wait_seconds_count{Placed} = %v after the replay, want still 2", v)
 	}
 
 	// The relay is down: status decodes the idle slot.
-	r.stop(10 * time.Second)
+	r.Stop(10 * time.Second)
 	if st := status(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 || st.OldestUnrelayedSource != "slot" {
 		t.Errorf("status with the relay stopped and nothing new: oldest unrelayed %v from %q (%s), want 0 from the slot",
 			st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)

@@ -77,39 +77,39 @@ func TestInitialSnapshot(t *testing.T) {
 			}
 			r := newRelay(t, args)
 			if tt.env {
-				r.env = append(r.env, "CDC_RELAY_SNAPSHOT=initial")
+				r.P.SetEnv(append(r.P.Env(), "CDC_RELAY_SNAPSHOT=initial"))
 			}
-			r.start()
+			r.Start()
 			if tt.interrupt != 0 {
 				f.waitRecords(ctx, t, 100, 30*time.Second)
-				if r.hasLog("initial snapshot done") {
+				if r.HasLog("initial snapshot done") {
 					t.Fatalf("the snapshot completed before the relay was interrupted; the test no longer interrupts it")
 				}
 				if tt.interrupt == syscall.SIGKILL {
-					r.kill()
+					r.Kill()
 				} else {
-					r.signal(tt.interrupt)
-					if code, ok := r.wait(15 * time.Second); !ok || code != 0 {
+					r.Signal(tt.interrupt)
+					if code, ok := r.Wait(15 * time.Second); !ok || code != 0 {
 						t.Fatalf("relay stopped mid-snapshot with code %d (in time: %v), want 0", code, ok)
 					}
 				}
 				slow.Store(false)
-				if r.hasLog("initial snapshot done") {
+				if r.HasLog("initial snapshot done") {
 					t.Fatalf("the snapshot completed before the relay was interrupted; the test no longer interrupts it")
 				}
 				if tt.neverFirst {
 					never := newRelay(t, f.relayArgs("--snapshot", "never"))
-					never.start()
-					if code, ok := never.wait(30 * time.Second); !ok || code == 0 {
+					never.Start()
+					if code, ok := never.Wait(30 * time.Second); !ok || code == 0 {
 						t.Fatalf("relay with --snapshot never after an incomplete snapshot: exit code %d (exited: %v), want non-zero", code, ok)
 					}
-					if !strings.Contains(never.logs.String(), "restart with the initial snapshot on (--snapshot=initial / CDC_RELAY_SNAPSHOT=initial)") {
+					if !strings.Contains(never.Logs(), "restart with --snapshot initial") {
 						t.Errorf("relay with --snapshot never did not say how to take the snapshot again")
 					}
 				}
-				r.start()
+				r.Start()
 			}
-			r.waitReady(60 * time.Second)
+			r.WaitReady(60 * time.Second)
 			// Keep writing for a while after the relay streams.
 			readyAt := w.Count()
 			testenv.Eventually(t, 30*time.Second, func() error {
@@ -129,24 +129,24 @@ func TestInitialSnapshot(t *testing.T) {
 			if tt.interrupt == 0 && res.Duplicates > 0 {
 				t.Errorf("%d duplicates after an uninterrupted snapshot, want none", res.Duplicates)
 			}
-			if tt.interrupt != 0 && !r.hasLog("the initial snapshot did not complete") {
+			if tt.interrupt != 0 && !r.HasLog("the initial snapshot did not complete") {
 				t.Errorf("the restarted relay did not say it takes the snapshot again")
 			}
 			snap := checkSnapshotHeaders(t, w.Committed()[:before], recs)
 			t.Logf("%d records from the snapshot (%d rows were there before the writer started), %d streamed", snap, before, len(recs)-snap)
 			if tt.interrupt == 0 {
 				// The relay's replays count by result (this run's only).
-				if got := r.metric(t, `cdc_relay_replayed_events_total{kind="outbox",result="published"}`); got != float64(snap) {
+				if got := r.Metric(`cdc_relay_replayed_events_total{kind="outbox",result="published"}`); got != float64(snap) {
 					t.Errorf("replayed_events_total{published} = %v, want the %d snapshot records", got, snap)
 				}
 			}
 
 			// A restart finds the slot: no new snapshot, nothing sent twice.
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 			n := len(recs)
-			r.start()
-			r.waitReady(30 * time.Second)
-			if !r.hasLog("replication slot exists: no initial snapshot is taken") {
+			r.Start()
+			r.WaitReady(30 * time.Second)
+			if !r.HasLog("replication slot exists: no initial snapshot is taken") {
 				t.Errorf("the restarted relay did not log that the slot exists")
 			}
 			if err := w.CommitTxn(ctx, conn, []string{"agg-0"}); err != nil {
@@ -157,7 +157,7 @@ func TestInitialSnapshot(t *testing.T) {
 			if got := len(recs); got != n+1 {
 				t.Errorf("after a restart with an existing slot: %d records, want %d (one new row)", got, n+1)
 			}
-			r.stop(10 * time.Second)
+			r.Stop(10 * time.Second)
 		})
 	}
 }

@@ -28,29 +28,29 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	}
 
 	primary := newRelay(t, f.relayArgs())
-	primary.start()
-	primary.waitReady(30 * time.Second)
+	primary.Start()
+	primary.WaitReady(30 * time.Second)
 	standby := newRelay(t, f.relayArgs())
-	standby.start()
+	standby.Start()
 	testenv.Eventually(t, 20*time.Second, func() error {
-		if standby.hasLog("held by another process") {
+		if standby.HasLog("held by another process") {
 			return nil
 		}
-		if standby.exited() {
+		if standby.Exited() {
 			t.Fatal("standby exited instead of waiting for the slot")
 		}
 		return errors.New("standby never reported the slot as held")
 	})
-	if code := standby.readyz(); code != http.StatusServiceUnavailable {
+	if code := standby.Readyz(); code != http.StatusServiceUnavailable {
 		t.Errorf("standby /readyz = %d, want 503 while the slot is held", code)
 	}
 	insert(1, 50)
 	f.waitRecords(ctx, t, 50, 30*time.Second)
 
-	primary.kill()
+	primary.Kill()
 	killed := time.Now()
 	insert(51, 100)
-	standby.waitReady(20 * time.Second)
+	standby.WaitReady(20 * time.Second)
 	takeover := time.Since(killed)
 	t.Logf("standby took over %v after the primary's SIGKILL", takeover.Round(time.Millisecond))
 	if takeover > 10*time.Second {
@@ -72,7 +72,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	if len(seen) != 100 {
 		t.Errorf("%d distinct events in Kafka, want exactly the 100 committed", len(seen))
 	}
-	if standby.exited() {
+	if standby.Exited() {
 		t.Error("standby exited")
 	}
 }

@@ -10,9 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,12 +19,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc/relaytest"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -47,26 +46,27 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if relayBin, err = relayproc.Build(ctx, dir, relayproc.BuildOptions{}); err != nil {
+		fmt.Fprintln(os.Stderr, "rewards e2e:", err)
+		return 1
+	}
 	gobin, err := exec.LookPath("go") // go test puts its own toolchain first on PATH
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rewards e2e: find the go command:", err)
 		return 1
 	}
-	relayBin, rewardsBin = filepath.Join(dir, "cdc-relay"), filepath.Join(dir, "rewards")
-	for _, b := range []struct{ out, pkg string }{
-		{relayBin, "github.com/cdc-relay/cdc-relay/cmd/cdc-relay"},
-		{rewardsBin, "."},
-	} {
-		build := exec.Command(gobin, "build", "-o", b.out, b.pkg)
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "rewards e2e: go build %s: %v\n", b.pkg, err)
-			return 1
-		}
+	rewardsBin = filepath.Join(dir, "rewards")
+	build := exec.CommandContext(ctx, gobin, "build", "-o", rewardsBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "rewards e2e: go build rewards: %v\n", err)
+		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	pg, err = sandbox.StartPostgres(ctx, sandbox.PGOptions{})
-	cancel()
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Minute)
+	pg, err = sandbox.StartPostgres(pctx, sandbox.PGOptions{})
+	pcancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rewards e2e: start postgres:", err)
 		return 1
@@ -112,30 +112,21 @@ func TestEffectOnceUnderKills(t *testing.T) {
 	})
 	brokers := strings.Join(kafka.Brokers(), ",")
 
-	var relayAddr string
-	relay := newProc(t, "cdc-relay", relayBin, func() []string {
-		port, err := sandbox.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		relayAddr = "127.0.0.1:" + strconv.Itoa(port)
-		return []string{"run", "--pg-url", outboxURL, "--kafka-brokers", brokers, "--topic", topic,
+	relay := relaytest.New(t, relayproc.Options{Name: "cdc-relay", Path: relayBin, AddMetricsAddr: true,
+		Args: []string{"run", "--pg-url", outboxURL, "--kafka-brokers", brokers, "--topic", topic,
 			"--delivery", "at-least-once", "--slot", "rewards", "--status-interval", "200ms", "--retry-cap", "1s",
-			"--log-format", "json", "--metrics-addr", relayAddr}
-	})
-	relay.start()
-	waitReady(t, relay, &relayAddr)
+			"--log-format", "json"}})
+	relay.Start()
+	relay.WaitReady(30 * time.Second)
 
 	counts := &logCounts{}
-	var consumers [2]*proc
+	var consumers [2]*relaytest.Proc
 	for i := range consumers {
-		consumers[i] = newProc(t, fmt.Sprintf("rewards-%d", i+1), rewardsBin, func() []string {
-			return []string{"-brokers", brokers, "-topic", topic, "-group", "rewards", "-name", consumerName,
+		consumers[i] = relaytest.New(t, relayproc.Options{Name: fmt.Sprintf("rewards-%d", i+1), Path: rewardsBin, Output: counts,
+			Args: []string{"-brokers", brokers, "-topic", topic, "-group", "rewards", "-name", consumerName,
 				"-pg-url", pointsURL, "-log-level", "trace", "-session-timeout", "1s",
-				"-heartbeat-interval", "200ms", "-rebalance-timeout", "2s"}
-		})
-		consumers[i].tee = counts
-		consumers[i].start()
+				"-heartbeat-interval", "200ms", "-rebalance-timeout", "2s"}})
+		consumers[i].Start()
 	}
 
 	// The writer: 1-3 events per transaction every 8 ms, about 250 events/s.
@@ -151,21 +142,20 @@ func TestEffectOnceUnderKills(t *testing.T) {
 		// Pacing of the faults, not a wait for a condition.
 		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
 		c := consumers[i%2]
-		if c.exited() {
-			t.Fatalf("%s exited by itself:\n%s", c.name, tail(c.logs.String(), 30))
+		if c.Exited() {
+			t.Fatalf("%s exited by itself:\n%s", c.P.Name(), relayproc.Tail(c.Logs(), 30))
 		}
-		c.kill()
-		c.start()
+		c.Restart()
 		consumerKills++
 		switch i {
 		case 3, 9:
-			if relay.exited() {
-				t.Fatalf("the relay exited by itself:\n%s", tail(relay.logs.String(), 30))
+			if relay.Exited() {
+				t.Fatalf("the relay exited by itself:\n%s", relayproc.Tail(relay.Logs(), 30))
 			}
-			relay.kill()
+			relay.Kill()
 			relayKills++
-			relay.start()
-			waitReady(t, relay, &relayAddr)
+			relay.Start()
+			relay.WaitReady(30 * time.Second)
 		case 6:
 			replayed = replayEvents(ctx, t, outboxURL, brokers, 25)
 		}
@@ -186,9 +176,9 @@ func TestEffectOnceUnderKills(t *testing.T) {
 	}
 	// Everything committed reaches the consumer database...
 	testenv.Eventually(t, 60*time.Second, func() error {
-		for _, p := range append([]*proc{relay}, consumers[:]...) {
-			if p.exited() {
-				t.Fatalf("%s exited by itself:\n%s", p.name, tail(p.logs.String(), 30))
+		for _, p := range append([]*relaytest.Proc{relay}, consumers[:]...) {
+			if p.Exited() {
+				t.Fatalf("%s exited by itself:\n%s", p.P.Name(), relayproc.Tail(p.Logs(), 30))
 			}
 		}
 		var n int64
@@ -255,9 +245,9 @@ func TestEffectOnceUnderKills(t *testing.T) {
 	}
 
 	for _, c := range consumers {
-		c.stop(20 * time.Second)
+		c.Stop(20 * time.Second)
 	}
-	relay.stop(20 * time.Second)
+	relay.Stop(20 * time.Second)
 	t.Logf("effect-once: %d events committed over %d players (%.1fs of writing), %d records in Kafka (%d duplicates: "+
 		"%d replayed by an operator, the rest resent by the at-least-once relay after %d SIGKILLs); "+
 		"%d consumer SIGKILLs, group generations up to %d (%d joins), %d duplicates skipped (%d of them redeliveries "+
@@ -383,134 +373,6 @@ func sums(ctx context.Context, t *testing.T, conn *pgx.Conn, sql string) map[str
 	return out
 }
 
-// waitReady waits for the relay's /readyz.
-func waitReady(t *testing.T, p *proc, addr *string) {
-	t.Helper()
-	client := &http.Client{Timeout: time.Second}
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if p.exited() {
-			t.Fatalf("%s exited before it was ready:\n%s", p.name, tail(p.logs.String(), 30))
-		}
-		resp, err := client.Get("http://" + *addr + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	})
-}
-
-// proc runs a built binary, again and again, collecting the output of every
-// run.
-type proc struct {
-	t    *testing.T
-	name string
-	bin  string
-	args func() []string // per start
-	logs *sandbox.Buffer
-	tee  io.Writer // also gets the output, when set
-	runs int
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// newProc returns a runner that kills its process when t ends and prints
-// the end of its logs when t failed (all of them with CDC_RELAY_E2E_LOGS
-// set, which cdc-relay's own end-to-end tests honour too).
-func newProc(t *testing.T, name, bin string, args func() []string) *proc {
-	p := &proc{t: t, name: name, bin: bin, args: args, logs: &sandbox.Buffer{}}
-	t.Cleanup(func() {
-		p.kill()
-		switch {
-		case os.Getenv("CDC_RELAY_E2E_LOGS") != "":
-			t.Logf("%s output (%d runs):\n%s", p.name, p.runs, p.logs.String())
-		case t.Failed():
-			t.Logf("%s output (%d runs, last lines):\n%s", p.name, p.runs, tail(p.logs.String(), 60))
-		}
-	})
-	return p
-}
-
-func (p *proc) start() {
-	p.t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.runs++
-	fmt.Fprintf(p.logs, "----- %s run %d -----\n", p.name, p.runs)
-	cmd := exec.Command(p.bin, p.args()...)
-	var out io.Writer = p.logs
-	if p.tee != nil {
-		out = io.MultiWriter(p.logs, p.tee)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CDC_RELAY_") { // keep a developer's settings out
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = env
-	if err := cmd.Start(); err != nil {
-		p.t.Fatalf("start %s: %v", p.name, err)
-	}
-	done := make(chan struct{})
-	p.cmd, p.done = cmd, done
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-}
-
-func (p *proc) current() (*exec.Cmd, chan struct{}) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.cmd, p.done
-}
-
-func (p *proc) exited() bool {
-	_, done := p.current()
-	select {
-	case <-done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill SIGKILLs the process, if it runs, and waits for it.
-func (p *proc) kill() {
-	cmd, done := p.current()
-	if cmd == nil || p.exited() {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-done
-	fmt.Fprintf(p.logs, "----- %s run %d: SIGKILL -----\n", p.name, p.runs)
-}
-
-// stop sends SIGTERM and requires exit code 0 within timeout.
-func (p *proc) stop(timeout time.Duration) {
-	p.t.Helper()
-	cmd, done := p.current()
-	if p.exited() {
-		p.t.Fatalf("%s exited before it was stopped:\n%s", p.name, tail(p.logs.String(), 30))
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		p.t.Fatalf("%s did not exit within %v of SIGTERM", p.name, timeout)
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 0 {
-		p.t.Fatalf("%s exited with code %d after SIGTERM, want 0:\n%s", p.name, code, tail(p.logs.String(), 30))
-	}
-}
-
 // logCounts counts, in the consumers' JSON log lines, the duplicates
 // skipped and the group generations kafka-go joined.
 type logCounts struct {
@@ -562,13 +424,4 @@ func (c *logCounts) line(l []byte) {
 			}
 		}
 	}
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -372,7 +372,11 @@ func (s *Store) applyDDL(ctx context.Context, st int) error {
 	if st == tablesOld {
 		what = "upgrade dead-letter table " + s.n.name + " (made by an older version) to the reprocessing state model"
 	}
-	if _, err := s.pool.Exec(ctx, TableDDL(s.n.name)); err != nil {
+	// One statement string runs as one transaction: the advisory lock makes a
+	// second relay starting at the same moment wait and then find the tables,
+	// where two concurrent CREATE TABLE IF NOT EXISTS would collide in pg_type.
+	lock := fmt.Sprintf("SELECT pg_advisory_xact_lock(hashtext(%s));\n", s.n.literal("cdc_relay ddl "+s.n.name))
+	if _, err := s.pool.Exec(ctx, lock+TableDDL(s.n.name)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			if st == tablesOld {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -564,5 +565,33 @@ func TestFromEventAndRecorder(t *testing.T) {
 	}
 	if got := byEventID(t, s, "ev-2"); got.Topic != "outbox.{aggregate_type}" || got.ErrorCode != "invalid_topic" {
 		t.Errorf("invalid-topic letter: topic %q, code %q", got.Topic, got.ErrorCode)
+	}
+}
+
+// TestEnsureConcurrent: relays starting at the same moment on one database
+// each create the dead-letter tables when missing; every Ensure succeeds
+// (without the advisory lock, concurrent CREATE TABLE IF NOT EXISTS fails one
+// of them on pg_type's unique index).
+func TestEnsureConcurrent(t *testing.T) {
+	for round := range 5 {
+		table := "public." + unique(fmt.Sprint("dl_race", round))
+		errs := make([]error, 4)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				errs[i] = deadletter.NewStore(pool, table).Ensure(t.Context())
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("round %d, relay %d: Ensure: %v", round, i, err)
+			}
+		}
 	}
 }

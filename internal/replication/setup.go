@@ -141,7 +141,9 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		}
 		if _, err := conn.Exec(ctx, create); err != nil {
 			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
+			// Created concurrently: 42710 when the other session committed first,
+			// 23505 (pg_publication's unique index) when both were inserting at once.
+			if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") {
 				return checkPublication(ctx, conn, cfg)
 			}
 			return configErr("create publication %q: %v: run %s as the table owner, then start the relay without creating it %s", cfg.Publication, err, create, setting.Token("CreatePublication"))

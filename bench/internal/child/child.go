@@ -1,25 +1,31 @@
-// Package child runs the benchmark's helper processes (the relay binary, the
-// limit reader, the poller) and reports what the kernel accounted to them: user
-// and system CPU time from wait4's rusage, and peak resident memory (VmHWM).
+// Package child runs the benchmark's helper processes (the relay binary, and
+// the benchmark itself re-executed as the limit reader and the poller) and
+// reports what the kernel accounted to them: user and system CPU time from
+// wait4's rusage, and peak resident memory (VmHWM). Starting, stopping and
+// reaping are the relay's process harness, internal/relayproc; this package
+// adds the measurements and the child's stdout as lines.
 package child
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 )
 
-// stderrTailLines is how many lines of a child's stderr are kept for errors.
-const stderrTailLines = 40
+// stderrTailLines is how many lines of a child's stderr are kept for errors,
+// of the last stderrKeep bytes.
+const (
+	stderrTailLines = 40
+	stderrKeep      = 64 << 10
+)
 
 // Usage is what the kernel accounted to an exited child.
 type Usage struct {
@@ -49,43 +55,33 @@ type Options struct {
 // Process is a started child. Its stdout is delivered line by line on Lines;
 // the last lines of its stderr are kept for error messages.
 type Process struct {
-	name    string
-	cmd     *exec.Cmd
-	started time.Time
-	stderr  *tailBuffer
-	lines   chan string
-	done    chan struct{}
-	waitErr error // valid once done is closed
-	hwm     atomic.Int64
+	name  string
+	proc  *relayproc.Process
+	lines chan string
+	done  <-chan struct{}
+	hwm   atomic.Int64
 }
 
 // Start starts the child in its own process group, so a Ctrl-C at the terminal
 // reaches only the benchmark, which then stops its children in order. The
 // kernel kills the child if the benchmark dies without doing so.
 func Start(opts Options) (*Process, error) {
-	cmd := exec.Command(opts.Path, opts.Args...)
-	cmd.Dir = opts.Dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &Process{
-		name:   opts.Name,
-		cmd:    cmd,
-		stderr: &tailBuffer{max: stderrTailLines},
-		lines:  make(chan string, 64),
-		done:   make(chan struct{}),
+	p := &Process{name: opts.Name, lines: make(chan string, 64)}
+	p.proc = relayproc.New(relayproc.Options{
+		Name:        opts.Name,
+		Path:        opts.Path,
+		Args:        opts.Args,
+		Dir:         opts.Dir,
+		Env:         os.Environ(),
+		Output:      opts.Stderr, // stdout goes to Stdout, so only stderr
+		Stdout:      &lineWriter{lines: p.lines},
+		LogLimit:    stderrKeep,
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+	})
+	if err := p.proc.Start(); err != nil {
+		return nil, err
 	}
-	cmd.Stderr = p.stderr
-	if opts.Stderr != nil {
-		cmd.Stderr = io.MultiWriter(p.stderr, opts.Stderr)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", opts.Name, err)
-	}
-	p.started = time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", opts.Name, err)
-	}
-	go p.wait(stdout)
+	p.done = p.proc.Done()
 	go p.sampleRSS()
 	return p, nil
 }
@@ -109,65 +105,44 @@ func (p *Process) sampleRSS() {
 
 // readHWM reads VmHWM from /proc/<pid>/status and keeps the largest value.
 func (p *Process) readHWM() {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
+	hwm, err := relayproc.PeakRSS(p.PID())
 	if err != nil {
 		return // exited
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		v, ok := strings.CutPrefix(line, "VmHWM:")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err != nil {
+	for {
+		cur := p.hwm.Load()
+		if hwm <= cur || p.hwm.CompareAndSwap(cur, hwm) {
 			return
 		}
-		for {
-			cur := p.hwm.Load()
-			if kb*1024 <= cur || p.hwm.CompareAndSwap(cur, kb*1024) {
-				return
-			}
-		}
 	}
-}
-
-// wait reads stdout to its end, then reaps the child.
-func (p *Process) wait(stdout io.Reader) {
-	defer close(p.done)
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		select {
-		case p.lines <- sc.Text():
-		default: // nobody listens; children print only a line or two
-		}
-	}
-	_, _ = io.Copy(io.Discard, stdout)
-	p.waitErr = p.cmd.Wait()
 }
 
 // Started returns when the process was started.
-func (p *Process) Started() time.Time { return p.started }
+func (p *Process) Started() time.Time { return p.proc.StartedAt() }
 
 // PID returns the process id.
-func (p *Process) PID() int { return p.cmd.Process.Pid }
+func (p *Process) PID() int { return p.proc.PID() }
 
 // Lines delivers the child's stdout, one line at a time.
 func (p *Process) Lines() <-chan string { return p.lines }
 
-// Done is closed once the child has exited and was reaped.
+// Done is closed once the child has exited and was reaped, and every line of
+// its stdout was offered on Lines.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
 // StderrTail returns the last lines the child wrote to stderr.
-func (p *Process) StderrTail() string { return p.stderr.String() }
+func (p *Process) StderrTail() string {
+	return relayproc.Tail(p.proc.Output(), stderrTailLines)
+}
 
 // ExitError returns, after Done, nil for exit status 0 and otherwise an error
 // naming the child and quoting the tail of its stderr.
 func (p *Process) ExitError() error {
-	if p.waitErr == nil {
+	st := p.proc.ProcessState()
+	if st == nil || st.Success() {
 		return nil
 	}
-	return fmt.Errorf("%s exited: %w%s", p.name, p.waitErr, p.quoteStderr())
+	return fmt.Errorf("%s exited: %s%s", p.name, st, p.quoteStderr())
 }
 
 func (p *Process) quoteStderr() string {
@@ -180,7 +155,7 @@ func (p *Process) quoteStderr() string {
 
 // Usage returns the child's CPU time and peak RSS; only valid after Done.
 func (p *Process) Usage() Usage {
-	st := p.cmd.ProcessState
+	st := p.proc.ProcessState()
 	if st == nil {
 		return Usage{}
 	}
@@ -197,18 +172,13 @@ func (p *Process) Stop(grace time.Duration) (Usage, error) {
 	default:
 	}
 	p.readHWM()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+	if err := p.proc.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return Usage{}, fmt.Errorf("stop %s: %w", p.name, err)
 	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-p.done:
+	if _, exited := p.proc.Wait(grace); exited {
 		return p.Usage(), p.ExitError()
-	case <-t.C:
 	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
+	p.proc.Kill()
 	return p.Usage(), fmt.Errorf("%s did not stop within %s of SIGTERM and was killed%s", p.name, grace, p.quoteStderr())
 }
 
@@ -221,10 +191,7 @@ func (p *Process) Kill() (Usage, error) {
 	default:
 	}
 	p.readHWM()
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return Usage{}, fmt.Errorf("kill %s: %w", p.name, err)
-	}
-	<-p.done
+	p.proc.Kill()
 	return p.Usage(), nil
 }
 
@@ -241,36 +208,32 @@ func (p *Process) Wait(timeout, grace time.Duration) (Usage, error) {
 	}
 }
 
-// tailBuffer is an io.Writer keeping the last max lines written to it.
-type tailBuffer struct {
+// lineWriter is an io.Writer that offers every complete line written to it
+// on lines, dropping it when nobody listens (children print only a line or
+// two). exec writes to it from one goroutine.
+type lineWriter struct {
 	mu      sync.Mutex
-	max     int
-	lines   []string
-	partial string
+	lines   chan<- string
+	partial []byte
 }
 
-func (t *tailBuffer) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := t.partial + string(b)
-	parts := strings.Split(s, "\n")
-	t.partial = parts[len(parts)-1]
-	t.lines = append(t.lines, parts[:len(parts)-1]...)
-	if over := len(t.lines) - t.max; over > 0 {
-		t.lines = append(t.lines[:0], t.lines[over:]...)
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.partial = append(w.partial, b...)
+	for {
+		i := strings.IndexByte(string(w.partial), '\n')
+		if i < 0 {
+			break
+		}
+		select {
+		case w.lines <- string(w.partial[:i]):
+		default:
+		}
+		w.partial = w.partial[i+1:]
+	}
+	if len(w.partial) > 1<<20 { // a line longer than bufio.Scanner's old limit
+		w.partial = w.partial[:0]
 	}
 	return len(b), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := strings.Join(t.lines, "\n")
-	if t.partial != "" {
-		if out != "" {
-			out += "\n"
-		}
-		out += t.partial
-	}
-	return out
 }

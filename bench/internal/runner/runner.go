@@ -11,12 +11,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +22,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/bench/internal/latency"
 	"github.com/cdc-relay/cdc-relay/bench/internal/pgstat"
 	"github.com/cdc-relay/cdc-relay/bench/internal/results"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
@@ -340,27 +338,14 @@ func ResultsDir() (string, error) {
 }
 
 func (b *bench) buildRelay(ctx context.Context) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return fmt.Errorf("find the go command to build the relay (put it on PATH): %w", err)
-	}
-	b.relayBin = filepath.Join(b.tmp, "cdc-relay")
 	// Built as the Dockerfile builds the shipped binary: static, without
 	// symbol tables.
-	args := []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", b.relayBin, "./cmd/cdc-relay"}
-	shown := slices.Clone(args)
-	for i, a := range shown {
-		if strings.Contains(a, " ") {
-			shown[i] = "'" + a + "'"
-		}
+	b.say("building the relay (CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' ./cmd/cdc-relay, as the Dockerfile does)")
+	bin, err := relayproc.Build(ctx, b.tmp, relayproc.BuildOptions{Release: true})
+	if err != nil {
+		return fmt.Errorf("build relay: %w", err)
 	}
-	b.say("building the relay (CGO_ENABLED=0 go %s, as the Dockerfile does)", strings.Join(shown, " "))
-	cmd := exec.CommandContext(ctx, goBin, args...)
-	cmd.Dir = b.root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build relay: %w\n%s", err, out)
-	}
+	b.relayBin = bin
 	return nil
 }
 

@@ -26,6 +26,7 @@ import (
 	zlog "github.com/rs/zerolog/log"
 
 	"github.com/cdc-relay/cdc-relay/chaos/internal/chaos"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 )
 
 func main() {
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *relayBin == "" {
 		fmt.Fprintln(stderr, "building cdc-relay...")
-		if *relayBin, err = chaos.BuildRelay(ctx, *logs, *race); err != nil {
+		if *relayBin, err = relayproc.Build(ctx, *logs, relayproc.BuildOptions{Version: "chaos", Race: *race}); err != nil {
 			return err
 		}
 	}

@@ -21,22 +21,20 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
@@ -44,7 +42,7 @@ import (
 // Window) and the Env that runs them (the rest). Zero values take the
 // defaults of `make chaos`.
 type Options struct {
-	// RelayBin is the cdc-relay binary to run (see BuildRelay). Required.
+	// RelayBin is the cdc-relay binary to run (see relayproc.Build). Required.
 	RelayBin string
 	// Kills is how many times the SIGKILL scenario kills the relay (20).
 	Kills int
@@ -191,7 +189,7 @@ type Env struct {
 func NewEnv(ctx context.Context, opts Options) (*Env, error) {
 	opts.setDefaults()
 	if opts.RelayBin == "" {
-		return nil, errors.New("chaos: Options.RelayBin is required (see BuildRelay)")
+		return nil, errors.New("chaos: Options.RelayBin is required (see relayproc.Build)")
 	}
 	migrations, err := readMigrations()
 	if err != nil {
@@ -210,41 +208,12 @@ func (e *Env) Options() Options { return e.opts }
 // Close stops the Postgres cluster.
 func (e *Env) Close() error { return e.pg.Close() }
 
-// relayModule is the module path of the relay this tool builds and runs.
-const relayModule = "github.com/cdc-relay/cdc-relay"
-
-// moduleRoot is the relay repository's root: the nearest directory above this
-// file's, else above the working directory, whose go.mod declares relayModule
-// (the chaos tool is a module of its own inside that repository). "" when
-// neither is inside the repository.
-func moduleRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	starts := []string{filepath.Dir(file)}
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	for _, dir := range starts {
-		for {
-			b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-			if err == nil && bytes.Contains(b, []byte("module "+relayModule+"\n")) {
-				return dir
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				break
-			}
-			dir = parent
-		}
-	}
-	return ""
-}
-
 // readMigrations reads the outbox and checkpoint migrations, as an operator
 // runs them (the relay creates the publication and the slot).
 func readMigrations() ([]string, error) {
-	dir := filepath.Join(moduleRoot(), "migrations")
-	if _, err := os.Stat(dir); err != nil {
-		dir = "migrations"
+	dir := "migrations"
+	if root, err := relayproc.ModuleRoot(); err == nil {
+		dir = filepath.Join(root, "migrations")
 	}
 	var out []string
 	for _, f := range []string{"001_outbox.sql", "002_checkpoints.sql"} {
@@ -255,26 +224,6 @@ func readMigrations() ([]string, error) {
 		out = append(out, string(b))
 	}
 	return out, nil
-}
-
-// BuildRelay builds ./cmd/cdc-relay of this repository into dir and returns
-// the binary's path. race builds it with the race detector.
-func BuildRelay(ctx context.Context, dir string, race bool) (string, error) {
-	bin := filepath.Join(dir, "cdc-relay")
-	args := []string{"build", "-ldflags", "-X main.version=chaos", "-o", bin}
-	if race {
-		args = append(args, "-race")
-	}
-	gobin, err := exec.LookPath("go") // go test and go run put their toolchain first on PATH
-	if err != nil {
-		return "", fmt.Errorf("build cdc-relay: find the go command: %w", err)
-	}
-	cmd := exec.CommandContext(ctx, gobin, append(args, "./cmd/cdc-relay")...)
-	cmd.Dir = moduleRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build cdc-relay: %w\n%s", err, out)
-	}
-	return bin, nil
 }
 
 // Run runs one scenario. It does not return an error: problems are in the
@@ -299,7 +248,7 @@ func (e *Env) Run(ctx context.Context, s Scenario) Result {
 	res.Duration = time.Since(start)
 	if e.opts.LogDir != "" && r.relay != nil {
 		path := filepath.Join(e.opts.LogDir, s.Name+".log")
-		if err := os.WriteFile(path, []byte(r.relay.output()), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(r.relay.Logs()), 0o644); err != nil {
 			res.Notes = append(res.Notes, fmt.Sprintf("write relay log: %v", err))
 		} else {
 			res.LogFile = path

@@ -13,6 +13,7 @@ import (
 	zlog "github.com/rs/zerolog/log"
 
 	"github.com/cdc-relay/cdc-relay/chaos/internal/chaos"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 )
 
 // EnvSeed names the environment variable that fixes the scenarios' seed, to
@@ -62,7 +63,7 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin, err := chaos.BuildRelay(ctx, dir, false)
+	bin, err := relayproc.Build(ctx, dir, relayproc.BuildOptions{Version: "chaos"})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
 		return 1

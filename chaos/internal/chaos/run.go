@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
@@ -42,7 +44,7 @@ type run struct {
 	topic    string
 	kafka    *kafkaEnv
 	pgProxy  *netProxy
-	relay    *relayProc
+	relay    *relayproc.Process
 	args     []string
 	writer   *verify.Writer
 
@@ -109,12 +111,12 @@ func (r *run) execute(ctx context.Context, res *Result) {
 		}
 	}
 	r.args = r.relayArgs()
-	r.relay = newRelayProc(r.opts.RelayBin, r.args)
-	if err := r.relay.start(); err != nil {
+	r.relay = relayproc.New(relayproc.Options{Path: r.opts.RelayBin, Args: r.args, AddMetricsAddr: true})
+	if err := r.relay.Start(); err != nil {
 		res.Err = err
 		return
 	}
-	if err := r.relay.waitReady(ctx, readyTimeout); err != nil {
+	if err := r.relay.WaitReady(ctx, readyTimeout); err != nil {
 		res.Err = fmt.Errorf("first start: %w", err)
 		return
 	}
@@ -155,11 +157,11 @@ func (r *run) execute(ctx context.Context, res *Result) {
 		res.Samples = append(res.Samples, "missing event ids: "+strings.Join(first(check.Missing, 5), ", "))
 		res.Err = errors.Join(res.Err, fmt.Errorf("%d events missing %v after the load stopped: %s", res.Lost, r.opts.CatchUp, r.diagnose(ctx)))
 	}
-	if !r.relay.running() {
-		res.Err = errors.Join(res.Err, fmt.Errorf("relay exited with code %d", r.relay.exitCode()))
+	if !r.relay.Running() {
+		res.Err = errors.Join(res.Err, fmt.Errorf("relay exited with code %d", r.relay.ExitCode()))
 		return
 	}
-	if err := r.relay.stop(stopTimeout); err != nil {
+	if err := r.relay.Stop(stopTimeout); err != nil {
 		res.Err = errors.Join(res.Err, err)
 	}
 }
@@ -254,10 +256,10 @@ func (r *run) stopLoad() error {
 // everything.
 func (r *run) diagnose(ctx context.Context) string {
 	var parts []string
-	if r.relay.running() {
-		parts = append(parts, fmt.Sprintf("relay running, ready=%v", r.relay.ready(ctx)))
+	if r.relay.Running() {
+		parts = append(parts, fmt.Sprintf("relay running, ready=%v", r.relay.Readyz(ctx) == http.StatusOK))
 	} else {
-		parts = append(parts, fmt.Sprintf("relay exited with code %d", r.relay.exitCode()))
+		parts = append(parts, fmt.Sprintf("relay exited with code %d", r.relay.ExitCode()))
 	}
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -281,7 +283,7 @@ func (r *run) diagnose(ctx context.Context) string {
 func (r *run) teardown() {
 	_ = r.stopLoad() // reported by execute when it ran
 	if r.relay != nil {
-		r.relay.kill()
+		r.relay.Kill()
 	}
 	if r.pgProxy != nil {
 		r.pgProxy.close()
@@ -302,7 +304,11 @@ func (r *run) teardown() {
 
 // metric reads one sample of the relay's metrics (0 when unavailable).
 func (r *run) metric(ctx context.Context, sample string) float64 {
-	return r.relay.metric(ctx, sample)
+	m, err := r.relay.Scrape(ctx)
+	if err != nil {
+		return 0
+	}
+	return m[sample]
 }
 
 // waitMetricAbove waits up to timeout until sample exceeds v, and reports

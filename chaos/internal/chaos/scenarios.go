@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -177,20 +178,20 @@ func injectKills(ctx context.Context, r *run) error {
 		if err := sleep(ctx, r.between(100*time.Millisecond, 600*time.Millisecond)); err != nil {
 			return err
 		}
-		if r.relay.ready(ctx) {
+		if r.relay.Readyz(ctx) == http.StatusOK {
 			streaming++
 		}
-		if !r.relay.kill() {
-			return fmt.Errorf("kill %d: the relay had exited by itself with code %d", i, r.relay.exitCode())
+		if !r.relay.Kill() {
+			return fmt.Errorf("kill %d: the relay had exited by itself with code %d", i, r.relay.ExitCode())
 		}
 		r.faults++
-		if err := r.relay.start(); err != nil {
+		if err := r.relay.Start(); err != nil {
 			return err
 		}
 	}
 	r.note("%d of %d kills while streaming", streaming, r.opts.Kills)
 	start := time.Now()
-	if err := r.relay.waitReady(ctx, readyTimeout); err != nil {
+	if err := r.relay.WaitReady(ctx, readyTimeout); err != nil {
 		return fmt.Errorf("after the last kill: %w", err)
 	}
 	r.note("ready %v after the last restart", time.Since(start).Round(10*time.Millisecond))
@@ -218,7 +219,7 @@ func restartPostgres(mode string) func(context.Context, *run) error {
 				r.note("restart %d: the relay did not reconnect within %v", i, recoverTimeout)
 				continue
 			}
-			if err := r.relay.waitReady(ctx, readyTimeout); err != nil {
+			if err := r.relay.WaitReady(ctx, readyTimeout); err != nil {
 				return fmt.Errorf("after restart %d: %w", i, err)
 			}
 			r.faults++
@@ -256,7 +257,7 @@ func pgEpisodes(name string, apply func(r *run) (undo func() error, hold time.Du
 				r.note("%s %d: the relay did not reconnect within %v", name, i, recoverTimeout)
 				continue
 			}
-			if err := r.relay.waitReady(ctx, readyTimeout); err != nil {
+			if err := r.relay.WaitReady(ctx, readyTimeout); err != nil {
 				return fmt.Errorf("after %s %d: %w", name, i, err)
 			}
 			r.faults++
@@ -433,7 +434,7 @@ func injectProduceStall(ctx context.Context, r *run) error {
 	backpressured := false
 	var peak float64
 	for time.Since(start) < stallTime(r.opts) {
-		m, err := r.relay.scrape(ctx)
+		m, err := r.relay.Scrape(ctx)
 		if err == nil {
 			backpressured = backpressured || m[metricBackpressured] == 1
 			peak = max(peak, m[metricInFlightBytes])
@@ -479,7 +480,7 @@ func kafkaReset(ctx context.Context, r *run) error {
 			r.note("reset %d: the relay retried nothing", i)
 			continue
 		}
-		if err := r.relay.waitReady(ctx, readyTimeout); err != nil {
+		if err := r.relay.WaitReady(ctx, readyTimeout); err != nil {
 			return fmt.Errorf("after reset %d: %w", i, err)
 		}
 		r.faults++
@@ -620,7 +621,7 @@ func kafkaRestart(ctx context.Context, r *run) error {
 		}
 		r.faults++
 		start := time.Now()
-		if err := r.relay.waitReady(ctx, readyTimeout); err != nil {
+		if err := r.relay.WaitReady(ctx, readyTimeout); err != nil {
 			return fmt.Errorf("after broker restart %d: %w", i, err)
 		}
 		recovered = append(recovered, time.Since(start).Round(10*time.Millisecond).String())
