@@ -103,7 +103,7 @@ func TestInitialSnapshot(t *testing.T) {
 					if code, ok := never.Wait(30 * time.Second); !ok || code == 0 {
 						t.Fatalf("relay with --snapshot never after an incomplete snapshot: exit code %d (exited: %v), want non-zero", code, ok)
 					}
-					if !strings.Contains(never.Logs(), "restart with --snapshot initial") {
+					if !strings.Contains(never.Logs(), "(--snapshot=initial / CDC_RELAY_SNAPSHOT=initial) to drop the slot and take the snapshot again") {
 						t.Errorf("relay with --snapshot never did not say how to take the snapshot again")
 					}
 				}
