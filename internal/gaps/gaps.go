@@ -267,6 +267,7 @@ func (c *Checker) Watch(ctx context.Context, db replication.QueryRower) error {
 	if slot.Exists {
 		c.m.SlotRetainedWAL.Set(float64(slot.RetainedWALBytes))
 	}
+	c.m.SetSlotHealth(SlotHealth(slot))
 	f := &Facts{Setup: c.setup, Slot: slot, Coverage: cov, Prev: c.prev}
 	r := Judge(PhaseWatch, f)
 	c.prev.WALStatus = status
@@ -283,6 +284,23 @@ func (c *Checker) Watch(ctx context.Context, db replication.QueryRower) error {
 		c.stopped = true
 	}
 	return c.report(r, true, true)
+}
+
+// SlotHealth is the slot's health as the metrics export it (a missing slot
+// reports nothing; its wal_status "missing" says it).
+func SlotHealth(s replication.SlotState) metrics.SlotHealth {
+	if !s.Exists {
+		return metrics.SlotHealth{WALKeepSize: -1}
+	}
+	_, reason := s.Invalidated()
+	h := metrics.SlotHealth{
+		SafeWALSize: s.SafeWALSize, WALKeepSize: s.WALKeepSize, Conflicting: s.Conflicting,
+		InvalidReason: reason,
+	}
+	if !s.Active {
+		h.InactiveSince = s.InactiveSince
+	}
+	return h
 }
 
 // StreamError turns an error of the replication stream that is a gap into the
