@@ -293,7 +293,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SlotProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "slot_problems_total",
-			Help: "Gaps that stop the relay, by the check that found them (internal/gaps): slot/checkpoint mismatches at start (slot missing, lost, ahead, system changed), a publication that no longer covers the outbox table.",
+			Help: "Gaps that stop the relay, by the check that found them (internal/gaps): slot/checkpoint mismatches at start (slot missing, lost, ahead, system changed), a slot invalidated while streaming (slot_lost), a publication that no longer covers the outbox table.",
 		}, []string{"kind"}),
 		BackfilledEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "backfilled_events_total",
