@@ -304,9 +304,14 @@ func SlotHealth(s replication.SlotState) metrics.SlotHealth {
 }
 
 // StreamError turns an error of the replication stream that is a gap into the
-// error the relay stops with, counted and explained; it returns nil for any
-// other error.
+// error the relay stops with, counted and explained: a dropped publication
+// (*replication.ConfigError) or an invalidated slot (a SlotLost *GapError);
+// it returns nil for any other error.
 func (c *Checker) StreamError(err error) error {
+	if invalid, reason := slotInvalidated(err); invalid {
+		c.m.SlotProblems.WithLabelValues(SlotLost.String()).Inc()
+		return invalidatedWhileStreaming(c.setup.Slot, replication.SlotState{}, reason, "the server says: "+err.Error())
+	}
 	if !publicationDropped(err) {
 		return nil
 	}

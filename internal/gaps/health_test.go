@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -111,5 +112,42 @@ func TestSlotHealthMetrics(t *testing.T) {
 	m.SetSlotHealth(gaps.SlotHealth(replication.SlotState{Exists: true, WALStatus: "reserved", WALKeepSize: 1 << 20, SafeWALSize: &safe}))
 	if n := count(); n != 2 {
 		t.Errorf("valid slot with a limit: %d series, want 2", n)
+	}
+}
+
+// TestStreamErrorInvalidatedSlot: each version's refusal to stream an
+// invalidated slot (the messages and details of 13-15, 16, 17 and 18) is a
+// counted slot_lost gap naming the cause; a 55000 that is not about an
+// invalidation is not.
+func TestStreamErrorInvalidatedSlot(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	c := gaps.New(gaps.Config{Setup: replication.SetupConfig{Slot: "s1", Publication: "pub1"}, Metrics: m})
+	tests := []struct {
+		msg, detail, want string
+	}{
+		{`cannot read from logical replication slot "s1"`, "This slot has been invalidated because it exceeded the maximum reserved size.", "max_slot_wal_keep_size allows"},
+		{`can no longer get changes from replication slot "s1"`, "This slot has been invalidated because it was conflicting with recovery.", "hot_standby_feedback"},
+		{`can no longer get changes from replication slot "s1"`, `This replication slot has been invalidated due to "rows_removed".`, "hot_standby_feedback"},
+		{`can no longer access replication slot "s1"`, `This replication slot has been invalidated due to "idle_timeout".`, "idle_replication_slot_timeout"},
+	}
+	for i, tt := range tests {
+		err := c.StreamError(&pgconn.PgError{Code: "55000", Message: tt.msg, Detail: tt.detail})
+		var gap *gaps.GapError
+		if !errors.As(err, &gap) || gap.Kind != gaps.SlotLost {
+			t.Errorf("StreamError(%s) = %v, want a slot_lost gap", tt.msg, err)
+			continue
+		}
+		for _, w := range []string{tt.want, "pg_drop_replication_slot('s1')", "cdc-relay replay --since"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("case %d: the error lacks %q: %v", i, w, err)
+			}
+		}
+	}
+	if got := testutil.ToFloat64(m.SlotProblems.WithLabelValues(gaps.SlotLost.String())); got != float64(len(tests)) {
+		t.Errorf("slot_problems_total{kind=slot_lost} = %v, want %d", got, len(tests))
+	}
+	if err := c.StreamError(&pgconn.PgError{Code: "55000", Message: `replication slot "s1" is active for PID 42`}); err != nil {
+		t.Errorf("StreamError(slot active) = %v, want nil", err)
 	}
 }

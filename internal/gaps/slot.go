@@ -284,6 +284,9 @@ func invalidCause(reason string) string {
 	case "idle_timeout":
 		return "the slot was inactive for longer than idle_replication_slot_timeout"
 	}
+	if reason == "" {
+		return "Postgres invalidated it"
+	}
 	return "Postgres invalidated it (" + reason + ")"
 }
 

@@ -170,3 +170,100 @@ func TestSlotHealthBeforeLoss(t *testing.T) {
 	}
 	t.Logf("restart refused after %v with exit code %d", took.Round(time.Millisecond), cli.ExitCode(err))
 }
+
+// TestSlotInvalidatedWhileStreaming: Postgres invalidates the slot of a
+// running relay (its walsender is terminated, every reconnect refused); the
+// relay stops with the slot_lost gap and its recovery steps instead of
+// reconnecting forever, and counts it: whichever sees it first, the
+// monitor's watch or the refused reconnect, and with the monitor far from its
+// next round, the refused reconnect alone.
+func TestSlotInvalidatedWhileStreaming(t *testing.T) {
+	testenv.RequireLocal(t, pg)
+	for _, tt := range []struct {
+		name    string
+		monitor time.Duration
+		want    string // what showed the invalidation
+	}{
+		{"monitor every 100ms", 100 * time.Millisecond, "max_slot_wal_keep_size allows"},
+		{"monitor idle", time.Hour, "the server says: "},
+	} {
+		t.Run(tt.name, func(t *testing.T) { slotInvalidatedWhileStreaming(t, tt.monitor, tt.want) })
+	}
+}
+
+func slotInvalidatedWhileStreaming(t *testing.T, monitor time.Duration, seen string) {
+	e := newEnv(t)
+	e.cfgHook = func(c *relay.Config) { c.MonitorInterval = monitor }
+	ctx := context.Background()
+	e.start()
+	e.exec(`INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'k', 'before', '{}')`)
+	e.waitRecords(1)
+
+	// An open transaction holds restart_lsn, so the WAL switches below put
+	// the active slot past a 1MB limit.
+	e.exec("CREATE TABLE wal_filler (b text)")
+	hold, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close(ctx)
+	tx, err := hold.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "INSERT INTO wal_filler VALUES ('held')"); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	e.loseSlotWAL()
+
+	var runErr error
+	select {
+	case runErr = <-e.done:
+		e.cancel = nil
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the relay still runs 30s after its slot was invalidated (a retry loop?)\n%s", e.logs.String())
+	}
+	var gap *gaps.GapError
+	if !errors.As(runErr, &gap) || gap.Kind != gaps.SlotLost {
+		t.Fatalf("Run = %v, want a slot_lost gap error\n%s", runErr, e.logs.String())
+	}
+	for _, want := range []string{"invalidated while the relay was streaming", seen, "pg_drop_replication_slot('" + e.slot + "')", "cdc-relay replay --since", "max_slot_wal_keep_size"} {
+		if !strings.Contains(runErr.Error(), want) {
+			t.Errorf("the error lacks %q:\n%v", want, runErr)
+		}
+	}
+	if v, _ := e.counter("cdc_relay_slot_problems_total", "kind", "slot_lost"); v < 1 {
+		t.Errorf("slot_problems_total{kind=slot_lost} = %v, want at least 1", v)
+	}
+	t.Logf("stopped %v after the WAL was first switched past the limit: %v", time.Since(began).Round(time.Millisecond), runErr)
+}
+
+// counter returns the value of counter name with labels in the env's registry.
+func (e *env) counter(name string, labels ...string) (float64, bool) {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || (l.GetName() == labels[i] && l.GetValue() == labels[i+1])
+				}
+				if !found {
+					continue metric
+				}
+			}
+			return m.GetCounter().GetValue(), true
+		}
+	}
+	return 0, false
+}
