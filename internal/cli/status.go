@@ -39,6 +39,17 @@ type Status struct {
 	ConfirmedLSN     string `json:"confirmed_lsn,omitempty"`
 	LagBytes         int64  `json:"lag_bytes"`
 	RetainedWALBytes int64  `json:"retained_wal_bytes"`
+	// The slot's health, where the server's version reports it (absent
+	// otherwise): safe_wal_size (13+, absent without a limit) under
+	// max_slot_wal_keep_size (-1: no limit), conflicting (16+),
+	// invalidation_reason and inactive_since (17+). InvalidatedReason is the
+	// relay's reading of them (replication.SlotState.Invalidated).
+	SafeWALSizeBytes   *int64     `json:"safe_wal_size_bytes,omitempty"`
+	WALKeepSizeBytes   *int64     `json:"max_slot_wal_keep_size_bytes,omitempty"`
+	Conflicting        *bool      `json:"conflicting,omitempty"`
+	InvalidationReason string     `json:"invalidation_reason,omitempty"`
+	InactiveSince      *time.Time `json:"inactive_since,omitempty"`
+	InvalidatedReason  string     `json:"invalidated,omitempty"`
 	// OldestUnrelayedAge is the age in seconds of the oldest committed
 	// outbox row not yet acknowledged by Kafka, 0 when nothing waits, null
 	// when status could not tell; OldestUnrelayedSource says how it knows:
@@ -123,8 +134,16 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		st.SlotExists, st.Active, st.ActivePID, st.WALStatus = true, slot.Active, slot.ActivePID, slot.WALStatus
 		st.ConfirmedLSN = slot.ConfirmedFlush.String()
 		st.LagBytes, st.RetainedWALBytes = slot.LagBytes, slot.RetainedWALBytes
-		if st.WALStatus == "lost" {
-			st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q is lost (wal_status = lost): WAL it needed was removed", c.Slot))
+		st.SafeWALSizeBytes, st.WALKeepSizeBytes = slot.SafeWALSize, &slot.WALKeepSize
+		st.Conflicting, st.InvalidationReason = slot.Conflicting, slot.InvalidationReason
+		if !slot.InactiveSince.IsZero() {
+			st.InactiveSince = &slot.InactiveSince
+		}
+		if invalid, reason := slot.Invalidated(); invalid {
+			st.InvalidatedReason = reason
+			st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q was invalidated (%s, wal_status %s): it can never be streamed again; the relay refuses to start until its recovery steps are followed", c.Slot, reason, slot.WALStatus))
+		} else if st.WALStatus == "unreserved" {
+			st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q needs more WAL than max_slot_wal_keep_size keeps (wal_status unreserved): the next checkpoint loses it unless the relay catches up", c.Slot))
 		}
 		if c.MaxLagBytes > 0 && st.LagBytes > c.MaxLagBytes {
 			st.Problems = append(st.Problems, fmt.Sprintf("slot lag %d bytes exceeds --max-lag-bytes %d", st.LagBytes, c.MaxLagBytes))
@@ -208,6 +227,7 @@ func printStatus(w io.Writer, st Status) {
 		fmt.Fprintf(tw, "server wal end\t%s\n", st.ServerWALEnd)
 		fmt.Fprintf(tw, "lag\t%s\n", bytesHuman(st.LagBytes))
 		fmt.Fprintf(tw, "retained wal\t%s\n", bytesHuman(st.RetainedWALBytes))
+		printSlotHealth(tw, st)
 	} else {
 		fmt.Fprintf(tw, "exists\tno\n")
 	}
@@ -246,6 +266,29 @@ func printStatus(w io.Writer, st Status) {
 		fmt.Fprintf(tw, "PROBLEM\t%s\n", p)
 	}
 	tw.Flush()
+}
+
+// printSlotHealth prints the health columns the server reports.
+func printSlotHealth(w io.Writer, st Status) {
+	switch {
+	case st.WALKeepSizeBytes != nil && *st.WALKeepSizeBytes < 0:
+		fmt.Fprintf(w, "safe wal size\tno limit (max_slot_wal_keep_size = -1)\n")
+	case st.SafeWALSizeBytes != nil && st.WALKeepSizeBytes != nil:
+		safe := bytesHuman(*st.SafeWALSizeBytes)
+		if *st.SafeWALSizeBytes < 0 {
+			safe = "-" + bytesHuman(-*st.SafeWALSizeBytes) + " (past the limit)"
+		}
+		fmt.Fprintf(w, "safe wal size\t%s of max_slot_wal_keep_size %s\n", safe, bytesHuman(*st.WALKeepSizeBytes))
+	}
+	if st.Conflicting != nil {
+		fmt.Fprintf(w, "conflicting\t%t\n", *st.Conflicting)
+	}
+	if st.InvalidatedReason != "" {
+		fmt.Fprintf(w, "invalidated\t%s\n", st.InvalidatedReason)
+	}
+	if st.InactiveSince != nil {
+		fmt.Fprintf(w, "inactive since\t%s (%s ago)\n", st.InactiveSince.UTC().Format(time.RFC3339), time.Since(*st.InactiveSince).Round(time.Second))
+	}
 }
 
 // maxOffsetsShown bounds the partitions a text line lists per topic, so that a

@@ -55,6 +55,19 @@ func TestStatus(t *testing.T) {
 			}
 		}
 	}
+	p := pool(t, url)
+	var version int
+	if err := p.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	setKeep := func(size string) {
+		t.Helper()
+		for _, sql := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '" + size + "'", "SELECT pg_reload_conf()"} {
+			if _, err := p.Exec(ctx, sql); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+	}
 	tests := []struct {
 		name     string
 		setup    func(t *testing.T) // runs before status, in the order of the cases
@@ -172,6 +185,56 @@ func TestStatus(t *testing.T) {
         }
       }`; !strings.Contains(out, want) {
 					t.Errorf("JSON output lacks\n%s\nin\n%s", want, out)
+				}
+			},
+		},
+		{
+			name:  "slot health under max_slot_wal_keep_size, json",
+			setup: func(t *testing.T) { setKeep("32MB") },
+			args:  []string{"--json"},
+			check: func(t *testing.T, st Status, out string) {
+				if st.WALKeepSizeBytes == nil || *st.WALKeepSizeBytes != 32<<20 || st.SafeWALSizeBytes == nil || *st.SafeWALSizeBytes <= 0 {
+					t.Errorf("safe_wal_size %v under max_slot_wal_keep_size %v, want a positive size under 33554432\n%s", st.SafeWALSizeBytes, st.WALKeepSizeBytes, out)
+				}
+				if (st.Conflicting != nil) != (version >= 160000) || st.InvalidatedReason != "" || len(st.Problems) != 0 {
+					t.Errorf("status %+v on server %d: want conflicting reported from 16 on, nothing invalidated, no problem", st, version)
+				}
+			},
+		},
+		{
+			name: "slot health, text",
+			check: func(t *testing.T, _ Status, out string) {
+				wantLines(t, out, `safe wal size\s+[0-9.]+ [KM]iB of max_slot_wal_keep_size 32.0 MiB`)
+			},
+		},
+		{
+			name: "slot lost, json",
+			setup: func(t *testing.T) {
+				setKeep("1MB")
+				for i := 0; i < 20; i++ {
+					var status string
+					for _, sql := range []string{"INSERT INTO w SELECT repeat('x', 1000) FROM generate_series(1, 2000)", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+						if _, err := p.Exec(ctx, sql); err != nil {
+							t.Fatalf("%s: %v", sql, err)
+						}
+					}
+					if err := p.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'st_slot'").Scan(&status); err != nil {
+						t.Fatal(err)
+					}
+					if status == "lost" {
+						return
+					}
+				}
+				t.Fatal("the slot was not lost after 20 WAL switches and checkpoints")
+			},
+			args:     []string{"--json"},
+			wantCode: statusProblem,
+			check: func(t *testing.T, st Status, out string) {
+				if st.WALStatus != "lost" || st.InvalidatedReason != "wal_removed" || len(st.Problems) != 1 || !strings.Contains(st.Problems[0], "invalidated (wal_removed") {
+					t.Errorf("status %+v: want a lost slot, invalidated for wal_removed, as the one problem\n%s", st, out)
+				}
+				if version >= 170000 && st.InvalidationReason != "wal_removed" {
+					t.Errorf("invalidation_reason %q on server %d, want wal_removed", st.InvalidationReason, version)
 				}
 			},
 		},

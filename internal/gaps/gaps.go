@@ -267,6 +267,7 @@ func (c *Checker) Watch(ctx context.Context, db replication.QueryRower) error {
 	if slot.Exists {
 		c.m.SlotRetainedWAL.Set(float64(slot.RetainedWALBytes))
 	}
+	c.m.SetSlotHealth(SlotHealth(slot))
 	f := &Facts{Setup: c.setup, Slot: slot, Coverage: cov, Prev: c.prev}
 	r := Judge(PhaseWatch, f)
 	c.prev.WALStatus = status
@@ -285,10 +286,32 @@ func (c *Checker) Watch(ctx context.Context, db replication.QueryRower) error {
 	return c.report(r, true, true)
 }
 
+// SlotHealth is the slot's health as the metrics export it (a missing slot
+// reports nothing; its wal_status "missing" says it).
+func SlotHealth(s replication.SlotState) metrics.SlotHealth {
+	if !s.Exists {
+		return metrics.SlotHealth{WALKeepSize: -1}
+	}
+	_, reason := s.Invalidated()
+	h := metrics.SlotHealth{
+		SafeWALSize: s.SafeWALSize, WALKeepSize: s.WALKeepSize, Conflicting: s.Conflicting,
+		InvalidReason: reason,
+	}
+	if !s.Active {
+		h.InactiveSince = s.InactiveSince
+	}
+	return h
+}
+
 // StreamError turns an error of the replication stream that is a gap into the
-// error the relay stops with, counted and explained; it returns nil for any
-// other error.
+// error the relay stops with, counted and explained: a dropped publication
+// (*replication.ConfigError) or an invalidated slot (a SlotLost *GapError);
+// it returns nil for any other error.
 func (c *Checker) StreamError(err error) error {
+	if invalid, reason := slotInvalidated(err); invalid {
+		c.m.SlotProblems.WithLabelValues(SlotLost.String()).Inc()
+		return invalidatedWhileStreaming(c.setup.Slot, replication.SlotState{}, reason, "the server says: "+err.Error())
+	}
 	if !publicationDropped(err) {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
@@ -73,12 +74,30 @@ func watchChecks() []Check {
 			if st == was || (was == "" && st == "reserved") {
 				return Finding{}
 			}
-			v := Info
-			if st == "unreserved" || st == "lost" || st == "missing" {
+			v, msg := Info, "replication slot wal_status changed"
+			fields := map[string]any{"wal_status": st, "was": was}
+			if f.Slot.SafeWALSize != nil {
+				fields["safe_wal_size"] = *f.Slot.SafeWALSize
+			}
+			switch st {
+			case "unreserved":
+				v = Alert
+				msg = fmt.Sprintf("replication slot %q has wal_status 'unreserved': it needs more WAL than max_slot_wal_keep_size (%d bytes) keeps, "+
+					"and Postgres removes that WAL at its next checkpoint unless the relay catches up first; the slot is then lost and the relay stops. "+
+					"Buy time now if pg_wal's disk allows: ALTER SYSTEM SET max_slot_wal_keep_size = '<larger>'; SELECT pg_reload_conf();",
+					f.Setup.Slot, f.Slot.WALKeepSize)
+			case "lost", "missing":
 				v = Alert
 			}
-			return Finding{Verdict: v, Msg: "replication slot wal_status changed",
-				Fields: map[string]any{"wal_status": st, "was": was}}
+			return Finding{Verdict: v, Msg: msg, Fields: fields}
+		}},
+		{SlotLost.String(), func(f *Facts) Finding {
+			invalid, reason := f.Slot.Invalidated()
+			if !invalid {
+				return Finding{}
+			}
+			return fatal(invalidatedWhileStreaming(f.Setup.Slot, f.Slot, reason,
+				fmt.Sprintf("%s, confirmed at %s", invalidDesc(f.Slot, reason), f.Slot.ConfirmedFlush)))
 		}},
 		{CheckTableDropped, func(f *Facts) Finding {
 			if f.Coverage.TableOID != 0 {
@@ -131,6 +150,47 @@ func watchChecks() []Check {
 				Fields: map[string]any{"table": table}}
 		}},
 	}
+}
+
+// invalidatedWhileStreaming is the gap a running relay stops with when
+// Postgres invalidated its slot (reason as SlotState.Invalidated names it, ""
+// when unknown; seen says what showed it).
+func invalidatedWhileStreaming(slot string, s replication.SlotState, reason, seen string) *GapError {
+	return gap(SlotLost, slot, checkpoint.Checkpoint{}, s,
+		"replication slot %q was invalidated while the relay was streaming (%s): %s. "+
+			"The relay stops: it cannot stream from this slot again, and events committed after the last stored checkpoint "+
+			"that are not in Kafka yet cannot be streamed. "+
+			"To recover, either restart with backfilling on "+setting.Token("Backfill")+" (the relay drops the slot, creates a new one "+
+			"and republishes the outbox rows created since the stored checkpoint), or by hand: "+
+			"drop the slot with %s, delete the checkpoint with %s, restart the relay, which creates a new slot, "+
+			"and replay the rows committed since the stored checkpoint (`cdc-relay status` shows it) with `cdc-relay replay --since <its time>`. %s",
+		slot, seen, invalidCause(reason), dropSlotSQL(slot), deleteSQL(slot), invalidPrevent(reason))
+}
+
+// slotInvalidated reports whether err is the walsender's refusal to stream
+// an invalidated slot, and the invalidation reason its detail names ("" when
+// none). Every supported version answers SQLSTATE 55000 with a detail that
+// says the slot "has been invalidated" (the message differs: "cannot read
+// from logical replication slot" on 13-15, "can no longer get changes from
+// replication slot" on 16-17, "can no longer access replication slot" on 18).
+func slotInvalidated(err error) (bool, string) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !strings.Contains(pgErr.Detail, "invalidated") {
+		return false, ""
+	}
+	d := pgErr.Detail
+	for _, r := range []string{"wal_removed", "rows_removed", "wal_level_insufficient", "idle_timeout"} {
+		if strings.Contains(d, r) {
+			return true, r
+		}
+	}
+	switch {
+	case strings.Contains(d, "maximum reserved size"): // 13-16
+		return true, "wal_removed"
+	case strings.Contains(d, "conflicting with recovery"): // 16
+		return true, "conflict"
+	}
+	return true, ""
 }
 
 // walStatus is the slot's wal_status, "missing" when it does not exist.

@@ -182,18 +182,17 @@ func slotChecks() []Check {
 		}},
 		{SlotLost.String(), func(f *Facts) Finding {
 			s := f.Slot
-			if !s.Exists || s.WALStatus != "lost" {
+			invalid, reason := s.Invalidated()
+			if !invalid {
 				return Finding{}
 			}
 			storedAt, lost := lostAfter(f)
 			slot := f.Setup.Slot
 			return fatal(gap(SlotLost, slot, f.Stored, s,
-				"replication slot %q has wal_status 'lost' (confirmed at %s, %s): Postgres removed WAL "+
-					"the slot still needed because it fell further behind than max_slot_wal_keep_size allows. %s "+
-					"To continue, drop the slot with %s%s and restart the relay, which creates a new one. "+
-					"To keep it from recurring, keep the relay running or raise the limit: "+
-					"ALTER SYSTEM SET max_slot_wal_keep_size = '<size>'; SELECT pg_reload_conf();",
-				slot, s.ConfirmedFlush, storedAt, lost, dropSlotSQL(slot), deleteIf(f.HaveStored, slot)))
+				"replication slot %q is invalidated (%s; confirmed at %s, %s): %s. %s "+
+					"To continue, drop the slot with %s%s and restart the relay, which creates a new one. %s",
+				slot, invalidDesc(s, reason), s.ConfirmedFlush, storedAt, invalidCause(reason), lost,
+				dropSlotSQL(slot), deleteIf(f.HaveStored, slot), invalidPrevent(reason)))
 		}},
 		{SlotAhead.String(), func(f *Facts) Finding {
 			stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
@@ -253,6 +252,57 @@ func Reconcile(slot, systemID string, stored checkpoint.Checkpoint, haveStored b
 		warnings = append(warnings, n.Msg)
 	}
 	return warnings, nil
+}
+
+// invalidDesc names what pg_replication_slots shows of an invalidated slot.
+func invalidDesc(s replication.SlotState, reason string) string {
+	parts := []string{"wal_status '" + s.WALStatus + "'"}
+	if s.InvalidationReason != "" {
+		parts = append(parts, "invalidation_reason '"+s.InvalidationReason+"'")
+	}
+	if s.Conflicting != nil && *s.Conflicting {
+		parts = append(parts, "conflicting")
+	}
+	if s.WALStatus == "" {
+		parts = parts[1:]
+	}
+	if len(parts) == 0 {
+		return reason
+	}
+	return strings.Join(parts, ", ")
+}
+
+// invalidCause explains an invalidation reason (Invalidated's).
+func invalidCause(reason string) string {
+	switch reason {
+	case "wal_removed":
+		return "Postgres removed WAL the slot still needed because it fell further behind than max_slot_wal_keep_size allows"
+	case "rows_removed", "conflict":
+		return "the slot is on a standby and the primary removed catalog rows it still needed (a conflict with recovery; hot_standby_feedback off, or no physical slot between them)"
+	case "wal_level_insufficient":
+		return "wal_level on the primary was lowered below logical"
+	case "idle_timeout":
+		return "the slot was inactive for longer than idle_replication_slot_timeout"
+	}
+	if reason == "" {
+		return "Postgres invalidated it"
+	}
+	return "Postgres invalidated it (" + reason + ")"
+}
+
+// invalidPrevent says how to keep an invalidation from recurring.
+func invalidPrevent(reason string) string {
+	switch reason {
+	case "rows_removed", "conflict":
+		return "To keep it from recurring, set hot_standby_feedback = on on the standby and use a physical replication slot between primary and standby."
+	case "wal_level_insufficient":
+		return "Keep wal_level = logical on the primary."
+	case "idle_timeout":
+		return "To keep it from recurring, keep the relay running or raise idle_replication_slot_timeout."
+	}
+	return "To keep it from recurring, keep the relay running or raise the limit: " +
+		"ALTER SYSTEM SET max_slot_wal_keep_size = '<size>'; SELECT pg_reload_conf(); " +
+		"and alert on cdc_relay_slot_safe_wal_size_bytes (deploy/prometheus/alerts.yml)."
 }
 
 // lostAfter describes the stored checkpoint and what a slot the relay cannot

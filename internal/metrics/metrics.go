@@ -41,6 +41,53 @@ func (m *Metrics) SetWALStatus(status string) {
 	}
 }
 
+// SlotHealth is what pg_replication_slots says of the slot's health beyond
+// wal_status, as SetSlotHealth exports it; the zero value (nil pointers, ""
+// and zero time) is "the server does not say".
+type SlotHealth struct {
+	// SafeWALSize is safe_wal_size: WAL that may still be written before the
+	// slot needs more than max_slot_wal_keep_size keeps; nil without a limit.
+	SafeWALSize *int64
+	// WALKeepSize is max_slot_wal_keep_size in bytes, -1 when off.
+	WALKeepSize int64
+	// Conflicting is conflicting (PostgreSQL 16+); nil below.
+	Conflicting *bool
+	// InvalidReason is why Postgres invalidated the slot, "" while valid.
+	InvalidReason string
+	// InactiveSince is inactive_since (17+); zero while in use or below 17.
+	InactiveSince time.Time
+}
+
+// SetSlotHealth exports h. A fact the server does not report (a column its
+// version lacks, no WAL limit, a slot in use) has no series, rather than a
+// value that would look like a measurement; the invalidation reason is one
+// series set to 1 while the slot is invalidated, none while it is valid.
+func (m *Metrics) SetSlotHealth(h SlotHealth) {
+	set := func(g *prometheus.GaugeVec, ok bool, v float64) {
+		if !ok {
+			g.Reset()
+			return
+		}
+		g.WithLabelValues().Set(v)
+	}
+	var safe float64
+	if h.SafeWALSize != nil {
+		safe = float64(*h.SafeWALSize)
+	}
+	set(m.SlotSafeWALSize, h.SafeWALSize != nil, safe)
+	set(m.SlotWALKeepSize, h.WALKeepSize >= 0, float64(h.WALKeepSize))
+	conflicting := 0.0
+	if h.Conflicting != nil && *h.Conflicting {
+		conflicting = 1
+	}
+	set(m.SlotConflicting, h.Conflicting != nil, conflicting)
+	set(m.SlotInactiveSince, !h.InactiveSince.IsZero(), float64(h.InactiveSince.UnixNano())/1e9)
+	m.SlotInvalidated.Reset()
+	if h.InvalidReason != "" {
+		m.SlotInvalidated.WithLabelValues(h.InvalidReason).Set(1)
+	}
+}
+
 // Metrics holds the relay's collectors. Components that are not given one use
 // Discard().
 type Metrics struct {
@@ -91,7 +138,14 @@ type Metrics struct {
 	BackfilledEvents  *prometheus.CounterVec // by kind of slot loss
 	CircuitState      prometheus.Gauge       // 0 closed, 1 open, 2 half-open
 	SlotRetainedWAL   prometheus.Gauge
-	SlotWALStatus     *prometheus.GaugeVec   // by status, 1 for the current one
+	SlotWALStatus     *prometheus.GaugeVec // by status, 1 for the current one
+	// SlotSafeWALSize, SlotWALKeepSize, SlotConflicting, SlotInactiveSince
+	// (no labels) and SlotInvalidated (by reason) are set by SetSlotHealth.
+	SlotSafeWALSize   *prometheus.GaugeVec
+	SlotWALKeepSize   *prometheus.GaugeVec
+	SlotConflicting   *prometheus.GaugeVec
+	SlotInactiveSince *prometheus.GaugeVec
+	SlotInvalidated   *prometheus.GaugeVec
 	Heartbeats        *prometheus.CounterVec // by result
 	DeadLetters       *prometheus.CounterVec // by code
 	DeadLetterBacklog prometheus.Gauge
@@ -239,7 +293,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SlotProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "slot_problems_total",
-			Help: "Gaps that stop the relay, by the check that found them (internal/gaps): slot/checkpoint mismatches at start (slot missing, lost, ahead, system changed), a publication that no longer covers the outbox table.",
+			Help: "Gaps that stop the relay, by the check that found them (internal/gaps): slot/checkpoint mismatches at start (slot missing, lost, ahead, system changed), a slot invalidated while streaming (slot_lost), a publication that no longer covers the outbox table.",
 		}, []string{"kind"}),
 		BackfilledEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "backfilled_events_total",
@@ -257,6 +311,26 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "slot_wal_status",
 			Help: "1 for the slot's wal_status (reserved, extended, unreserved, lost; missing when the slot is gone).",
 		}, []string{"status"}),
+		SlotSafeWALSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_safe_wal_size_bytes",
+			Help: "pg_replication_slots.safe_wal_size: WAL the server may still write before the slot needs more than max_slot_wal_keep_size keeps (negative past it, wal_status unreserved); absent without a limit.",
+		}, nil),
+		SlotWALKeepSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_wal_keep_size_bytes",
+			Help: "The server's max_slot_wal_keep_size in bytes; absent when it is -1 (no limit).",
+		}, nil),
+		SlotConflicting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_conflicting",
+			Help: "pg_replication_slots.conflicting: 1 when the logical slot was invalidated by a conflict with recovery on a standby; absent below PostgreSQL 16.",
+		}, nil),
+		SlotInactiveSince: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_inactive_since_timestamp_seconds",
+			Help: "pg_replication_slots.inactive_since as a Unix time: when the slot was last released; absent while it is in use and below PostgreSQL 17.",
+		}, nil),
+		SlotInvalidated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "slot_invalidated",
+			Help: "1 while Postgres has invalidated the slot, by reason (invalidation_reason on 17+: wal_removed, rows_removed, wal_level_insufficient, idle_timeout; wal_removed for wal_status lost and conflict for conflicting before); no series while the slot is valid.",
+		}, []string{"reason"}),
 		Heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "heartbeats_total",
 			Help: "Heartbeat writes (pg_logical_emit_message) to keep an idle database's slot moving, by result.",
@@ -319,7 +393,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
 		m.DeadLettersDead, m.Replays, m.ReplayHistoryEvents,
-		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates,
+		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
+		m.SlotSafeWALSize, m.SlotWALKeepSize, m.SlotConflicting, m.SlotInactiveSince, m.SlotInvalidated, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates,
 		m.OldestUnrelayedAge, m.OutboxWait,
 	)
 	for _, s := range States {

@@ -12,6 +12,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
@@ -80,12 +81,16 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			if gap := r.gaps.StreamError(err); gap != nil {
 				err = gap
 			}
-			if errors.As(err, new(*replication.ConfigError)) {
-				// Nor when the publication no longer streams the outbox (a gap check).
+			if errors.As(err, new(*replication.ConfigError)) || errors.As(err, new(*gaps.GapError)) {
+				// Nor when the publication no longer streams the outbox, or the
+				// slot was invalidated (gap checks).
 				s.Close(context.Background())
 				return r.finish(nil, ck, err)
 			}
 			s.Close(context.Background())
+		} else if gap := r.gaps.StreamError(err); gap != nil {
+			// START_REPLICATION refused for good (an invalidated slot).
+			return r.finish(nil, ck, gap)
 		}
 		if ctx.Err() != nil {
 			return r.finish(nil, ck, nil)
@@ -113,8 +118,17 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			// Poll a held slot quickly, so a standby takes over within seconds.
 			retry = backoff.Policy{Base: 500 * time.Millisecond, Cap: 2 * time.Second}
 		}
-		if err := retry.Sleep(ctx, attempt); err != nil {
+		// A gap the monitor found while no stream runs (an invalidated slot
+		// refuses every reconnect) stops the relay, as it does a stream.
+		wait := time.NewTimer(retry.Delay(attempt))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
 			return r.finish(nil, ck, nil)
+		case err := <-r.fatal:
+			wait.Stop()
+			return r.finish(nil, ck, err)
+		case <-wait.C:
 		}
 	}
 }

@@ -157,7 +157,10 @@ type QueryRower interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// SlotState is a replication slot as pg_replication_slots shows it.
+// SlotState is a replication slot as pg_replication_slots shows it. The
+// health columns differ by server version (ReadSlot chooses them by
+// server_version_num); a column the server does not have leaves its field at
+// its zero value, nil for the pointers.
 type SlotState struct {
 	Exists         bool
 	Plugin         string // output plugin; the relay needs "pgoutput"
@@ -170,28 +173,92 @@ type SlotState struct {
 	// pg_current_wal_lsn() - restart_lsn, the WAL the server keeps for the slot.
 	LagBytes         int64
 	RetainedWALBytes int64
+	// WALKeepSize is the server's max_slot_wal_keep_size in bytes, -1 when
+	// the limit is off (slots keep WAL without bound).
+	WALKeepSize int64
+	// SafeWALSize is safe_wal_size (13+): the WAL that can still be written
+	// before the slot needs more than max_slot_wal_keep_size keeps, negative
+	// once it does; nil when the limit is off (-1) or the slot is lost.
+	SafeWALSize *int64
+	// Conflicting is conflicting (16+): a logical slot invalidated by a
+	// conflict with recovery on a standby (rows removed on the primary,
+	// wal_level lowered); nil below 16.
+	Conflicting *bool
+	// InvalidationReason is invalidation_reason (17+): why Postgres
+	// invalidated the slot (wal_removed, rows_removed,
+	// wal_level_insufficient, idle_timeout), "" while it is valid or below 17.
+	InvalidationReason string
+	// InactiveSince is inactive_since (17+): when the slot was last released
+	// by its consumer; zero while in use or below 17.
+	InactiveSince time.Time
 }
 
-// ReadSlot reads the slot's state from pg_replication_slots. A missing slot is
-// not an error: the state says Exists false.
+// Invalidated reports whether Postgres invalidated the slot, so that it can
+// never be streamed again, and why: invalidation_reason on 17+;
+// "wal_removed" for wal_status lost; "conflict" for conflicting on 16 (which
+// names no reason).
+func (s SlotState) Invalidated() (bool, string) {
+	switch {
+	case !s.Exists:
+		return false, ""
+	case s.InvalidationReason != "":
+		return true, s.InvalidationReason
+	case s.Conflicting != nil && *s.Conflicting: // 16 shows such a slot lost too
+		return true, "conflict"
+	case s.WALStatus == "lost":
+		return true, "wal_removed"
+	}
+	return false, ""
+}
+
+// The server versions (server_version_num) that added slot columns ReadSlot
+// reads.
+const (
+	versionConflicting  = 160000 // pg_replication_slots.conflicting
+	versionInvalidation = 170000 // invalidation_reason, inactive_since
+)
+
+// ReadSlot reads the slot's state from pg_replication_slots, with the columns
+// the server's version has. A missing slot is not an error: the state says
+// Exists false.
 func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error) {
 	var s SlotState
+	var version int
+	var keep int64
+	if err := db.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, pg_size_bytes(current_setting('max_slot_wal_keep_size'))").Scan(&version, &keep); err != nil {
+		return s, fmt.Errorf("read replication slot %q: read the server version and max_slot_wal_keep_size: %w", slot, err)
+	}
 	var plugin, database, walStatus *string
 	var pid *int32
 	var confirmed *string
 	var lag, retained *int64
-	err := db.QueryRow(ctx, `SELECT plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status,
-			(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&plugin, &database, &s.Active, &pid, &confirmed, &walStatus, &lag, &retained)
+	var conflicting *bool
+	var reason *string
+	var inactiveSince *time.Time
+	cols := `plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status,
+			(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint, safe_wal_size`
+	dest := []any{&plugin, &database, &s.Active, &pid, &confirmed, &walStatus, &lag, &retained, &s.SafeWALSize}
+	if version >= versionConflicting {
+		cols += ", conflicting"
+		dest = append(dest, &conflicting)
+	}
+	if version >= versionInvalidation {
+		cols += ", invalidation_reason, inactive_since"
+		dest = append(dest, &reason, &inactiveSince)
+	}
+	err := db.QueryRow(ctx, "SELECT "+cols+" FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
 	if err != nil {
 		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
-	s.Exists = true
+	s.Exists, s.WALKeepSize = true, keep
 	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(database), deref(walStatus)
+	s.Conflicting, s.InvalidationReason = conflicting, deref(reason)
+	if inactiveSince != nil {
+		s.InactiveSince = *inactiveSince
+	}
 	if pid != nil {
 		s.ActivePID = int(*pid)
 	}
