@@ -45,15 +45,28 @@ func publicationChecks() []Check {
 				f.Setup.Publication, pubIdent(f))})
 		}},
 		{CheckTableCovered, func(f *Facts) Finding {
-			if f.Coverage.PubAllTables || f.Coverage.Covered {
+			if f.Coverage.Covered {
 				return Finding{}
 			}
 			table := f.Setup.QualifiedTable()
+			if f.Coverage.Partitioned {
+				return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover partitions %s of the partitioned outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s; (it then publishes every partition, those created or attached later too)",
+					f.Setup.Publication, strings.Join(f.Coverage.Uncovered, ", "), table, pubIdent(f), table)})
+			}
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;",
 				f.Setup.Publication, table, pubIdent(f), table)})
 		}},
 	}
 }
+
+// A partitioned outbox table is covered when every leaf partition is: the
+// publication lists it, or one of its ancestors (replication.ReadCoverage).
+// A publication that includes the table itself covers every partition,
+// present and future, through the root (publish_via_partition_root) or
+// under their own names. One that lists partitions one by one does not
+// cover a partition created or attached later: the start-up check refuses
+// such a state, and the watch is loud when it arises while streaming
+// (CheckTableCovered), since Postgres never streams that partition's inserts.
 
 // watchChecks judge, every monitor interval, the slot's WAL status and
 // whether the publication still publishes the outbox table's INSERTs
@@ -106,6 +119,10 @@ func watchChecks() []Check {
 				return Finding{}
 			}
 			table := f.Setup.QualifiedTable()
+			if f.Coverage.Partitioned {
+				return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover partitions %s of the partitioned outbox table %s (created, attached or removed from it while the relay was streaming); Postgres will never stream the inserts into them committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; (it then publishes every partition, later ones too) and restart the relay; %s",
+					f.Setup.Publication, strings.Join(f.Coverage.Uncovered, ", "), table, pubIdent(f), table, replaySince(f))})
+			}
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q no longer covers the outbox table %s; Postgres will never stream the inserts committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; and restart the relay; %s",
 				f.Setup.Publication, table, pubIdent(f), table, replaySince(f))})
 		}},
