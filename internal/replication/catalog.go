@@ -54,6 +54,18 @@ const maxUncovered = 20
 // ancestors (pg_partition_ancestors, PostgreSQL 12+): the view lists the
 // root under publish_via_partition_root and the leaves otherwise.
 func ReadCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage, error) {
+	c, err := readCoverage(ctx, db, cfg)
+	if err == nil && !c.Covered && c.TableOID != 0 {
+		// The query mixes the statement's snapshot (pg_class) with the
+		// catalog caches (to_regclass, pg_publication_tables), which see DDL
+		// that commits while it runs: a table dropped meanwhile can look
+		// present and uncovered. A second read sees the DDL throughout.
+		return readCoverage(ctx, db, cfg)
+	}
+	return c, err
+}
+
+func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage, error) {
 	var (
 		c                Coverage
 		tableOID, relOID *uint32
