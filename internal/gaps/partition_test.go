@@ -27,6 +27,7 @@ func TestCheckerPartitioned(t *testing.T) {
 		change    string
 		wantStart string   // fatal check at start; "" for none
 		wantWatch string   // fatal check of the second watch round; "" for none
+		wantWarn  bool     // the start-up warning about partitions listed one by one
 		want      []string // substrings of the error
 	}{
 		{
@@ -41,10 +42,16 @@ func TestCheckerPartitioned(t *testing.T) {
 		},
 		{name: "all tables", pub: "FOR ALL TABLES"},
 		{
+			name:   "the schema",
+			pub:    "FOR TABLES IN SCHEMA p",
+			change: "CREATE TABLE p.outbox_2026 PARTITION OF p.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
+		},
+		{
 			name:      "every partition listed, one created later",
 			pub:       "FOR TABLE p.outbox_2024, p.outbox_2025, p.outbox_default",
 			change:    "CREATE TABLE p.outbox_2026 PARTITION OF p.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
 			wantWatch: gaps.CheckTableCovered,
+			wantWarn:  true,
 			want:      []string{"does not cover partitions p.outbox_2026 of the partitioned outbox table", `ADD TABLE "p"."outbox_events";`, "cdc-relay replay --since"},
 		},
 		{
@@ -71,7 +78,7 @@ func TestCheckerPartitioned(t *testing.T) {
 			e.exec(t, e.poolA, "CREATE PUBLICATION "+pub+" "+tt.pub)
 			t.Cleanup(func() { _, _ = e.poolA.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pub) })
 			setup := replication.SetupConfig{Slot: "no_such_slot", Publication: pub, Schema: "p", Table: "outbox_events"}
-			c, m, _ := newChecker(setup)
+			c, m, logs := newChecker(setup)
 			err := c.Publication(t.Context(), e.poolA)
 			if tt.wantStart != "" {
 				if err == nil || !errors.As(err, new(*replication.ConfigError)) {
@@ -89,6 +96,9 @@ func TestCheckerPartitioned(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("Publication: %v", err)
+			}
+			if warned := strings.Contains(logs.String(), "lists the partitions of the outbox table"); warned != tt.wantWarn {
+				t.Errorf("warned about partitions listed one by one: %v, want %v; logs:\n%s", warned, tt.wantWarn, logs)
 			}
 			if err := c.Watch(t.Context(), e.poolA); err != nil {
 				t.Fatalf("first watch round: %v", err)

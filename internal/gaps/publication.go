@@ -23,6 +23,9 @@ const (
 	CheckTableRecreated     = "table_recreated"
 	CheckTableReadded       = "table_readded"
 	CheckWALStatus          = "wal_status"
+	// CheckPartitionsListed warns at start about a publication that lists a
+	// partitioned outbox table's partitions one by one.
+	CheckPartitionsListed = "partitions_listed"
 )
 
 // publicationChecks judge, at start, whether the publication (which exists:
@@ -55,6 +58,16 @@ func publicationChecks() []Check {
 			}
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;",
 				f.Setup.Publication, table, pubIdent(f), table)})
+		}},
+		{CheckPartitionsListed, func(f *Facts) Finding {
+			if !f.Coverage.Partitioned || f.Coverage.RootPublished {
+				return Finding{}
+			}
+			table := f.Setup.QualifiedTable()
+			return Finding{Verdict: Warn,
+				Msg: fmt.Sprintf("publication %q lists the partitions of the outbox table %s one by one: a partition created or attached later is not published until it is added, and the relay stops when that happens; to publish every partition, later ones too, run ALTER PUBLICATION %s ADD TABLE %s;",
+					f.Setup.Publication, table, pubIdent(f), table),
+				Fields: map[string]any{"table": table}}
 		}},
 	}
 }

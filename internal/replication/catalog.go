@@ -36,6 +36,11 @@ type Coverage struct {
 	// table itself, or leaf partitions that neither pg_publication_tables
 	// nor any of their ancestors there list. At most maxUncovered.
 	Uncovered []string
+	// RootPublished: the publication includes the table itself (FOR TABLE,
+	// FOR ALL TABLES, or on 15+ TABLES IN SCHEMA of its schema), so it also
+	// streams partitions created or attached later. False for a publication
+	// that lists a partitioned table's partitions one by one.
+	RootPublished bool
 	// Covered: the publication streams the inserts into every relation
 	// holding the table's rows (Uncovered is empty and the table exists).
 	Covered bool
@@ -69,7 +74,7 @@ func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage
 	var (
 		c                Coverage
 		tableOID, relOID *uint32
-		leaves           int32
+		leaves, version  int32
 	)
 	err := db.QueryRow(ctx, `WITH tab AS (SELECT to_regclass($1)::oid AS oid),
 	leaves AS (
@@ -89,10 +94,13 @@ func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage
 		coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = tab.oid), false),
 		(SELECT count(*)::int4 FROM leaves),
 		(SELECT coalesce(array_agg(relid::regclass::text ORDER BY relid::regclass::text), '{}') FROM (SELECT relid FROM uncovered LIMIT `+fmt.Sprint(maxUncovered)+`) u),
-		(SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = tab.oid)
+		(SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = tab.oid),
+		coalesce(p.puballtables, false) OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid
+			AND (r.prrelid = tab.oid OR r.prrelid IN (SELECT a.relid FROM pg_partition_ancestors(tab.oid) a))),
+		current_setting('server_version_num')::int4
 	FROM tab LEFT JOIN pg_publication p ON p.pubname = $2`,
 		cfg.QualifiedTable(), cfg.Publication).
-		Scan(&tableOID, &c.PubExists, &c.PubInsert, &c.PubUpdate, &c.PubAllTables, &c.PubViaRoot, &c.Partitioned, &leaves, &c.Uncovered, &relOID)
+		Scan(&tableOID, &c.PubExists, &c.PubInsert, &c.PubUpdate, &c.PubAllTables, &c.PubViaRoot, &c.Partitioned, &leaves, &c.Uncovered, &relOID, &c.RootPublished, &version)
 	if err != nil {
 		return Coverage{}, fmt.Errorf("check publication %q covers %s: %w", cfg.Publication, cfg.QualifiedTable(), err)
 	}
@@ -104,6 +112,15 @@ func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage
 		c.RelOID = *relOID
 	}
 	c.Covered = c.TableOID != 0 && c.PubExists && len(c.Uncovered) == 0
+	if c.PubExists && c.TableOID != 0 && !c.RootPublished && version >= 150000 {
+		// TABLES IN SCHEMA (pg_publication_namespace, 15+).
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_namespace pn
+			JOIN pg_publication p ON p.oid = pn.pnpubid JOIN pg_class c ON c.relnamespace = pn.pnnspid
+			WHERE p.pubname = $1 AND c.oid = $2::oid)`, cfg.Publication, c.TableOID).Scan(&c.RootPublished)
+		if err != nil {
+			return Coverage{}, fmt.Errorf("check publication %q covers the schema of %s: %w", cfg.Publication, cfg.QualifiedTable(), err)
+		}
+	}
 	return c, nil
 }
 
