@@ -13,6 +13,7 @@ package decoder
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -234,8 +235,10 @@ type headerCol struct {
 // outboxRel is the column mapping of the outbox table, computed from its Relation
 // message so that decoding an Insert needs no lookups.
 type outboxRel struct {
-	ok          bool
-	id          uint32
+	ok     bool
+	id     uint32
+	byName bool // the outbox table itself, not a partition
+
 	ncols       int
 	fields      [numFields]int // column index of each required column
 	headers     []int          // column index of each Decoder.headers entry
@@ -270,8 +273,13 @@ type Decoder struct {
 	headers       []headerCol       // sorted by column name, so header order is stable
 
 	known map[uint32]struct{} // every relation id announced since the last Reset
-	out   outboxRel
-	spans []span // scratch, one per column of the outbox table
+	// outs holds the layout of every relation that holds outbox rows: the
+	// table itself, or each of its partitions when they are published under
+	// their own names. out is the one the last insert used.
+	outs   map[uint32]*outboxRel
+	out    *outboxRel
+	member Membership // nil: only the outbox table by name holds outbox rows
+	spans  []span     // scratch, one per column of the widest outbox relation
 
 	contentType     string
 	tracingColumn   string
@@ -320,7 +328,7 @@ func New(cfg Config) (*Decoder, error) {
 	if err := CheckContentType(cfg.ContentType); err != nil {
 		return nil, setting.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
-	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}),
+	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel),
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
 		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType,
 		createdColumn: cfg.CreatedAtColumn}
@@ -347,7 +355,8 @@ func New(cfg Config) (*Decoder, error) {
 // reconnecting: Postgres announces every relation again on a new connection.
 func (d *Decoder) Reset() {
 	clear(d.known)
-	d.out = outboxRel{}
+	clear(d.outs)
+	d.out = nil
 	d.endTxn()
 }
 
@@ -367,6 +376,12 @@ func (d *Decoder) endTxn() {
 // outbox table lacking a configured column (see ErrMissingColumn) are errors; after
 // an error the stream cannot be trusted and the caller should reconnect and Reset.
 func (d *Decoder) Decode(walData []byte) (Message, error) {
+	return d.DecodeContext(context.Background(), walData)
+}
+
+// DecodeContext is Decode with a context for the Membership lookup a
+// Relation message of a relation other than the outbox table may need.
+func (d *Decoder) DecodeContext(ctx context.Context, walData []byte) (Message, error) {
 	if len(walData) == 0 {
 		return Message{}, errors.New("decode pgoutput message: empty message")
 	}
@@ -383,7 +398,7 @@ func (d *Decoder) Decode(walData []byte) (Message, error) {
 	case 'C':
 		m, err = d.commit(body)
 	case 'R':
-		m, err = d.relation(body)
+		m, err = d.relation(ctx, body)
 	case 'U':
 		if err = skipUpdate(body); err == nil {
 			m = d.update(body)
@@ -473,7 +488,7 @@ func (d *Decoder) commit(b []byte) (Message, error) {
 // update reports an Update message, already checked by skipUpdate, as
 // KindUpdate when it changed the outbox table, KindSkip otherwise.
 func (d *Decoder) update(b []byte) Message {
-	if !d.inTxn || !d.out.ok || be32(b) != d.out.id {
+	if _, ok := d.outs[be32(b)]; !d.inTxn || !ok {
 		return Message{Kind: KindSkip}
 	}
 	return Message{Kind: KindUpdate, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}
@@ -482,7 +497,7 @@ func (d *Decoder) update(b []byte) Message {
 // relation decodes Relation: Int32 id, String namespace, String name, Int8 replica
 // identity, Int16 column count, then per column Int8 flags, String name, Int32 type
 // oid, Int32 type modifier.
-func (d *Decoder) relation(b []byte) (Message, error) {
+func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 	r := reader{b: b}
 	id := r.uint32()
 	namespace := r.cstring()
@@ -492,15 +507,32 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 	if r.err != nil {
 		return Message{}, r.err
 	}
-	isOutbox := string(namespace) == d.schema && string(name) == d.table
 	// Any failure below leaves the relation unknown, so its inserts fail loudly
 	// rather than being skipped.
 	delete(d.known, id)
-	if d.out.id == id {
-		d.out = outboxRel{}
+	delete(d.outs, id)
+	if d.out != nil && d.out.id == id {
+		d.out = nil
 	}
+	isOutbox := string(namespace) == d.schema && string(name) == d.table
+	byName, lenient := isOutbox, false // a former partition whose columns do not fit is another table
+	if !isOutbox && d.member != nil {
+		m, err := d.member(ctx, Relation{ID: id, Namespace: string(namespace), Name: string(name)})
+		if err != nil {
+			return Message{}, fmt.Errorf("relation %q.%q: %w", namespace, name, err)
+		}
+		isOutbox, lenient = m != NotMember, m == FormerMember
+	}
+	if isOutbox && lenient {
+		if ok, err := d.fits(b); err != nil {
+			return Message{}, err
+		} else if !ok {
+			isOutbox = false
+		}
+	}
+	relSchema, relTable := string(namespace), string(name)
 
-	rel := outboxRel{ok: true, id: id, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
+	rel := outboxRel{ok: true, id: id, byName: byName, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
 	var types [numFields]uint32
 	var typmods [numFields]int32
 	var verType uint32
@@ -572,14 +604,14 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		for f, col := range rel.fields {
 			if col < 0 {
 				return Message{}, setting.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
-					ErrMissingColumn, d.schema, d.table, d.columns[f], notReplicated)
+					ErrMissingColumn, relSchema, relTable, d.columns[f], notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
 				return Message{}, setting.Errorf(fieldHeaderColumns, "%w: table %q.%q has no column %q named in the header columns (%s): fix them or the table",
-					ErrMissingColumn, d.schema, d.table, d.headers[h].column, notReplicated)
+					ErrMissingColumn, relSchema, relTable, d.headers[h].column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
@@ -589,27 +621,27 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		if d.timestampColumn != "" {
 			if rel.tsCol < 0 {
 				return Message{}, setting.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
-					ErrMissingColumn, d.schema, d.table, d.timestampColumn, notReplicated)
+					ErrMissingColumn, relSchema, relTable, d.timestampColumn, notReplicated)
 			}
 			if err := CheckTimestampType(rel.tsType); err != nil {
-				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", d.schema, d.table, d.timestampColumn, err)
+				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", relSchema, relTable, d.timestampColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.tsCol)
 		}
 		if d.partitionColumn != "" {
 			if rel.partCol < 0 {
 				return Message{}, setting.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
-					ErrMissingColumn, d.schema, d.table, d.partitionColumn, notReplicated)
+					ErrMissingColumn, relSchema, relTable, d.partitionColumn, notReplicated)
 			}
 			if err := CheckPartitionType(partType); err != nil {
-				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", d.schema, d.table, d.partitionColumn, err)
+				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", relSchema, relTable, d.partitionColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.partCol)
 		}
 		for i, col := range rel.envCols {
 			if col < 0 {
 				return Message{}, setting.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
-					ErrMissingColumn, d.schema, d.table, d.envelope[i].Column, notReplicated)
+					ErrMissingColumn, relSchema, relTable, d.envelope[i].Column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
@@ -619,7 +651,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		if d.versionColumn != "" {
 			if rel.verCol < 0 {
 				return Message{}, setting.Errorf(fieldVersion, "%w: table %q.%q has no schema version column %q (%s): fix it or the table",
-					ErrMissingColumn, d.schema, d.table, d.versionColumn, notReplicated)
+					ErrMissingColumn, relSchema, relTable, d.versionColumn, notReplicated)
 			}
 			rel.keep = append(rel.keep, rel.verCol)
 		}
@@ -641,7 +673,7 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 			}
 			enc, err := connectjson.New(d.json, l)
 			if err != nil {
-				return Message{}, setting.Errorf(fieldJSON, "table %q.%q: %w", d.schema, d.table, err)
+				return Message{}, setting.Errorf(fieldJSON, "table %q.%q: %w", relSchema, relTable, err)
 			}
 			rel.json = enc
 		}
@@ -652,15 +684,89 @@ func (d *Decoder) relation(b []byte) (Message, error) {
 		rel.format.shared = len(slices.Compact(slices.Sorted(slices.Values(rel.keep)))) < len(rel.keep)
 		slices.Sort(rel.keep)
 		rel.keep = slices.Compact(rel.keep)
-		d.out = rel
+		if byName {
+			// The outbox table under a new id (dropped and recreated): the old
+			// id is another table now.
+			for old, o := range d.outs {
+				if o.byName {
+					delete(d.outs, old)
+				}
+			}
+			if d.out != nil && d.out.byName {
+				d.out = nil
+			}
+		}
+		d.outs[id] = &rel
 		if cap(d.spans) < ncols {
 			d.spans = make([]span, ncols)
 		}
-		d.spans = d.spans[:ncols]
 	}
 	d.known[id] = struct{}{}
 	return Message{Kind: KindRelation}, nil
 }
+
+// fits reports whether the Relation message body b has every required
+// outbox column.
+func (d *Decoder) fits(b []byte) (bool, error) {
+	r := reader{b: b}
+	r.uint32()
+	r.cstring()
+	r.cstring()
+	r.skip(1)
+	ncols := int(r.uint16())
+	var found [numFields]bool
+	for range ncols {
+		r.skip(1)
+		colName := r.cstring()
+		r.skip(8)
+		for f, want := range d.columns {
+			if string(colName) == want {
+				found[f] = true
+			}
+		}
+	}
+	if r.err != nil {
+		return false, r.err
+	}
+	return !slices.Contains(found[:], false), nil
+}
+
+// Relation is a relation a Relation message announces.
+type Relation struct {
+	ID              uint32 // the relation's OID
+	Namespace, Name string
+}
+
+// Member says whether a relation holds rows of the outbox table.
+type Member uint8
+
+// The answers of a Membership.
+const (
+	// NotMember: another table; its changes are skipped.
+	NotMember Member = iota
+	// IsMember: a partition of the outbox table, published under its own
+	// name; its inserts are outbox events.
+	IsMember
+	// FormerMember: a relation that is no longer (or no longer known as) a
+	// partition of the outbox table but was one when its changes in the
+	// stream were written (detached or dropped since, and not published on
+	// its own). Its inserts are outbox events when it has the outbox
+	// columns; without them it is another table, skipped.
+	FormerMember
+)
+
+// Membership answers, for a relation a Relation message announces under a
+// name other than the outbox table's, whether it holds outbox rows. It is
+// called once per Relation message (on connect and after the relation
+// changed), never per insert, so it may read the catalog.
+type Membership func(ctx context.Context, rel Relation) (Member, error)
+
+// SetMembership sets how relations other than the outbox table by name are
+// judged (nil: never outbox rows). It applies from the next Relation
+// message. A partitioned outbox table published through its root
+// (publish_via_partition_root) needs none: Postgres announces its changes as
+// the root's.
+func (d *Decoder) SetMembership(m Membership) { d.member = m }
 
 // inlineHeaders is how many headers an event can carry without a third allocation.
 const inlineHeaders = 4
@@ -682,21 +788,25 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 		return Message{}, errors.New("insert outside a transaction")
 	}
 	id := be32(b)
-	if !d.out.ok || id != d.out.id {
-		if _, ok := d.known[id]; !ok {
-			return Message{}, fmt.Errorf("insert into unknown relation %d: no relation message since the start or the last Reset", id)
+	out := d.out
+	if out == nil || id != out.id {
+		if out = d.outs[id]; out == nil {
+			if _, ok := d.known[id]; !ok {
+				return Message{}, fmt.Errorf("insert into unknown relation %d: no relation message since the start or the last Reset", id)
+			}
+			return Message{Kind: KindSkip}, nil
 		}
-		return Message{Kind: KindSkip}, nil
+		d.out = out
 	}
 	if b[4] != 'N' {
 		return Message{}, fmt.Errorf("tuple type %q, want 'N'", b[4])
 	}
-	if n := int(be16(b[5:])); n != d.out.ncols {
-		return Message{}, fmt.Errorf("tuple has %d columns, relation %d announced %d", n, id, d.out.ncols)
+	if n := int(be16(b[5:])); n != out.ncols {
+		return Message{}, fmt.Errorf("tuple has %d columns, relation %d announced %d", n, id, out.ncols)
 	}
 
 	// First pass: validate the tuple and locate every value.
-	spans := d.spans
+	spans := d.spans[:out.ncols]
 	p := 7
 	for i := range spans {
 		if p >= len(b) {
@@ -729,11 +839,11 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	}
 
 	// Second pass: copy the kept values into one buffer.
-	buf := keptValues(&d.pool, b, spans, d.out.keep)
+	buf := keptValues(&d.pool, b, spans, out.keep)
 
 	var ev *outbox.Event
 	var hdr []outbox.Header
-	switch nh := len(d.headers) + d.out.format.extraHeaders(); {
+	switch nh := len(d.headers) + out.format.extraHeaders(); {
 	case nh == 0:
 		ev = new(outbox.Event)
 	case nh <= inlineHeaders:
@@ -743,75 +853,75 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 		ev = new(outbox.Event)
 		hdr = make([]outbox.Header, 0, nh)
 	}
-	f := &d.out.fields
+	f := &out.fields
 	ev.Values = buf
 	ev.ID = value(buf, spans[f[fieldID]])
 	ev.AggregateType = value(buf, spans[f[fieldAggregateType]])
 	ev.AggregateID = value(buf, spans[f[fieldAggregateID]])
 	ev.EventType = value(buf, spans[f[fieldEventType]])
 	ev.Payload = value(buf, spans[f[fieldPayload]])
-	for h, col := range d.out.headers {
+	for h, col := range out.headers {
 		if s := spans[col]; !s.null {
 			hdr = append(hdr, outbox.Header{Key: d.headers[h].key, Value: value(buf, s)})
 		}
 	}
 	ev.Headers = hdr
 	var trace []byte
-	if d.out.tracing >= 0 {
-		trace = value(buf, spans[d.out.tracing])
+	if out.tracing >= 0 {
+		trace = value(buf, spans[out.tracing])
 	}
-	badTrace, err := d.out.format.Apply(ev, trace)
+	badTrace, err := out.format.Apply(ev, trace)
 	if err != nil {
 		return Message{}, err
 	}
-	if d.out.tsCol >= 0 {
-		if s := spans[d.out.tsCol]; !s.null {
-			if ev.Timestamp, err = ParseTimestamp(d.out.tsType, value(buf, s)); err != nil {
+	if out.tsCol >= 0 {
+		if s := spans[out.tsCol]; !s.null {
+			if ev.Timestamp, err = ParseTimestamp(out.tsType, value(buf, s)); err != nil {
 				return Message{}, err
 			}
 		}
 	}
 	switch {
-	case d.out.json != nil:
-		vals := make([][]byte, len(d.out.envCols))
-		for i, col := range d.out.envCols {
+	case out.json != nil:
+		vals := make([][]byte, len(out.envCols))
+		for i, col := range out.envCols {
 			vals[i] = value(buf, spans[col])
-			if d.out.envTypes[i] == TypeBytea && vals[i] != nil {
+			if out.envTypes[i] == TypeBytea && vals[i] != nil {
 				if vals[i], err = DecodeBytea(bytes.Clone(vals[i])); err != nil {
 					return Message{}, fmt.Errorf("envelope column %q: %w", d.envelope[i].Column, err)
 				}
 			}
 		}
 		var version []byte
-		if d.out.verCol >= 0 {
-			version = value(buf, spans[d.out.verCol])
+		if out.verCol >= 0 {
+			version = value(buf, spans[out.verCol])
 		}
 		routedBy := ev.AggregateType
 		if d.routeByType {
 			routedBy = ev.EventType
 		}
-		if ev.Payload, err = d.out.json.Value(ev.Payload, vals, routedBy, version); err != nil {
+		if ev.Payload, err = out.json.Value(ev.Payload, vals, routedBy, version); err != nil {
 			return Message{}, err
 		}
-		if ev.AggregateID, err = d.out.json.Key(ev.AggregateID); err != nil {
+		if ev.AggregateID, err = out.json.Key(ev.AggregateID); err != nil {
 			return Message{}, fmt.Errorf("key: %w", err)
 		}
-	case len(d.out.envCols) > 0:
-		vals := make([][]byte, len(d.out.envCols))
-		for i, col := range d.out.envCols {
+	case len(out.envCols) > 0:
+		vals := make([][]byte, len(out.envCols))
+		for i, col := range out.envCols {
 			vals[i] = value(buf, spans[col])
 		}
-		ev.Payload = Envelope(ev.Payload, d.out.payType, d.envAliases, vals)
+		ev.Payload = Envelope(ev.Payload, out.payType, d.envAliases, vals)
 		ev.PayloadType = outbox.PayloadJSON
 	}
-	if d.out.createdCol >= 0 {
-		if s := spans[d.out.createdCol]; !s.null {
+	if out.createdCol >= 0 {
+		if s := spans[out.createdCol]; !s.null {
 			// A value the relay cannot read only loses the wait-time measure.
-			ev.CreatedAt, _ = ParseTimestamp(d.out.createdType, value(buf, s))
+			ev.CreatedAt, _ = ParseTimestamp(out.createdType, value(buf, s))
 		}
 	}
-	if d.out.partCol >= 0 {
-		if s := spans[d.out.partCol]; !s.null {
+	if out.partCol >= 0 {
+		if s := spans[out.partCol]; !s.null {
 			if ev.TargetPartition, err = ParsePartition(value(buf, s)); err != nil {
 				return Message{}, err
 			}

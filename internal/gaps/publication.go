@@ -24,6 +24,9 @@ const (
 	CheckTableRecreated     = "table_recreated"
 	CheckTableReadded       = "table_readded"
 	CheckWALStatus          = "wal_status"
+	// CheckPartitionsListed warns at start about a publication that lists a
+	// partitioned outbox table's partitions one by one.
+	CheckPartitionsListed = "partitions_listed"
 )
 
 // publicationChecks judge, at start, whether the publication (which exists:
@@ -46,15 +49,38 @@ func publicationChecks() []Check {
 				f.Setup.Publication, pubIdent(f))})
 		}},
 		{CheckTableCovered, func(f *Facts) Finding {
-			if f.Coverage.PubAllTables || f.Coverage.Covered {
+			if f.Coverage.Covered {
 				return Finding{}
 			}
 			table := f.Setup.QualifiedTable()
+			if f.Coverage.Partitioned {
+				return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover partitions %s of the partitioned outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s; (it then publishes every partition, those created or attached later too)",
+					f.Setup.Publication, strings.Join(f.Coverage.Uncovered, ", "), table, pubIdent(f), table)})
+			}
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;",
 				f.Setup.Publication, table, pubIdent(f), table)})
 		}},
+		{CheckPartitionsListed, func(f *Facts) Finding {
+			if !f.Coverage.Partitioned || f.Coverage.RootPublished {
+				return Finding{}
+			}
+			table := f.Setup.QualifiedTable()
+			return Finding{Verdict: Warn,
+				Msg: fmt.Sprintf("publication %q lists the partitions of the outbox table %s one by one: a partition created or attached later is not published until it is added, and the relay stops when that happens; to publish every partition, later ones too, run ALTER PUBLICATION %s ADD TABLE %s;",
+					f.Setup.Publication, table, pubIdent(f), table),
+				Fields: map[string]any{"table": table}}
+		}},
 	}
 }
+
+// A partitioned outbox table is covered when every leaf partition is: the
+// publication lists it, or one of its ancestors (replication.ReadCoverage).
+// A publication that includes the table itself covers every partition,
+// present and future, through the root (publish_via_partition_root) or
+// under their own names. One that lists partitions one by one does not
+// cover a partition created or attached later: the start-up check refuses
+// such a state, and the watch is loud when it arises while streaming
+// (CheckTableCovered), since Postgres never streams that partition's inserts.
 
 // watchChecks judge, every monitor interval, the slot's WAL status and
 // whether the publication still publishes the outbox table's INSERTs
@@ -125,6 +151,10 @@ func watchChecks() []Check {
 				return Finding{}
 			}
 			table := f.Setup.QualifiedTable()
+			if f.Coverage.Partitioned {
+				return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover partitions %s of the partitioned outbox table %s (created, attached or removed from it while the relay was streaming); Postgres will never stream the inserts into them committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; (it then publishes every partition, later ones too) and restart the relay; %s",
+					f.Setup.Publication, strings.Join(f.Coverage.Uncovered, ", "), table, pubIdent(f), table, replaySince(f))})
+			}
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q no longer covers the outbox table %s; Postgres will never stream the inserts committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; and restart the relay; %s",
 				f.Setup.Publication, table, pubIdent(f), table, replaySince(f))})
 		}},

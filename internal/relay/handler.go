@@ -74,7 +74,7 @@ type handler struct {
 var _ replication.Handler = (*handler)(nil)
 
 func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) error {
-	msg, err := h.dec.Decode(data)
+	msg, err := h.dec.DecodeContext(ctx, data)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message: %w", err)
 	}

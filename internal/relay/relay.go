@@ -458,6 +458,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkServer(ctx, pool); err != nil {
 		return err
 	}
+	dec.SetMembership(r.membership(pool))
 	if j := cfg.Decoder.JSON; j.Key != connectjson.Raw || j.Value != connectjson.Raw {
 		notNull, err := outboxtable.NotNullColumns(ctx, pool, cfg.Decoder.Schema+"."+cfg.Decoder.Table)
 		if err != nil {
@@ -569,4 +570,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	return r.stream(ctx, h, k, ck)
+}
+
+// membership tells the decoder which relations announced under another name
+// than the outbox table's hold outbox rows: the partitions of a partitioned
+// outbox table whose publication publishes them under their own names. It
+// reads the catalog once per Relation message (replication.ReadMembership).
+func (r *Relay) membership(pool *pgxpool.Pool) decoder.Membership {
+	setup := r.setupConfig()
+	return func(ctx context.Context, rel decoder.Relation) (decoder.Member, error) {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		m, err := replication.ReadMembership(qctx, pool, setup, rel)
+		if err == nil && m == decoder.FormerMember {
+			r.log.Warn().Str("relation", rel.Namespace+"."+rel.Name).Uint32("oid", rel.ID).
+				Msg("the stream announces a relation that is no longer a partition of the outbox table and that the publication does not publish on its own: " +
+					"its changes in the stream were written while it was one (detached or dropped since), so inserts the stream carries under its name are relayed as outbox events")
+		}
+		return m, err
+	}
 }

@@ -7,8 +7,11 @@ package replication
 import (
 	"context"
 	"fmt"
-	"github.com/jackc/pglogrepl"
 	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 )
 
 // Coverage is what the catalog says about the outbox table and the
@@ -19,35 +22,143 @@ type Coverage struct {
 	PubInsert    bool // the publication publishes inserts
 	PubUpdate    bool // the publication publishes updates
 	PubAllTables bool // FOR ALL TABLES
-	// Covered: pg_publication_tables lists the table for the publication.
+	// PubViaRoot: the publication publishes partitions' changes as their
+	// root's (publish_via_partition_root).
+	PubViaRoot bool
+	// Partitioned: the table is partitioned (relkind p); its rows live in
+	// its leaf partitions.
+	Partitioned bool
+	// Leaves is how many relations hold the table's rows: 1 for a plain
+	// table, its leaf partitions for a partitioned one.
+	Leaves int
+	// Uncovered names (schema.table, quoted as needed) the relations holding
+	// the table's rows whose inserts the publication does not stream: the
+	// table itself, or leaf partitions that neither pg_publication_tables
+	// nor any of their ancestors there list. At most maxUncovered.
+	Uncovered []string
+	// RootPublished: the publication includes the table itself (FOR TABLE,
+	// FOR ALL TABLES, or on 15+ TABLES IN SCHEMA of its schema), so it also
+	// streams partitions created or attached later. False for a publication
+	// that lists a partitioned table's partitions one by one.
+	RootPublished bool
+	// Covered: the publication streams the inserts into every relation
+	// holding the table's rows (Uncovered is empty and the table exists).
 	Covered bool
 	// RelOID is the table's pg_publication_rel row; 0 when it is covered by
 	// FOR ALL TABLES or TABLES IN SCHEMA (or not at all).
 	RelOID uint32
 }
 
+// maxUncovered bounds Coverage.Uncovered, for the message.
+const maxUncovered = 20
+
 // ReadCoverage reads the Coverage of cfg's table by cfg's publication.
+//
+// A relation holding the table's rows (a plain table, or each leaf
+// partition) is streamed when pg_publication_tables lists it or one of its
+// ancestors (pg_partition_ancestors, PostgreSQL 12+): the view lists the
+// root under publish_via_partition_root and the leaves otherwise.
 func ReadCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage, error) {
+	c, err := readCoverage(ctx, db, cfg)
+	if err == nil && !c.Covered && c.TableOID != 0 {
+		// The query mixes the statement's snapshot (pg_class) with the
+		// catalog caches (to_regclass, pg_publication_tables), which see DDL
+		// that commits while it runs: a table dropped meanwhile can look
+		// present and uncovered. A second read sees the DDL throughout.
+		return readCoverage(ctx, db, cfg)
+	}
+	return c, err
+}
+
+func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage, error) {
 	var (
 		c                Coverage
 		tableOID, relOID *uint32
+		leaves, version  int32
 	)
-	err := db.QueryRow(ctx, `SELECT to_regclass($1)::oid, p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubupdate, false), coalesce(p.puballtables, false),
-		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $2 AND t.schemaname = $3 AND t.tablename = $4),
-		(SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = to_regclass($1))
-		FROM (SELECT) AS one LEFT JOIN pg_publication p ON p.pubname = $2`,
-		cfg.QualifiedTable(), cfg.Publication, cfg.Schema, cfg.Table).
-		Scan(&tableOID, &c.PubExists, &c.PubInsert, &c.PubUpdate, &c.PubAllTables, &c.Covered, &relOID)
+	err := db.QueryRow(ctx, `WITH tab AS (SELECT to_regclass($1)::oid AS oid),
+	leaves AS (
+		SELECT c.oid AS relid FROM pg_class c, tab WHERE c.oid = tab.oid AND c.relkind <> 'p'
+		UNION ALL
+		SELECT t.relid FROM tab, pg_partition_tree(tab.oid) t WHERE t.isleaf),
+	listed AS (
+		SELECT c.oid FROM pg_publication_tables t
+		JOIN pg_namespace n ON n.nspname = t.schemaname
+		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+		WHERE t.pubname = $2),
+	uncovered AS (
+		SELECT l.relid FROM leaves l WHERE NOT EXISTS (SELECT 1 FROM listed
+			WHERE listed.oid = l.relid OR listed.oid IN (SELECT a.relid FROM pg_partition_ancestors(l.relid) a)))
+	SELECT tab.oid, p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubupdate, false), coalesce(p.puballtables, false),
+		coalesce(p.pubviaroot, false),
+		coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = tab.oid), false),
+		(SELECT count(*)::int4 FROM leaves),
+		(SELECT coalesce(array_agg(relid::regclass::text ORDER BY relid::regclass::text), '{}') FROM (SELECT relid FROM uncovered LIMIT `+fmt.Sprint(maxUncovered)+`) u),
+		(SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = tab.oid),
+		coalesce(p.puballtables, false) OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid
+			AND (r.prrelid = tab.oid OR r.prrelid IN (SELECT a.relid FROM pg_partition_ancestors(tab.oid) a))),
+		current_setting('server_version_num')::int4
+	FROM tab LEFT JOIN pg_publication p ON p.pubname = $2`,
+		cfg.QualifiedTable(), cfg.Publication).
+		Scan(&tableOID, &c.PubExists, &c.PubInsert, &c.PubUpdate, &c.PubAllTables, &c.PubViaRoot, &c.Partitioned, &leaves, &c.Uncovered, &relOID, &c.RootPublished, &version)
 	if err != nil {
 		return Coverage{}, fmt.Errorf("check publication %q covers %s: %w", cfg.Publication, cfg.QualifiedTable(), err)
 	}
+	c.Leaves = int(leaves)
 	if tableOID != nil {
 		c.TableOID = *tableOID
 	}
 	if relOID != nil {
 		c.RelOID = *relOID
 	}
+	c.Covered = c.TableOID != 0 && c.PubExists && len(c.Uncovered) == 0
+	if c.PubExists && c.TableOID != 0 && !c.RootPublished && version >= 150000 {
+		// TABLES IN SCHEMA (pg_publication_namespace, 15+).
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_namespace pn
+			JOIN pg_publication p ON p.oid = pn.pnpubid JOIN pg_class c ON c.relnamespace = pn.pnnspid
+			WHERE p.pubname = $1 AND c.oid = $2::oid)`, cfg.Publication, c.TableOID).Scan(&c.RootPublished)
+		if err != nil {
+			return Coverage{}, fmt.Errorf("check publication %q covers the schema of %s: %w", cfg.Publication, cfg.QualifiedTable(), err)
+		}
+	}
 	return c, nil
+}
+
+// ReadMembership judges, from the catalog as it is now, whether relation
+// rel (announced by a Relation message of cfg's publication under another
+// name than cfg's table) holds outbox rows (decoder.Membership):
+//
+//   - it is a partition of the table (the table is among its ancestors,
+//     pg_partition_ancestors): decoder.IsMember;
+//   - otherwise, when the publication streams it on its own account (it or
+//     one of its ancestors is in pg_publication_tables): another table, or a
+//     detached partition the publication lists by name, whose inserts after
+//     the detach are not outbox rows: decoder.NotMember;
+//   - otherwise Postgres streamed its change although nothing publishes it
+//     now, so when the change was written it was published through the
+//     outbox table: a partition detached or dropped since, whose changes the
+//     relay is still catching up on: decoder.FormerMember (or a table
+//     removed from the publication since; the decoder takes it only when it
+//     has the outbox columns).
+func ReadMembership(ctx context.Context, db QueryRower, cfg SetupConfig, rel decoder.Relation) (decoder.Member, error) {
+	var exists, inTree, published bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $2::oid),
+		EXISTS (SELECT 1 FROM pg_partition_ancestors($2::oid::regclass) a WHERE a.relid = to_regclass($1)),
+		EXISTS (SELECT 1 FROM pg_publication_tables t
+			JOIN pg_namespace n ON n.nspname = t.schemaname
+			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+			WHERE t.pubname = $3 AND (c.oid = $2::oid OR c.oid IN (SELECT a.relid FROM pg_partition_ancestors($2::oid::regclass) a)))`,
+		cfg.QualifiedTable(), rel.ID, cfg.Publication).Scan(&exists, &inTree, &published)
+	if err != nil {
+		return decoder.NotMember, fmt.Errorf("look up whether relation %q.%q (oid %d) is a partition of %s: %w", rel.Namespace, rel.Name, rel.ID, cfg.QualifiedTable(), err)
+	}
+	switch {
+	case inTree:
+		return decoder.IsMember, nil
+	case exists && published:
+		return decoder.NotMember, nil
+	}
+	return decoder.FormerMember, nil
 }
 
 // CurrentDatabase returns the name of the database db is connected to.

@@ -122,7 +122,7 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 }
 
 // checkPublication creates the publication when it is missing and that is
-// allowed.
+// allowed; for a partitioned table, one that publishes through the root.
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	table := cfg.QualifiedTable()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
@@ -130,11 +130,11 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	if cfg.PublishUpdates {
 		ops = "insert, update"
 	}
-	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = '%s');", pub, table, ops)
 	c, err := ReadCoverage(ctx, conn, cfg)
 	if err != nil {
 		return err
 	}
+	create := CreatePublicationSQL(pub, table, ops, c.Partitioned)
 	if !c.PubExists {
 		if !cfg.CreatePublication {
 			return configErr("publication %q does not exist and the relay may not create it %s: run %s (as the table owner) or allow the relay to create it", cfg.Publication, setting.Token("CreatePublication"), create)
@@ -150,6 +150,19 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		}
 	}
 	return nil
+}
+
+// CreatePublicationSQL is the statement that creates publication pub
+// (quoted) for table (quoted) publishing ops ("insert" or "insert, update").
+// A partitioned table is published through its root
+// (publish_via_partition_root, PostgreSQL 13+): its partitions' changes are
+// streamed as the table's, partitions created or attached later included.
+func CreatePublicationSQL(pub, table, ops string, partitioned bool) string {
+	with := fmt.Sprintf("publish = '%s'", ops)
+	if partitioned {
+		with += ", publish_via_partition_root = true"
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", pub, table, with)
 }
 
 // QueryRower runs a query returning one row: *pgx.Conn, *pgxpool.Pool.
