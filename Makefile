@@ -20,7 +20,7 @@ TOOL_MODULES := bench chaos
 TEST_PARALLEL ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ "$$n" -ge 4 ] || n=4; echo $$n)
 TESTFLAGS ?= -race -count=1 -timeout 20m -p $(TEST_PARALLEL)
 
-.PHONY: build test test-relay $(TOOL_MODULES:%=test-%) demo docs bench chaos lint vet staticcheck check-migrations clean
+.PHONY: build test test-relay test-pg-versions $(TOOL_MODULES:%=test-%) demo docs bench chaos lint vet staticcheck check-migrations clean
 
 # Build the relay into bin/cdc-relay: static (no cgo), as the Dockerfile builds it.
 build:
@@ -38,6 +38,14 @@ test-relay:
 
 $(TOOL_MODULES:%=test-%): test-%:
 	$(GO) -C $* test $(TESTFLAGS) ./...
+
+# The Postgres-facing tests on every other supported major (13, 14, 16, 17, 18; `make
+# test` is 15), with server binaries fetched once into a cache by .ci/pg-versions.
+# PG_VERSIONS='13 17' narrows it; PG_MATRIX_JOBS=2 runs two majors at once.
+# See docs/postgres.md#supported-versions.
+PG_VERSIONS ?= 13 14 16 17 18
+test-pg-versions:
+	GO=$(GO) PG_VERSIONS='$(PG_VERSIONS)' TEST_PARALLEL=$(TEST_PARALLEL) bash .ci/pg-matrix
 
 # End-to-end demo: Postgres -> relay -> Kafka, all local. Flags go in DEMOFLAGS, e.g.
 # make demo DEMOFLAGS='-events 0' (insert your own rows; it prints the psql command).

@@ -19,6 +19,8 @@
 --   SELECT outbox_events   start-up checks and replay
 --   SELECT, INSERT, UPDATE cdc_relay_checkpoints: read and upsert its checkpoint
 --                          (INSERT ... ON CONFLICT (slot_name) DO UPDATE)
+-- PostgreSQL 13 and 14 let every role create tables in schema public; revoke that once
+-- (REVOKE CREATE ON SCHEMA public FROM PUBLIC;, the default from 15) or cdc_relay can too.
 -- It is not granted ownership of the outbox, so it cannot create or alter the publication:
 -- 003_publication.sql creates it as the table owner, and the relay runs with
 -- --create-publication=false. It can neither write to nor delete from the outbox.

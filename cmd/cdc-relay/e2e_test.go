@@ -109,13 +109,20 @@ func TestHundredThousandRowTransaction(t *testing.T) {
 		return fmt.Errorf("slot not confirmed past %s since the commit", walEnd)
 	})
 	t.Logf("slot confirmed past the transaction %v after the commit", time.Since(commitDone).Round(time.Millisecond))
-	var spillTxns, spillBytes int64
-	if err := conn.QueryRow(ctx, "SELECT spill_txns, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1", f.slot).Scan(&spillTxns, &spillBytes); err != nil {
+	// pg_stat_replication_slots is PostgreSQL 14+: on 13 the spill is not visible.
+	var serverVersion int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&serverVersion); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Postgres spilled %d transactions, %d MB while decoding", spillTxns, spillBytes>>20)
-	if spillBytes == 0 {
-		t.Errorf("Postgres did not spill the transaction to disk: logical_decoding_work_mem had no effect")
+	if serverVersion >= 140000 {
+		var spillTxns, spillBytes int64
+		if err := conn.QueryRow(ctx, "SELECT spill_txns, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1", f.slot).Scan(&spillTxns, &spillBytes); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("Postgres spilled %d transactions, %d MB while decoding", spillTxns, spillBytes>>20)
+		if spillBytes == 0 {
+			t.Errorf("Postgres did not spill the transaction to disk: logical_decoding_work_mem had no effect")
+		}
 	}
 	readStart := time.Now()
 	res, _ := f.waitDelivered(ctx, t, func() []verify.Event { return committed }, 20*time.Second)

@@ -151,6 +151,13 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if err := pg.Exec(ctx, db, "CREATE ROLE app LOGIN; ALTER DATABASE "+db+" OWNER TO app"); err != nil {
 		t.Fatal(err)
 	}
+	if pg.Major() < 15 {
+		// What 15 made the default: public belongs to the database owner, and
+		// other roles may not create in it (004_role.sql tells to revoke it).
+		if err := pg.Exec(ctx, db, "ALTER SCHEMA public OWNER TO app; REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	appURL := withUser(t, adminURL, url.User("app"))
 	relayURL := withUser(t, adminURL, url.UserPassword("cdc_relay", password))
 	for _, m := range []struct{ file, url string }{

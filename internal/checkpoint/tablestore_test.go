@@ -194,7 +194,10 @@ func TestTableStore(t *testing.T) {
 	t.Run("role without CREATE", func(t *testing.T) {
 		ctx := t.Context()
 		role := fmt.Sprintf("cdc_relay_ckpt_%d", time.Now().UnixNano())
-		if err := p.Exec(ctx, testDB, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'secret';
+		// Public has no CREATE for other roles since PostgreSQL 15; revoked
+		// here so that 13 and 14 test the same refusal.
+		if err := p.Exec(ctx, testDB, fmt.Sprintf(`REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+CREATE ROLE %s LOGIN PASSWORD 'secret';
 %s;
 GRANT SELECT, INSERT, UPDATE ON public.ckpt_premigrated TO %s`, role, TableDDL("public.ckpt_premigrated"), role)); err != nil {
 			t.Fatal(err)
@@ -225,7 +228,7 @@ GRANT SELECT, INSERT, UPDATE ON public.ckpt_premigrated TO %s`, role, TableDDL("
 		checkErr(t, "Ensure on an old table without privilege", err,
 			[]string{"migrations/002_checkpoints.sql", "public.ckpt_unupgraded", "commit_time, kafka_offsets", "may not alter"})
 
-		// Public has no CREATE for other roles since Postgres 15.
+		// Public has no CREATE for other roles (revoked above).
 		err = NewTableStore(limited, "public.ckpt_unmigrated").Ensure(ctx)
 		checkErr(t, "Ensure without privilege", err, []string{"migrations/002_checkpoints.sql", "public.ckpt_unmigrated"})
 		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {

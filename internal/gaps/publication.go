@@ -250,15 +250,21 @@ func publicationDroppedMsg(pub, slot, since string) string {
 	if since != "" {
 		replay = fmt.Sprintf("republish the outbox rows committed since %s: cdc-relay replay --since %s", since, since)
 	}
-	return fmt.Sprintf("publication %q was dropped while the relay was streaming; Postgres cannot decode the slot's WAL past that point, even after the publication is created again: "+
+	return fmt.Sprintf("publication %q was dropped while the relay was streaming; Postgres cannot stream the outbox from the slot's WAL past that point, even after the publication is created again (up to 17 it fails, from 18 it skips the rows): "+
 		"create it (CREATE PUBLICATION %s FOR TABLE ... WITH (publish = 'insert');), then move slot %q past its creation: stop the relay, run SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn());, "+
 		"follow the start-up message about the checkpoint, and %s",
 		pub, pgx.Identifier{pub}.Sanitize(), slot, slot, replay)
 }
 
 // publicationDropped reports whether err is the walsender's "publication does
-// not exist", which no reconnect can cure.
+// not exist" (an error up to PostgreSQL 17) or its "skipped loading
+// publication" (a warning from 18, which then decodes on without the
+// publication and so skips the outbox rows): no reconnect can cure either.
 func publicationDropped(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42704" && strings.HasPrefix(pgErr.Message, "publication ")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return pgErr.Code == "42704" && strings.HasPrefix(pgErr.Message, "publication ") ||
+		pgErr.Code == "55000" && strings.HasPrefix(pgErr.Message, "skipped loading publication ")
 }

@@ -479,6 +479,10 @@ func ConnectError(url string, err error) error {
 // (pg_logical_slot_peek_binary_changes), so the slot must be inactive; it
 // reads no further than the current WAL end and gives up after timeout, as
 // a long backlog of other tables' changes is decoded on the way.
+//
+// Up to PostgreSQL 14 pgoutput sends a Begin and a Commit for every
+// transaction, publishing nothing of it or not; from 15 it skips those. The
+// first transaction with a change is looked for in ever longer peeks.
 func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication string, timeout time.Duration) (time.Time, bool, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -488,22 +492,35 @@ func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", timeout.Milliseconds())); err != nil {
 		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
 	}
-	var data []byte
-	err = tx.QueryRow(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), 1,
-		'proto_version', '1', 'publication_names', $2) LIMIT 1`, slot, publication).Scan(&data)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, false, nil
+	for changes := 16; ; changes *= 8 {
+		rows, err := tx.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), $3,
+			'proto_version', '1', 'publication_names', $2)`, slot, publication, changes)
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+		}
+		datas, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+		}
+		var begin *pglogrepl.BeginMessage
+		for _, data := range datas {
+			msg, err := pglogrepl.Parse(data)
+			if err != nil {
+				return time.Time{}, false, fmt.Errorf("peek slot %q: decode a message: %w", slot, err)
+			}
+			switch msg := msg.(type) {
+			case *pglogrepl.BeginMessage:
+				begin = msg
+			case *pglogrepl.CommitMessage:
+				begin = nil // an empty transaction (14 and older)
+			default:
+				if begin != nil {
+					return begin.CommitTime, true, nil
+				}
+			}
+		}
+		if len(datas) < changes {
+			return time.Time{}, false, nil // decoded up to the WAL end
+		}
 	}
-	if err != nil {
-		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
-	}
-	msg, err := pglogrepl.Parse(data)
-	if err != nil {
-		return time.Time{}, false, fmt.Errorf("peek slot %q: decode its first message: %w", slot, err)
-	}
-	begin, ok := msg.(*pglogrepl.BeginMessage)
-	if !ok {
-		return time.Time{}, false, fmt.Errorf("peek slot %q: first message is %T, not Begin", slot, msg)
-	}
-	return begin.CommitTime, true, nil
 }

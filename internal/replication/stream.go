@@ -7,6 +7,7 @@
 package replication
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -275,6 +276,18 @@ func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline tim
 			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
 			return errors.New("replication stream: server ended the stream (CopyDone)")
+		case *pgproto3.NoticeResponse:
+			// A walsender's WARNING says decoding is not what the relay asked
+			// for: PostgreSQL 18 warns "skipped loading publication" and
+			// decodes on without it, where 17 and older fail with an error.
+			// The stream ends with it and the caller decides (gaps.StreamError);
+			// lesser notices are only logged.
+			notice := pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(msg))
+			if severity := cmp.Or(notice.SeverityUnlocalized, notice.Severity); severity != "WARNING" {
+				s.log.Info().Str("severity", severity).Str("notice", notice.Message).Msg("server notice on the replication stream")
+				break
+			}
+			return fmt.Errorf("replication stream: server warning: %w", notice)
 		default:
 			return fmt.Errorf("replication stream: unexpected message %T", msg)
 		}

@@ -160,8 +160,11 @@ func (p *Postgres) initAndStart(ctx context.Context, conf string, opts PGOptions
 	if err := p.user.chown(p.rootDir); err != nil {
 		return err
 	}
-	out, err := p.run(ctx, "initdb", "-D", p.dataDir, "-A", "trust", "-U", "postgres",
-		"--no-sync", "-E", "UTF8", "--locale=C", "--no-instructions")
+	args := []string{"-D", p.dataDir, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"}
+	if p.major >= 14 { // initdb 13 has no --no-instructions
+		args = append(args, "--no-instructions")
+	}
+	out, err := p.run(ctx, "initdb", args...)
 	if err != nil {
 		return fmt.Errorf("run initdb: %w\n%s", err, out)
 	}
@@ -216,6 +219,9 @@ func pgConf(walLevel string, settings map[string]string) (string, error) {
 	b.WriteString("max_replication_slots = 20\n")
 	b.WriteString("fsync = off\n")
 	b.WriteString("full_page_writes = off\n")
+	// The default from PostgreSQL 14; 13 stores md5 hashes, which the
+	// "scram-sha-256" lines of PGOptions.HBA then refuse.
+	b.WriteString("password_encryption = 'scram-sha-256'\n")
 	for _, name := range slices.Sorted(maps.Keys(settings)) {
 		if !settingName.MatchString(name) {
 			return "", fmt.Errorf("validate postgres setting %q: not a parameter name", name)
@@ -477,9 +483,7 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 	// WITH (FORCE) disconnects sessions but not a walsender streaming from a
 	// slot in the database (say, a relay a failed test left running), whose
 	// active slot blocks the drop. Wait up to 5s for each to exit.
-	_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid, 5000)
-		FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
-	if err != nil {
+	if err := terminateSlotHolders(ctx, conn, p.major, name); err != nil {
 		return "", fmt.Errorf("terminate replication connections to database %q: %w", name, err)
 	}
 	ident := pgx.Identifier{name}.Sanitize()
@@ -490,6 +494,36 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 		return "", fmt.Errorf("create database %s: %w", ident, err)
 	}
 	return p.URL(name), nil
+}
+
+// terminateSlotHolders ends the walsenders streaming from a slot of
+// database and waits up to 5s for each to exit: with pg_terminate_backend's
+// timeout from PostgreSQL 14, polling pg_replication_slots before.
+func terminateSlotHolders(ctx context.Context, conn *pgx.Conn, major int, database string) error {
+	if major >= 14 {
+		_, err := conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid, 5000)
+			FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, database)
+		return err
+	}
+	const active = `SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid)
+		FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, database); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var n int
+		if err := conn.QueryRow(ctx, active, database).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Exec runs sql with args in database on a fresh connection and closes it.

@@ -562,3 +562,41 @@ func TestFindPGBinUnreachableByServerUser(t *testing.T) {
 		t.Errorf("err = %v, want the permission fix for %s", err, farm)
 	}
 }
+
+// envExpectPGMajor names the environment variable the version matrix
+// (.ci/pg-matrix, make test-pg-versions) sets to the major it means to test,
+// beside CDC_RELAY_PG_BINDIR.
+const envExpectPGMajor = "CDC_RELAY_EXPECT_PG_MAJOR"
+
+// TestServerMajorIsTheMatrixMajor makes the version matrix real: the server
+// the tests start reports, in server_version_num, the major the matrix asked
+// for. Were the bin dir lost on the way (a wrapper that drops the
+// environment, a lookup that falls back to Debian's 15, a
+// CDC_RELAY_TEST_PG_URL left set), every version's run would silently test
+// 15 and pass; this test fails it instead. Outside the matrix it checks that
+// Major() is what the server says.
+func TestServerMajorIsTheMatrixMajor(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
+	num, err := strconv.Atoi(queryString(ctx, t, p.URL("postgres"), "SHOW server_version_num"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Major() != num/10000 {
+		t.Errorf("Major() = %d, server_version_num %d", p.Major(), num)
+	}
+	raw := os.Getenv(envExpectPGMajor)
+	if raw == "" {
+		t.Logf("%s unset: the server is PostgreSQL %d (%s)", envExpectPGMajor, num/10000, p.Describe())
+		return
+	}
+	want, err := strconv.Atoi(raw)
+	if err != nil {
+		t.Fatalf("%s=%q: not a major version", envExpectPGMajor, raw)
+	}
+	if num/10000 != want {
+		t.Fatalf("the server is PostgreSQL %d (server_version_num %d, %s), the matrix asked for %d (%s=%s, %s=%q)",
+			num/10000, num, p.Describe(), want, envExpectPGMajor, raw, sandbox.EnvPGBinDir, os.Getenv(sandbox.EnvPGBinDir))
+	}
+}
