@@ -50,7 +50,11 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			return r.finish(nil, ck, err)
 		}
 		from := h.tracker.Watermark()
-		s, err := replication.Open(runCtx, streamCfg, from)
+		var s *replication.Stream
+		err := r.pendingFailover(runCtx)
+		if err == nil {
+			s, err = replication.Open(runCtx, streamCfg, from)
+		}
 		if err == nil {
 			if err = r.arm(runCtx, h, from, !connected); err != nil {
 				s.Close(context.Background())
@@ -117,6 +121,20 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			return r.finish(nil, ck, nil)
 		}
 	}
+}
+
+// pendingFailover switches failover on for the slot when the relay wants a
+// failover slot and the slot was in use at start (checkFailover); it returns
+// replication.ErrSlotBusy while it still is.
+func (r *Relay) pendingFailover(ctx context.Context) error {
+	if !r.enableFailover {
+		return nil
+	}
+	if err := r.switchFailoverOn(ctx); err != nil {
+		return err
+	}
+	r.enableFailover = false
+	return nil
 }
 
 // arm prepares effectively-once delivery for a stream that starts at from:
