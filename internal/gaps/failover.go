@@ -46,7 +46,7 @@ func failoverChecks() []Check {
 			if !s.Supported() || !s.SlotExists || s.SlotFailover || s.InRecovery {
 				return Finding{}
 			}
-			why := "it could not be switched on"
+			why := "a relay with slot failover auto or on switches it on when it acquires the slot"
 			if f.FailoverMode == replication.FailoverOff {
 				why = "slot failover is off " + setting.Token("SlotFailover")
 			}

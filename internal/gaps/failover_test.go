@@ -23,7 +23,7 @@ func TestFailoverChecks(t *testing.T) {
 	}{
 		{"below 17, auto", v15, replication.FailoverAuto, CheckFailoverUnsupported, Info, []string{"PostgreSQL 15.14 has no failover slots", "slot_missing"}},
 		{"below 17, off", v15, replication.FailoverOff, "", OK, nil},
-		{"17, slot without failover", noFailover, replication.FailoverAuto, CheckSlotNotFailover, Warn, []string{"is not a failover slot (it could not be switched on)", "ALTER_REPLICATION_SLOT s (FAILOVER true)"}},
+		{"17, slot without failover", noFailover, replication.FailoverAuto, CheckSlotNotFailover, Warn, []string{"is not a failover slot (a relay with slot failover auto or on switches it on", "ALTER_REPLICATION_SLOT s (FAILOVER true)"}},
 		{"17, off", noFailover, replication.FailoverOff, CheckSlotNotFailover, Warn, []string{"slot failover is off"}},
 		{"17, no synchronized_standby_slots", unsafe, replication.FailoverAuto, CheckStandbySlotsUnset, Warn, []string{"synchronized_standby_slots is empty", "ALTER SYSTEM SET synchronized_standby_slots"}},
 		{"17, safe", safe, replication.FailoverAuto, CheckFailoverReady, Info, []string{"(sb1)"}},
