@@ -2,7 +2,11 @@ package gaps
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
@@ -93,4 +97,23 @@ func (c *Checker) Failover(ctx context.Context, db replication.QueryRower, mode 
 	}
 	f := &Facts{Setup: c.setup, Failover: s, FailoverMode: mode}
 	return s, c.report(Judge(PhaseFailover, f), true, false)
+}
+
+// slotMissing reports whether err is the walsender's "replication slot does
+// not exist" (START_REPLICATION), which no reconnect can cure.
+func slotMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42704" && strings.HasPrefix(pgErr.Message, "replication slot ")
+}
+
+// slotMissingMidStream is the gap of a slot that disappeared while the relay
+// ran: typically a promotion to a server without a copy of it. The relay
+// stops; its next start finds the stored checkpoint without a slot and takes
+// the slot-loss path (SlotMissing: fail with the steps, or backfill).
+func slotMissingMidStream(slot string) *GapError {
+	return &GapError{Kind: SlotMissing, Slot: slot, msg: fmt.Sprintf("replication slot %q: %s: the slot does not exist on the server the relay reconnected to: "+
+		"a failover promoted a server without a copy of it (not a failover slot, no standby synchronizing it, or the copy was not yet persistent), "+
+		"or it was dropped. Events committed after the relay's checkpoint cannot be streamed from it. The relay stopped after saving its checkpoint; "+
+		"start it again: it refuses with slot_missing and the steps to recover, or with on-slot-loss=backfill creates a new slot and republishes "+
+		"the outbox rows since the checkpoint", slot, SlotMissing)}
 }

@@ -298,6 +298,10 @@ func (c *Checker) Watch(ctx context.Context, db replication.QueryRower) error {
 // error the relay stops with, counted and explained; it returns nil for any
 // other error.
 func (c *Checker) StreamError(err error) error {
+	if slotMissing(err) {
+		c.m.SlotProblems.WithLabelValues(SlotMissing.String()).Inc()
+		return slotMissingMidStream(c.setup.Slot)
+	}
 	if !publicationDropped(err) {
 		return nil
 	}

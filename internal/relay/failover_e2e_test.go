@@ -21,8 +21,10 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
@@ -35,10 +37,20 @@ import (
 // promoted: the relay follows, and every outbox row the new primary has is
 // in Kafka, nothing the new primary lacks is, and each key's events are in
 // order.
+//
+// With slot failover off the standby has no copy of the slot: the relay
+// stops with slot_missing once it reaches the promoted server, and a
+// restart takes the slot-loss path, never a silent skip.
 func TestFailoverToPromotedStandby(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skip: starts two clusters")
 	}
+	t.Run("failover slot", func(t *testing.T) { testFailover(t, replication.FailoverAuto) })
+	t.Run("slot not synchronized", func(t *testing.T) { testFailover(t, replication.FailoverOff) })
+}
+
+func testFailover(t *testing.T, mode string) {
+	lost := mode == replication.FailoverOff
 	primary := testenv.NewPostgres(t, sandbox.PGOptions{})
 	testenv.RequireLocal(t, primary)
 	if primary.Major() < 17 {
@@ -97,6 +109,7 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 		Retry:           backoff.Policy{Base: 50 * time.Millisecond, Cap: 500 * time.Millisecond},
 		Logger:          zerolog.New(logs).With().Timestamp().Logger(),
 		Metrics:         metrics.New(prometheus.NewRegistry()),
+		SlotFailover:    mode,
 	}
 	r := relay.New(cfg)
 	rctx, stopRelay := context.WithCancel(ctx)
@@ -127,43 +140,49 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 		}
 		return nil
 	})
-	// The relay made a failover slot and says the failover is safe.
+	// The relay made a failover slot and says the failover is safe, or
+	// warns that it is not one.
 	var failover bool
-	if err := pool.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&failover); err != nil || !failover {
-		t.Fatalf("slot failover = %v (%v), want true", failover, err)
+	if err := pool.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&failover); err != nil || failover == lost {
+		t.Fatalf("slot failover = %v (%v), want %v", failover, err, !lost)
+	}
+	line := "is a failover slot and the relay receives only WAL"
+	if lost {
+		line = "is not a failover slot (slot failover is off"
 	}
 	testenv.Eventually(t, 5*time.Second, func() error {
-		if !strings.Contains(logs.String(), "is a failover slot and the relay receives only WAL") {
-			return errors.New("no failover_ready log line")
+		if !strings.Contains(logs.String(), line) {
+			return fmt.Errorf("no log line %q", line)
 		}
 		return nil
 	})
 
-	// The standby's copy of the slot is persistent (synced, not temporary).
-	sconn, err := pgx.Connect(ctx, standby.URL(db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	began := time.Now()
-	testenv.Eventually(t, 60*time.Second, func() error {
-		// A running-transactions record lets the standby make its copy
-		// consistent now rather than at the next checkpoint.
-		if _, err := pool.Exec(ctx, "SELECT pg_log_standby_snapshot()"); err != nil {
-			return fmt.Errorf("log a standby snapshot: %w", err)
-		}
-		var synced, temporary bool
-		err := sconn.QueryRow(ctx, "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&synced, &temporary)
+	if !lost {
+		// The standby's copy of the slot is persistent (synced, not temporary).
+		sconn, err := pgx.Connect(ctx, standby.URL(db))
 		if err != nil {
-			return fmt.Errorf("read the standby's slot: %w", err)
+			t.Fatal(err)
 		}
-		if !synced || temporary {
-			return fmt.Errorf("standby slot synced %v temporary %v", synced, temporary)
-		}
-		return nil
-	})
-	sconn.Close(ctx)
-	t.Logf("the standby's copy of the slot was persistent after %s", time.Since(began).Round(time.Millisecond))
-
+		began := time.Now()
+		testenv.Eventually(t, 60*time.Second, func() error {
+			// A running-transactions record lets the standby make its copy
+			// consistent now rather than at the next checkpoint.
+			if _, err := pool.Exec(ctx, "SELECT pg_log_standby_snapshot()"); err != nil {
+				return fmt.Errorf("log a standby snapshot: %w", err)
+			}
+			var synced, temporary bool
+			err := sconn.QueryRow(ctx, "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&synced, &temporary)
+			if err != nil {
+				return fmt.Errorf("read the standby's slot: %w", err)
+			}
+			if !synced || temporary {
+				return fmt.Errorf("standby slot synced %v temporary %v", synced, temporary)
+			}
+			return nil
+		})
+		sconn.Close(ctx)
+		t.Logf("the standby's copy of the slot was persistent after %s", time.Since(began).Round(time.Millisecond))
+	}
 	// Writers: one key per writer, a sequence number per attempt, so rows
 	// of one key are in sequence order whichever attempts committed.
 	wctx, stopWriters := context.WithCancel(ctx)
@@ -213,11 +232,37 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := committed.Load()
-	began = time.Now()
+	began := time.Now()
 	if err := standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("promoted in %s", time.Since(began).Round(time.Millisecond))
+	if lost {
+		// The promoted server has no slot: the relay stops with the gap.
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("relay still running 60s after the promotion of a server without its slot\n%s", logs.String())
+		}
+		stopOnce.Do(stopRelay) // Run returned: nothing to wait for at cleanup
+		t.Logf("the relay stopped %s after the promotion", time.Since(began).Round(time.Millisecond))
+		var gap *gaps.GapError
+		if !errors.As(err, &gap) || gap.Kind != gaps.SlotMissing {
+			t.Fatalf("relay stopped with %v, want a slot_missing gap\n%s", err, logs.String())
+		}
+		stopWriters()
+		wg.Wait()
+		// A restart takes the slot-loss path: it refuses with slot_missing.
+		cfg.Logger = zerolog.New(logs).With().Timestamp().Logger()
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err = relay.New(cfg).Run(cctx)
+		if !errors.As(err, &gap) || gap.Kind != gaps.SlotMissing || !strings.Contains(err.Error(), "does not exist, but the checkpoint store has LSN") {
+			t.Fatalf("restarted relay: %v, want the slot_missing refusal at start", err)
+		}
+		return
+	}
 	waitCommitted(before + 200)
 	stopWriters()
 	wg.Wait()

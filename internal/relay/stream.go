@@ -55,6 +55,11 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 		if err == nil {
 			s, err = replication.Open(runCtx, streamCfg, from)
 		}
+		if gap := r.gaps.StreamError(err); gap != nil && s == nil {
+			// The slot is gone (a promotion to a server without a copy):
+			// no reconnect helps; the next start takes the slot-loss path.
+			return r.finish(nil, ck, gap)
+		}
 		if err == nil {
 			if err = r.arm(runCtx, h, from, !connected); err != nil {
 				s.Close(context.Background())
