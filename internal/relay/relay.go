@@ -410,7 +410,7 @@ type Relay struct {
 	// gaps runs every check of DESIGN invariant 6, at start and while streaming.
 	gaps *gaps.Checker
 	// failover: the slot is to be a failover slot (Config.SlotFailover
-	// resolved against the server's version by prepareSlot).
+	// resolved against the server's version by checkServer).
 	failover bool
 	// enableFailover: the slot lacks failover and was in use when the relay
 	// started; the stream switches it on before it first acquires the slot.

@@ -21,7 +21,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
-// checkServer runs the start-up checks of the server, table and publication.
+// checkServer runs the start-up checks of the server, table and publication,
+// and resolves the slot's failover mode against the server's version.
 // The first connection is awaited with a log line (waitlog) while it has
 // not answered: a server that does not answer would otherwise keep the relay
 // silent until the connection times out.
@@ -40,6 +41,15 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	wait.Done(true)
 	defer pc.Release()
 	if err := replication.CheckServer(ctx, pc.Conn(), r.setupConfig()); err != nil {
+		return err
+	}
+	// Whether the slot is to be a failover slot: before Kafka is reached, so
+	// that --slot-failover on below 17 is refused first.
+	version, err := replication.ServerVersion(ctx, pc.Conn())
+	if err != nil {
+		return err
+	}
+	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, version); err != nil {
 		return err
 	}
 	return r.gaps.Publication(ctx, pc.Conn())
@@ -78,13 +88,7 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
 		return system, nil, 0, err
 	}
-	version, err := replication.ServerVersion(ctx, conn)
-	if err != nil {
-		return system, nil, 0, err
-	}
-	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, version); err != nil {
-		return system, nil, 0, err
-	}
+
 	store := r.cfg.Checkpoints
 	if err := store.Ensure(ctx); err != nil {
 		return system, nil, 0, err
