@@ -145,6 +145,9 @@ const alterSlotWait = 5 * time.Second
 // replication connection with url. The slot must not be in use: a slot
 // another process streams is ErrSlotBusy, which the caller may retry.
 func EnableFailover(ctx context.Context, url, slot string) error {
+	if !ValidName(slot) { // it is spliced into the commands below
+		return fmt.Errorf("switch on failover of replication slot %q: invalid slot name", slot)
+	}
 	conn, err := ConnectReplication(ctx, url)
 	if err != nil {
 		return err

@@ -222,3 +222,12 @@ func TestFailoverStandbySlots(t *testing.T) {
 		return nil
 	})
 }
+
+// TestEnableFailoverRefusesBadName: the slot name is spliced into a
+// replication command, so an invalid one is refused before connecting.
+func TestEnableFailoverRefusesBadName(t *testing.T) {
+	err := replication.EnableFailover(t.Context(), "postgres://127.0.0.1:1/x", "x (FAILOVER false); --")
+	if err == nil || !strings.Contains(err.Error(), "invalid slot name") {
+		t.Fatalf("EnableFailover with an invalid name: %v, want an invalid-name error", err)
+	}
+}
