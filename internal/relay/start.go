@@ -88,7 +88,6 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
 		return system, nil, 0, err
 	}
-
 	store := r.cfg.Checkpoints
 	if err := store.Ensure(ctx); err != nil {
 		return system, nil, 0, err
