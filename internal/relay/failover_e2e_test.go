@@ -83,6 +83,23 @@ func testFailover(t *testing.T, mode string) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
+	// pg_reload_conf only signals: wait until new backends (the relay's
+	// walsender) see the setting.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		conn, err := pgx.Connect(ctx, primary.URL(db))
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		var v string
+		if err := conn.QueryRow(ctx, "SHOW synchronized_standby_slots").Scan(&v); err != nil {
+			return err
+		}
+		if v != "sb1" {
+			return fmt.Errorf("synchronized_standby_slots = %q, want sb1", v)
+		}
+		return nil
+	})
 	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
 		primary.Port(), standby.Port(), db)
 
