@@ -21,6 +21,7 @@ var runFlags = map[string]string{
 	"Slot":                          "slot",
 	"Publication":                   "publication",
 	"CreateSlot":                    "create-slot",
+	"SlotFailover":                  "slot-failover",
 	"CreatePublication":             "create-publication",
 	"Delivery":                      "delivery",
 	"OnOutboxUpdate":                "on-outbox-update",

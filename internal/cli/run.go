@@ -38,8 +38,9 @@ type RunCmd struct {
 	PGFlags    `embed:"" group:"postgres"`
 	KafkaFlags `embed:""` // its --topic flags are in group routing
 
-	CreateSlot        bool `default:"true" negatable:"" group:"postgres" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
-	CreatePublication bool `default:"true" negatable:"" group:"postgres" help:"Create the publication when it is missing."`
+	CreateSlot        bool   `default:"true" negatable:"" group:"postgres" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
+	CreatePublication bool   `default:"true" negatable:"" group:"postgres" help:"Create the publication when it is missing."`
+	SlotFailover      string `default:"auto" enum:"auto,on,off" group:"postgres" help:"Make the slot a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots = on keep a copy of, so the relay follows a promotion (with a multi-host --pg-url and target_session_attrs=read-write): auto where the server supports it, on (refuse to start below 17), off. An existing slot without it is switched on; docs/postgres.md#failover says what else a failover needs."`
 
 	outboxColumnFlags  `embed:"" group:"postgres"`
 	createdAtFlag      `embed:"" group:"postgres" set:"created_at_note= (for --on-slot-loss=backfill, --snapshot initial and the outbox wait time; a table without it measures the wait from the commit)"`
@@ -248,6 +249,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		Delivery:          r.Delivery,
 		OnOutboxUpdate:    r.OnOutboxUpdate,
 		CreateSlot:        r.CreateSlot,
+		SlotFailover:      r.SlotFailover,
 		CreatePublication: r.CreatePublication,
 		Sink: sink.Config{
 			Brokers:        r.KafkaBrokers,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
@@ -62,7 +63,28 @@ type Status struct {
 	OldestUnrelayedError string            `json:"oldest_unrelayed_error,omitempty"`
 	Checkpoint           *StatusCheckpoint `json:"checkpoint,omitempty"`
 	DeadLetters          *StatusDLQ        `json:"dead_letters,omitempty"`
-	Problems             []string          `json:"problems,omitempty"`
+	// Failover is what a failover of the server would do to the slot.
+	Failover *StatusFailover `json:"failover,omitempty"`
+	Problems []string        `json:"problems,omitempty"`
+	// Warnings are risks that are not problems yet (the exit code does not
+	// change): a slot a promotion would lose, events a promotion would lose.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// StatusFailover is the slot's failover state (docs/postgres.md, Failover).
+type StatusFailover struct {
+	ServerVersion string `json:"server_version"` // e.g. "17.2"
+	// Supported: the server has failover slots (PostgreSQL 17+); the fields
+	// below are only read there.
+	Supported bool `json:"supported"`
+	// SlotFailover: the slot is a failover slot, copied to standbys with
+	// sync_replication_slots on; SlotSynced: this copy was synchronized
+	// from a primary (a promoted standby's slot).
+	SlotFailover bool `json:"slot_failover"`
+	SlotSynced   bool `json:"slot_synced"`
+	// SynchronizedStandbySlots is the server's setting: the standbys that
+	// receive WAL before the relay does ("" when unset).
+	SynchronizedStandbySlots string `json:"synchronized_standby_slots"`
 }
 
 // StatusCheckpoint is the stored checkpoint.
@@ -156,6 +178,9 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 			RelayName: cp.RelayName, KafkaOffsets: cp.Offsets}
 	}
 	c.oldestUnrelayed(ctx, pool, &st, slot.Exists && slot.Active, cp, haveCP)
+	if err := c.failover(ctx, pool, &st); err != nil {
+		return st, err
+	}
 	if codes, err := deadletter.NewStore(pool, c.DLQTable).Summary(ctx, deadletter.Filter{}); err == nil {
 		d := &StatusDLQ{ByCode: map[string]int64{}}
 		for _, cc := range codes {
@@ -168,6 +193,29 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		st.DeadLetters = d
 	}
 	return st, nil
+}
+
+// failover reads the slot's failover state and has the relay's own checks
+// (gaps, PhaseFailover, as with --slot-failover auto) judge it: their
+// warnings become st.Warnings.
+func (c *StatusCmd) failover(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
+	s, err := replication.ReadFailover(ctx, pool, c.Slot)
+	if err != nil {
+		return err
+	}
+	st.Failover = &StatusFailover{
+		ServerVersion: replication.VersionName(s.ServerVersion), Supported: s.Supported(),
+		SlotFailover: s.SlotFailover, SlotSynced: s.SlotSynced, SynchronizedStandbySlots: s.StandbySlots,
+	}
+	r := gaps.Judge(gaps.PhaseFailover, &gaps.Facts{
+		Setup: replication.SetupConfig{Slot: c.Slot}, Failover: s, FailoverMode: replication.FailoverAuto,
+	})
+	for _, f := range r.Findings {
+		if f.Verdict >= gaps.Warn {
+			st.Warnings = append(st.Warnings, f.Msg)
+		}
+	}
+	return nil
 }
 
 // peekTimeout bounds decoding the slot for the oldest unrelayed row.
@@ -262,8 +310,14 @@ func printStatus(w io.Writer, st Status) {
 		}
 		fmt.Fprintf(tw, "dead letters not completed\t%d%s %s\n", st.DeadLetters.Pending, dead, strings.Join(parts, " "))
 	}
+	if f := st.Failover; f != nil {
+		fmt.Fprintf(tw, "failover\t%s\n", failoverLine(*f, st.SlotExists))
+	}
 	for _, p := range st.Problems {
 		fmt.Fprintf(tw, "PROBLEM\t%s\n", p)
+	}
+	for _, w := range st.Warnings {
+		fmt.Fprintf(tw, "WARNING\t%s\n", w)
 	}
 	tw.Flush()
 }
@@ -289,6 +343,28 @@ func printSlotHealth(w io.Writer, st Status) {
 	if st.InactiveSince != nil {
 		fmt.Fprintf(w, "inactive since\t%s (%s ago)\n", st.InactiveSince.UTC().Format(time.RFC3339), time.Since(*st.InactiveSince).Round(time.Second))
 	}
+}
+
+// failoverLine says in one line whether the slot survives a failover.
+func failoverLine(f StatusFailover, slotExists bool) string {
+	yes := func(b bool) string {
+		if b {
+			return "yes"
+		}
+		return "no"
+	}
+	if !f.Supported {
+		return fmt.Sprintf("no failover slots on PostgreSQL %s (17+): a promotion loses the slot", f.ServerVersion)
+	}
+	standbys := f.SynchronizedStandbySlots
+	if standbys == "" {
+		standbys = "unset"
+	}
+	slot := "no slot"
+	if slotExists {
+		slot = "failover slot " + yes(f.SlotFailover) + ", synced " + yes(f.SlotSynced)
+	}
+	return fmt.Sprintf("%s, synchronized_standby_slots %s (PostgreSQL %s)", slot, standbys, f.ServerVersion)
 }
 
 // maxOffsetsShown bounds the partitions a text line lists per topic, so that a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"regexp"
 	"slices"
@@ -85,6 +86,44 @@ func TestStatus(t *testing.T) {
 				// Table w's rows are not the outbox's.
 				if st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 || st.OldestUnrelayedSource != "slot" {
 					t.Errorf("oldest unrelayed %v from %q (%s), want 0 from the slot", st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
+				}
+			},
+		},
+		{
+			name: "failover, json",
+			args: []string{"--json"},
+			check: func(t *testing.T, st Status, _ string) {
+				f := st.Failover
+				if f == nil {
+					t.Fatal("status has no failover state")
+				}
+				if f.Supported != (pg.Major() >= 17) || !strings.HasPrefix(f.ServerVersion, fmt.Sprintf("%d.", pg.Major())) {
+					t.Errorf("failover %+v on PostgreSQL %d", *f, pg.Major())
+				}
+				if pg.Major() < 17 {
+					if len(st.Warnings) != 0 {
+						t.Errorf("warnings %q below 17, want none", st.Warnings)
+					}
+					return
+				}
+				// pg_create_logical_replication_slot makes no failover slot.
+				if f.SlotFailover || f.SlotSynced || f.SynchronizedStandbySlots != "" {
+					t.Errorf("failover %+v, want a plain slot and no synchronized_standby_slots", *f)
+				}
+				if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "is not a failover slot") {
+					t.Errorf("warnings %q, want one that the slot is not a failover slot", st.Warnings)
+				}
+			},
+		},
+		{
+			name: "failover, text",
+			check: func(t *testing.T, _ Status, out string) {
+				want := regexp.MustCompile(`(?m)^failover +no failover slots on PostgreSQL 1[0-6]\.\d+ \(17\+\): a promotion loses the slot$`)
+				if pg.Major() >= 17 {
+					want = regexp.MustCompile(`(?m)^failover +failover slot no, synced no, synchronized_standby_slots unset \(PostgreSQL 1\d\.\d+\)$(?s).*^WARNING +replication slot "st_slot" is not a failover slot`)
+				}
+				if !want.MatchString(out) {
+					t.Errorf("output does not match %s:\n%s", want, out)
 				}
 			},
 		},

@@ -11,7 +11,7 @@
 // both. It imports both; neither imports it.
 //
 // Adding a check is a local change: append a Check to the list of its phase
-// (slotChecks, publicationChecks, watchChecks) with a name, which is its
+// (slotChecks, publicationChecks, watchChecks, failoverChecks) with a name, which is its
 // metric label, and a Judge that reads Facts and returns the verdict with the
 // operator's message and the exact fix. When the check needs a fact no check
 // reads yet, add the field to Facts and read it in the phase's read step.
@@ -65,6 +65,9 @@ const (
 	PhaseSlot
 	// PhaseWatch: every monitor interval while the relay streams.
 	PhaseWatch
+	// PhaseFailover: at start, once the slot exists, and in status: what a
+	// failover of the server would do to the slot (failover.go).
+	PhaseFailover
 )
 
 // Facts are what the checks of one phase judge, read once per round.
@@ -84,6 +87,10 @@ type Facts struct {
 
 	// PhasePublication and PhaseWatch.
 	Coverage replication.Coverage
+
+	// PhaseFailover.
+	Failover     replication.FailoverState
+	FailoverMode string // replication.FailoverAuto, On or Off
 
 	// PhaseWatch: what the previous rounds saw.
 	Prev Previous
@@ -133,6 +140,8 @@ func Checks(phase Phase) []Check {
 		return slotChecks()
 	case PhaseWatch:
 		return watchChecks()
+	case PhaseFailover:
+		return failoverChecks()
 	}
 	return nil
 }
@@ -311,6 +320,10 @@ func (c *Checker) StreamError(err error) error {
 	if invalid, reason := slotInvalidated(err); invalid {
 		c.m.SlotProblems.WithLabelValues(SlotLost.String()).Inc()
 		return invalidatedWhileStreaming(c.setup.Slot, replication.SlotState{}, reason, "the server says: "+err.Error())
+	}
+	if slotMissing(err) {
+		c.m.SlotProblems.WithLabelValues(SlotMissing.String()).Inc()
+		return slotMissingMidStream(c.setup.Slot)
 	}
 	if !publicationDropped(err) {
 		return nil

@@ -151,6 +151,14 @@ type Config struct {
 	// once inserted is how an outbox is kept small.
 	OnOutboxUpdate string
 	CreateSlot     bool
+	// SlotFailover is whether the slot is a failover slot, synchronized to
+	// standbys with sync_replication_slots on so that it survives a
+	// promotion: replication.FailoverAuto (or "", the default) where the
+	// server has failover slots (PostgreSQL 17+), replication.FailoverOn
+	// (refuse to start below 17) or replication.FailoverOff. The relay
+	// creates its slot so, and switches failover on for an existing slot
+	// that lacks it; it never switches it off.
+	SlotFailover string
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool
 	Sink              sink.Config // Topics, Logger and Metrics are set by the relay
@@ -346,6 +354,12 @@ func (c Config) Validate() error {
 		return setting.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
 			OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal)
 	}
+	switch c.SlotFailover {
+	case "", replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff:
+	default:
+		return setting.Errorf("SlotFailover", "%q is unknown: use %s, %s or %s", c.SlotFailover,
+			replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff)
+	}
 	if len(c.Sink.Brokers) == 0 {
 		return setting.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
@@ -395,6 +409,12 @@ type Relay struct {
 	fatal chan error
 	// gaps runs every check of DESIGN invariant 6, at start and while streaming.
 	gaps *gaps.Checker
+	// failover: the slot is to be a failover slot (Config.SlotFailover
+	// resolved against the server's version by checkServer).
+	failover bool
+	// enableFailover: the slot lacks failover and was in use when the relay
+	// started; the stream switches it on before it first acquires the slot.
+	enableFailover bool
 }
 
 // New returns a relay for cfg.

@@ -21,7 +21,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
-// checkServer runs the start-up checks of the server, table and publication.
+// checkServer runs the start-up checks of the server, table and publication,
+// and resolves the slot's failover mode against the server's version.
 // The first connection is awaited with a log line (waitlog) while it has
 // not answered: a server that does not answer would otherwise keep the relay
 // silent until the connection times out.
@@ -40,6 +41,15 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	wait.Done(true)
 	defer pc.Release()
 	if err := replication.CheckServer(ctx, pc.Conn(), r.setupConfig()); err != nil {
+		return err
+	}
+	// Whether the slot is to be a failover slot: before Kafka is reached, so
+	// that --slot-failover on below 17 is refused first.
+	version, err := replication.ServerVersion(ctx, pc.Conn())
+	if err != nil {
+		return err
+	}
+	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, version); err != nil {
 		return err
 	}
 	return r.gaps.Publication(ctx, pc.Conn())
@@ -87,7 +97,56 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 		return system, nil, 0, err
 	}
 	start, err := r.reconcile(ctx, conn, op, system.SystemID)
-	return system, op, start, err
+	if err != nil {
+		return system, op, start, err
+	}
+	if err := r.checkFailover(ctx, conn); err != nil {
+		return system, op, start, err
+	}
+	return system, op, start, nil
+}
+
+// checkFailover switches failover on for a slot that lacks it when the relay
+// wants a failover slot, and has the gap checks say once what a failover of
+// the server would do to the slot. A slot in use by another process (a relay
+// still stopping, or this one is a standby relay) is switched on by the
+// stream before it acquires the slot.
+func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
+	mode := r.cfg.SlotFailover
+	if mode == "" {
+		mode = replication.FailoverAuto
+	}
+	if r.failover {
+		s, err := replication.ReadFailover(ctx, conn, r.cfg.Slot)
+		if err != nil {
+			return err
+		}
+		if s.SlotExists && !s.SlotFailover && !s.InRecovery {
+			err := r.switchFailoverOn(ctx)
+			if errors.Is(err, replication.ErrSlotBusy) {
+				r.enableFailover = true
+				r.log.Info().Msg("replication slot is not a failover slot and is in use by another process: " +
+					"failover is switched on when the relay acquires it " + setting.Token("SlotFailover"))
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	_, err := r.gaps.Failover(ctx, conn, mode)
+	return err
+}
+
+// switchFailoverOn switches failover on for the existing slot, with a log
+// line.
+func (r *Relay) switchFailoverOn(ctx context.Context) error {
+	if err := replication.EnableFailover(ctx, r.cfg.PGURL, r.cfg.Slot); err != nil {
+		return err
+	}
+	r.log.Info().Msg("switched failover on for the existing replication slot (ALTER_REPLICATION_SLOT … (FAILOVER true)): " +
+		"standbys with sync_replication_slots = on now keep a copy " + setting.Token("SlotFailover"))
+	return nil
 }
 
 func (r *Relay) setupConfig() replication.SetupConfig {
@@ -144,7 +203,7 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 		if r.cfg.Snapshot != nil {
 			return r.initialSnapshot(ctx, conn, op)
 		}
-		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
+		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover); err != nil {
 			return 0, err
 		}
 		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
@@ -210,7 +269,7 @@ func (r *Relay) backfill(ctx context.Context, conn *pgx.Conn, op *checkpoint.Ope
 		if markTime, err = replication.ServerClock(ctx, conn); err != nil {
 			return 0, fmt.Errorf("backfill slot %q: %w", slot, err)
 		}
-		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot); err != nil {
+		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover); err != nil {
 			return 0, err
 		}
 		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {

@@ -51,7 +51,16 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			return r.finish(nil, ck, err)
 		}
 		from := h.tracker.Watermark()
-		s, err := replication.Open(runCtx, streamCfg, from)
+		var s *replication.Stream
+		err := r.pendingFailover(runCtx)
+		if err == nil {
+			s, err = replication.Open(runCtx, streamCfg, from)
+		}
+		if gap := r.gaps.StreamError(err); gap != nil && s == nil {
+			// The slot is gone (a promotion to a server without a copy):
+			// no reconnect helps; the next start takes the slot-loss path.
+			return r.finish(nil, ck, gap)
+		}
 		if err == nil {
 			if err = r.arm(runCtx, h, from, !connected); err != nil {
 				s.Close(context.Background())
@@ -131,6 +140,20 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 		case <-wait.C:
 		}
 	}
+}
+
+// pendingFailover switches failover on for the slot when the relay wants a
+// failover slot and the slot was in use at start (checkFailover); it returns
+// replication.ErrSlotBusy while it still is.
+func (r *Relay) pendingFailover(ctx context.Context) error {
+	if !r.enableFailover {
+		return nil
+	}
+	if err := r.switchFailoverOn(ctx); err != nil {
+		return err
+	}
+	r.enableFailover = false
+	return nil
 }
 
 // arm prepares effectively-once delivery for a stream that starts at from:

@@ -296,17 +296,16 @@ func deref(s *string) string {
 	return *s
 }
 
-// CreateSlot creates a pgoutput logical slot through a replication connection.
-// A slot created concurrently by another relay is not an error.
-func CreateSlot(ctx context.Context, url, slot string) error {
+// CreateSlot creates a pgoutput logical slot through a replication connection,
+// a failover slot when failover is set (PostgreSQL 17+: WantFailover). A slot
+// created concurrently by another relay is not an error.
+func CreateSlot(ctx context.Context, url, slot string, failover bool) error {
 	conn, err := ConnectReplication(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
-		SnapshotAction: "NOEXPORT_SNAPSHOT",
-	})
+	_, err = createSlot(ctx, conn, slot, "nothing", failover)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
@@ -336,17 +335,16 @@ var ErrSlotExists = errors.New("replication slot already exists")
 // READ ONLY transaction on a normal connection that imported the snapshot: it
 // sees exactly the transactions committed before the slot's consistent point,
 // which is returned, so every later commit is streamed by the slot and every
-// earlier one is in the snapshot. Both connections are closed on return; the
-// slot stays whether read succeeds or not.
-func CreateSlotWithSnapshot(ctx context.Context, url, slot string, read func(ctx context.Context, tx pgx.Tx) error) (pglogrepl.LSN, error) {
+// earlier one is in the snapshot. The slot is a failover slot when failover is
+// set. Both connections are closed on return; the slot stays whether read
+// succeeds or not.
+func CreateSlotWithSnapshot(ctx context.Context, url, slot string, failover bool, read func(ctx context.Context, tx pgx.Tx) error) (pglogrepl.LSN, error) {
 	repl, err := ConnectReplication(ctx, url)
 	if err != nil {
 		return 0, err
 	}
 	defer repl.Close(context.Background())
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
-		SnapshotAction: "EXPORT_SNAPSHOT",
-	})
+	res, err := createSlot(ctx, repl, slot, "export", failover)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
