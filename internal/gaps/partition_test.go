@@ -29,6 +29,7 @@ func TestCheckerPartitioned(t *testing.T) {
 		wantWatch string   // fatal check of the second watch round; "" for none
 		wantWarn  bool     // the start-up warning about partitions listed one by one
 		want      []string // substrings of the error
+		minMajor  int      // the oldest PostgreSQL major with this publication's syntax; 0 for any
 	}{
 		{
 			name:   "through the root, partitions created and detached",
@@ -42,9 +43,10 @@ func TestCheckerPartitioned(t *testing.T) {
 		},
 		{name: "all tables", pub: "FOR ALL TABLES"},
 		{
-			name:   "the schema",
-			pub:    "FOR TABLES IN SCHEMA p",
-			change: "CREATE TABLE p.outbox_2026 PARTITION OF p.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
+			name:     "the schema",
+			pub:      "FOR TABLES IN SCHEMA p",
+			minMajor: 15, // FOR TABLES IN SCHEMA is new in 15
+			change:   "CREATE TABLE p.outbox_2026 PARTITION OF p.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
 		},
 		{
 			name:      "every partition listed, one created later",
@@ -69,6 +71,9 @@ func TestCheckerPartitioned(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if e.pg.Major() < tt.minMajor {
+				t.Skipf("PostgreSQL %d has no %q (new in %d)", e.pg.Major(), tt.pub, tt.minMajor)
+			}
 			e.exec(t, e.poolA, `DROP SCHEMA IF EXISTS p CASCADE; CREATE SCHEMA p;
 				CREATE TABLE p.outbox_events (id uuid NOT NULL DEFAULT gen_random_uuid(), aggregate_id text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now()) PARTITION BY RANGE (created_at);
 				CREATE TABLE p.outbox_2024 PARTITION OF p.outbox_events FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
