@@ -216,10 +216,14 @@ func (s SlotState) Invalidated() (bool, string) {
 		return false, ""
 	case s.InvalidationReason != "":
 		return true, s.InvalidationReason
-	case s.Conflicting != nil && *s.Conflicting: // 16 shows such a slot lost too
-		return true, "conflict"
 	case s.WALStatus == "lost":
+		// Before 17 (no invalidation_reason) 16 also sets conflicting on a slot
+		// whose WAL was removed (seen on 16.14), and shows a conflict-invalidated
+		// one lost too. Conflicts invalidate slots on a standby only; the relay
+		// reads from a primary, where lost means the WAL was removed.
 		return true, "wal_removed"
+	case s.Conflicting != nil && *s.Conflicting:
+		return true, "conflict"
 	}
 	return false, ""
 }
@@ -489,6 +493,15 @@ func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", timeout.Milliseconds())); err != nil {
 		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+	}
+	// Up to 17 decoding with a missing publication fails; 18 warns and skips
+	// every change, which would read as "nothing waits": ask first.
+	var pubExists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)", publication).Scan(&pubExists); err != nil {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
+	}
+	if !pubExists {
+		return time.Time{}, false, fmt.Errorf("peek slot %q: publication %q does not exist", slot, publication)
 	}
 	for changes := 16; ; changes *= 8 {
 		rows, err := tx.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), $3,
