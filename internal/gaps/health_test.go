@@ -36,8 +36,11 @@ func TestWatchSlotHealth(t *testing.T) {
 			[]string{"'unreserved'", "1048576 bytes", "ALTER SYSTEM SET max_slot_wal_keep_size"}},
 		{"lost on 13-15", with(func(s *replication.SlotState) { s.WALStatus = "lost" }), true, 0,
 			[]string{"wal_status 'lost'", "max_slot_wal_keep_size allows", "Backfill", "pg_drop_replication_slot('orders_outbox')", "cdc-relay replay --since"}},
-		{"conflicting on 16", with(func(s *replication.SlotState) { s.WALStatus, s.Conflicting = "lost", &yes }), true, 0,
+		{"conflicting on 16", with(func(s *replication.SlotState) { s.WALStatus, s.Conflicting = "reserved", &yes }), true, 0,
 			[]string{"conflicting", "hot_standby_feedback", "pg_drop_replication_slot"}},
+		// 16.14 sets conflicting on a slot whose WAL was removed too: lost wins.
+		{"lost and conflicting on 16", with(func(s *replication.SlotState) { s.WALStatus, s.Conflicting = "lost", &yes }), true, 0,
+			[]string{"max_slot_wal_keep_size"}},
 		{"idle timeout on 18", with(func(s *replication.SlotState) {
 			s.WALStatus, s.Conflicting, s.InvalidationReason = "lost", &no, "idle_timeout"
 		}), true, 0, []string{"invalidation_reason 'idle_timeout'", "idle_replication_slot_timeout"}},
@@ -98,7 +101,7 @@ func TestSlotHealthMetrics(t *testing.T) {
 		t.Errorf("no limit, 13-15: %d series, want 0", n)
 	}
 	// 16, a limit, a conflict.
-	m.SetSlotHealth(gaps.SlotHealth(replication.SlotState{Exists: true, WALStatus: "lost", WALKeepSize: 1 << 20, SafeWALSize: &safe, Conflicting: &yes}))
+	m.SetSlotHealth(gaps.SlotHealth(replication.SlotState{Exists: true, WALStatus: "reserved", WALKeepSize: 1 << 20, SafeWALSize: &safe, Conflicting: &yes}))
 	if n := count(); n != 4 {
 		t.Errorf("16 with a limit and a conflict: %d series, want 4 (safe, keep, conflicting, invalidated)", n)
 	}
