@@ -186,6 +186,12 @@ func (p *Postgres) initAndStart(ctx context.Context, conf string, opts PGOptions
 		return err
 	}
 
+	return p.startOnFreePort(ctx)
+}
+
+// startOnFreePort starts the cluster on a free port, retrying with another
+// when the chosen one was taken meanwhile.
+func (p *Postgres) startOnFreePort(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for attempt := 1; ; attempt++ {

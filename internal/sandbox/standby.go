@@ -106,30 +106,6 @@ func (p *Postgres) copyDataTo(ctx context.Context, dst string) error {
 	return nil
 }
 
-// startOnFreePort starts the cluster on a free port, retrying with another
-// when the chosen one was taken meanwhile.
-func (p *Postgres) startOnFreePort(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for attempt := 1; ; attempt++ {
-		port, err := FreePort()
-		if err != nil {
-			return err
-		}
-		if err := appendFile(filepath.Join(p.dataDir, "postgresql.conf"), fmt.Sprintf("port = %d\n", port)); err != nil {
-			return err
-		}
-		p.port = port
-		err = p.startLocked(ctx)
-		if err == nil {
-			return nil
-		}
-		if attempt == pgStartAttempts || !strings.Contains(p.logTail(), "could not bind") {
-			return err
-		}
-	}
-}
-
 // Promote promotes a standby (pg_ctl promote) and waits until it accepts
 // writes.
 func (p *Postgres) Promote(ctx context.Context) error {
