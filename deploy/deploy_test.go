@@ -5,7 +5,6 @@
 package deploy_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -18,7 +17,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,6 +26,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 
+	"github.com/cdc-relay/cdc-relay/internal/doccheck"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 )
 
@@ -579,7 +578,7 @@ func TestRunbookAnchors(t *testing.T) {
 				t.Errorf("%s: runbook_url anchor #%s is not a heading of %s", r.Alert, u.Fragment, runbookFile)
 			}
 			// The convention: an alert's section is headed by its name.
-			if want := githubSlug(r.Alert); u.Fragment != want {
+			if want := doccheck.GithubSlug(r.Alert); u.Fragment != want {
 				t.Errorf("%s: runbook_url anchor is #%s, want #%s (a heading named after the alert)", r.Alert, u.Fragment, want)
 			}
 		}
@@ -602,59 +601,15 @@ func TestRunbookLinks(t *testing.T) {
 
 var localLink = regexp.MustCompile(`\]\(#([^)\s]+)\)`)
 
-// headingAnchors returns the anchors GitHub generates for the Markdown headings of
-// file (outside fenced code blocks): lower case, punctuation other than - and _
-// removed, spaces as hyphens, -1, -2… appended to repeats.
+// headingAnchors returns the anchors GitHub generates for file's headings
+// (doccheck.HeadingAnchors, which the Markdown link test uses too).
 func headingAnchors(t *testing.T, file string) map[string]bool {
 	t.Helper()
-	f, err := os.Open(file)
+	anchors, err := doccheck.HeadingAnchors(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	anchors := map[string]bool{}
-	counts := map[string]int{}
-	inFence := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		trimmed := strings.TrimSpace(line)
-		if strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~") {
-			inFence = !inFence
-			continue
-		}
-		if inFence || !strings.HasPrefix(line, "#") {
-			continue
-		}
-		text := strings.TrimLeft(line, "#")
-		if len(line)-len(text) > 6 || (text != "" && text[0] != ' ') {
-			continue
-		}
-		slug := githubSlug(strings.TrimSpace(text))
-		if n := counts[slug]; n > 0 {
-			anchors[fmt.Sprintf("%s-%d", slug, n)] = true
-		} else {
-			anchors[slug] = true
-		}
-		counts[slug]++
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
 	return anchors
-}
-
-func githubSlug(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(heading) {
-		switch {
-		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
-			b.WriteRune(r)
-		case r == ' ':
-			b.WriteRune('-')
-		}
-	}
-	return b.String()
 }
 
 func TestGithubSlug(t *testing.T) {
@@ -663,8 +618,8 @@ func TestGithubSlug(t *testing.T) {
 		"Relay down, WAL grows: what to do": "relay-down-wal-grows-what-to-do",
 		"`cdc-relay dlq` (dead letters)":    "cdc-relay-dlq-dead-letters",
 	} {
-		if got := githubSlug(in); got != want {
-			t.Errorf("githubSlug(%q) = %q, want %q", in, got, want)
+		if got := doccheck.GithubSlug(in); got != want {
+			t.Errorf("GithubSlug(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

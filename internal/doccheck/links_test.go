@@ -2,7 +2,6 @@ package doccheck
 
 import (
 	"bufio"
-	"fmt"
 	"io/fs"
 	"net/url"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"unicode"
 )
 
 // root is the repository root, relative to this package's directory.
@@ -28,7 +26,7 @@ func TestMarkdownLinks(t *testing.T) {
 		if a, ok := anchors[file]; ok {
 			return a
 		}
-		a, err := headingAnchors(file)
+		a, err := HeadingAnchors(file)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,72 +146,6 @@ func relativeLinks(file string) ([]link, error) {
 	return links, sc.Err()
 }
 
-func isFence(line string) bool {
-	t := strings.TrimSpace(line)
-	return strings.HasPrefix(t, "```") || strings.HasPrefix(t, "~~~")
-}
-
-// headingAnchors returns the anchors GitHub generates for file's headings
-// (outside fenced code blocks), with -1, -2… for repeats, plus the ids of
-// explicit <a id="…"> / <a name="…"> tags.
-func headingAnchors(file string) (map[string]bool, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", file, err)
-	}
-	anchors := map[string]bool{}
-	counts := map[string]int{}
-	inFence := false
-	for _, line := range strings.Split(string(b), "\n") {
-		if isFence(line) {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			continue
-		}
-		for _, m := range htmlAnchor.FindAllStringSubmatch(line, -1) {
-			anchors[m[1]] = true
-		}
-		if !strings.HasPrefix(line, "#") {
-			continue
-		}
-		text := strings.TrimLeft(line, "#")
-		if len(line)-len(text) > 6 || (text != "" && text[0] != ' ') {
-			continue
-		}
-		slug := githubSlug(strings.TrimSpace(text))
-		if n := counts[slug]; n > 0 {
-			anchors[fmt.Sprintf("%s-%d", slug, n)] = true
-		} else {
-			anchors[slug] = true
-		}
-		counts[slug]++
-	}
-	return anchors, nil
-}
-
-var htmlAnchor = regexp.MustCompile(`<a\s+(?:id|name)="([^"]+)"`)
-
-// githubSlug is GitHub's anchor for a heading: lower case, letters, digits,
-// - and _ kept, spaces as hyphens, everything else (punctuation, backticks,
-// emphasis) dropped. Link text in a heading counts, its target does not.
-func githubSlug(heading string) string {
-	heading = headingLink.ReplaceAllString(heading, "$1")
-	var b strings.Builder
-	for _, r := range strings.ToLower(heading) {
-		switch {
-		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
-			b.WriteRune(r)
-		case r == ' ':
-			b.WriteRune('-')
-		}
-	}
-	return b.String()
-}
-
-var headingLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
-
 func TestGithubSlug(t *testing.T) {
 	for heading, want := range map[string]string{
 		"What the measurements say (2026-12-01 and 02, this 2-core machine)": "what-the-measurements-say-2026-12-01-and-02-this-2-core-machine",
@@ -222,8 +154,8 @@ func TestGithubSlug(t *testing.T) {
 		"CdcRelayDown":                "cdcrelaydown",
 		"See [the guide](x.md) first": "see-the-guide-first",
 	} {
-		if got := githubSlug(heading); got != want {
-			t.Errorf("githubSlug(%q) = %q, want %q", heading, got, want)
+		if got := GithubSlug(heading); got != want {
+			t.Errorf("GithubSlug(%q) = %q, want %q", heading, got, want)
 		}
 	}
 }
@@ -248,7 +180,7 @@ func TestBrokenLinkIsFound(t *testing.T) {
 	if want := "b.md #title #nope"; strings.Join(got, " ") != want {
 		t.Fatalf("links = %q, want %q", strings.Join(got, " "), want)
 	}
-	a, err := headingAnchors(file)
+	a, err := HeadingAnchors(file)
 	if err != nil {
 		t.Fatal(err)
 	}
