@@ -46,6 +46,8 @@ var runFlags = map[string]string{
 	"Decoder.PartitionColumn":       "column-partition",
 	"Decoder.EnvelopeColumns":       "envelope-columns",
 	"Pool":                          "pg-url",
+	"PrimaryPGURL":                  "primary-pg-url",
+	"PrimaryPool":                   "primary-pg-url",
 	"Checkpoints":                   "checkpoint-store",
 	"Decoder.SchemaVersionColumn":   "column-schema-version",
 	"Decoder.JSON":                  "value-encoding,key-encoding",

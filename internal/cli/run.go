@@ -38,6 +38,7 @@ type RunCmd struct {
 	PGFlags    `embed:"" group:"postgres"`
 	KafkaFlags `embed:""` // its --topic flags are in group routing
 
+	PrimaryPGURL      string `group:"postgres" name:"primary-pg-url" placeholder:"URL" help:"When --pg-url names a hot standby (PostgreSQL 16+, which decodes there): the primary's URL. The slot, the stream and the decoding stay on the standby; the checkpoint table, dead letters, heartbeats and the publication are written on the primary, which is also asked for the running-transactions record that creating a slot on a standby waits for. Required with a standby --pg-url; unused with a primary."`
 	CreateSlot        bool   `default:"true" negatable:"" group:"postgres" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
 	CreatePublication bool   `default:"true" negatable:"" group:"postgres" help:"Create the publication when it is missing."`
 	SlotFailover      string `default:"auto" enum:"auto,on,off" group:"postgres" help:"Make the slot a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots = on keep a copy of, so the relay follows a promotion (with a multi-host --pg-url and target_session_attrs=read-write): auto where the server supports it, on (refuse to start below 17), off. An existing slot without it is switched on; docs/postgres.md#failover says what else a failover needs."`
@@ -281,14 +282,20 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 var _ relay.DeadLetterStore = (*deadletter.Store)(nil)
 
 // wire builds the values the relay takes, over pool (relay.OpenPool of
-// cfg.PGURL, which the caller closes after the relay's Run), and sets them in
+// cfg.PGURL, which the caller closes after the relay's Run) or, with
+// --primary-pg-url, over primary (the same, of that URL), and sets them in
 // cfg, which config returned: the checkpoint store; with --on-error=dlq the
 // dead-letter store, its recorder, gauges, retention and automatic retries;
 // the backfill and snapshot publishers. Each value is built before anything
 // that uses it, and none is assigned later: what a function set here calls
 // exists when it is set.
-func (r *RunCmd) wire(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) error {
-	cfg.Pool = pool
+func (r *RunCmd) wire(cfg *relay.Config, pool, primary *pgxpool.Pool, log zerolog.Logger) error {
+	cfg.Pool, cfg.PrimaryPool = pool, primary
+	// What the relay writes goes to the primary when --pg-url may name a
+	// standby; the relay checks which it is when it starts.
+	if primary != nil {
+		pool = primary
+	}
 	cfg.Checkpoints = r.checkpointStore(pool)
 	if r.OnError == "dlq" {
 		store := deadletter.NewStore(pool, r.DLQTable)
@@ -475,7 +482,14 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 		return nameFlags(err, runFlags)
 	}
 	defer pool.Close()
-	if err := r.wire(&cfg, pool, log); err != nil {
+	var primary *pgxpool.Pool
+	if r.PrimaryPGURL != "" {
+		if primary, err = relay.OpenPool(ctx, r.PrimaryPGURL); err != nil {
+			return flagError("primary-pg-url", err.Error())
+		}
+		defer primary.Close()
+	}
+	if err := r.wire(&cfg, pool, primary, log); err != nil {
 		return &usageError{err}
 	}
 	spans, err := r.startSpans(ctx, env.Version, log, m)

@@ -41,7 +41,7 @@ func TestWireBuildsValuesFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if err := c.Run.wire(&cfg, pool, zerolog.Nop()); err != nil {
+	if err := c.Run.wire(&cfg, pool, nil, zerolog.Nop()); err != nil {
 		t.Fatal(err)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -87,7 +87,7 @@ func TestWiredDeadLetterNamesFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Run.wire(&cfg, in.pool, zerolog.Nop()); err != nil {
+	if err := c.Run.wire(&cfg, in.pool, nil, zerolog.Nop()); err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()

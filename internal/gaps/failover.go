@@ -24,6 +24,9 @@ const (
 	CheckStandbySlotsUnset = "synchronized_standby_slots_unset"
 	// CheckFailoverReady: both hold.
 	CheckFailoverReady = "failover_ready"
+	// CheckSlotOnStandby: the slot lives on a hot standby (the relay decodes
+	// there), which no failover slot synchronizes.
+	CheckSlotOnStandby = "slot_on_standby"
 )
 
 // failoverChecks judge whether a failover of the server keeps the slot and
@@ -33,9 +36,18 @@ const (
 // loses the slot takes the slot-loss path (SlotMissing) then.
 func failoverChecks() []Check {
 	return []Check{
+		{CheckSlotOnStandby, func(f *Facts) Finding {
+			if !f.Failover.InRecovery {
+				return Finding{}
+			}
+			return Finding{Verdict: Info, Msg: fmt.Sprintf(
+				"replication slot %q lives on the hot standby the relay decodes on: a promotion of this standby keeps it, "+
+					"but a failover to another server (or rebuilding this standby) does not, and the relay stops with slot_missing "+
+					"and the steps to recover (docs/postgres.md, Decoding on a standby)", f.Setup.Slot)}
+		}},
 		{CheckFailoverUnsupported, func(f *Facts) Finding {
 			s := f.Failover
-			if s.Supported() || f.FailoverMode == replication.FailoverOff {
+			if s.Supported() || f.FailoverMode == replication.FailoverOff || s.InRecovery {
 				return Finding{}
 			}
 			return Finding{Verdict: Info, Msg: fmt.Sprintf(

@@ -27,7 +27,8 @@ func TestFailoverChecks(t *testing.T) {
 		{"17, off", noFailover, replication.FailoverOff, CheckSlotNotFailover, Warn, []string{"slot failover is off"}},
 		{"17, no synchronized_standby_slots", unsafe, replication.FailoverAuto, CheckStandbySlotsUnset, Warn, []string{"synchronized_standby_slots is empty", "ALTER SYSTEM SET synchronized_standby_slots"}},
 		{"17, safe", safe, replication.FailoverAuto, CheckFailoverReady, Info, []string{"(sb1)"}},
-		{"17, on a standby", standby, replication.FailoverAuto, "", OK, nil},
+		{"17, on a standby", standby, replication.FailoverAuto, CheckSlotOnStandby, Info, []string{"lives on the hot standby", "a failover to another server", "slot_missing"}},
+		{"16, on a standby", replication.FailoverState{ServerVersion: 160014, SlotExists: true, InRecovery: true}, replication.FailoverAuto, CheckSlotOnStandby, Info, []string{"a promotion of this standby keeps it"}},
 		{"17, slot missing", replication.FailoverState{ServerVersion: 170002, StandbySlots: "sb1"}, replication.FailoverAuto, "", OK, nil},
 	}
 	for _, tt := range tests {

@@ -38,9 +38,13 @@ func TestWatchSlotHealth(t *testing.T) {
 			[]string{"wal_status 'lost'", "max_slot_wal_keep_size allows", "Backfill", "pg_drop_replication_slot('orders_outbox')", "cdc-relay replay --since"}},
 		{"conflicting on 16", with(func(s *replication.SlotState) { s.WALStatus, s.Conflicting = "reserved", &yes }), true, 0,
 			[]string{"conflicting", "hot_standby_feedback", "pg_drop_replication_slot"}},
-		// 16.14 sets conflicting on a slot whose WAL was removed too: lost wins.
+		// 16.14 sets conflicting on a slot whose WAL was removed too: on a
+		// primary lost wins; on a standby the conflict does.
 		{"lost and conflicting on 16", with(func(s *replication.SlotState) { s.WALStatus, s.Conflicting = "lost", &yes }), true, 0,
 			[]string{"max_slot_wal_keep_size"}},
+		{"lost and conflicting on a 16 standby", with(func(s *replication.SlotState) {
+			s.WALStatus, s.Conflicting, s.InRecovery = "lost", &yes, true
+		}), true, 0, []string{"conflict with recovery", "hot_standby_feedback = on"}},
 		{"idle timeout on 18", with(func(s *replication.SlotState) {
 			s.WALStatus, s.Conflicting, s.InvalidationReason = "lost", &no, "idle_timeout"
 		}), true, 0, []string{"invalidation_reason 'idle_timeout'", "idle_replication_slot_timeout"}},

@@ -175,7 +175,10 @@ type Metrics struct {
 	// dlq replay run in their own).
 	ReplayHistoryEvents *prometheus.GaugeVec
 	State               *prometheus.GaugeVec // by state, 1 for the current one
-	BuildInfo           *prometheus.GaugeVec // by version, goversion
+	// Source is 1 for the role of the server the relay decodes on
+	// (primary or standby), 0 for the other.
+	Source    *prometheus.GaugeVec
+	BuildInfo *prometheus.GaugeVec // by version, goversion
 }
 
 // New creates the collectors and registers them on reg.
@@ -379,6 +382,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "state",
 			Help: "1 for the relay's current state, 0 for the others.",
 		}, []string{"state"}),
+		Source: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "source",
+			Help: "1 for the role of the server the relay decodes on (role: primary, or standby with --primary-pg-url for writes), 0 for the other.",
+		}, []string{"role"}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "build_info",
 			Help: "Always 1; labels carry the relay version and Go version.",
@@ -390,7 +397,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
-		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.BuildInfo,
+		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.Source, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
 		m.DeadLettersDead, m.Replays, m.ReplayHistoryEvents,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
@@ -467,6 +474,18 @@ func (m *Metrics) SetState(state string) {
 			v = 1
 		}
 		m.State.WithLabelValues(s).Set(v)
+	}
+}
+
+// SetSource marks role ("primary" or "standby") as the role of the server
+// the relay decodes on.
+func (m *Metrics) SetSource(role string) {
+	for _, r := range []string{"primary", "standby"} {
+		v := 0.0
+		if r == role {
+			v = 1
+		}
+		m.Source.WithLabelValues(r).Set(v)
 	}
 }
 

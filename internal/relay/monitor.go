@@ -17,6 +17,7 @@ import (
 // is done.
 type monitor struct {
 	pool      *pgxpool.Pool
+	writer    *pgxpool.Pool // the primary's pool when pool reaches a standby
 	every     time.Duration
 	heartbeat time.Duration // 0: no heartbeat
 	counts    func(context.Context) (map[string]int64, error)
@@ -138,7 +139,7 @@ func (mo *monitor) lag() {
 func (mo *monitor) beat(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := replication.EmitHeartbeat(qctx, mo.pool); err != nil {
+	if err := replication.EmitHeartbeat(qctx, mo.writer); err != nil {
 		mo.m.Heartbeats.WithLabelValues("error").Inc()
 		if !mo.hbFailing {
 			mo.hbFailing = true

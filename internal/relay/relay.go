@@ -170,6 +170,13 @@ type Config struct {
 	// the caller opens it with OpenPool, builds the stores over it, and closes
 	// it after Run returned. The replication connections use PGURL.
 	Pool *pgxpool.Pool
+	// PrimaryPool, required when PGURL names a hot standby (PostgreSQL 16+),
+	// reaches the primary it replicates from: the slot, the stream and the
+	// decoding stay on the standby, and the relay writes through PrimaryPool
+	// (the publication, heartbeats, the running-transactions records that
+	// creating a slot on a standby waits for). The caller builds the stores
+	// over it. Unused when PGURL names a primary.
+	PrimaryPool *pgxpool.Pool
 	// Checkpoints persists the checkpoint: a checkpoint.TableStore over Pool
 	// (it reconnects after restarts) or a checkpoint.FileStore.
 	Checkpoints Store
@@ -225,7 +232,9 @@ type Config struct {
 	KafkaStartWait  time.Duration // how long to wait for Kafka at start (DefaultKafkaStartWait)
 	MonitorInterval time.Duration // how often slot metrics are read (DefaultMonitorInterval)
 	// Heartbeat, when positive, writes pg_logical_emit_message at that period so
-	// an idle database's slot keeps moving while others write WAL.
+	// an idle database's slot keeps moving while others write WAL; on the
+	// primary when PGURL names a standby, where 0 means
+	// DefaultStandbyHeartbeat.
 	Heartbeat time.Duration
 	// ReplayTotals, when set, is read every MonitorInterval into the
 	// replay_history_events metric: the events of every replay in the
@@ -286,6 +295,10 @@ const (
 	DefaultKafkaStartWait   = 30 * time.Second
 	DefaultMonitorInterval  = 10 * time.Second
 	DefaultBackfillMargin   = 10 * time.Minute
+	// DefaultStandbyHeartbeat is the heartbeat on the primary when the relay
+	// decodes on a standby and Heartbeat is 0: a standby's slot moves only
+	// over WAL the primary writes, so an idle primary would hold it back.
+	DefaultStandbyHeartbeat = 10 * time.Second
 )
 
 func (c *Config) setDefaults() {
@@ -404,6 +417,11 @@ type Relay struct {
 	eventLog zerolog.Logger
 	// pool reaches the source database (Config.Pool, set by Run).
 	pool *pgxpool.Pool
+	// source is the server of PGURL, a primary or a standby, read by
+	// checkServer; writer is where the relay writes: Config.PrimaryPool for a
+	// standby, else Config.Pool.
+	source replication.Source
+	writer *pgxpool.Pool
 	// fatal carries a problem found while streaming that only an operator can
 	// fix (a gap check); the relay stops with it.
 	fatal chan error
@@ -560,7 +578,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.pool = pool
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	mon := &monitor{
-		pool: pool, every: cfg.MonitorInterval, heartbeat: cfg.Heartbeat,
+		pool: pool, writer: r.writer, every: cfg.MonitorInterval, heartbeat: r.heartbeat(),
 		replayTotals: cfg.ReplayTotals, retention: cfg.DeadLetterRetention, h: h, log: r.log, m: r.m,
 		gaps: r.gaps, fatal: r.fatal,
 	}
@@ -590,6 +608,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	return r.stream(ctx, h, k, ck)
+}
+
+// heartbeat is the heartbeat period: Config.Heartbeat, or
+// DefaultStandbyHeartbeat on a standby when that is 0.
+func (r *Relay) heartbeat() time.Duration {
+	if r.cfg.Heartbeat == 0 && r.source.InRecovery {
+		return DefaultStandbyHeartbeat
+	}
+	return r.cfg.Heartbeat
 }
 
 // membership tells the decoder which relations announced under another name

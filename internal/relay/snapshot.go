@@ -82,10 +82,15 @@ func (r *Relay) initialSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpo
 	}
 	began := time.Now()
 	var n int
-	point, err := replication.CreateSlotWithSnapshot(ctx, r.cfg.PGURL, slot, r.failover, func(ctx context.Context, tx pgx.Tx) error {
-		r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds " + setting.Token("Snapshot"))
+	var point pglogrepl.LSN
+	err = r.creatingSlot(ctx, func() error {
 		var err error
-		n, err = r.cfg.Snapshot(ctx, tx)
+		point, err = replication.CreateSlotWithSnapshot(ctx, r.cfg.PGURL, slot, r.failover, func(ctx context.Context, tx pgx.Tx) error {
+			r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds " + setting.Token("Snapshot"))
+			var err error
+			n, err = r.cfg.Snapshot(ctx, tx)
+			return err
+		})
 		return err
 	})
 	if errors.Is(err, replication.ErrSlotExists) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -40,19 +41,97 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	wait.Done(true)
 	defer pc.Release()
-	if err := replication.CheckServer(ctx, pc.Conn(), r.setupConfig()); err != nil {
+	if err := r.checkSource(ctx, pc.Conn()); err != nil {
+		return err
+	}
+	// The publication is created through the writer: on a standby, the
+	// primary's catalog is the one replicated to the standby.
+	check := pc.Conn()
+	if r.source.InRecovery {
+		wc, err := r.writer.Acquire(ctx)
+		if err != nil {
+			return replication.ConnectError(r.cfg.PGURL, fmt.Errorf("connect to the primary %s: %w", setting.Token("PrimaryPGURL"), err))
+		}
+		defer wc.Release()
+		check = wc.Conn()
+	}
+	if err := replication.CheckServer(ctx, check, r.setupConfig()); err != nil {
 		return err
 	}
 	// Whether the slot is to be a failover slot: before Kafka is reached, so
 	// that --slot-failover on below 17 is refused first.
-	version, err := replication.ServerVersion(ctx, pc.Conn())
+	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, r.source.Version); err != nil {
+		return err
+	}
+	if r.source.InRecovery && r.failover {
+		// Postgres creates no failover slot on a standby; a standby of a
+		// standby takes over decoding after a promotion only with a slot of its own.
+		if r.cfg.SlotFailover == replication.FailoverOn {
+			return &replication.ConfigError{Msg: "a slot on a hot standby cannot be a failover slot (PostgreSQL synchronizes slots from a primary only): set the slot's failover to auto or off " + setting.Token("SlotFailover")}
+		}
+		r.failover = false
+	}
+	return r.gaps.Publication(ctx, pc.Conn())
+}
+
+// checkSource reads whether conn's server, the Postgres URL's, is a hot
+// standby, and if so checks that the relay can decode there and write
+// through the primary; it sets the source metric and r.source and r.writer.
+func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
+	source, err := replication.ReadSource(ctx, conn)
 	if err != nil {
 		return err
 	}
-	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, version); err != nil {
+	r.source, r.writer = source, r.cfg.Pool
+	var primary *replication.Source
+	if source.InRecovery && r.cfg.PrimaryPool != nil {
+		pc, err := r.cfg.PrimaryPool.Acquire(ctx)
+		if err != nil {
+			return replication.ConnectError(r.cfg.PrimaryPool.Config().ConnString(), fmt.Errorf("connect to the primary %s: %w", setting.Token("PrimaryPGURL"), err))
+		}
+		p, err := replication.ReadSource(ctx, pc.Conn())
+		pc.Release()
+		if err != nil {
+			return fmt.Errorf("primary %s: %w", setting.Token("PrimaryPGURL"), err)
+		}
+		primary = &p
+		r.writer = r.cfg.PrimaryPool
+	}
+	if err := replication.CheckStandbySource(source, primary); err != nil {
 		return err
 	}
-	return r.gaps.Publication(ctx, pc.Conn())
+	r.m.SetSource(source.Role())
+	if source.InRecovery {
+		r.log.Info().Str("source", source.Role()).Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
+			Msg("decoding on a hot standby: the slot and the stream are on the standby; the checkpoint, dead letters, heartbeats and the publication are written on the primary")
+	}
+	return nil
+}
+
+// creatingSlot runs create, which creates the relay's slot. On a standby,
+// creating a slot waits for the primary's next running-transactions
+// record, which an idle primary logs every 15 seconds at best: meanwhile the
+// relay asks the primary for one every second.
+func (r *Relay) creatingSlot(ctx context.Context, create func() error) error {
+	if !r.source.InRecovery {
+		return create()
+	}
+	nctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var failing atomic.Bool
+	go func() {
+		defer close(done)
+		replication.NudgeStandby(nctx, r.writer, time.Second, func(err error) {
+			if failing.CompareAndSwap(false, true) {
+				r.log.Warn().Err(err).Msg("creating the slot on the standby waits for the primary's next running-transactions record (up to 15 s on a busy primary, longer on an idle one)")
+			}
+		})
+	}()
+	defer func() {
+		stop()
+		<-done
+	}()
+	return create()
 }
 
 // pgAddress is where cfg connects: host:port, and its fallbacks, without
@@ -203,7 +282,7 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 		if r.cfg.Snapshot != nil {
 			return r.initialSnapshot(ctx, conn, op)
 		}
-		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover); err != nil {
+		if err := r.creatingSlot(ctx, func() error { return replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover) }); err != nil {
 			return 0, err
 		}
 		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
@@ -269,7 +348,7 @@ func (r *Relay) backfill(ctx context.Context, conn *pgx.Conn, op *checkpoint.Ope
 		if markTime, err = replication.ServerClock(ctx, conn); err != nil {
 			return 0, fmt.Errorf("backfill slot %q: %w", slot, err)
 		}
-		if err := replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover); err != nil {
+		if err := r.creatingSlot(ctx, func() error { return replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover) }); err != nil {
 			return 0, err
 		}
 		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {

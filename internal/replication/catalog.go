@@ -179,12 +179,12 @@ func ServerClock(ctx context.Context, db QueryRower) (time.Time, error) {
 	return t, nil
 }
 
-// CurrentWAL returns the server's current WAL write position
-// (pg_current_wal_lsn()): every transaction committing later has a higher
-// commit LSN.
+// CurrentWAL returns the server's current WAL end (pg_current_wal_lsn(), on
+// a standby pg_last_wal_replay_lsn()): every transaction committing, or
+// replayed, later has a higher commit LSN.
 func CurrentWAL(ctx context.Context, db QueryRower) (pglogrepl.LSN, error) {
 	var text string
-	if err := db.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&text); err != nil {
+	if err := db.QueryRow(ctx, "SELECT "+walEndSQL+"::text").Scan(&text); err != nil {
 		return 0, fmt.Errorf("read the current WAL position: %w", err)
 	}
 	lsn, err := pglogrepl.ParseLSN(text)

@@ -182,8 +182,10 @@ type SlotState struct {
 	ActivePID      int
 	ConfirmedFlush pglogrepl.LSN // confirmed_flush_lsn
 	WALStatus      string        // wal_status: reserved, extended, unreserved or lost
-	// LagBytes is pg_current_wal_lsn() - confirmed_flush_lsn; RetainedWALBytes is
-	// pg_current_wal_lsn() - restart_lsn, the WAL the server keeps for the slot.
+	// LagBytes is the server's WAL end - confirmed_flush_lsn; RetainedWALBytes
+	// is the WAL end - restart_lsn, the WAL the server keeps for the slot. The
+	// WAL end is pg_current_wal_lsn() on a primary, pg_last_wal_replay_lsn()
+	// on a standby.
 	LagBytes         int64
 	RetainedWALBytes int64
 	// WALKeepSize is the server's max_slot_wal_keep_size in bytes, -1 when
@@ -201,6 +203,8 @@ type SlotState struct {
 	// invalidated the slot (wal_removed, rows_removed,
 	// wal_level_insufficient, idle_timeout), "" while it is valid or below 17.
 	InvalidationReason string
+	// InRecovery: the server is a hot standby (pg_is_in_recovery()).
+	InRecovery bool
 	// InactiveSince is inactive_since (17+): when the slot was last released
 	// by its consumer; zero while in use or below 17.
 	InactiveSince time.Time
@@ -219,8 +223,12 @@ func (s SlotState) Invalidated() (bool, string) {
 	case s.WALStatus == "lost":
 		// Before 17 (no invalidation_reason) 16 also sets conflicting on a slot
 		// whose WAL was removed (seen on 16.14), and shows a conflict-invalidated
-		// one lost too. Conflicts invalidate slots on a standby only; the relay
-		// reads from a primary, where lost means the WAL was removed.
+		// one lost too. Conflicts invalidate slots on a standby only: on a
+		// primary lost means the WAL was removed; on a standby a conflicting
+		// lost slot is read as the conflict, the cause that needs a fix there.
+		if s.InRecovery && s.Conflicting != nil && *s.Conflicting {
+			return true, "conflict"
+		}
 		return true, "wal_removed"
 	case s.Conflicting != nil && *s.Conflicting:
 		return true, "conflict"
@@ -242,7 +250,8 @@ func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error
 	var s SlotState
 	var version int
 	var keep int64
-	if err := db.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, pg_size_bytes(current_setting('max_slot_wal_keep_size'))").Scan(&version, &keep); err != nil {
+	var inRecovery bool
+	if err := db.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, pg_size_bytes(current_setting('max_slot_wal_keep_size')), pg_is_in_recovery()").Scan(&version, &keep, &inRecovery); err != nil {
 		return s, fmt.Errorf("read replication slot %q: read the server version and max_slot_wal_keep_size: %w", slot, err)
 	}
 	var plugin, database, walStatus *string
@@ -253,7 +262,7 @@ func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error
 	var reason *string
 	var inactiveSince *time.Time
 	cols := `plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status,
-			(pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint, safe_wal_size`
+			(` + walEndSQL + ` - confirmed_flush_lsn)::bigint, (` + walEndSQL + ` - restart_lsn)::bigint, safe_wal_size`
 	dest := []any{&plugin, &database, &s.Active, &pid, &confirmed, &walStatus, &lag, &retained, &s.SafeWALSize}
 	if version >= versionConflicting {
 		cols += ", conflicting"
@@ -270,7 +279,7 @@ func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error
 	if err != nil {
 		return s, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
-	s.Exists, s.WALKeepSize = true, keep
+	s.Exists, s.WALKeepSize, s.InRecovery = true, keep, inRecovery
 	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(database), deref(walStatus)
 	s.Conflicting, s.InvalidationReason = conflicting, deref(reason)
 	if inactiveSince != nil {
@@ -504,7 +513,7 @@ func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication
 		return time.Time{}, false, fmt.Errorf("peek slot %q: publication %q does not exist", slot, publication)
 	}
 	for changes := 16; ; changes *= 8 {
-		rows, err := tx.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, pg_current_wal_lsn(), $3,
+		rows, err := tx.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, `+walEndSQL+`, $3,
 			'proto_version', '1', 'publication_names', $2)`, slot, publication, changes)
 		if err != nil {
 			return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
