@@ -94,7 +94,7 @@ func TestDecodeMessages(t *testing.T) {
 				ID: b("e-3"), AggregateType: b("a"), AggregateID: b("k"), EventType: b("E"),
 				Payload: b("null"), PayloadType: outbox.PayloadJSON, MessagePrefix: "outbox",
 				Headers: []outbox.Header{{Key: outbox.HeaderContentType, Value: b("application/json")}},
-				XID: xid1, CommitLSN: lsn1, CommitTime: t1,
+				XID:     xid1, CommitLSN: lsn1, CommitTime: t1,
 			})},
 		},
 		{
@@ -108,7 +108,7 @@ func TestDecodeMessages(t *testing.T) {
 				ID: b("e-4"), AggregateType: b("a"), AggregateID: b("k"), EventType: b("E"),
 				Payload: b(`{"payload":[1, 2],"eventId":"e-4","tenant":"acme","n":null}`), PayloadType: outbox.PayloadJSON, MessagePrefix: "outbox",
 				Headers: []outbox.Header{{Key: "tenant", Value: b("acme")}},
-				XID: xid1, CommitLSN: lsn1, CommitTime: t1,
+				XID:     xid1, CommitLSN: lsn1, CommitTime: t1,
 			})},
 		},
 		{
