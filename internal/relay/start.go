@@ -40,15 +40,21 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	wait.Done(true)
 	defer pc.Release()
+	version, err := replication.ServerVersion(ctx, pc.Conn())
+	if err != nil {
+		return err
+	}
+	// The message outbox before anything is created.
+	if r.cfg.Decoder.MessagePrefix != "" && version < replication.MinMessagesVersion {
+		return &replication.ConfigError{Err: setting.Errorf("Decoder.MessagePrefix",
+			"the message outbox needs PostgreSQL 14 or later (pgoutput's messages option), but the server is PostgreSQL %s: "+
+				"upgrade the server, or write the events to an outbox table instead", replication.VersionName(version))}
+	}
 	if err := replication.CheckServer(ctx, pc.Conn(), r.setupConfig()); err != nil {
 		return err
 	}
 	// Whether the slot is to be a failover slot: before Kafka is reached, so
 	// that --slot-failover on below 17 is refused first.
-	version, err := replication.ServerVersion(ctx, pc.Conn())
-	if err != nil {
-		return err
-	}
 	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, version); err != nil {
 		return err
 	}
@@ -166,6 +172,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 		Schema: d.Schema, Table: d.Table, TableField: "Decoder.Table", Columns: cols,
 		CreatePublication: r.cfg.CreatePublication,
 		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
+		Messages:          d.MessagePrefix != "",
 	}
 }
 
