@@ -81,7 +81,6 @@ func (c SetupConfig) NoTable() bool { return c.Table == "" }
 // pgoutput streams logical decoding messages (its messages option).
 const MinMessagesVersion = 140000
 
-
 // QualifiedTable returns schema.table quoted for SQL.
 func (c SetupConfig) QualifiedTable() string {
 	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
