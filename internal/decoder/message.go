@@ -144,80 +144,130 @@ func (mo *messageOutbox) event(content []byte) (*outbox.Event, error) {
 	if !utf8.Valid(content) {
 		bad.PayloadType = outbox.PayloadBinary
 	}
-	var members map[string]json.RawMessage
-	if json.Unmarshal(content, &members) == nil {
+	if env, rerr := readEnvelope(bad.Payload); rerr == nil {
 		// What can be read names the letter for the operator.
-		bad.ID, _ = stringMember(members, MessageKeyID)
-		bad.AggregateType, _ = stringMember(members, MessageKeyAggregateType)
-		bad.AggregateID, _ = stringMember(members, MessageKeyAggregateID)
-		bad.EventType, _ = stringMember(members, MessageKeyEventType)
+		bad.ID, _ = jsonString(env.id)
+		bad.AggregateType, _ = jsonString(env.aggregateType)
+		bad.AggregateID, _ = jsonString(env.aggregateID)
+		bad.EventType, _ = jsonString(env.eventType)
 	}
 	return bad, &outbox.EventError{Code: CodeBadMessage, Err: fmt.Errorf("message content: %w", err)}
 }
 
-// parse reads a valid envelope into an event, or says what is wrong.
+// envelope holds the raw JSON of an envelope's members, nil when absent.
+type envelope struct {
+	id, aggregateType, aggregateID, eventType []byte
+	payload, payloadBase64, headers           []byte
+}
+
+// readEnvelope reads the members of content, a JSON object, in one pass:
+// the values share content's memory. A member given twice counts as its
+// last value, as encoding/json reads it.
+func readEnvelope(content []byte) (envelope, error) {
+	var env envelope
+	if !json.Valid(content) {
+		return env, fmt.Errorf("not a JSON object (%s)", clip(content))
+	}
+	err := objectMembers(content, func(key, val []byte) error {
+		switch string(key) {
+		case MessageKeyID:
+			env.id = val
+		case MessageKeyAggregateType:
+			env.aggregateType = val
+		case MessageKeyAggregateID:
+			env.aggregateID = val
+		case MessageKeyEventType:
+			env.eventType = val
+		case MessageKeyPayload:
+			env.payload = val
+		case MessageKeyPayloadBase64:
+			env.payloadBase64 = val
+		case MessageKeyHeaders:
+			env.headers = val
+		}
+		return nil
+	})
+	if err != nil {
+		return env, fmt.Errorf("not a JSON object (%s)", clip(content))
+	}
+	return env, nil
+}
+
+// parse reads a valid envelope into an event, or says what is wrong. The
+// event's values share one copy of content.
 func (mo *messageOutbox) parse(content []byte) (*outbox.Event, error) {
-	var members map[string]json.RawMessage
-	if err := json.Unmarshal(content, &members); err != nil || members == nil {
-		return nil, fmt.Errorf("not a JSON object (%s)", clip(content))
+	buf := bytes.Clone(content)
+	env, err := readEnvelope(buf)
+	if err != nil {
+		return nil, err
 	}
 	ev := &outbox.Event{}
-	var err error
 	for _, f := range []struct {
 		key   string
+		raw   []byte
 		dst   *[]byte
 		empty bool // may be ""
 	}{
-		{MessageKeyID, &ev.ID, false},
-		{MessageKeyAggregateType, &ev.AggregateType, true},
-		{MessageKeyAggregateID, &ev.AggregateID, false},
-		{MessageKeyEventType, &ev.EventType, true},
+		{MessageKeyID, env.id, &ev.ID, false},
+		{MessageKeyAggregateType, env.aggregateType, &ev.AggregateType, true},
+		{MessageKeyAggregateID, env.aggregateID, &ev.AggregateID, false},
+		{MessageKeyEventType, env.eventType, &ev.EventType, true},
 	} {
-		if *f.dst, err = stringMember(members, f.key); err != nil {
-			return nil, err
+		if f.raw == nil {
+			return nil, fmt.Errorf("missing %s", f.key)
+		}
+		var ok bool
+		if *f.dst, ok = jsonString(f.raw); !ok {
+			return nil, fmt.Errorf("%s is not a string", f.key)
 		}
 		if len(*f.dst) == 0 && !f.empty {
 			return nil, fmt.Errorf("%s is empty", f.key)
 		}
 	}
-	payload, hasPayload := members[MessageKeyPayload]
-	b64, hasB64 := members[MessageKeyPayloadBase64]
 	switch {
-	case hasPayload && hasB64:
+	case env.payload != nil && env.payloadBase64 != nil:
 		return nil, fmt.Errorf("both %s and %s: give one", MessageKeyPayload, MessageKeyPayloadBase64)
-	case hasPayload:
-		ev.Payload, ev.PayloadType = bytes.Clone(payload), outbox.PayloadJSON
-	case hasB64:
-		var s string
-		if err := json.Unmarshal(b64, &s); err != nil {
+	case env.payload != nil:
+		ev.Payload, ev.PayloadType = env.payload, outbox.PayloadJSON
+	case env.payloadBase64 != nil:
+		s, ok := jsonString(env.payloadBase64)
+		if !ok {
 			return nil, fmt.Errorf("%s is not a string", MessageKeyPayloadBase64)
 		}
-		if ev.Payload, err = base64.StdEncoding.DecodeString(s); err != nil {
+		if ev.Payload, err = base64.StdEncoding.AppendDecode(nil, s); err != nil {
 			return nil, fmt.Errorf("%s is not base64: %w", MessageKeyPayloadBase64, err)
 		}
 		ev.PayloadType = outbox.PayloadBinary
 	default:
 		return nil, fmt.Errorf("missing %s (or %s)", MessageKeyPayload, MessageKeyPayloadBase64)
 	}
-	var extra map[string]string
-	if h, ok := members[MessageKeyHeaders]; ok && string(h) != "null" {
-		if err := json.Unmarshal(h, &extra); err != nil {
+	if h := env.headers; h != nil && string(h) != "null" {
+		if h[0] != '{' {
 			return nil, fmt.Errorf("%s is not an object of string values", MessageKeyHeaders)
 		}
-		keys := make([]string, 0, len(extra))
-		for k := range extra {
-			if k == "" {
-				return nil, fmt.Errorf("%s has an empty key", MessageKeyHeaders)
+		err := objectMembers(h, func(key, val []byte) error {
+			v, ok := jsonString(val)
+			switch {
+			case !ok:
+				return fmt.Errorf("%s is not an object of string values", MessageKeyHeaders)
+			case len(key) == 0:
+				return fmt.Errorf("%s has an empty key", MessageKeyHeaders)
+			case reservedMessageHeader(string(key)):
+				return fmt.Errorf("header %q is set by the relay itself: use another name", key)
 			}
-			if reservedMessageHeader(k) {
-				return nil, fmt.Errorf("header %q is set by the relay itself: use another name", k)
+			for i := range ev.Headers {
+				if string(ev.Headers[i].Key) == string(key) {
+					ev.Headers[i].Value = v // the last of a repeated key
+					return nil
+				}
 			}
-			keys = append(keys, k)
+			ev.Headers = append(ev.Headers, outbox.Header{Key: string(key), Value: v})
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			ev.Headers = append(ev.Headers, outbox.Header{Key: k, Value: []byte(extra[k])})
-		}
+		slices.SortFunc(ev.Headers, func(a, b outbox.Header) int { return strings.Compare(a.Key, b.Key) })
 	}
 	payType := uint32(TypeJSONB)
 	if ev.PayloadType == outbox.PayloadBinary {
@@ -226,7 +276,7 @@ func (mo *messageOutbox) parse(content []byte) (*outbox.Event, error) {
 	if ct := NewFormat(mo.contentType, payType, typeText, false).contentType; ct != nil {
 		ev.Headers = append(ev.Headers, outbox.Header{Key: outbox.HeaderContentType, Value: ct})
 	}
-	if err := mo.encode(ev, payType, members, extra); err != nil {
+	if err := mo.encode(ev, payType, env); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -235,7 +285,7 @@ func (mo *messageOutbox) parse(content []byte) (*outbox.Event, error) {
 // encode writes the event's key and value as the formats say: the envelope
 // of Config.EnvelopeColumns (whose columns name the envelope's string
 // members, or else its headers) and the JSON encodings.
-func (mo *messageOutbox) encode(ev *outbox.Event, payType uint32, members map[string]json.RawMessage, headers map[string]string) error {
+func (mo *messageOutbox) encode(ev *outbox.Event, payType uint32, env envelope) error {
 	if len(mo.envelope) == 0 && mo.jsonEnc == nil {
 		return nil
 	}
@@ -251,10 +301,10 @@ func (mo *messageOutbox) encode(ev *outbox.Event, payType uint32, members map[st
 		case MessageKeyEventType:
 			vals[i] = ev.EventType
 		default:
-			if v, ok := headers[ec.Column]; ok {
-				vals[i] = []byte(v)
-			} else if v, err := stringMember(members, ec.Column); err == nil {
-				vals[i] = v
+			for _, h := range ev.Headers {
+				if h.Key == ec.Column && h.Key != outbox.HeaderContentType {
+					vals[i] = h.Value
+				}
 			}
 		}
 	}
@@ -281,18 +331,101 @@ func (mo *messageOutbox) encode(ev *outbox.Event, payType uint32, members map[st
 	return nil
 }
 
-// stringMember returns member key of an envelope, which must be a JSON
-// string.
-func stringMember(members map[string]json.RawMessage, key string) ([]byte, error) {
-	raw, ok := members[key]
-	if !ok {
-		return nil, fmt.Errorf("missing %s", key)
+// jsonString returns the text of raw, a valid JSON value, when it is a
+// string: without escapes it shares raw's memory.
+func jsonString(raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return nil, false
+	}
+	inner := raw[1 : len(raw)-1 : len(raw)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return inner, true
 	}
 	var s string
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
-		return nil, fmt.Errorf("%s is not a string", key)
+	if json.Unmarshal(raw, &s) != nil {
+		return nil, false
 	}
-	return []byte(s), nil
+	return []byte(s), true
+}
+
+// objectMembers calls fn with each member of b, a valid JSON object (json.Valid
+// holds): its key (unescaped) and its raw value. It returns fn's first error,
+// or one when b is not an object.
+func objectMembers(b []byte, fn func(key, val []byte) error) error {
+	p := skipSpace(b, 0)
+	if p >= len(b) || b[p] != '{' {
+		return errors.New("not a JSON object")
+	}
+	p = skipSpace(b, p+1)
+	if p < len(b) && b[p] == '}' {
+		return nil
+	}
+	for p < len(b) {
+		end := skipValue(b, p) // the key, a string
+		key, ok := jsonString(b[p:end])
+		if !ok {
+			return errors.New("not a JSON object")
+		}
+		p = skipSpace(b, end) + 1 // the colon
+		p = skipSpace(b, p)
+		end = skipValue(b, p)
+		if err := fn(key, b[p:end]); err != nil {
+			return err
+		}
+		p = skipSpace(b, end)
+		if p >= len(b) || b[p] == '}' {
+			return nil
+		}
+		p = skipSpace(b, p+1) // the comma
+	}
+	return nil
+}
+
+// skipSpace returns the index of the first byte at or after p that is not
+// JSON white space.
+func skipSpace(b []byte, p int) int {
+	for p < len(b) && (b[p] == ' ' || b[p] == '\t' || b[p] == '\n' || b[p] == '\r') {
+		p++
+	}
+	return p
+}
+
+// skipValue returns the index just after the valid JSON value at b[p:].
+func skipValue(b []byte, p int) int {
+	depth := 0
+	for p < len(b) {
+		switch c := b[p]; c {
+		case '"':
+			p++
+			for p < len(b) && b[p] != '"' {
+				if b[p] == '\\' {
+					p++
+				}
+				p++
+			}
+			p++ // the closing quote
+			if depth == 0 {
+				return p
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return p + 1
+			}
+			if depth < 0 {
+				return p
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return p
+			}
+		}
+		p++
+	}
+	return p
 }
 
 // reservedMessageHeader reports whether key is a header the relay sets

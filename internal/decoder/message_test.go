@@ -98,6 +98,17 @@ func TestDecodeMessages(t *testing.T) {
 			})},
 		},
 		{
+			name: "escapes, white space, a repeated member",
+			in: [][]byte{beginMsg(lsn1, t1, xid1), logicalMsg(true, 1, "outbox",
+				"{ \"id\" : \"old\",\n\t\"id\":\"e-5\", \"aggregate_type\":\"a\\\"b\", \"aggregate_id\":\"k\\u00e9\", \"event_type\":\"E\", \"unknown\":{\"x\":[1,{\"y\":\"}\"}]}, \"payload\" : [ {\"s\":\"a,b\"} ] ,\"headers\":{\"h\":\"1\",\"h\":\"2\"} }")},
+			want: []Message{beginStep.want, eventMsg(&outbox.Event{
+				ID: b("e-5"), AggregateType: b(`a"b`), AggregateID: b("k\u00e9"), EventType: b("E"),
+				Payload: b(`[ {"s":"a,b"} ]`), PayloadType: outbox.PayloadJSON, MessagePrefix: "outbox",
+				Headers: []outbox.Header{{Key: "h", Value: b("2")}},
+				XID:     xid1, CommitLSN: lsn1, CommitTime: t1,
+			})},
+		},
+		{
 			name: "envelope columns name members and headers",
 			cfg: func(c *Config) {
 				c.EnvelopeColumns = []EnvelopeColumn{{Column: "id", Alias: "eventId"}, {Column: "tenant", Alias: "tenant"}, {Column: "nothing", Alias: "n"}}
@@ -257,5 +268,28 @@ func TestNewMessageOutbox(t *testing.T) {
 	}
 	if _, err := New(Config{Columns: DefaultColumns()}); err == nil || !strings.Contains(err.Error(), "outbox table is empty") {
 		t.Errorf("neither table nor prefix: %v, want one asking for a table", err)
+	}
+}
+
+// BenchmarkDecodeMessage decodes one message of the message outbox with a
+// typical payload (~300 bytes), as outbox_emit writes it.
+func BenchmarkDecodeMessage(b *testing.B) {
+	d, err := New(messageConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.Decode(beginMsg(lsn1, t1, xid1)); err != nil {
+		b.Fatal(err)
+	}
+	content := `{"id": "0b6b6c1e-7d5f-4a53-9f4e-3f0d2f8a9c11", "payload": {"agg": 42, "pad": "` + strings.Repeat("x", 260) +
+		`", "seq": 7}, "event_type": "OrderPlaced", "aggregate_id": "agg-42", "aggregate_type": "order"}`
+	in := logicalMsg(true, lsn1-8, "outbox", content)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(in)))
+	for b.Loop() {
+		m, err := d.Decode(in)
+		if err != nil || m.Failed != nil {
+			b.Fatal(err, m.Failed)
+		}
 	}
 }
