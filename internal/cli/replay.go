@@ -14,7 +14,7 @@ import (
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
 type ReplayCmd struct {
 	// In the order of their help groups (help.go).
-	PGFlags            `embed:"" group:"postgres" set:"table_default=" set:"table_note= (default public.outbox_events; with --messages-prefix alone none, and replay refuses)"`
+	PGFlags            `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; with --messages-prefix alone none, and replay refuses)'"`
 	messagesFlag       `embed:"" group:"postgres"`
 	outboxColumnFlags  `embed:"" group:"postgres"`
 	createdAtFlag      `embed:"" group:"postgres" set:"created_at_note= (for --since, --until and the order)"`

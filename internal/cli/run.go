@@ -35,7 +35,7 @@ type RunCmd struct {
 	// Each flag is in one help group (help.go), and the groups appear in the
 	// order of their first flag here: Postgres, Kafka, routing and format,
 	// delivery and failures, operations.
-	PGFlags      `embed:"" group:"postgres" set:"table_default=" set:"table_note= (default public.outbox_events; none with --messages-prefix alone)"`
+	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone)'"`
 	messagesFlag `embed:"" group:"postgres"`
 	KafkaFlags   `embed:""` // its --topic flags are in group routing
 
