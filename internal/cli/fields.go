@@ -51,6 +51,7 @@ var runFlags = map[string]string{
 	"Checkpoints":                   "checkpoint-store",
 	"Decoder.SchemaVersionColumn":   "column-schema-version",
 	"Decoder.JSON":                  "value-encoding,key-encoding",
+	"Decoder.MessagePrefix":         "messages-prefix",
 }
 
 // flagText is how the command line names field: "(--flag / CDC_RELAY_FLAG)",

@@ -38,7 +38,34 @@ type PGFlags struct {
 	PGURLFile   string `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
 	Slot        string `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
 	Publication string `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
-	Table       string `default:"public.outbox_events" help:"Outbox table, schema-qualified."`
+	Table       string `default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}."`
+}
+
+// defaultTable is --table's default where --messages-prefix may leave it
+// out (run, replay; see messagesFlag).
+const defaultTable = "public.outbox_events"
+
+// messagesFlag is the message outbox (run, replay): with it, --table is
+// optional, and without --table no table is read.
+type messagesFlag struct {
+	MessagesPrefix string `name:"messages-prefix" help:"Also publish transactional logical decoding messages with this prefix (pg_logical_emit_message(true, PREFIX, <JSON envelope>), e.g. migrations' outbox_emit) as outbox events: the message outbox, PostgreSQL 14+ (docs/message-outbox.md). --table is then optional: without it the relay reads no table." placeholder:"PREFIX"`
+}
+
+// resolveTable sets an unset --table: its default, unless --messages-prefix
+// is set (then it stays "": no table).
+func (f messagesFlag) resolveTable(table *string) {
+	if *table == "" && f.MessagesPrefix == "" {
+		*table = defaultTable
+	}
+}
+
+// outboxName is the outbox's name where formats need one (the JSON schema
+// name, the CloudEvents source): the table, else the message prefix.
+func (f messagesFlag) outboxName(table string) string {
+	if table == "" {
+		return f.MessagesPrefix
+	}
+	return table
 }
 
 // resolve reads --pg-url-file into PGURL (every command checks its Postgres

@@ -14,7 +14,8 @@ import (
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
 type ReplayCmd struct {
 	// In the order of their help groups (help.go).
-	PGFlags            `embed:"" group:"postgres"`
+	PGFlags            `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; with --messages-prefix alone none, and replay refuses)'"`
+	messagesFlag       `embed:"" group:"postgres"`
 	outboxColumnFlags  `embed:"" group:"postgres"`
 	createdAtFlag      `embed:"" group:"postgres" set:"created_at_note= (for --since, --until and the order)"`
 	dlqStoreFlags      `embed:"" group:"postgres"`
@@ -40,6 +41,10 @@ type ReplayCmd struct {
 func (r *ReplayCmd) Validate() error {
 	if err := requirePG(&r.PGFlags); err != nil {
 		return err
+	}
+	r.resolveTable(&r.Table)
+	if r.Table == "" {
+		return flagError("messages-prefix", "is set without --table: replay republishes rows still in the outbox table, and a message outbox has none (its events exist only in the WAL, docs/message-outbox.md); give --table to replay the table's rows, or republish dead letters with cdc-relay dlq replay")
 	}
 	if _, _, err := splitTable(r.Table); err != nil {
 		return flagError("table", err.Error())

@@ -143,6 +143,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"replay", "--pg-url", pg, "--since", "2h"}, []string{"--kafka-brokers", "CDC_RELAY_KAFKA_BROKERS"}},
 		{[]string{"replay", "--pg-url", pg, "--since", "2h", "--dry-run", "--until", "3h"}, []string{"--until", "CDC_RELAY_UNTIL"}},
 		{[]string{"replay", "--pg-url", pg, "--since", "2h", "--dry-run", "--topic", "x.{nope}"}, []string{"--topic", "CDC_RELAY_TOPIC", "{nope}"}},
+		{[]string{"replay", "--pg-url", pg, "--since", "2h", "--dry-run", "--messages-prefix", "outbox"}, []string{"--messages-prefix", "CDC_RELAY_MESSAGES_PREFIX", "a message outbox has none"}},
 		{[]string{"replay", "--pg-url", pg, "--since", "2h", "--dry-run", "--header-columns", "trace=id"}, []string{"--header-columns", "CDC_RELAY_HEADER_COLUMNS"}},
 		{[]string{"replay", "--pg-url", pg, "--since", "2h", "--dry-run", "--table", "a.b.c"}, []string{"--table", "CDC_RELAY_TABLE"}},
 		{[]string{"replay", "--since", "2h", "--dry-run"}, []string{"--pg-url", "CDC_RELAY_PG_URL"}},

@@ -35,8 +35,9 @@ type RunCmd struct {
 	// Each flag is in one help group (help.go), and the groups appear in the
 	// order of their first flag here: Postgres, Kafka, routing and format,
 	// delivery and failures, operations.
-	PGFlags    `embed:"" group:"postgres"`
-	KafkaFlags `embed:""` // its --topic flags are in group routing
+	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone)'"`
+	messagesFlag `embed:"" group:"postgres"`
+	KafkaFlags   `embed:""` // its --topic flags are in group routing
 
 	PrimaryPGURL      string `group:"postgres" name:"primary-pg-url" placeholder:"URL" help:"When --pg-url names a hot standby (PostgreSQL 16+, which decodes there): the primary's URL. The slot, the stream and the decoding stay on the standby; the checkpoint table, dead letters, heartbeats and the publication are written on the primary, which is also asked for the running-transactions record that creating a slot on a standby waits for. Required with a standby --pg-url; unused with a primary."`
 	CreateSlot        bool   `default:"true" negatable:"" group:"postgres" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
@@ -112,8 +113,18 @@ func (r *RunCmd) Validate() error {
 	if err := r.validateTopic(); err != nil {
 		return err
 	}
-	if _, _, err := splitTable(r.Table); err != nil {
-		return flagError("table", err.Error())
+	r.resolveTable(&r.Table)
+	if r.Table != "" {
+		if _, _, err := splitTable(r.Table); err != nil {
+			return flagError("table", err.Error())
+		}
+	} else {
+		if r.Snapshot == "initial" {
+			return flagError("snapshot", "initial reads the outbox table, and with --messages-prefix alone there is none: a message outbox's events exist only in the WAL (docs/message-outbox.md); use --snapshot never, or give --table too")
+		}
+		if r.OnSlotLoss == "backfill" {
+			return flagError("on-slot-loss", "backfill republishes rows still in the outbox table, and with --messages-prefix alone there is none: a message outbox's events exist only in the WAL (docs/message-outbox.md); use --on-slot-loss fail, or give --table too")
+		}
 	}
 	if _, err := r.headerColumns(); err != nil {
 		return flagError("header-columns", err.Error())
@@ -124,7 +135,7 @@ func (r *RunCmd) Validate() error {
 	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 && r.ValueEncoding == connectjson.NameRaw {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
 	}
-	if _, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+	if _, err := r.jsonOptions(r.outboxName(r.Table), r.Topic, r.TombstoneOnEmptyPayload); err != nil {
 		return err
 	}
 	if err := r.formatFlags.validate(); err != nil {
@@ -200,9 +211,12 @@ func relayName(name string) string {
 }
 
 func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, error) {
-	schema, table, err := splitTable(r.Table)
-	if err != nil {
-		return relay.Config{}, err
+	var schema, table string
+	if r.Table != "" {
+		var err error
+		if schema, table, err = splitTable(r.Table); err != nil {
+			return relay.Config{}, err
+		}
 	}
 	headers, err := r.headerColumns()
 	if err != nil {
@@ -212,7 +226,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
-	format, err := r.recordFormat(r.PGURL, r.Table)
+	format, err := r.recordFormat(r.PGURL, r.outboxName(r.Table))
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -220,7 +234,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, flagError("envelope-columns", err.Error())
 	}
-	jsonOpts, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload)
+	jsonOpts, err := r.jsonOptions(r.outboxName(r.Table), r.Topic, r.TombstoneOnEmptyPayload)
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -244,6 +258,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			SchemaVersionColumn: r.ColumnSchemaVersion,
 			RouteByEventType:    routeByEventType(r.Topic, r.topicRegex()),
 			CreatedAtColumn:     r.ColumnCreatedAt,
+			MessagePrefix:       r.MessagesPrefix,
 		},
 		Topic:             r.Topic,
 		TopicRegex:        r.topicRegex(),
@@ -517,7 +532,7 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 		env.SetMemoryLimit(limit)
 		log.Debug().Int64("bytes", limit).Msg("Go soft memory limit set from --max-in-flight-mib (GOMEMLIMIT overrides)")
 	}
-	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("topic", r.Topic).
+	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("messages_prefix", r.MessagesPrefix).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
 	r.logKafkaSecurity(log)
 	runErr := nameFlags(r.explainKafkaError(rl.Run(ctx)), runFlags)

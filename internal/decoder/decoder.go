@@ -147,6 +147,10 @@ type Config struct {
 	// table without it, or with another type, is no error: events then
 	// carry none. "" means none.
 	CreatedAtColumn string
+	// MessagePrefix turns the message outbox on: transactional logical
+	// decoding messages with this prefix are events (message.go). Table
+	// may then be empty: no outbox table. "" means off.
+	MessagePrefix string
 }
 
 // Kind says what a decoded Message carries.
@@ -156,7 +160,8 @@ type Kind uint8
 const (
 	// KindSkip is a message the relay ignores: a change other than an INSERT
 	// or UPDATE of the outbox table (DELETE, TRUNCATE, changes of other
-	// tables), or a Type, Origin or logical decoding Message.
+	// tables), a Type or Origin, or a logical decoding Message that is not
+	// the message outbox's (Config.MessagePrefix).
 	KindSkip Kind = iota
 	// KindBegin starts a transaction: XID, CommitLSN and CommitTime are set.
 	KindBegin
@@ -171,6 +176,10 @@ const (
 	// never sees: XID, CommitLSN and CommitTime are set, and the caller
 	// applies its policy (--on-outbox-update). Nothing is published for it.
 	KindUpdate
+	// KindNonTransactional is a non-transactional logical decoding message
+	// with the message outbox's prefix (Config.MessagePrefix): it escapes
+	// rollbacks, so it is never published; the caller counts it.
+	KindNonTransactional
 )
 
 // String returns the kind's name, e.g. "event".
@@ -188,6 +197,8 @@ func (k Kind) String() string {
 		return "relation"
 	case KindUpdate:
 		return "update"
+	case KindNonTransactional:
+		return "non-transactional message"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -214,6 +225,11 @@ type Message struct {
 	// is not a trace context (see ParseTraceContext): the event carries no
 	// trace headers and is published all the same. The caller counts and logs it.
 	BadTrace error
+	// Failed is set for a KindEvent of the message outbox whose content is
+	// not a valid envelope: an *outbox.EventError with code CodeBadMessage,
+	// a permanent failure of the event, which carries the raw content as
+	// its payload. The caller applies the failure policy.
+	Failed error
 }
 
 // reservedHeader reports whether key is a header the relay derives from the
@@ -300,15 +316,17 @@ type Decoder struct {
 	index      uint32 // of the transaction's next outbox event (Event.Index)
 
 	pool valuePool // value buffers of recycled events (Recycle)
+
+	msgs *messageOutbox // nil: the message outbox is off
 }
 
 // New returns a Decoder for cfg, or a *setting.FieldError naming the setting
 // to fix if a name is empty.
 func New(cfg Config) (*Decoder, error) {
-	if cfg.Schema == "" {
+	if cfg.Schema == "" && cfg.Table != "" {
 		return nil, setting.Errorf(fieldSchema, "new decoder: outbox schema is empty: set it")
 	}
-	if cfg.Table == "" {
+	if cfg.Table == "" && cfg.MessagePrefix == "" {
 		return nil, setting.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
 	}
 	for i, name := range cfg.Columns.names() {
@@ -332,6 +350,10 @@ func New(cfg Config) (*Decoder, error) {
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
 		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType,
 		createdColumn: cfg.CreatedAtColumn}
+	var err error
+	if d.msgs, err = newMessageOutbox(cfg); err != nil {
+		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
+	}
 	for _, c := range cfg.EnvelopeColumns {
 		d.envAliases = append(d.envAliases, c.Alias)
 	}
@@ -412,7 +434,7 @@ func (d *Decoder) DecodeContext(ctx context.Context, walData []byte) (Message, e
 	case 'O':
 		err = skipOrigin(body)
 	case 'M':
-		err = skipLogicalMessage(body)
+		m, err = d.message(body)
 	case 'S', 'E', 'c', 'A':
 		return Message{}, fmt.Errorf("decode pgoutput message: unexpected streaming message %q: the relay uses proto_version 1, which never streams", typ)
 	default:

@@ -35,6 +35,9 @@ const (
 func publicationChecks() []Check {
 	return []Check{
 		{CheckPublicationInserts, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if f.Coverage.PubInsert {
 				return Finding{}
 			}
@@ -42,6 +45,9 @@ func publicationChecks() []Check {
 				f.Setup.Publication, pubIdent(f))})
 		}},
 		{CheckPublicationUpdates, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if !f.Setup.PublishUpdates || f.Coverage.PubUpdate {
 				return Finding{}
 			}
@@ -49,6 +55,9 @@ func publicationChecks() []Check {
 				f.Setup.Publication, pubIdent(f))})
 		}},
 		{CheckTableCovered, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if f.Coverage.Covered {
 				return Finding{}
 			}
@@ -61,6 +70,9 @@ func publicationChecks() []Check {
 				f.Setup.Publication, table, pubIdent(f), table)})
 		}},
 		{CheckPartitionsListed, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if !f.Coverage.Partitioned || f.Coverage.RootPublished {
 				return Finding{}
 			}
@@ -126,6 +138,9 @@ func watchChecks() []Check {
 				fmt.Sprintf("%s, confirmed at %s", invalidDesc(f.Slot, reason), f.Slot.ConfirmedFlush)))
 		}},
 		{CheckTableDropped, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if f.Coverage.TableOID != 0 {
 				return Finding{}
 			}
@@ -140,6 +155,9 @@ func watchChecks() []Check {
 			return fatal(&replication.ConfigError{Msg: publicationDroppedMsg(f.Setup.Publication, f.Setup.Slot, since(f))})
 		}},
 		{CheckPublicationInserts, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if f.Coverage.PubInsert {
 				return Finding{}
 			}
@@ -147,6 +165,9 @@ func watchChecks() []Check {
 				f.Setup.Publication, pubIdent(f), replaySince(f))})
 		}},
 		{CheckTableCovered, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if f.Coverage.Covered {
 				return Finding{}
 			}
@@ -159,6 +180,9 @@ func watchChecks() []Check {
 				f.Setup.Publication, table, pubIdent(f), table, replaySince(f))})
 		}},
 		{CheckTableRecreated, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			if !f.Prev.Seen || f.Coverage.TableOID == f.Prev.TableOID {
 				return Finding{}
 			}
@@ -169,6 +193,9 @@ func watchChecks() []Check {
 				Fields: map[string]any{"table": table, "old_oid": f.Prev.TableOID, "new_oid": f.Coverage.TableOID}}
 		}},
 		{CheckTableReadded, func(f *Facts) Finding {
+			if f.Coverage.NoTable {
+				return Finding{} // a message outbox alone: no table to check
+			}
 			// A recreated table has a new pg_publication_rel row too: said once, above.
 			if !f.Prev.Seen || f.Coverage.TableOID != f.Prev.TableOID || f.Coverage.RelOID == f.Prev.RelOID {
 				return Finding{}

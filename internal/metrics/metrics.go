@@ -169,7 +169,11 @@ type Metrics struct {
 	// OutboxUpdates counts UPDATEs of outbox rows the relay saw with
 	// --on-outbox-update warn, error or fatal.
 	OutboxUpdates prometheus.Counter
-	Replays       *prometheus.CounterVec // by kind, result
+	// MessagesNonTransactional counts non-transactional logical decoding
+	// messages with the message outbox's prefix: they escape rollbacks, so
+	// the relay never publishes them.
+	MessagesNonTransactional prometheus.Counter
+	Replays                  *prometheus.CounterVec // by kind, result
 	// ReplayHistoryEvents is the replay history's events by kind and
 	// result: every replay's, whichever process ran it (cdc-relay replay and
 	// dlq replay run in their own).
@@ -370,6 +374,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "outbox_updates_total",
 			Help: "UPDATEs of outbox rows seen with --on-outbox-update warn, error or fatal; nothing is published for them.",
 		}),
+		MessagesNonTransactional: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "messages_non_transactional_total",
+			Help: "Non-transactional logical decoding messages with the --messages-prefix prefix; they escape rollbacks, so they are never published.",
+		}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "replayed_events_total",
 			Help: "Events republished by replays, by kind (dlq, outbox) and result.",
@@ -401,7 +409,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
 		m.DeadLettersDead, m.Replays, m.ReplayHistoryEvents,
 		m.SlotRetainedWAL, m.SlotWALStatus, m.Heartbeats,
-		m.SlotSafeWALSize, m.SlotWALKeepSize, m.SlotConflicting, m.SlotInactiveSince, m.SlotInvalidated, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates,
+		m.SlotSafeWALSize, m.SlotWALKeepSize, m.SlotConflicting, m.SlotInactiveSince, m.SlotInvalidated, m.TraceContextInvalid, m.TraceSpans, m.OutboxUpdates, m.MessagesNonTransactional,
 		m.OldestUnrelayedAge, m.OutboxWait,
 	)
 	for _, s := range States {

@@ -65,7 +65,8 @@ func ParsePayloadType(s string) PayloadType {
 	return PayloadText
 }
 
-// Event is one committed INSERT into the outbox table.
+// Event is one committed INSERT into the outbox table, or one committed
+// logical decoding message of the message outbox (MessagePrefix).
 //
 // The byte slices hold the text form of each column as Postgres sent it, except
 // that a bytea payload or aggregate id holds its raw bytes (decoder.Format);
@@ -114,6 +115,12 @@ type Event struct {
 	// with the Origin of the stream, which the decoder does not know. Events
 	// built elsewhere (replays, backfills) leave it 0 and carry no position.
 	Index uint32
+
+	// MessagePrefix is the prefix of the logical decoding message the event
+	// came from (pg_logical_emit_message, --messages-prefix), "" for an
+	// outbox row. Such an event has no table: it exists only in the WAL, so
+	// a snapshot, a backfill or a replay from the table never sees it.
+	MessagePrefix string
 
 	// Nothing below the decoder writes to an Event: what later stages learn
 	// of it (the relay's transaction sequence, the topic, where Kafka stored

@@ -66,6 +66,9 @@ type handler struct {
 	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged event.
 	lastAckCommit atomic.Int64
 
+	// nonTxnOnce logs the first non-transactional outbox message.
+	nonTxnOnce sync.Once
+
 	haltOnce sync.Once
 	haltErr  error
 	halted   chan struct{} // closed when the failure policy halted the relay
@@ -92,7 +95,11 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		}
 		// The event stays as the decoder made it: what the relay learns of
 		// it travels beside it, in m (for the sink) and rec (its own).
-		topic, routeErr := h.router.Topic(ev)
+		var topic string
+		routeErr := msg.Failed // a message outbox's bad envelope: no topic
+		if routeErr == nil {
+			topic, routeErr = h.router.Topic(ev)
+		}
 		m := sink.Message{Topic: topic, Event: ev, Origin: h.origin}
 		rec := h.record()
 		rec.seq = h.seq
@@ -126,6 +133,8 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		}
 	case decoder.KindUpdate:
 		return h.outboxUpdate(msg)
+	case decoder.KindNonTransactional:
+		h.nonTransactional()
 	case decoder.KindCommit:
 		h.tracker.Commit(h.seq, msg.EndLSN, msg.CommitTime)
 		h.inTxn = false
@@ -153,6 +162,18 @@ func (h *handler) outboxUpdate(msg decoder.Message) error {
 			h.relay.cfg.Decoder.Schema, h.relay.cfg.Decoder.Table)}
 	}
 	return nil
+}
+
+// nonTransactional counts a non-transactional logical decoding message with
+// the message outbox's prefix, which is never published, and logs the first.
+func (h *handler) nonTransactional() {
+	h.m.MessagesNonTransactional.Inc()
+	h.nonTxnOnce.Do(func() {
+		h.relay.log.Warn().Str("prefix", h.relay.cfg.Decoder.MessagePrefix).
+			Msg("a non-transactional logical decoding message has the message outbox's prefix: it is not published, " +
+				"as it escapes rollbacks (write events with pg_logical_emit_message(true, …), e.g. migrations' outbox_emit); " +
+				"cdc_relay_messages_non_transactional_total counts them, this line is logged once")
+	})
 }
 
 // badTrace counts and logs (sampled) an event whose tracing column held no

@@ -386,6 +386,15 @@ func (c Config) Validate() error {
 	if c.Checkpoints == nil {
 		return setting.Errorf("Checkpoints", "no checkpoint store configured")
 	}
+	if c.Decoder.Table == "" {
+		// A message outbox alone: its events exist only in the WAL.
+		if c.Snapshot != nil {
+			return setting.Errorf("Snapshot", "an initial snapshot reads the outbox table, and a message outbox (Decoder.MessagePrefix) has none: its events exist only in the WAL; drop the snapshot or configure the table too")
+		}
+		if c.Backfill != nil {
+			return setting.Errorf("Backfill", "a backfill reads the outbox table, and a message outbox (Decoder.MessagePrefix) has none: its events exist only in the WAL; drop the backfill or configure the table too")
+		}
+	}
 	return nil
 }
 
@@ -496,8 +505,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkServer(ctx, pool); err != nil {
 		return err
 	}
-	dec.SetMembership(r.membership(pool))
-	if j := cfg.Decoder.JSON; j.Key != connectjson.Raw || j.Value != connectjson.Raw {
+	if cfg.Decoder.Table != "" {
+		dec.SetMembership(r.membership(pool))
+	}
+	if j := cfg.Decoder.JSON; cfg.Decoder.Table != "" && (j.Key != connectjson.Raw || j.Value != connectjson.Raw) {
 		notNull, err := outboxtable.NotNullColumns(ctx, pool, cfg.Decoder.Schema+"."+cfg.Decoder.Table)
 		if err != nil {
 			return fmt.Errorf("read the NOT NULL columns for the JSON schemas: %w", err)

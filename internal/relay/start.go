@@ -44,6 +44,12 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := r.checkSource(ctx, pc.Conn()); err != nil {
 		return err
 	}
+	// The message outbox before anything is created.
+	if version := r.source.Version; r.cfg.Decoder.MessagePrefix != "" && version < replication.MinMessagesVersion {
+		return &replication.ConfigError{Err: setting.Errorf("Decoder.MessagePrefix",
+			"the message outbox needs PostgreSQL 14 or later (pgoutput's messages option), but the server is PostgreSQL %s: "+
+				"upgrade the server, or write the events to an outbox table instead", replication.VersionName(version))}
+	}
 	// The publication is created through the writer: on a standby, the
 	// primary's catalog is the one replicated to the standby.
 	check := pc.Conn()
@@ -245,6 +251,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 		Schema: d.Schema, Table: d.Table, TableField: "Decoder.Table", Columns: cols,
 		CreatePublication: r.cfg.CreatePublication,
 		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
+		Messages:          d.MessagePrefix != "",
 	}
 }
 

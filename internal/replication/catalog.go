@@ -47,6 +47,9 @@ type Coverage struct {
 	// RelOID is the table's pg_publication_rel row; 0 when it is covered by
 	// FOR ALL TABLES or TABLES IN SCHEMA (or not at all).
 	RelOID uint32
+	// NoTable: the relay reads no table (SetupConfig.NoTable); only
+	// PubExists was read, and the table's checks do not apply.
+	NoTable bool
 }
 
 // maxUncovered bounds Coverage.Uncovered, for the message.
@@ -59,6 +62,13 @@ const maxUncovered = 20
 // ancestors (pg_partition_ancestors, PostgreSQL 12+): the view lists the
 // root under publish_via_partition_root and the leaves otherwise.
 func ReadCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage, error) {
+	if cfg.NoTable() {
+		c := Coverage{NoTable: true}
+		if err := db.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&c.PubExists); err != nil {
+			return Coverage{}, fmt.Errorf("check publication %q exists: %w", cfg.Publication, err)
+		}
+		return c, nil
+	}
 	c, err := readCoverage(ctx, db, cfg)
 	if err == nil && !c.Covered && c.TableOID != 0 {
 		// The query mixes the statement's snapshot (pg_class) with the

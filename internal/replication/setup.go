@@ -66,7 +66,20 @@ type SetupConfig struct {
 	// (--on-outbox-update other than ignore): the publication it creates
 	// publishes inserts and updates, and an existing one must publish both.
 	PublishUpdates bool
+	// Messages says the relay streams logical decoding messages (the
+	// message outbox; pgoutput's messages option, PostgreSQL 14+), under
+	// MessagesField. Table may then be empty: the relay reads no table and
+	// the publication it creates covers none.
+	Messages bool
 }
+
+// NoTable reports whether the relay reads no outbox table (a message outbox
+// alone): the table checks do not apply.
+func (c SetupConfig) NoTable() bool { return c.Table == "" }
+
+// MinMessagesVersion is the first server version (server_version_num) whose
+// pgoutput streams logical decoding messages (its messages option).
+const MinMessagesVersion = 140000
 
 // QualifiedTable returns schema.table quoted for SQL.
 func (c SetupConfig) QualifiedTable() string {
@@ -86,6 +99,9 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 		return configErr("wal_level is %q but logical replication needs \"logical\": run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL", walLevel)
 	}
 
+	if cfg.NoTable() {
+		return checkPublication(ctx, conn, cfg)
+	}
 	table := cfg.QualifiedTable()
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
@@ -135,6 +151,11 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		return err
 	}
 	create := CreatePublicationSQL(pub, table, ops, c.Partitioned)
+	if cfg.NoTable() {
+		// No table: a publication of none, through which pgoutput streams
+		// the logical decoding messages all the same.
+		create = fmt.Sprintf("CREATE PUBLICATION %s;", pub)
+	}
 	if !c.PubExists {
 		if !cfg.CreatePublication {
 			return configErr("publication %q does not exist and the relay may not create it %s: run %s (as the table owner) or allow the relay to create it", cfg.Publication, setting.Token("CreatePublication"), create)

@@ -65,8 +65,11 @@ type StreamConfig struct {
 	// before waking the reader (SO_RCVLOWAT sized from the byte rate; see
 	// coalesce.go); 0 wakes it for every message.
 	ReadCoalesce time.Duration
-	Logger       zerolog.Logger // should carry the slot name
-	Metrics      *metrics.Metrics
+	// Messages asks pgoutput for logical decoding messages too (the message
+	// outbox; PostgreSQL 14+).
+	Messages bool
+	Logger   zerolog.Logger // should carry the slot name
+	Metrics  *metrics.Metrics
 }
 
 // Stream is one replication connection streaming a slot.
@@ -124,12 +127,14 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 		return nil, err
 	}
 	s := &Stream{cfg: cfg, conn: conn, log: cfg.Logger.With().Str("component", "replication").Logger()}
-	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, start, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{
-			"proto_version '1'",
-			fmt.Sprintf("publication_names '%s'", cfg.Publication),
-		},
-	})
+	args := []string{
+		"proto_version '1'",
+		fmt.Sprintf("publication_names '%s'", cfg.Publication),
+	}
+	if cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, cfg.Slot, start, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		conn.Close(context.Background())
 		var pgErr *pgconn.PgError

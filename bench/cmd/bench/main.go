@@ -68,6 +68,8 @@ func run(ctx context.Context, args []string) error {
 			return runReader(ctx, args[1:])
 		case "poller":
 			return runPoller(ctx, args[1:])
+		case "messages":
+			return runMessages(ctx, args[1:])
 		}
 	}
 	return runBench(ctx, args)
