@@ -31,7 +31,11 @@ type StatusCmd struct {
 
 // Status is what status reports.
 type Status struct {
-	Slot             string `json:"slot"`
+	Slot string `json:"slot"`
+	// Server is the role of the server of --pg-url, where the slot lives:
+	// "primary", or "standby" (a relay decoding there writes its checkpoint
+	// and dead letters to the primary, replicated back here).
+	Server           string `json:"server"`
 	SlotExists       bool   `json:"slot_exists"`
 	Active           bool   `json:"active"`
 	ActivePID        int    `json:"active_pid,omitempty"`
@@ -143,9 +147,16 @@ func (c *StatusCmd) Run(ctx context.Context, env Env) error {
 // leaves its part out.
 func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, error) {
 	st := Status{Slot: c.Slot}
-	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&st.ServerWALEnd); err != nil {
-		return st, fmt.Errorf("read WAL position: %w", err)
+	source, err := replication.ReadSource(ctx, pool)
+	if err != nil {
+		return st, err
 	}
+	st.Server = source.Role()
+	end, err := replication.CurrentWAL(ctx, pool)
+	if err != nil {
+		return st, err
+	}
+	st.ServerWALEnd = end.String()
 	slot, err := replication.ReadSlot(ctx, pool, c.Slot)
 	if err != nil {
 		return st, err
@@ -264,6 +275,11 @@ func writeStatus(w io.Writer, st Status, asJSON bool) error {
 func printStatus(w io.Writer, st Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "slot\t%s\n", st.Slot)
+	if st.Server == "standby" {
+		fmt.Fprintf(tw, "server\tstandby (the slot and the decoding are here; the relay writes its checkpoint and dead letters to the primary)\n")
+	} else {
+		fmt.Fprintf(tw, "server\t%s\n", st.Server)
+	}
 	if st.SlotExists {
 		who := "no (relay not connected)"
 		if st.Active {
