@@ -19,7 +19,7 @@ import (
 // checks each: the outbox wait histogram counts every event by type; while
 // Kafka refuses every produce request the oldest unrelayed event ages, in
 // the metric and in cdc-relay status --json (from the running relay's
-// checkpoint); once Kafka accepts again both fall to 0; and with the relay
+// checkpoint, within two seconds of the truth from the outage's start); once Kafka accepts again both fall to 0; and with the relay
 // stopped, status still tells the age of a row committed since, from the
 // idle slot.
 func TestOutboxSLOMetrics(t *testing.T) {
@@ -75,6 +75,31 @@ func TestOutboxSLOMetrics(t *testing.T) {
 		return testenv.ProduceError(req.(*kmsg.ProduceRequest), kerr.NotEnoughReplicas.Code), nil, true
 	})
 	insert("Shipped")
+	committed := time.Now()
+	// status tells the age within a second or two of the truth from the
+	// outage's start (issue 31, test 4): every status read once the event has
+	// waited 1.5 s, until it has waited 4 s, is checked against the time since
+	// the commit before and after the command ran.
+	const slack = 2.0
+	checked := 0
+	testenv.Eventually(t, 30*time.Second, func() error {
+		lo := time.Since(committed).Seconds()
+		st := status()
+		hi := time.Since(committed).Seconds()
+		if lo >= 1.5 {
+			checked++
+			if !st.Active || st.OldestUnrelayedSource != "checkpoint" || st.OldestUnrelayedAge == nil ||
+				*st.OldestUnrelayedAge < lo-slack || *st.OldestUnrelayedAge > hi+0.5 {
+				t.Fatalf("status %.1f-%.1f s after the commit, with Kafka refusing: active %v, oldest unrelayed %v from %q (%s), want %.1f-%.1f s from the checkpoint",
+					lo, hi, st.Active, st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError, lo, hi)
+			}
+		}
+		if lo < 4 {
+			return fmt.Errorf("the event has waited %.1f s, checking status until 4 s", lo)
+		}
+		return nil
+	})
+	t.Logf("status checked %d times while the event waited 1.5-4 s", checked)
 	const waited = 3.0 // seconds the event must have waited before the checks
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if v := r.Metric("cdc_relay_oldest_unrelayed_event_age_seconds"); v < waited {

@@ -79,6 +79,7 @@ type Committer struct {
 	mu            sync.Mutex // serializes saves
 	lastSave      time.Time
 	lastDelivered uint64
+	storedOldest  time.Time // the OldestUnrelayed of the last save
 	failing       bool
 	anomalies     uint64 // Tracker anomalies already reported
 	serverDown    chan error
@@ -133,11 +134,13 @@ func (c *Committer) Run(ctx context.Context) {
 		c.m.OldestUnrelayedAge.Set(age)
 		c.reportAnomalies()
 		if c.tracker.Watermark() <= c.Flushed() {
-			// Stuck behind an unacknowledged event (a broker down): refresh
-			// the stored oldest-unrelayed time every Idle (the relay's
-			// DefaultIdleCheckpoint) for cdc-relay status.
+			// Stuck behind an unacknowledged event (a broker down): store the
+			// oldest-unrelayed time as soon as it differs from the stored one,
+			// then refresh the row every Idle (the relay's
+			// DefaultIdleCheckpoint), so that cdc-relay status, which reads
+			// the row, tells the age within Every of the truth.
 			c.mu.Lock()
-			stale := waiting && time.Since(c.lastSave) >= c.idle
+			stale := waiting && (!c.storedOldest.Equal(oldest) || time.Since(c.lastSave) >= c.idle)
 			c.mu.Unlock()
 			if stale {
 				_ = c.Persist(ctx) // a failure is logged and counted; the next tick retries
@@ -229,6 +232,7 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 	c.commitTime = cp.CommitTime
 	c.lastSave = cp.UpdatedAt
 	c.lastDelivered = delivered
+	c.storedOldest = cp.OldestUnrelayed
 	return w, nil
 }
 

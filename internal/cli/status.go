@@ -58,8 +58,10 @@ type Status struct {
 	// OldestUnrelayedAge is the age in seconds of the oldest committed
 	// outbox row not yet acknowledged by Kafka, 0 when nothing waits, null
 	// when status could not tell; OldestUnrelayedSource says how it knows:
-	// "checkpoint" (what the running relay stored) or "slot" (the slot,
-	// decoded without consuming it, while no relay holds it).
+	// "checkpoint" (what the running relay stored: it stores a new oldest
+	// unrelayed time within 100 ms, also while stuck behind an outage) or
+	// "slot" (the slot, decoded without consuming it, while no relay holds
+	// it).
 	OldestUnrelayedAge    *float64 `json:"oldest_unrelayed_age_seconds"`
 	OldestUnrelayedSource string   `json:"oldest_unrelayed_source,omitempty"`
 	// OldestUnrelayedError says why the age is null (no problem by itself:
@@ -297,7 +299,11 @@ func printStatus(w io.Writer, st Status) {
 	}
 	switch {
 	case st.OldestUnrelayedAge != nil:
-		fmt.Fprintf(tw, "oldest unrelayed\t%s (from the %s)\n", time.Duration(*st.OldestUnrelayedAge*float64(time.Second)).Round(time.Millisecond), st.OldestUnrelayedSource)
+		from := "the " + st.OldestUnrelayedSource
+		if st.OldestUnrelayedSource == "checkpoint" && st.Checkpoint != nil {
+			from = fmt.Sprintf("the checkpoint the running relay wrote %s ago", time.Duration(st.Checkpoint.AgeSeconds*float64(time.Second)).Round(100*time.Millisecond))
+		}
+		fmt.Fprintf(tw, "oldest unrelayed\t%s (from %s)\n", time.Duration(*st.OldestUnrelayedAge*float64(time.Second)).Round(time.Millisecond), from)
 	case st.OldestUnrelayedError != "":
 		fmt.Fprintf(tw, "oldest unrelayed\tunknown: %s\n", st.OldestUnrelayedError)
 	}
