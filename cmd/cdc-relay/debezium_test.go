@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,22 +14,53 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
-// TestRunDebeziumConfig runs the built relay with a Debezium connector's JSON
-// as Debezium's outbox documentation writes it (the password through
-// Connect's ${file:…} indirection) against a Debezium-style outbox table: an
-// inserted row must arrive on topic outbox.event.<aggregatetype>, keyed by
-// aggregateid, with header id and the event type in header eventType.
+// TestRunDebeziumConfig runs the built relay with Debezium connector configs
+// as users publish them (the password through Connect's ${file:…}
+// indirection) against Debezium-style outbox tables, unchanged (issue 31,
+// test 3): an inserted row must arrive on the topic Debezium's router would
+// pick, keyed by aggregateid, with header id and the headers the config
+// places.
 func TestRunDebeziumConfig(t *testing.T) {
+	tests := []struct {
+		name   string
+		table  string            // the outbox table's columns
+		insert string            // INSERT … RETURNING id::text
+		config map[string]string // the router's properties beyond its type
+		topic  string
+		header map[string]string // headers the record must carry
+	}{{
+		// Debezium's outbox documentation: the event type placed in a header.
+		name: "documented",
+		table: `id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+			type varchar(255) NOT NULL, payload jsonb`,
+		insert: `INSERT INTO public.outboxevent (id, aggregatetype, aggregateid, type, payload)
+			VALUES (gen_random_uuid(), 'order', '123', 'OrderCreated', '{"id": 123, "total": 7}') RETURNING id::text`,
+		config: map[string]string{"transforms.outbox.table.fields.additional.placement": "type:header:eventType"},
+		topic:  "outbox.event.order",
+		header: map[string]string{"eventType": "OrderCreated"},
+	}, {
+		// No type column and no table.field.event.type: the router never
+		// reads one (EventRouterDelegate), so neither does the relay; a fixed
+		// topic through route.topic.replacement.
+		name: "no type column, fixed topic",
+		table: `id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+			payload jsonb`,
+		insert: `INSERT INTO public.outboxevent (id, aggregatetype, aggregateid, payload)
+			VALUES (gen_random_uuid(), 'order', '123', '{"id": 123, "total": 7}') RETURNING id::text`,
+		config: map[string]string{"transforms.outbox.route.topic.replacement": "orders.events"},
+		topic:  "orders.events",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { runDebeziumConfig(t, tt.table, tt.insert, tt.config, tt.topic, tt.header) })
+	}
+}
+
+func runDebeziumConfig(t *testing.T, table, insert string, router map[string]string, topic string, header map[string]string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := newFixture(t, sharedPG, t.Name(), true)
 	conn := f.connect(ctx, t)
-	if _, err := conn.Exec(ctx, `CREATE TABLE public.outboxevent (
-		id uuid PRIMARY KEY,
-		aggregatetype varchar(255) NOT NULL,
-		aggregateid varchar(255) NOT NULL,
-		type varchar(255) NOT NULL,
-		payload jsonb)`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE TABLE public.outboxevent (`+table+`)`); err != nil {
 		t.Fatal(err)
 	}
 
@@ -45,30 +77,28 @@ func TestRunDebeziumConfig(t *testing.T) {
 	if err := os.WriteFile(secrets, []byte("password="+password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	config := map[string]any{
-		"name": "outbox-connector",
-		"config": map[string]string{
-			"connector.class":        "io.debezium.connector.postgresql.PostgresConnector",
-			"tasks.max":              "1",
-			"database.hostname":      u.Hostname(),
-			"database.port":          u.Port(),
-			"database.user":          u.User.Username(),
-			"database.password":      "${file:" + secrets + ":password}",
-			"database.dbname":        strings.TrimPrefix(u.Path, "/"),
-			"database.sslmode":       u.Query().Get("sslmode"),
-			"topic.prefix":           "dbserver1",
-			"plugin.name":            "pgoutput",
-			"slot.name":              f.slot,
-			"snapshot.mode":          "no_data",
-			"table.include.list":     "public.outboxevent",
-			"tombstones.on.delete":   "false",
-			"key.converter":          "org.apache.kafka.connect.storage.StringConverter",
-			"value.converter":        "org.apache.kafka.connect.storage.StringConverter",
-			"transforms":             "outbox",
-			"transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-			"transforms.outbox.table.fields.additional.placement": "type:header:eventType",
-		},
+	props := map[string]string{
+		"connector.class":        "io.debezium.connector.postgresql.PostgresConnector",
+		"tasks.max":              "1",
+		"database.hostname":      u.Hostname(),
+		"database.port":          u.Port(),
+		"database.user":          u.User.Username(),
+		"database.password":      "${file:" + secrets + ":password}",
+		"database.dbname":        strings.TrimPrefix(u.Path, "/"),
+		"database.sslmode":       u.Query().Get("sslmode"),
+		"topic.prefix":           "dbserver1",
+		"plugin.name":            "pgoutput",
+		"slot.name":              f.slot,
+		"snapshot.mode":          "no_data",
+		"table.include.list":     "public.outboxevent",
+		"tombstones.on.delete":   "false",
+		"key.converter":          "org.apache.kafka.connect.storage.StringConverter",
+		"value.converter":        "org.apache.kafka.connect.storage.StringConverter",
+		"transforms":             "outbox",
+		"transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
 	}
+	maps.Copy(props, router)
+	config := map[string]any{"name": "outbox-connector", "config": props}
 	data, err := json.MarshalIndent(config, "", "  ")
 	if err != nil {
 		t.Fatal(err)
@@ -85,11 +115,9 @@ func TestRunDebeziumConfig(t *testing.T) {
 	r.WaitReady(30 * time.Second)
 
 	var id string
-	if err := conn.QueryRow(ctx, `INSERT INTO public.outboxevent (id, aggregatetype, aggregateid, type, payload)
-		VALUES (gen_random_uuid(), 'order', '123', 'OrderCreated', '{"id": 123, "total": 7}') RETURNING id::text`).Scan(&id); err != nil {
+	if err := conn.QueryRow(ctx, insert).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	const topic = "outbox.event.order"
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
 	if _, err := sandbox.WaitForRecords(wctx, f.brokers, 1, topic); err != nil {
@@ -109,8 +137,10 @@ func TestRunDebeziumConfig(t *testing.T) {
 	if rec.Headers["id"] != id {
 		t.Errorf("header id %q, want %q (headers %v)", rec.Headers["id"], id, rec.Headers)
 	}
-	if rec.Headers["eventType"] != "OrderCreated" {
-		t.Errorf("header eventType %q, want OrderCreated (headers %v)", rec.Headers["eventType"], rec.Headers)
+	for k, v := range header {
+		if rec.Headers[k] != v {
+			t.Errorf("header %s %q, want %q (headers %v)", k, rec.Headers[k], v, rec.Headers)
+		}
 	}
 	var payload map[string]any
 	if err := json.Unmarshal(rec.Value, &payload); err != nil || payload["total"] != float64(7) {

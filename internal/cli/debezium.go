@@ -424,6 +424,10 @@ func (t *dbzTranslator) route(p string) {
 	placeholder, field := "{aggregate_type}", route.FieldAggregateType
 	if byField == "type" {
 		placeholder, field = "{event_type}", route.FieldEventType
+		if col := t.getOr(p+"table.field.event.type", "type"); col != "type" {
+			t.refuse(p+"table.field.event.type", fmt.Sprintf("%q with route.by.field=type: the relay routes by its event type column, which is then type; drop one of the two", col))
+		}
+		t.put("column-event-type", "type", p+"route.by.field")
 		// The relay still reads an aggregate type (a header); Debezium's
 		// table has it in aggregatetype.
 		t.put("column-aggregate-type", "aggregatetype", "(Debezium's outbox column aggregatetype)")
@@ -528,9 +532,14 @@ func (t *dbzTranslator) transforms() {
 	t.put("column-id", t.getOr(p+"table.field.event.id", "id"), p+"table.field.event.id")
 	t.put("column-aggregate-id", t.getOr(p+"table.field.event.key", "aggregateid"), p+"table.field.event.key")
 	t.put("column-payload", t.getOr(p+"table.field.event.payload", "payload"), p+"table.field.event.payload")
-	// Debezium's outbox table has the event type in column type; it reaches
-	// the message only through table.fields.additional.placement.
-	t.put("column-event-type", "type", "(Debezium's outbox column type)")
+	// Debezium's router reads no event type column of its own: since 2.0
+	// (EventRouterConfigDefinition has no table.field.event.type any more)
+	// a type reaches the message only through
+	// table.fields.additional.placement, which names the column itself, or
+	// as the routed-by field. So no event type column is required unless the
+	// config names one (1.x's table.field.event.type) or routes by type
+	// (route sets it then); the relay's event_type header is then empty.
+	t.put("column-event-type", t.getOr(p+"table.field.event.type", ""), p+"table.field.event.type")
 	t.put("column-tracing", t.getOr(p+"tracing.span.context.field", "tracingspancontext"), p+"tracing.span.context.field")
 
 	t.route(p)

@@ -145,7 +145,11 @@ func TestTranslateDebezium(t *testing.T) {
 		{"default key column", "", "column-aggregate-id", "aggregateid"},
 		{"default payload column", "", "column-payload", "payload"},
 		{"default route column", "", "column-aggregate-type", "aggregatetype"},
-		{"default event type column", "", "column-event-type", "type"},
+		// Debezium's router reads no event type column unless routed by it
+		// (EventRouterConfigDefinition, 2.x: no table.field.event.type).
+		{"no event type column by default", "", "column-event-type", ""},
+		{"1.x event type column", "transforms.outbox.table.field.event.type=event_kind\n", "column-event-type", "event_kind"},
+		{"event type column when routed by type", "transforms.outbox.route.by.field=type\n", "column-event-type", "type"},
 		{"default topic", "", "topic", "outbox.event.{aggregate_type}"},
 		{"default tracing column", "", "column-tracing", "tracingspancontext"},
 		{"pg url", "", "pg-url", "postgres://relay@db:5432/app"},
@@ -215,10 +219,70 @@ func TestTranslateDebezium(t *testing.T) {
 	}
 }
 
+// TestTranslatePublishedDebeziumConfigs: router configs as users publish
+// them, each translated whole. The expectations follow Debezium's router
+// (debezium-core io/debezium/transforms/outbox: EventRouterConfigDefinition's
+// defaults, EventRouterDelegate's reads) and its outbox documentation: the
+// id, key and payload columns and the routed-by column are read, an event
+// type column only when named or routed by, each placement by its own
+// column name, under its alias.
+func TestTranslatePublishedDebeziumConfigs(t *testing.T) {
+	tests := []struct {
+		name  string
+		extra string
+		want  map[string]any
+	}{{
+		name: "own column names, routed by a topic column, CloudEvents headers",
+		extra: "transforms.outbox.table.field.event.key=message_key\n" +
+			"transforms.outbox.route.by.field=topic\n" +
+			"transforms.outbox.route.topic.replacement=${routedByValue}\n" +
+			"transforms.outbox.table.fields.additional.placement=id:header:ce_id,event_type:header:ce_type,content_type:header:content-type\n",
+		want: map[string]any{
+			"column-aggregate-id": "message_key", "column-aggregate-type": "topic", "topic": "{aggregate_type}",
+			"column-event-type": "", "header-columns": "id=ce_id,event_type=ce_type,content_type=content-type",
+		},
+	}, {
+		name: "one fixed topic, event timestamp, type into the envelope",
+		extra: "value.converter=org.apache.kafka.connect.json.JsonConverter\n" +
+			"transforms.outbox.route.topic.replacement=domain.events\n" +
+			"transforms.outbox.table.field.event.timestamp=occurred_at\n" +
+			"transforms.outbox.table.fields.additional.placement=type:envelope:eventType\n",
+		want: map[string]any{
+			"topic": "domain.events", "column-timestamp": "occurred_at", "envelope-columns": "type=eventType",
+			"column-event-type": "", "column-aggregate-type": "aggregatetype", "value-encoding": "json-with-schema",
+		},
+	}, {
+		name: "routed by the event type",
+		extra: "transforms.outbox.route.by.field=type\n" +
+			"transforms.outbox.route.topic.replacement=events.${routedByValue}\n",
+		want: map[string]any{"topic": "events.{event_type}", "column-event-type": "type", "column-aggregate-type": "aggregatetype"},
+	}, {
+		name: "Debezium 1.x names its event type column",
+		extra: "transforms.outbox.table.field.event.id=event_id\n" +
+			"transforms.outbox.table.field.event.type=event_type\n" +
+			"transforms.outbox.table.field.event.payload=event_payload\n",
+		want: map[string]any{"column-id": "event_id", "column-event-type": "event_type", "column-payload": "event_payload"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := translate(t, tt.extra)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for flag, want := range tt.want {
+				if got, ok := m.value(flag); !ok || !reflect.DeepEqual(got, want) {
+					t.Errorf("--%s = %#v (set %v), want %#v", flag, got, ok, want)
+				}
+			}
+		})
+	}
+}
+
 func TestTranslateDebeziumRefuses(t *testing.T) {
 	tests := []struct{ name, props, want string }{
 		{"other connector", strings.Replace(minimalDbz, "postgresql.PostgresConnector", "mysql.MySqlConnector", 1), `connector.class: "io.debezium.connector.mysql.MySqlConnector" is not supported`},
 		{"no connector", strings.Replace(minimalDbz, "connector.class", "#", 1), "connector.class: missing"},
+		{"event type column beside routing by type", minimalDbz + "transforms.outbox.route.by.field=type\ntransforms.outbox.table.field.event.type=kind\n", `table.field.event.type: "kind" with route.by.field=type`},
 		{"decoderbufs", minimalDbz + "plugin.name=decoderbufs\n", `plugin.name: "decoderbufs": cdc-relay reads pgoutput only`},
 		{"two tables", minimalDbz + "table.include.list=public.a,public.b\n", "lists 2 tables"},
 		{"pattern", minimalDbz + "table.include.list=public.outbox.*\n", "is a pattern"},

@@ -187,7 +187,7 @@ type outboxColumnFlags struct {
 	ColumnID            string `default:"id" help:"Outbox column holding the event id (header 'id')."`
 	ColumnAggregateType string `default:"aggregate_type" help:"Outbox column holding the aggregate type."`
 	ColumnAggregateID   string `default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
-	ColumnEventType     string `default:"event_type" help:"Outbox column holding the event type."`
+	ColumnEventType     string `default:"event_type" help:"Outbox column holding the event type; empty when the table has none (a Debezium outbox table may not): the event_type header is then empty and the topic cannot route by it."`
 	ColumnPayload       string `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
 }
 

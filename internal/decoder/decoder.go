@@ -76,8 +76,10 @@ type Columns struct {
 	ID            string // event id, the downstream idempotency key (--column-id)
 	AggregateType string // --column-aggregate-type
 	AggregateID   string // Kafka message key (--column-aggregate-id)
-	EventType     string // --column-event-type
-	Payload       string // Kafka message value (--column-payload)
+	// EventType is optional: "" reads no event type (an empty event_type
+	// header), as a Debezium outbox table without one (--column-event-type).
+	EventType string
+	Payload   string // Kafka message value (--column-payload)
 }
 
 // DefaultColumns returns the column names of the outbox table in migrations/:
@@ -330,7 +332,7 @@ func New(cfg Config) (*Decoder, error) {
 		return nil, setting.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
 	}
 	for i, name := range cfg.Columns.names() {
-		if name == "" {
+		if name == "" && i != fieldEventType {
 			return nil, setting.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
@@ -624,6 +626,9 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 	}
 	if isOutbox {
 		for f, col := range rel.fields {
+			if col < 0 && d.columns[f] == "" { // the optional event type column, not configured
+				continue
+			}
 			if col < 0 {
 				return Message{}, setting.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
 					ErrMissingColumn, relSchema, relTable, d.columns[f], notReplicated)
@@ -880,7 +885,9 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	ev.ID = value(buf, spans[f[fieldID]])
 	ev.AggregateType = value(buf, spans[f[fieldAggregateType]])
 	ev.AggregateID = value(buf, spans[f[fieldAggregateID]])
-	ev.EventType = value(buf, spans[f[fieldEventType]])
+	if c := f[fieldEventType]; c >= 0 {
+		ev.EventType = value(buf, spans[c])
+	}
 	ev.Payload = value(buf, spans[f[fieldPayload]])
 	for h, col := range out.headers {
 		if s := spans[col]; !s.null {

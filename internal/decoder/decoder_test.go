@@ -467,7 +467,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"id", func(c *Config) { c.Columns.ID = "" }, "(setting Columns.ID)"},
 		{"aggregate type", func(c *Config) { c.Columns.AggregateType = "" }, "(setting Columns.AggregateType)"},
 		{"aggregate id", func(c *Config) { c.Columns.AggregateID = "" }, "(setting Columns.AggregateID)"},
-		{"event type", func(c *Config) { c.Columns.EventType = "" }, "(setting Columns.EventType)"},
+		{"no event type column", func(c *Config) { c.Columns.EventType = "" }, ""}, // optional (Debezium tables)
 		{"payload", func(c *Config) { c.Columns.Payload = "" }, "(setting Columns.Payload)"},
 		{"header column", func(c *Config) { c.HeaderColumns = map[string]string{"": "k"} }, `empty column name for header "k": fix it (setting HeaderColumns)`},
 		{"header key", func(c *Config) { c.HeaderColumns = map[string]string{"c": ""} }, `empty header key for column "c": fix it (setting HeaderColumns)`},
@@ -745,5 +745,30 @@ func TestKeptValues(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNoEventTypeColumn: with no event type column configured (a Debezium
+// outbox table without one), a table lacking such a column decodes, and
+// its events carry no event type.
+func TestNoEventTypeColumn(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Columns.EventType = ""
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	for _, in := range [][]byte{beginMsg(0x200, at, 7), relationMsg(outboxID, "public", "outbox_events", "id", "aggregate_type", "aggregate_id", "payload")} {
+		if _, err := d.Decode(in); err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+	}
+	m, err := d.Decode(insertMsg(outboxID, txt("e1"), txt("order"), txt("o-1"), txt(`{"n":1}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Event == nil || string(m.Event.ID) != "e1" || string(m.Event.AggregateID) != "o-1" || string(m.Event.Payload) != `{"n":1}` || m.Event.EventType != nil {
+		t.Fatalf("event %+v, want e1/o-1 with no event type", m.Event)
 	}
 }

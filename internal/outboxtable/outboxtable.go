@@ -138,10 +138,13 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 	if cols.CreatedAt == "" {
 		cols.CreatedAt = "created_at"
 	}
-	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.EventType, cols.Payload} {
+	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.Payload} {
 		if c == "" {
 			return replay.Outcome{}, errors.New("replay outbox: a column name is empty")
 		}
+	}
+	if cols.EventType == "" && o.EventType != "" {
+		return replay.Outcome{}, errors.New("replay outbox: the table has no event type column to select by")
 	}
 	router, err := route.NewWithRegex(o.Topic, o.TopicRegex)
 	if err != nil {
@@ -332,8 +335,12 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	c := q.cols
 	created, id := quoteColumn(c.CreatedAt), quoteColumn(c.ID)
 	headerCols := slices.Sorted(maps.Keys(c.Headers))
+	eventType := "NULL" // no event type column: an empty event_type header, as the relay sends
+	if c.EventType != "" {
+		eventType = quoteColumn(c.EventType)
+	}
 	sel := []string{id + "::text", quoteColumn(c.AggregateType) + "::text", quoteColumn(c.AggregateID) + "::text",
-		quoteColumn(c.EventType) + "::text", quoteColumn(c.Payload) + "::text", created}
+		eventType + "::text", quoteColumn(c.Payload) + "::text", created}
 	for _, h := range headerCols {
 		sel = append(sel, quoteColumn(h)+"::text")
 	}

@@ -22,6 +22,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -355,6 +356,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := route.NewWithRegex(c.Topic, c.TopicRegex); err != nil {
 		return setting.Errorf("Topic", "%w", err)
+	}
+	if c.Decoder.Columns.EventType == "" && (strings.Contains(c.Topic, "{event_type}") || (c.TopicRegex.Pattern != "" && c.TopicRegex.Field == route.FieldEventType)) {
+		return setting.Errorf("Decoder.Columns.EventType", "the topic routes by the event type but no event type column is set: name the column, or route by another field")
 	}
 	switch c.Delivery {
 	case "", DeliveryEffectivelyOnce, DeliveryAtLeastOnce:

@@ -240,8 +240,10 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 		{Name: d.Columns.ID, Field: "Decoder.Columns.ID"},
 		{Name: d.Columns.AggregateType, Field: "Decoder.Columns.AggregateType"},
 		{Name: d.Columns.AggregateID, Field: "Decoder.Columns.AggregateID"},
-		{Name: d.Columns.EventType, Field: "Decoder.Columns.EventType"},
 		{Name: d.Columns.Payload, Field: "Decoder.Columns.Payload"},
+	}
+	if d.Columns.EventType != "" { // optional: no event type column, no event_type
+		cols = append(cols, replication.Column{Name: d.Columns.EventType, Field: "Decoder.Columns.EventType"})
 	}
 	for col := range d.HeaderColumns {
 		cols = append(cols, replication.Column{Name: col, Field: "Decoder.HeaderColumns"})
