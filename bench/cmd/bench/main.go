@@ -289,17 +289,25 @@ func runReader(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.Hold, "hold", false, "after the count, keep the connection until SIGTERM (the parent reads the walsender's CPU first)")
 	fs.BoolVar(&cfg.Latency, "latency", false, "measure commit → decoded per event; print a summary line at the end")
 	fs.DurationVar(&cfg.WarmUp, "warmup", 0, "with -latency: skip events committed within this time of the first")
+	lean := fs.Bool("lean", false, "read with the minimal pglogrepl loop (reader.RunLean) instead of the relay's read path")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if cfg.Count <= 0 || fs.NArg() == 0 {
 		return errors.New("reader: a positive -count and, after --, the relay's run flags are required")
 	}
+	if *lean && cfg.Latency {
+		return errors.New("reader: -lean reads no commit times: no -latency")
+	}
 	var err error
 	if cfg.Relay, err = cli.RelayConfig(fs.Args()); err != nil {
 		return fmt.Errorf("reader: %w", err)
 	}
-	res, err := reader.Run(ctx, cfg, func() { fmt.Println(runner.DoneLine) })
+	run := reader.Run
+	if *lean {
+		run = reader.RunLean
+	}
+	res, err := run(ctx, cfg, func() { fmt.Println(runner.DoneLine) })
 	if cfg.Latency {
 		// Also after SIGTERM: the parent reads how far it got.
 		b, jerr := json.Marshal(latency.Summarize(res.Latencies))

@@ -38,8 +38,8 @@ type Results struct {
 	// FailedCells are drain cells that failed; the run went on without them.
 	FailedCells []FailedCell `json:"failed_cells,omitempty"`
 
-	// LimitRuns are the limit reader before and after the relay; Limit is the
-	// faster of them.
+	// LimitRuns are the limit reader (the relay's read path) before and
+	// after the relay, then the lean pglogrepl loop; Limit is the fastest.
 	LimitRuns []Drain `json:"limit_runs"`
 	Limit     Drain   `json:"limit"`
 	// RelayRuns are the relay's drains in the order they ran: each round
@@ -122,8 +122,9 @@ type Cell struct {
 	Shape        Shape  `json:"shape"`
 	Events       int    `json:"events"`
 	Transactions int    `json:"transactions"`
-	// LimitRuns are the limit reader before and after the relay; Limit is
-	// the faster. Relay is the faster effectively-once drain.
+	// LimitRuns are the limit reader (the relay's read path) before and
+	// after the relay, then the lean pglogrepl loop; Limit is the fastest.
+	// Relay is the faster effectively-once drain.
 	LimitRuns []Drain  `json:"limit_runs"`
 	Limit     Drain    `json:"limit"`
 	RelayRuns []Drain  `json:"relay_runs"`
