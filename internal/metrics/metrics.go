@@ -97,6 +97,13 @@ type Metrics struct {
 	ProduceBatchSize  prometheus.Histogram
 	ProduceLatency    prometheus.Histogram
 	EndToEndLatency   prometheus.Histogram
+	// ReadLatency and QueueLatency split EndToEndLatency before the produce
+	// request (ProduceLatency): commit → the event handed to the producer
+	// (the walsender's decoding, the network, the relay's read and decode),
+	// then → its produce request sent (batching, and waiting for the
+	// partition's request in flight). Per batch, its oldest event.
+	ReadLatency  prometheus.Histogram
+	QueueLatency prometheus.Histogram
 	ProduceRetries    prometheus.Counter
 	ProduceErrors     *prometheus.CounterVec // by class
 	PermanentFailures *prometheus.CounterVec // by code
@@ -214,6 +221,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "end_to_end_latency_seconds",
 			Help:    "Time from the Postgres commit of an event's transaction to Kafka's acknowledgement (per batch, oldest event).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		ReadLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "event_read_latency_seconds",
+			Help:    "Time from the Postgres commit of an event's transaction to the relay handing the event to its producer: the walsender's decoding, the network, the relay's read and decode (per acknowledged batch, oldest event).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
+		}),
+		QueueLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "event_queue_latency_seconds",
+			Help:    "Time from the producer taking an event to sending the produce request that was acknowledged: batching, and waiting for the partition's request in flight and for retries (per acknowledged batch, oldest event).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
 		}),
 		ProduceRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "produce_retries_total",
@@ -401,7 +418,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.EventsPublished, m.BytesPublished, m.ProduceBatches, m.ProduceBatchSize,
-		m.ProduceLatency, m.EndToEndLatency, m.ProduceRetries, m.ProduceErrors,
+		m.ProduceLatency, m.EndToEndLatency, m.ReadLatency, m.QueueLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,

@@ -468,6 +468,10 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start, now time.T
 	m.ProduceBatchSize.Observe(float64(len(batch)))
 	m.ProduceLatency.Observe(now.Sub(start).Seconds())
 	m.EndToEndLatency.Observe(now.Sub(batch[0].m.Event.CommitTime).Seconds())
+	if first := batch[0]; first.m.Event.CommitLSN != 0 { // read from the stream, not a replay
+		m.ReadLatency.Observe(first.at.Sub(first.m.Event.CommitTime).Seconds())
+		m.QueueLatency.Observe(start.Sub(first.at).Seconds())
+	}
 	var bytes int
 	for _, it := range batch {
 		bytes += len(it.m.Event.Payload)

@@ -376,7 +376,7 @@ func (k *Kafka) Produce(m Message, done Done) error {
 	if err := k.Err(); err != nil {
 		return err
 	}
-	it := item{m: m, done: done}
+	it := item{m: m, done: done, at: time.Now()}
 	ev := m.Event
 	if len(ev.AggregateID) == 0 {
 		return k.fail(it, &outbox.EventError{Code: "empty_key", Err: errors.New("aggregate_id is NULL or empty; events need a key to keep their order")})

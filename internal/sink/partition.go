@@ -12,6 +12,7 @@ import (
 type item struct {
 	m    Message
 	done Done
+	at   time.Time // when Produce took it (the latency split's metrics)
 }
 
 // batch is one partition's batch of events and how it was sent. A re-send

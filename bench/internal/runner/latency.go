@@ -183,6 +183,11 @@ func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, ur
 			const produce = "cdc_relay_produce_latency_seconds"
 			l.ProduceP50Ms = finite(after.quantileSince(before, produce, 0.5) * 1000)
 			l.ProduceP99Ms = finite(after.quantileSince(before, produce, 0.99) * 1000)
+			const read, queue = "cdc_relay_event_read_latency_seconds", "cdc_relay_event_queue_latency_seconds"
+			l.ReadP50Ms = finite(after.quantileSince(before, read, 0.5) * 1000)
+			l.ReadP99Ms = finite(after.quantileSince(before, read, 0.99) * 1000)
+			l.QueueP50Ms = finite(after.quantileSince(before, queue, 0.5) * 1000)
+			l.QueueP99Ms = finite(after.quantileSince(before, queue, 0.99) * 1000)
 			l.ProduceRequests = int(after.sum("cdc_relay_produce_batches_total") - before.sum("cdc_relay_produce_batches_total"))
 			if l.ProduceRequests > 0 {
 				l.MeanBatch = (after.sum("cdc_relay_events_published_total") - before.sum("cdc_relay_events_published_total")) / float64(l.ProduceRequests)
@@ -195,6 +200,10 @@ func (b *bench) latencyRuns(ctx context.Context, system string, run relayRun, ur
 		}
 		b.say("  %s %s: achieved %.0f ev/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples, %d missing)",
 			name, lc.Name(), l.AchievedRate, l.P50, l.P99, l.Max, l.Samples, l.Missing)
+		if relay != nil {
+			b.say("    p50/p99 ms: commit → read %.2f/%.2f, → request sent %.2f/%.2f, → ack %.2f/%.2f; commit → ack %.2f/%.2f (the relay's histograms)",
+				l.ReadP50Ms, l.ReadP99Ms, l.QueueP50Ms, l.QueueP99Ms, l.ProduceP50Ms, l.ProduceP99Ms, l.RelayAckP50Ms, l.RelayAckP99Ms)
+		}
 	}
 	return nil
 }
