@@ -91,19 +91,19 @@ func (m *Metrics) SetSlotHealth(h SlotHealth) {
 // Metrics holds the relay's collectors. Components that are not given one use
 // Discard().
 type Metrics struct {
-	EventsPublished   *prometheus.CounterVec // by topic
-	BytesPublished    *prometheus.CounterVec // by topic
-	ProduceBatches    prometheus.Counter
-	ProduceBatchSize  prometheus.Histogram
-	ProduceLatency    prometheus.Histogram
-	EndToEndLatency   prometheus.Histogram
+	EventsPublished  *prometheus.CounterVec // by topic
+	BytesPublished   *prometheus.CounterVec // by topic
+	ProduceBatches   prometheus.Counter
+	ProduceBatchSize prometheus.Histogram
+	ProduceLatency   prometheus.Histogram
+	EndToEndLatency  prometheus.Histogram
 	// ReadLatency and QueueLatency split EndToEndLatency before the produce
 	// request (ProduceLatency): commit → the event handed to the producer
 	// (the walsender's decoding, the network, the relay's read and decode),
 	// then → its produce request sent (batching, and waiting for the
 	// partition's request in flight). Per batch, its oldest event.
-	ReadLatency  prometheus.Histogram
-	QueueLatency prometheus.Histogram
+	ReadLatency       prometheus.Histogram
+	QueueLatency      prometheus.Histogram
 	ProduceRetries    prometheus.Counter
 	ProduceErrors     *prometheus.CounterVec // by class
 	PermanentFailures *prometheus.CounterVec // by code
