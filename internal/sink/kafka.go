@@ -114,7 +114,7 @@ type Config struct {
 	Logger    zerolog.Logger
 	Metrics   *metrics.Metrics
 	// Linger bounds how long events may wait for more to join their request
-	// while the input is still flowing (default 5ms); QuietGap is how long the
+	// while the input is still flowing (default 2ms); QuietGap is how long the
 	// input must pause for the stream to count as having nothing more buffered
 	// (default 250µs); FlushEvents sends at once when that many are queued
 	// (default 1000). With a quiet input an event goes out at once; with a busy
@@ -160,7 +160,7 @@ func (c *Config) setDefaults() {
 		c.BreakerThreshold = 5
 	}
 	if c.Linger <= 0 {
-		c.Linger = 5 * time.Millisecond
+		c.Linger = 2 * time.Millisecond
 	}
 	if c.QuietGap <= 0 {
 		c.QuietGap = 250 * time.Microsecond
