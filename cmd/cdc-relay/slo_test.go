@@ -90,8 +90,8 @@ func TestOutboxSLOMetrics(t *testing.T) {
 			checked++
 			if !st.Active || st.OldestUnrelayedSource != "checkpoint" || st.OldestUnrelayedAge == nil ||
 				*st.OldestUnrelayedAge < lo-slack || *st.OldestUnrelayedAge > hi+0.5 {
-				t.Fatalf("status %.1f-%.1f s after the commit, with Kafka refusing: active %v, oldest unrelayed %v from %q (%s), want %.1f-%.1f s from the checkpoint",
-					lo, hi, st.Active, st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError, lo, hi)
+				t.Fatalf("status %.1f-%.1f s after the commit, with Kafka refusing: active %v, oldest unrelayed %s from %q (%s), want %.1f-%.1f s from the checkpoint",
+					lo, hi, st.Active, fmtAge(st.OldestUnrelayedAge), st.OldestUnrelayedSource, st.OldestUnrelayedError, lo, hi)
 			}
 		}
 		if lo < 4 {
@@ -162,4 +162,12 @@ func TestOutboxSLOMetrics(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// fmtAge prints status's oldest unrelayed age, which is null when unknown.
+func fmtAge(age *float64) string {
+	if age == nil {
+		return "null"
+	}
+	return fmt.Sprintf("%.2f s", *age)
 }

@@ -133,14 +133,21 @@ func (c *Committer) Run(ctx context.Context) {
 		}
 		c.m.OldestUnrelayedAge.Set(age)
 		c.reportAnomalies()
+		// cdc-relay status reads the oldest-unrelayed time from the stored
+		// row: a new one is stored at this tick, so that status tells the age
+		// within Every of the truth, also while stuck (a broker down).
+		if !waiting {
+			oldest = time.Time{}
+		}
+		c.mu.Lock()
+		changed := !c.storedOldest.Equal(oldest)
+		c.mu.Unlock()
 		if c.tracker.Watermark() <= c.Flushed() {
-			// Stuck behind an unacknowledged event (a broker down): store the
-			// oldest-unrelayed time as soon as it differs from the stored one,
-			// then refresh the row every Idle (the relay's
-			// DefaultIdleCheckpoint), so that cdc-relay status, which reads
-			// the row, tells the age within Every of the truth.
+			// Stuck behind an unacknowledged event: store a new oldest time
+			// at once, then refresh the row every Idle (the relay's
+			// DefaultIdleCheckpoint).
 			c.mu.Lock()
-			stale := waiting && (!c.storedOldest.Equal(oldest) || time.Since(c.lastSave) >= c.idle)
+			stale := waiting && (changed || time.Since(c.lastSave) >= c.idle)
 			c.mu.Unlock()
 			if stale {
 				_ = c.Persist(ctx) // a failure is logged and counted; the next tick retries
@@ -150,7 +157,7 @@ func (c *Committer) Run(ctx context.Context) {
 		// Advances with no new events (keepalives on an idle outbox) are saved
 		// less often: each save writes WAL of its own.
 		c.mu.Lock()
-		quiet := c.tracker.Delivered() == c.lastDelivered && time.Since(c.lastSave) < c.idle
+		quiet := c.tracker.Delivered() == c.lastDelivered && time.Since(c.lastSave) < c.idle && !changed
 		c.mu.Unlock()
 		if quiet {
 			continue

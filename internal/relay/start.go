@@ -107,6 +107,13 @@ func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	r.m.SetSource(source.Role())
+	if !source.InRecovery && r.cfg.PrimaryPool != nil {
+		// The caller built the stores over PrimaryPool: they write where it
+		// points, which should be this same server now (e.g. a promoted standby).
+		r.log.Warn().Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
+			Msg("the Postgres URL names a primary, yet a primary URL is set: the checkpoint and dead letters are written through the primary URL " +
+				setting.Token("PrimaryPGURL") + "; drop it, or make sure it reaches this server")
+	}
 	if source.InRecovery {
 		r.log.Info().Str("source", source.Role()).Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
 			Msg("decoding on a hot standby: the slot and the stream are on the standby; the checkpoint, dead letters, heartbeats and the publication are written on the primary")
