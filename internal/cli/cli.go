@@ -197,6 +197,7 @@ var defaults = map[string]string{
 	"default_batch_max_bytes":     strconv.Itoa(sink.DefaultBatchMaxBytes),
 	"default_status_interval":     shortDuration(relay.DefaultStatusInterval),
 	"default_read_coalesce":       shortDuration(relay.DefaultReadCoalesce),
+	"default_read_buffer_kib":     strconv.Itoa(relay.DefaultReadBuffer >> 10),
 	"default_shutdown_timeout":    shortDuration(relay.DefaultShutdownTimeout),
 	"default_kafka_start_timeout": shortDuration(relay.DefaultKafkaStartWait),
 	"default_monitor_interval":    shortDuration(relay.DefaultMonitorInterval),

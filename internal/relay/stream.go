@@ -43,7 +43,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 
 	streamCfg := replication.StreamConfig{
 		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication,
-		StatusInterval: r.cfg.StatusInterval, ReadCoalesce: r.cfg.ReadCoalesce, Logger: r.log, Metrics: r.m,
+		StatusInterval: r.cfg.StatusInterval, ReadCoalesce: r.cfg.ReadCoalesce, ReadBuffer: r.cfg.ReadBuffer, Logger: r.log, Metrics: r.m,
 		Messages: r.cfg.Decoder.MessagePrefix != "",
 	}
 	failing, connected := false, false

@@ -12,6 +12,7 @@ package replication
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -228,4 +229,31 @@ func (c *coalescingConn) setLowat(v int) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// readBufferDialer wraps dial so that TCP connections get a receive buffer
+// (SO_RCVBUF) of size bytes, which also turns off the kernel's tuning of it.
+// The walsender flushes after nearly every message while the reader's window
+// is open; a buffer that fills closes the window now and then, and the
+// walsender then sends what it has in larger pieces. Measured (bench, 200,000
+// events): with 32 KiB, one-event transactions cost the walsender 5.60-6.20
+// us per event against 6.95-8.15 with the kernel's tuning, and the relay
+// drained 142-162k against 110-134k events/s; but 10-event transactions
+// drained at 177-179k against 202k. A window this small also bounds the rate
+// to it per round trip: 32 KiB per 1 ms is 32 MB/s. So it is an option, off
+// by default.
+func readBufferDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error), size int) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			if err := tc.SetReadBuffer(size); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("set the receive buffer (SO_RCVBUF) to %d bytes: %w", size, err)
+			}
+		}
+		return c, nil
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -283,5 +284,45 @@ func TestCoalescingOnlyTCP(t *testing.T) {
 	defer c.Close()
 	if _, ok := c.(*coalescingConn); ok {
 		t.Error("a Unix socket connection was wrapped")
+	}
+}
+
+// TestReadBufferDialer: a TCP connection dialed through readBufferDialer has
+// the receive buffer asked for (Linux reports twice the size set, its
+// bookkeeping included); a non-TCP connection is returned as dialed.
+func TestReadBufferDialer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close() // the client's socket option is what is checked
+		}
+	}()
+	var d net.Dialer
+	for _, size := range []int{32 << 10, 64 << 10} {
+		c, err := readBufferDialer(d.DialContext, size)(context.Background(), "tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		var serr error
+		if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF) }); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		c.Close()
+		if got != 2*size {
+			t.Errorf("SO_RCVBUF = %d after asking for %d, want %d", got, size, 2*size)
+		}
 	}
 }

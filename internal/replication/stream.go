@@ -65,6 +65,10 @@ type StreamConfig struct {
 	// before waking the reader (SO_RCVLOWAT sized from the byte rate; see
 	// coalesce.go); 0 wakes it for every message.
 	ReadCoalesce time.Duration
+	// ReadBuffer, when positive, is the TCP socket's receive buffer
+	// (SO_RCVBUF) in bytes: a small one lets the walsender's sends fill the
+	// window, so it sends in larger pieces (see readBufferDialer).
+	ReadBuffer int
 	// Messages asks pgoutput for logical decoding messages too (the message
 	// outbox; PostgreSQL 14+).
 	Messages bool
@@ -86,12 +90,12 @@ type Stream struct {
 // canceled context interrupts reads through a deadline, so the connection stays
 // usable (pgx's default would send a cancel request to the walsender).
 func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
-	return connectReplication(ctx, url, 0)
+	return connectReplication(ctx, url, 0, 0)
 }
 
 // connectReplication is ConnectReplication with reads coalesced over
 // coalesce (0: not).
-func connectReplication(ctx context.Context, url string, coalesce time.Duration) (*pgconn.PgConn, error) {
+func connectReplication(ctx context.Context, url string, coalesce time.Duration, readBuffer int) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse Postgres URL %s: %w", setting.Token("PGURL"), redactErr(err))
@@ -102,6 +106,9 @@ func connectReplication(ctx context.Context, url string, coalesce time.Duration)
 	}
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	if readBuffer > 0 {
+		cfg.DialFunc = readBufferDialer(cfg.DialFunc, readBuffer)
 	}
 	if coalesce > 0 {
 		cfg.DialFunc = coalescingDialer(cfg.DialFunc, coalesce)
@@ -122,7 +129,7 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()
 	}
-	conn, err := connectReplication(ctx, cfg.URL, cfg.ReadCoalesce)
+	conn, err := connectReplication(ctx, cfg.URL, cfg.ReadCoalesce, cfg.ReadBuffer)
 	if err != nil {
 		return nil, err
 	}

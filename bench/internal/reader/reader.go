@@ -78,7 +78,7 @@ func Run(ctx context.Context, cfg Config, reached func()) (Result, error) {
 		latency: cfg.Latency, warmUp: cfg.WarmUp}
 	s, err := replication.Open(ctx, replication.StreamConfig{
 		URL: rc.PGURL, Slot: rc.Slot, Publication: rc.Publication,
-		StatusInterval: rc.StatusInterval, ReadCoalesce: rc.ReadCoalesce, Logger: zerolog.Nop(), Metrics: metrics.Discard(),
+		StatusInterval: rc.StatusInterval, ReadCoalesce: rc.ReadCoalesce, ReadBuffer: rc.ReadBuffer, Logger: zerolog.Nop(), Metrics: metrics.Discard(),
 	}, 0)
 	if err != nil {
 		return Result{}, err
