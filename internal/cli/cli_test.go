@@ -230,6 +230,8 @@ func TestValidationErrors(t *testing.T) {
 		{name: "status-interval not a duration", set: map[string]string{"status-interval": "fast"}, want: []string{"--status-interval", "fast"}},
 		{name: "max-in-flight-mib 0", set: map[string]string{"max-in-flight-mib": "0"}, want: []string{"--max-in-flight-mib", "CDC_RELAY_MAX_IN_FLIGHT_MIB", "at least 1"}},
 		{name: "max-in-flight-mib not a number", set: map[string]string{"max-in-flight-mib": "lots"}, want: []string{"--max-in-flight-mib", "lots"}},
+		{name: "max-in-flight-requests 0", set: map[string]string{"max-in-flight-requests": "0"}, want: []string{"--max-in-flight-requests", "CDC_RELAY_MAX_IN_FLIGHT_REQUESTS", "1 to 5"}},
+		{name: "max-in-flight-requests 6", set: map[string]string{"max-in-flight-requests": "6"}, want: []string{"--max-in-flight-requests", "1 to 5"}},
 		{name: "batch-max-events 0", set: map[string]string{"batch-max-events": "0"}, want: []string{"--batch-max-events", "CDC_RELAY_BATCH_MAX_EVENTS"}},
 		{name: "batch-max-bytes 1023", set: map[string]string{"batch-max-bytes": "1023"}, want: []string{"--batch-max-bytes", "CDC_RELAY_BATCH_MAX_BYTES", "at least 1024"}},
 		{name: "checkpoint file empty", set: map[string]string{"checkpoint-store": "file", "checkpoint-file": " "}, want: []string{"--checkpoint-file", "CDC_RELAY_CHECKPOINT_FILE"}},

@@ -32,6 +32,7 @@ var runFlags = map[string]string{
 	"OpenDeadLetters":               "on-error=dlq",
 	"Sink.Brokers":                  "kafka-brokers",
 	"Sink.Topics":                   "topic",
+	"Sink.MaxInFlight":              "max-in-flight-requests",
 	"Decoder.Schema":                "table",
 	"Decoder.Table":                 "table",
 	"Decoder.Columns.ID":            "column-id",

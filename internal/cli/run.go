@@ -74,20 +74,21 @@ type RunCmd struct {
 	checkpointTableFlag `embed:"" group:"delivery" set:"checkpoint_table_note= (checkpoint-store=table)"`
 	CheckpointFile      string `group:"delivery" default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	MaxInFlightMiB    int           `group:"operations" name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
-	BatchMaxEvents    int           `group:"kafka" default:"${default_batch_max_events}" help:"Most events in one produce request."`
-	BatchMaxBytes     int           `group:"kafka" default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
-	Compression       string        `group:"kafka" default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
-	StatusInterval    time.Duration `group:"postgres" default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
-	ReadCoalesce      time.Duration `group:"postgres" default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
-	ReadBufferKiB     int           `group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
-	ShutdownTimeout   time.Duration `group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
-	KafkaStartTimeout time.Duration `group:"kafka" default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
-	RetryBase         time.Duration `group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
-	RetryCap          time.Duration `group:"delivery" default:"${default_retry_cap}" help:"Backoff cap."`
-	RelayName         string        `group:"operations" help:"Name of this relay in checkpoints and logs (default: host name)."`
-	HeartbeatInterval time.Duration `group:"postgres" default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
-	MonitorInterval   time.Duration `group:"operations" default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
+	MaxInFlightMiB      int           `group:"operations" name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
+	BatchMaxEvents      int           `group:"kafka" default:"${default_batch_max_events}" help:"Most events in one produce request."`
+	BatchMaxBytes       int           `group:"kafka" default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
+	MaxInFlightRequests int           `group:"kafka" name:"max-in-flight-requests" default:"${default_max_in_flight_requests}" help:"Produce requests in flight per broker, written back to back on one connection, and batches in flight per partition (1 to 5). With the idempotent producer (--delivery effectively-once) Kafka appends a partition's batches only in order, so a retry never lets a later event overtake an earlier one; without idempotence one request at a time is sent, whatever this says."`
+	Compression         string        `group:"kafka" default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
+	StatusInterval      time.Duration `group:"postgres" default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
+	ReadCoalesce        time.Duration `group:"postgres" default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
+	ReadBufferKiB       int           `group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
+	ShutdownTimeout     time.Duration `group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
+	KafkaStartTimeout   time.Duration `group:"kafka" default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
+	RetryBase           time.Duration `group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
+	RetryCap            time.Duration `group:"delivery" default:"${default_retry_cap}" help:"Backoff cap."`
+	RelayName           string        `group:"operations" help:"Name of this relay in checkpoints and logs (default: host name)."`
+	HeartbeatInterval   time.Duration `group:"postgres" default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
+	MonitorInterval     time.Duration `group:"operations" default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
 
 	AdminFlags `embed:"" group:"operations"` // --metrics-addr, --metrics-token…: admin_flags.go
 
@@ -176,6 +177,9 @@ func (r *RunCmd) Validate() error {
 	}
 	if r.BatchMaxEvents <= 0 {
 		return flagError("batch-max-events", "must be at least 1")
+	}
+	if r.MaxInFlightRequests < 1 || r.MaxInFlightRequests > sink.MaxInFlightLimit {
+		return flagError("max-in-flight-requests", fmt.Sprintf("must be 1 to %d: Kafka keeps an idempotent producer's order across at most %d requests in flight", sink.MaxInFlightLimit, sink.MaxInFlightLimit))
 	}
 	if r.BatchMaxBytes < 1024 {
 		return flagError("batch-max-bytes", "must be at least 1024")
@@ -275,6 +279,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			Brokers:        r.KafkaBrokers,
 			BatchMaxEvents: r.BatchMaxEvents,
 			BatchMaxBytes:  r.BatchMaxBytes,
+			MaxInFlight:    r.MaxInFlightRequests,
 			Compression:    compression(r.Compression),
 			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
 			Transport:      transport,

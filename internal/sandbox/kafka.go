@@ -72,6 +72,12 @@ type KafkaOptions struct {
 	TLS               bool
 	RequireClientCert bool
 
+	// Latency delays every answer of the broker by this much on its way to
+	// the client, as a network between the client and a remote broker
+	// would (one way); requests arrive at once. For measurements: the
+	// broker still reads the next request while an answer is on its way.
+	Latency time.Duration
+
 	// SASLUsers turns SASL authentication on: only these users can connect.
 	// A user name may appear once per mechanism. They are superusers, so no
 	// ACL stands in their way. The Kafka methods ReadAll, WaitForRecords,
@@ -291,6 +297,15 @@ func (k *Kafka) clusterOpts(port int) []kfake.Opt {
 	}
 	if !k.opts.NoAutoCreate {
 		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
+	if d := k.opts.Latency; d > 0 {
+		opts = append(opts, kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			l, err := net.Listen(network, address)
+			if err != nil {
+				return nil, err
+			}
+			return delayListener{Listener: l, d: d}, nil
+		}))
 	}
 	if len(k.opts.BrokerConfigs) > 0 {
 		opts = append(opts, kfake.BrokerConfigs(k.opts.BrokerConfigs))

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"regexp"
@@ -599,6 +601,55 @@ func TestWriteTLSFiles(t *testing.T) {
 		}
 		if st, err := os.Stat(c.key); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("%s: mode %v, %v; want 0600", c.key, st.Mode().Perm(), err)
+		}
+	}
+}
+
+// TestKafkaLatency: with Latency, the broker's answers reach the client that
+// much later, in order, while requests written back to back on one
+// connection are each answered.
+func TestKafkaLatency(t *testing.T) {
+	t.Parallel()
+	const latency = 150 * time.Millisecond
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{Latency: latency})
+	testenv.RequireLocalKafka(t, k)
+	c, err := net.DialTimeout("tcp", k.Brokers()[0], 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var frames []byte
+	for corr := int32(1); corr <= 3; corr++ {
+		req := kmsg.NewPtrApiVersionsRequest()
+		req.Version = 0
+		body := req.AppendTo(nil)
+		head := []byte{0, 0, 0, 0, 0, byte(kmsg.ApiVersions), 0, 0, 0, 0, 0, byte(corr), 0xff, 0xff} // size, key, version 0, correlation id, null client id
+		frame := append(head, body...)
+		binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
+		frames = append(frames, frame...)
+	}
+	sent := time.Now()
+	if _, err := c.Write(frames); err != nil {
+		t.Fatal(err)
+	}
+	for want := int32(1); want <= 3; want++ {
+		var head [8]byte
+		if _, err := io.ReadFull(c, head[:]); err != nil {
+			t.Fatalf("read answer %d: %v", want, err)
+		}
+		if want == 1 {
+			if took := time.Since(sent); took < latency {
+				t.Errorf("the first answer came %v after the request; the broker's latency is %v", took, latency)
+			}
+		}
+		if corr := int32(binary.BigEndian.Uint32(head[4:])); corr != want {
+			t.Fatalf("answer with correlation id %d, want %d: answers out of order", corr, want)
+		}
+		if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(head[:]))-4); err != nil {
+			t.Fatalf("read answer %d: %v", want, err)
 		}
 	}
 }

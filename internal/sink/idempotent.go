@@ -147,7 +147,8 @@ func (k *Kafka) Idempotent() bool { return k.idempotent.Load() }
 // stamp sets a batch's producer fields before it is sent. A re-send within
 // its session repeats them, so the broker drops it if an earlier attempt was
 // appended. Otherwise the partition joins the current session (sequence 0 in
-// a new one) and the batch takes the partition's next sequence.
+// a new one) and the batch takes the partition's next sequence, which then
+// moves past it: batches in flight together have consecutive sequences.
 func (k *Kafka) stamp(p *partition, b *batch, now time.Time) {
 	if b.built && b.gen == k.sess.gen {
 		return
@@ -163,7 +164,7 @@ func (k *Kafka) stamp(p *partition, b *batch, now time.Time) {
 		}
 	}
 	if p.sess.gen != k.sess.gen {
-		p.sess, p.seq = k.sess, 0
+		p.sess, p.seq, p.confirmed = k.sess, 0, false
 	}
 	if !b.built {
 		b.ts = now.UnixMilli()
@@ -172,6 +173,7 @@ func (k *Kafka) stamp(p *partition, b *batch, now time.Time) {
 	b.pf = noProducer
 	if k.sess.id >= 0 {
 		b.pf = producerFields{id: k.sess.id, epoch: k.sess.epoch, seq: p.seq}
+		p.seq = nextSeq(p.seq, len(b.items))
 	}
 }
 

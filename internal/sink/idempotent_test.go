@@ -147,6 +147,35 @@ func onProduce(c *kfake.Cluster, fn func(n int, req *kmsg.ProduceRequest) (kmsg.
 	})
 }
 
+// resends spots the re-sends of produce request 3's first batch: requests of
+// later numbers whose first batch has its producer id and first sequence.
+// With several requests in flight, request 4 need not be the re-send.
+type resends struct {
+	mu    sync.Mutex
+	first *kmsg.RecordBatch
+	seen  int
+}
+
+// note records request n's first batch when n is 3 and reports whether
+// req is a re-send of it.
+func (x *resends) note(n int, req *kmsg.ProduceRequest) bool {
+	var b kmsg.RecordBatch
+	if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err != nil {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if n == 3 {
+		x.first = &b
+		return false
+	}
+	if n > 3 && x.first != nil && b.ProducerID == x.first.ProducerID && b.FirstSequence == x.first.FirstSequence {
+		x.seen++
+		return true
+	}
+	return false
+}
+
 // every reports whether request n is one of the faulted ones: the 3rd,
 // 8th, 13th, ... up to the count-th.
 func every(n, count int) bool { return n >= 3 && (n-3)%5 == 0 && (n-3)/5 < count }
@@ -383,16 +412,17 @@ func TestIdempotentResetAfterUnknownFate(t *testing.T) {
 					r.origins[ev], ev.Index = origin, uint32(i)
 				}
 			}
+			var re resends
 			onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
-				switch n {
-				case 3:
+				if re.note(n, req) && re.seen == 1 {
+					return testenv.ProduceError(req, kerr.UnknownProducerID.Code), nil, true
+				}
+				if n == 3 {
 					if !tc.appended {
 						// The connection drops before the broker reads the request.
 						return nil, errors.New("connection lost"), true
 					}
 					r.k.conns.cut()
-				case 4: // the re-send: one partition, one batch in flight
-					return testenv.ProduceError(req, kerr.UnknownProducerID.Code), nil, true
 				}
 				return nil, nil, false
 			})
@@ -447,11 +477,13 @@ func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
 	r := startIdem(t, true, 1, 100, nil)
 	var mu sync.Mutex
 	var dupBatch []string
+	var re resends
 	onProduce(r.kf.Cluster(), func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
-		switch n {
-		case 3:
+		resend := re.note(n, req) && re.seen == 1
+		switch {
+		case n == 3:
 			r.k.conns.cut()
-		case 4:
+		case resend:
 			var b kmsg.RecordBatch
 			if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err == nil {
 				mu.Lock()

@@ -4,20 +4,24 @@
 // once, either acknowledged by Kafka with acks=all or failed permanently, unless
 // the producer is closed or halted first; until then it is retried forever with
 // exponential backoff and full jitter. Events with the same key go to the same
-// partition (Java-compatible murmur2), and each partition has at most one batch in
-// flight, re-sent unchanged and ahead of anything newer when it fails, so events of
-// one key reach Kafka in the order Produce saw them and a retry never lets a later
-// event overtake an earlier one.
+// partition (Java-compatible murmur2). A failed batch is re-sent unchanged and
+// ahead of anything newer, so events of one key reach Kafka in the order
+// Produce saw them and a retry never lets a later event overtake an earlier
+// one: with idempotence up to Config.MaxInFlight batches of a partition are in
+// flight, which the broker appends only in sequence order; without it, one.
 //
 // The producer is given each event's topic beside it (Message): routing
 // (internal/route) happens once, in the caller, so the live relay and every
 // replay publish through this same code. The producer writes nothing into
 // the event; where Kafka stored it comes back to Done.
 //
-// One dispatcher goroutine owns the partitions' state. For every broker with no
-// request in flight it builds one produce request carrying a batch of each ready
-// partition that broker leads, so under load requests grow instead of multiplying,
-// and with nothing queued an event goes out at once (no linger).
+// One dispatcher goroutine owns the partitions' state. For every broker with
+// room for another request in flight it builds one produce request carrying a
+// batch of each ready partition that broker leads, so under load requests grow
+// instead of multiplying, and with nothing queued an event goes out at once (no
+// linger). Requests to one broker are written back to back on one connection
+// and answered in order (pipe.go), so a slow answer does not hold the next
+// request back.
 //
 // With Config.Idempotent the producer is idempotent, as Kafka's own clients
 // are: Open gets a producer id (InitProducerId), every batch carries it with
@@ -127,6 +131,14 @@ type Config struct {
 	// rates each request then carries what arrived meanwhile, instead of one
 	// transaction's worth (a request costs ~300µs of CPU whatever its size).
 	MinInterval time.Duration
+	// MaxInFlight bounds the produce requests in flight per broker and the
+	// batches in flight per partition while the producer is idempotent
+	// (default DefaultMaxInFlight, at most MaxInFlightLimit): the broker
+	// appends a producer's batches of a partition only in sequence order,
+	// so a failed batch is never overtaken. Without idempotence one request
+	// per broker is in flight, whatever this says. Requests to one broker
+	// share one connection, written back to back (pipe.go).
+	MaxInFlight int
 	// BreakerThreshold is how many produce requests in a row must fail before
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
@@ -138,6 +150,12 @@ const (
 	DefaultBatchMaxEvents = 10000
 	// DefaultBatchMaxBytes is under Kafka's default message.max.bytes (1 MB).
 	DefaultBatchMaxBytes = 900 << 10
+	// DefaultMaxInFlight is Kafka's own clients' default with idempotence.
+	DefaultMaxInFlight = 5
+	// MaxInFlightLimit is the most in-flight batches per partition for which
+	// Kafka keeps an idempotent producer's order: the broker remembers the
+	// last five batches of each producer and partition.
+	MaxInFlightLimit = 5
 )
 
 func (c *Config) setDefaults() {
@@ -155,6 +173,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 30 * time.Second
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.BreakerThreshold <= 0 {
 		c.BreakerThreshold = 5
@@ -257,14 +278,16 @@ type Kafka struct {
 	newTopics []*topicState
 	refused   []failure // events of topics the broker refuses, to report
 
-	lastPush  atomic.Int64 // UnixNano of the newest Produce
-	lastSent  int64        // UnixNano of the newest request (dispatcher-owned)
-	failing   atomic.Int32 // partitions currently retrying
-	reachable atomic.Bool  // the last metadata probe succeeded
-	circuit   atomic.Int32 // circuitClosed, circuitOpen, circuitHalfOpen
-	failedRun int          // produce requests failed in a row (dispatcher-owned)
-	circuitMu sync.Mutex
-	closing   chan struct{} // closed when an open circuit closes
+	lastPush atomic.Int64 // UnixNano of the newest Produce
+	lastSent int64        // UnixNano of the newest request (dispatcher-owned)
+	failing  atomic.Int32 // partitions currently retrying
+	// peakInFlight: the most requests one broker had in flight at once.
+	peakInFlight atomic.Int32
+	reachable    atomic.Bool  // the last metadata probe succeeded
+	circuit      atomic.Int32 // circuitClosed, circuitOpen, circuitHalfOpen
+	failedRun    int          // produce requests failed in a row (dispatcher-owned)
+	circuitMu    sync.Mutex
+	closing      chan struct{} // closed when an open circuit closes
 	// Producer sessions (dispatcher-owned once Open returns).
 	sess        session
 	resetting   bool // a new session is being asked for
@@ -290,6 +313,10 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
 	if len(cfg.Brokers) == 0 {
 		return nil, setting.Errorf("Brokers", "no Kafka brokers configured: set them")
+	}
+	if cfg.MaxInFlight > MaxInFlightLimit {
+		return nil, setting.Errorf("MaxInFlight", "%d requests in flight: Kafka keeps an idempotent producer's order across at most %d; set %s to 1..%d",
+			cfg.MaxInFlight, MaxInFlightLimit, setting.Token("MaxInFlight"), MaxInFlightLimit)
 	}
 	if cfg.CloudEventsMode == CloudEventsStructured {
 		if cfg.CloudEventsSource == "" {

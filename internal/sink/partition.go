@@ -32,6 +32,27 @@ type batch struct {
 	undecided bool
 }
 
+// flight is a batch sent to Kafka and not yet reported to its Dones.
+type flight struct {
+	b     batch
+	state flightState
+	// offset: where Kafka stored the batch once acked (-1: not said).
+	offset int64
+	// start: when the batch was last sent; answered: when it was acked.
+	start, answered time.Time
+	err             error // rejected: the permanent failure to report
+}
+
+// flightState is where a sent batch stands.
+type flightState uint8
+
+const (
+	flying   flightState = iota // sent, no answer yet
+	appended                    // acknowledged: reported once the batches before it are
+	failed                      // to be sent again
+	rejected                    // failed permanently: reported once the batches before it are
+)
+
 // partition is one topic-partition: its queue (filled by Produce) and its delivery
 // state (owned by the dispatcher).
 type partition struct {
@@ -44,33 +65,101 @@ type partition struct {
 	mu    sync.Mutex
 	queue []item
 	since int64 // UnixNano when the queue became non-empty
-	// sending mirrors inFlight for push: a partition whose batch is in flight is
-	// looked at again when the response comes, so a new event need not wake the
-	// dispatcher (each wake-up is a futex call and a scheduler round).
+	// sending: the partition takes no new batch now (its in-flight limit is
+	// reached, or a failed batch goes first). It is looked at again when a
+	// response comes, so a new event need not wake the dispatcher (each
+	// wake-up is a futex call and a scheduler round). Set by the dispatcher.
 	sending atomic.Bool
-	// leaderBusy: the partition's leader has a request in flight. The
-	// dispatcher looks at every partition again when its response comes, so
-	// an event that finds the queue empty need not wake it meanwhile either;
-	// with hundreds of partitions most events find their queue empty. Set by
-	// the dispatcher (markBusy).
+	// leaderBusy: the partition's leader has as many requests in flight as
+	// it may. The dispatcher looks at every partition again when a response
+	// comes, so an event that finds the queue empty need not wake it
+	// meanwhile either; with hundreds of partitions most events find their
+	// queue empty. Set by the dispatcher (markBusy).
 	leaderBusy atomic.Bool
 
 	// Dispatcher-owned.
-	// end is the offset after the partition's last acknowledged batch (-1
+	// end is the offset after the partition's last reported batch (-1
 	// before one): where a batch of unknown fate would be if it was appended.
-	end       int64
-	leader    int32
-	inFlight  bool
-	retry     batch // the batch to send next, ahead of the queue (items nil: none)
-	limit     int   // event limit while splitting a rejected batch
+	end    int64
+	leader int32
+	// out holds the batches sent and not yet reported, in sequence order,
+	// at most Config.MaxInFlight of them. They are reported in that order:
+	// an acked batch waits for the ones before it. When one fails, the
+	// batches after it fail too (the broker takes a producer's batches only
+	// in sequence order); once none is in flight they are sent again in
+	// order (resending), ahead of anything new.
+	out       []*flight
+	resending bool
+	// confirmed: a batch of the partition's session was acknowledged. Until
+	// then one batch at a time is in flight: a broker that does not know
+	// the producer on the partition yet may take any first sequence, so a
+	// later batch could land before a failed first one.
+	confirmed bool
+	verifying bool // a batch of unknown fate is being looked up (verify.go)
+	limit     int  // event limit while splitting a rejected batch
 	attempt   int
 	notBefore time.Time
 	failing   bool
-	spare     []item
+	// spares are delivered batches' slices (at most maxSpares), for the
+	// queue to reuse, so a queue taken whole as a batch is replaced without
+	// growing a new slice from nothing.
+	spares [][]item
 	// The producer session the partition's sequence belongs to, and the
-	// base sequence of its next batch in that session.
+	// base sequence of its next new batch in that session.
 	sess session
 	seq  int32
+}
+
+// flying counts p's batches in flight.
+func (p *partition) flying() int {
+	n := 0
+	for _, f := range p.out {
+		if f.state == flying {
+			n++
+		}
+	}
+	return n
+}
+
+// firstFailed returns p's first batch to send again, or nil.
+func (p *partition) firstFailed() *flight {
+	for _, f := range p.out {
+		if f.state == failed {
+			return f
+		}
+	}
+	return nil
+}
+
+// settledBefore reports whether every batch before f was appended.
+func (p *partition) settledBefore(f *flight) bool {
+	for _, g := range p.out {
+		if g == f {
+			return true
+		}
+		if g.state != appended {
+			return false
+		}
+	}
+	return true
+}
+
+// rewind makes f's sequence the partition's next and marks every batch
+// after f to take a new one when it is sent again: f will not be appended
+// as it was (it was rejected, or split), so neither will they, as the broker
+// appends a producer's batches only in sequence order.
+func (p *partition) rewind(f *flight, sess session) {
+	if f.b.built && f.b.pf.id >= 0 && f.b.gen == sess.gen && p.sess.gen == sess.gen {
+		p.seq = f.b.pf.seq
+	}
+	after := false
+	for _, g := range p.out {
+		if after {
+			g.b.gen = 0 // no session's: stamp gives it a new sequence
+			g.b.unknown, g.b.everUnknown = false, false
+		}
+		after = after || g == f
+	}
 }
 
 // prometheusCounter is the part of a Prometheus counter the partition uses.
@@ -100,15 +189,9 @@ func (p *partition) push(it item) {
 	}
 }
 
-// next returns the partition's next batch within maxBytes (at least one event):
-// the one to retry if any, else a new one from the queue. Its items are nil
-// when it has nothing to send.
+// next returns a new batch from the queue within maxBytes (at least one
+// event). Its items are nil when the queue is empty.
 func (p *partition) next(maxBytes int) batch {
-	if p.retry.items != nil {
-		b := p.retry
-		p.retry = batch{}
-		return b
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.queue) == 0 {
@@ -132,8 +215,11 @@ func (p *partition) next(maxBytes int) batch {
 	}
 	if n == len(p.queue) {
 		items := p.queue
-		p.queue = p.spare[:0]
-		p.spare = nil
+		p.queue = nil
+		if n := len(p.spares); n > 0 {
+			p.queue, p.spares[n-1] = p.spares[n-1][:0], nil
+			p.spares = p.spares[:n-1]
+		}
 		return batch{items: items}
 	}
 	items := make([]item, n)
@@ -154,12 +240,16 @@ func (p *partition) unshift(events []item) {
 	p.mu.Unlock()
 }
 
+// maxSpares bounds a partition's spare slices: each may hold a full batch's
+// worth of items, memory the garbage collector walks.
+const maxSpares = 2
+
 // recycle keeps a delivered batch's slice for reuse.
 func (p *partition) recycle(batch []item) {
 	clear(batch)
 	p.mu.Lock()
-	if p.spare == nil || cap(batch) > cap(p.spare) {
-		p.spare = batch[:0]
+	if len(p.spares) < maxSpares {
+		p.spares = append(p.spares, batch[:0])
 	}
 	p.mu.Unlock()
 }

@@ -76,7 +76,7 @@ type Verdict struct {
 // verdict is the outcome of verifying a batch, for the dispatcher.
 type verdict struct {
 	p   *partition
-	b   batch
+	f   *flight
 	v   Verdict
 	err error
 }
@@ -90,12 +90,13 @@ func (k *Kafka) mustVerify(p *partition, b batch) bool {
 		b.gen != k.sess.gen && p.end >= 0
 }
 
-// verify asks the Verifier about b in the background, reading p from the end
-// of its last acknowledged batch to its high watermark; the verdict comes back
-// on k.verified. p counts as in flight meanwhile, so nothing of it is sent.
-func (k *Kafka) verify(p *partition, b batch) {
-	p.inFlight = true
+// verify asks the Verifier about f's batch in the background, reading p from
+// the end of its last reported batch to its high watermark; the verdict comes
+// back on k.verified. Nothing of p is sent meanwhile.
+func (k *Kafka) verify(p *partition, f *flight) {
+	p.verifying = true
 	p.sending.Store(true)
+	b := f.b
 	msgs := make([]Message, len(b.items))
 	for i, it := range b.items {
 		msgs[i] = it.m
@@ -113,7 +114,7 @@ func (k *Kafka) verify(p *partition, b batch) {
 		defer k.wg.Done()
 		ctx, cancel := context.WithTimeout(k.ctx, k.cfg.RequestTimeout)
 		defer cancel()
-		res := verdict{p: p, b: b}
+		res := verdict{p: p, f: f}
 		res.v, res.err = k.cfg.Verifier.Verify(ctx, msgs, scan)
 		if res.err != nil {
 			res.err = fmt.Errorf("look up a batch of unknown fate in %s/%d: %w", topic, id, res.err)
@@ -128,13 +129,12 @@ func (k *Kafka) verify(p *partition, b batch) {
 // settleVerdict applies a verdict on the dispatcher goroutine; it reports
 // whether the producer halted.
 func (k *Kafka) settleVerdict(res verdict) (halted bool) {
-	p, b := res.p, res.b
-	p.inFlight = false
-	p.sending.Store(false)
+	p, f := res.p, res.f
+	p.verifying = false
+	defer k.updateSending(p, k.maxInFlight())
 	if res.err != nil {
 		// Look again after a backoff; the batch stays first.
 		k.log.Warn().Err(res.err).Msg("cannot read the partition back; retrying")
-		p.retry = b
 		p.notBefore = time.Now().Add(k.cfg.Retry.Delay(p.attempt))
 		p.attempt++
 		return false
@@ -142,19 +142,17 @@ func (k *Kafka) settleVerdict(res verdict) (halted bool) {
 	switch res.v.Fate {
 	case FateHeld:
 		// The lost attempt was appended: acknowledge it where it is.
-		k.cfg.Metrics.DuplicatesSuppressed.Add(float64(len(b.items)))
-		k.log.Info().Str("topic", p.topic).Int("partition", p.id).Int("events", len(b.items)).Int64("offset", res.v.Offset).
+		k.cfg.Metrics.DuplicatesSuppressed.Add(float64(len(f.b.items)))
+		k.log.Info().Str("topic", p.topic).Int("partition", p.id).Int("events", len(f.b.items)).Int64("offset", res.v.Offset).
 			Msg("a batch of unknown fate is in Kafka; not sending it again")
-		b.pf.id = -1 // its session is gone: do not advance the new one's sequence
 		now := time.Now()
-		k.acked(p, b, res.v.Offset, now, now)
-		return k.ctx.Err() != nil
+		f.state, f.offset, f.start, f.answered = appended, res.v.Offset, now, now
+		return !k.drain(p)
 	case FateAbsent:
-		b.everUnknown = false // verifiably not in Kafka: sending it duplicates nothing
+		f.b.everUnknown = false // verifiably not in Kafka: sending it duplicates nothing
 	default:
-		b.undecided = true // re-sent blind (stamp counts the fallback), not looked up again
+		f.b.undecided = true // re-sent blind (stamp counts the fallback), not looked up again
 	}
-	p.retry = b
 	k.signal()
 	return false
 }

@@ -91,21 +91,35 @@ func (x *produceExchange) Required(versions map[protocol.ApiKey]int16) bool {
 // RawExchange writes the request on rw and reads its answer. An error leaves
 // the connection in an unknown state; kafka-go then closes it.
 func (x *produceExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
-	// readers drops to 0 once the buffer will not be written any more: from
-	// then on the dispatcher may reuse it.
-	if x.version < minProduceVersion {
-		x.buf.readers.Add(-1)
-		return nil, fmt.Errorf("the broker speaks Produce up to v%d; record batches with idempotence need v%d (Kafka 0.11 or later)", x.version, minProduceVersion)
+	if err := x.write(rw, x.version); err != nil {
+		return nil, err
 	}
+	return x.read(rw)
+}
+
+// write writes the request on w as Produce version v. Once it returns, the
+// buffer is not read any more (readers drops to 0) and the dispatcher may
+// reuse it.
+func (x *produceExchange) write(w io.Writer, v int16) error {
+	if v < minProduceVersion {
+		x.buf.readers.Add(-1)
+		return fmt.Errorf("the broker speaks Produce up to v%d; record batches with idempotence need v%d (Kafka 0.11 or later)", v, minProduceVersion)
+	}
+	x.version = v
 	b := x.buf.b
-	binary.BigEndian.PutUint16(b[6:], uint16(x.version))
-	_, err := rw.Write(b)
+	binary.BigEndian.PutUint16(b[6:], uint16(v))
+	_, err := w.Write(b)
 	x.buf.readers.Add(-1)
 	if err != nil {
-		return nil, fmt.Errorf("write produce request: %w", err)
+		return fmt.Errorf("write produce request: %w", err)
 	}
+	return nil
+}
+
+// read reads the request's answer from r, the next one on its connection.
+func (x *produceExchange) read(r io.Reader) (*produceAPI.Response, error) {
 	var head [8]byte // size, correlation id (response header v0)
-	if _, err := io.ReadFull(rw, head[:]); err != nil {
+	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return nil, fmt.Errorf("read produce response: %w", err)
 	}
 	size := int32(binary.BigEndian.Uint32(head[:]))
@@ -116,7 +130,7 @@ func (x *produceExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error
 		return nil, fmt.Errorf("read produce response: correlation id %d, want %d", corr, x.corr)
 	}
 	body := make([]byte, size-4)
-	if _, err := io.ReadFull(rw, body); err != nil {
+	if _, err := io.ReadFull(r, body); err != nil {
 		return nil, fmt.Errorf("read produce response: %w", err)
 	}
 	res, err := decodeProduceResponse(body, x.version, x.topics, len(x.parts))

@@ -95,6 +95,7 @@ func runBench(ctx context.Context, args []string) error {
 	reconcile := fs.String("reconcile-partitions", "8,256", "start-up cells: partition counts of the topics the relay drains the headline backlog into, is killed -9 mid-drain and restarted; \"\" skips them")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
+	brokerLatency := fs.Duration("broker-latency", 0, "delay every answer of the in-process broker by this much, as a network to a remote broker would (one way), e.g. 2ms to see what requests in flight (--max-in-flight-requests) buy")
 	relayFlags := fs.String("relay-flags", "", "flags added to every relay and limit reader run, space-separated (e.g. \"--read-coalesce 0\" to compare a setting)")
 	profileDir := fs.String("profile", "", "save a CPU and a heap profile of the relay's first effectively-once drain of each drain cell in this directory (<cell>-cpu.pprof, <cell>-heap.pprof; read with go tool pprof), and print the CPU split by part: read, decode, encode+produce, checkpoint+ack, gc")
 	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
@@ -150,7 +151,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := runner.Config{Events: *events, Aggregates: *aggregates, Duration: *duration, Quick: *quick,
 		DeliveryRounds: *rounds, PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, QuietWait: *quietWait,
-		RelayBin: *relayBin, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), Out: os.Stdout}
+		RelayBin: *relayBin, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
 	var err error
 	for _, l := range []struct {
 		flag  string

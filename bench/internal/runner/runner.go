@@ -87,6 +87,9 @@ type Config struct {
 	// RelayFlags are added to the flags of every relay and limit reader run
 	// (e.g. --read-coalesce 0), after the benchmark's own.
 	RelayFlags []string
+	// BrokerLatency delays every answer of the broker by this much, as a
+	// network to a remote broker would (one way); 0: none.
+	BrokerLatency time.Duration
 	// Self is the benchmark executable, re-executed as "reader" and "poller".
 	Self string
 	// Out receives progress lines.
@@ -210,7 +213,8 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	// machine's CPU per partition batch (internal/sink's BenchmarkSinkPaced),
 	// which the broker spends beside the relay at 256 partitions.
 	kafka, err := sandbox.StartKafka(sandbox.KafkaOptions{Partitions: head.Partitions, NoAutoCreate: true,
-		BrokerConfigs: map[string]string{"message.max.bytes": strconv.Itoa(brokerMaxMessageBytes)}})
+		BrokerConfigs: map[string]string{"message.max.bytes": strconv.Itoa(brokerMaxMessageBytes)},
+		Latency:       cfg.BrokerLatency})
 	if err != nil {
 		return nil, fmt.Errorf("start kafka: %w", err)
 	}

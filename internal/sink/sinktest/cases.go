@@ -35,8 +35,9 @@ const (
 const orderTopic = "contract.order"
 
 // orderOptions are the producer settings of the Order cases: small batches,
-// so that order must hold across many requests, and quick retries.
-var orderOptions = Options{BatchMaxEvents: 10, Retry: fastRetry}
+// so that order must hold across many requests, several of them in flight,
+// and quick retries.
+var orderOptions = Options{BatchMaxEvents: 10, Retry: fastRetry, MaxInFlight: 5}
 
 // orderStream is what the Order cases produce: 1500 events of 50 keys,
 // queued at once so that batches wait behind failing ones.

@@ -9,7 +9,8 @@
 //   - Order: per-key order and exactly one done(nil) per event across
 //     transient produce errors, ambiguous errors after the append, responses
 //     lost after the append, a broker restart on its data directory and
-//     leadership moves between two brokers.
+//     leadership moves between two brokers, with up to five requests in
+//     flight per broker (Options.MaxInFlight).
 //   - AckAfterAppend: every produce request asks for acks=all, and each event
 //     is in the partition's log when its done(nil) runs.
 //   - Permanent: an event over the topic's max.message.bytes, an event with an
@@ -74,6 +75,10 @@ type Options struct {
 	// RequestTimeout bounds one produce attempt. Cases whose broker holds
 	// requests set it long, so that no attempt ends by itself.
 	RequestTimeout time.Duration
+	// MaxInFlight bounds the produce requests in flight per broker. The
+	// Order cases set it to 5, Kafka's most for an idempotent producer, so
+	// that order has to hold across retries of requests sent back to back.
+	MaxInFlight int
 }
 
 // Opener makes a producer for a case: connected to brokers, with the

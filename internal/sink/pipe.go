@@ -1,0 +1,211 @@
+package sink
+
+// Pipes: produce requests pipelined on one connection per broker. Kafka
+// handles a connection's requests one after another and answers them in
+// order, so requests written back to back on one connection reach the log in
+// the order they were written; kafka-go's Transport would instead give each
+// concurrent request a connection of its own, and requests on different
+// connections may overtake each other.
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go/protocol"
+)
+
+// pipeIdle is how long a pipe with nothing in flight stays open: below
+// Kafka's connections.max.idle.ms (10 minutes), so the broker does not close
+// it under a request.
+const pipeIdle = 5 * time.Minute
+
+// errPipeClosed ends the requests a pipe never wrote when it closes.
+var errPipeClosed = errors.New("produce connection closed")
+
+// pipe is one connection to a broker carrying up to Config.MaxInFlight
+// produce requests at a time. The dispatcher sends requests into it; every
+// request comes back on done exactly once: answered, or with the error that
+// ended it (unsent when it was never written).
+type pipe struct {
+	k      *Kafka
+	broker int32
+	done   chan<- *request
+	queue  chan *request // to the writer; its capacity is the in-flight limit
+
+	mu   sync.Mutex
+	dead bool // send refuses: the dispatcher opens another pipe
+
+	version  int16 // the Produce version the connection negotiated
+	lastUsed time.Time
+}
+
+// openPipe starts a pipe to broker; limit bounds its requests in flight.
+func (k *Kafka) openPipe(broker int32, limit int, done chan<- *request) *pipe {
+	pp := &pipe{k: k, broker: broker, done: done, queue: make(chan *request, limit), lastUsed: time.Now()}
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		// The exchange holds one of the Transport's connections (dialled,
+		// TLS, SASL and API versions done) for as long as the pipe lives.
+		_, err := k.transport.RoundTrip(k.ctx, k.addr, &pipeExchange{pp})
+		if err == nil {
+			err = errPipeClosed
+		}
+		pp.retire(err)
+	}()
+	return pp
+}
+
+// send queues r on the pipe; false when the pipe is closing and r was not
+// taken. It never blocks: the dispatcher keeps at most the queue's capacity
+// in flight per broker.
+func (pp *pipe) send(r *request) bool {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.dead {
+		return false
+	}
+	pp.lastUsed = time.Now()
+	pp.queue <- r
+	return true
+}
+
+// close retires the pipe once its queued requests are written and answered.
+func (pp *pipe) close() {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if !pp.dead {
+		pp.dead = true
+		close(pp.queue)
+	}
+}
+
+// idle reports whether the pipe has been unused for pipeIdle.
+func (pp *pipe) idle(now time.Time) bool {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return !pp.dead && now.Sub(pp.lastUsed) > pipeIdle
+}
+
+// retire stops the pipe and hands back every request it has not written,
+// unsent, with err.
+func (pp *pipe) retire(err error) {
+	pp.mu.Lock()
+	if !pp.dead {
+		pp.dead = true
+		close(pp.queue)
+	}
+	pp.mu.Unlock()
+	for r := range pp.queue {
+		r.err, r.unsent = fmt.Errorf("produce to broker %d: %w", pp.broker, err), true
+		pp.done <- r
+	}
+}
+
+// pipeExchange runs a pipe on the connection kafka-go's Transport gives it
+// (protocol.RawExchanger): the writer writes requests as they come, the
+// reader reads their answers in the same order.
+type pipeExchange struct{ pp *pipe }
+
+// ApiKey is Produce's.
+func (x *pipeExchange) ApiKey() protocol.ApiKey { return protocol.Produce }
+
+// Broker routes the exchange to the pipe's broker.
+func (x *pipeExchange) Broker(c protocol.Cluster) (protocol.Broker, error) {
+	b, ok := c.Brokers[x.pp.broker]
+	if !ok {
+		return protocol.Broker{ID: -1}, &noRouteError{fmt.Errorf("broker %d is not in the cluster's metadata", x.pp.broker)}
+	}
+	return b, nil
+}
+
+// Required takes the Produce version the connection negotiated.
+func (x *pipeExchange) Required(versions map[protocol.ApiKey]int16) bool {
+	x.pp.version = min(versions[protocol.Produce], maxProduceVersion)
+	return true
+}
+
+// deadliner is the connection's read deadline, which bounds each answer.
+type deadliner interface{ SetReadDeadline(time.Time) error }
+
+// RawExchange serves the pipe until its queue closes (idle, or the producer
+// closing) or the connection fails. Every request taken from the queue is
+// handed back on done: answered, or with the error that ended it. An error
+// makes kafka-go close the connection.
+func (x *pipeExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
+	pp := x.pp
+	written := make(chan *request, cap(pp.queue))
+	broken := make(chan struct{}) // the reader failed
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		var rerr error
+		for r := range written {
+			if rerr == nil {
+				rerr = pp.answer(rw, r)
+				if rerr != nil {
+					close(broken)
+				}
+			}
+			if rerr != nil {
+				r.err = rerr
+			}
+			pp.done <- r
+		}
+	}()
+	var werr error
+	defer func() {
+		close(written)
+		<-readerDone
+		if d, ok := rw.(deadliner); ok && werr == nil {
+			_ = d.SetReadDeadline(time.Time{}) // the connection goes back to kafka-go's pool
+		}
+	}()
+	for werr == nil {
+		select {
+		case r, ok := <-pp.queue:
+			if !ok {
+				return nil, nil
+			}
+			if err := r.x.write(rw, pp.version); err != nil {
+				// Part of it may have been written: its fate is unknown.
+				r.err = fmt.Errorf("produce to broker %d: %w", pp.broker, err)
+				pp.done <- r
+				werr = err
+				break
+			}
+			written <- r
+		case <-broken:
+			werr = errors.New("produce connection broken")
+		case <-pp.k.ctx.Done():
+			werr = pp.k.ctx.Err()
+		}
+	}
+	pp.mu.Lock()
+	if !pp.dead {
+		pp.dead = true
+		close(pp.queue)
+	}
+	pp.mu.Unlock()
+	return nil, werr
+}
+
+// answer reads r's answer, within the request timeout from when r was sent.
+func (pp *pipe) answer(rw io.ReadWriter, r *request) error {
+	if d, ok := rw.(deadliner); ok {
+		if err := d.SetReadDeadline(r.start.Add(pp.k.cfg.RequestTimeout)); err != nil {
+			return fmt.Errorf("produce to broker %d: set read deadline: %w", pp.broker, err)
+		}
+	}
+	res, err := r.x.read(rw)
+	if err != nil {
+		return fmt.Errorf("produce to broker %d: %w", pp.broker, err)
+	}
+	r.res = res
+	return nil
+}
+
+var _ protocol.RawExchanger = (*pipeExchange)(nil)
