@@ -72,7 +72,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 		Partition: cfg.Decoder.PartitionColumn, Envelope: cfg.Decoder.EnvelopeColumns,
 		JSON: cfg.Decoder.JSON, SchemaVersion: cfg.Decoder.SchemaVersionColumn, RouteByEventType: cfg.Decoder.RouteByEventType}
 	store := deadletter.NewStore(pool, r.DLQTable)
-	table, dlqTable, topic, topicRegex := r.Table, r.DLQTable, r.Topic, r.topicRegex()
+	tables, dlqTable, topic, topicRegex := r.Table, r.DLQTable, r.Topic, r.topicRegex()
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
@@ -89,25 +89,31 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 		}
 		defer p.Close()
 		p.TopicWait = wait
-		res, err := outboxtable.Replay(ctx, db, store.History(), table, cols, p, outboxtable.ReplayOptions{
-			Since:      since,
-			Topic:      topic,
-			TopicRegex: topicRegex,
-			Actor:      actor,
-			Headers:    []outbox.Header{mark},
-		})
-		if m != nil {
-			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultPublished).Add(float64(res.Published))
-			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultSkipped).Add(float64(res.Skipped))
-			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultFailed).Add(float64(res.Failed))
+		// Each outbox table in turn: each one's rows in their order; events
+		// of different tables have none between them.
+		published := 0
+		for _, table := range tables {
+			res, err := outboxtable.Replay(ctx, db, store.History(), table, cols, p, outboxtable.ReplayOptions{
+				Since:      since,
+				Topic:      topic,
+				TopicRegex: topicRegex,
+				Actor:      actor,
+				Headers:    []outbox.Header{mark},
+			})
+			published += res.Published
+			if m != nil {
+				m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultPublished).Add(float64(res.Published))
+				m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultSkipped).Add(float64(res.Skipped))
+				m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultFailed).Add(float64(res.Failed))
+			}
+			if err != nil {
+				return published, err
+			}
+			if res.Failed > 0 {
+				log.Error().Int64("replay_id", res.ReplayID).Int("failed", res.Failed).Str("table", table).
+					Msgf("%s: some rows could not be published (they stay in the outbox table); see cdc-relay dlq history", component)
+			}
 		}
-		if err != nil {
-			return res.Published, err
-		}
-		if res.Failed > 0 {
-			log.Error().Int64("replay_id", res.ReplayID).Int("failed", res.Failed).
-				Msgf("%s: some rows could not be published (they stay in the outbox table); see cdc-relay dlq history", component)
-		}
-		return res.Published, nil
+		return published, nil
 	}
 }

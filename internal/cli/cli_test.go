@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -363,7 +364,7 @@ func TestEnv(t *testing.T) {
 	if want := []string{"k1:9092", "k2:9092"}; !slices.Equal(r.KafkaBrokers, want) {
 		t.Errorf("KafkaBrokers = %q, want %q (trimmed by Validate)", r.KafkaBrokers, want)
 	}
-	if r.Topic != "outbox.{aggregate_type}" || r.Table != "app.events" {
+	if r.Topic != "outbox.{aggregate_type}" || fmt.Sprint(r.Table) != "[app.events]" {
 		t.Errorf("Topic, Table = %q, %q", r.Topic, r.Table)
 	}
 	if r.CreateSlot {
@@ -403,7 +404,7 @@ func TestDefaults(t *testing.T) {
 	}
 	r := c.Run
 	if r.MetricsAddr != "127.0.0.1:9187" || r.MetricsToken != "" || r.MetricsOpenProbes || r.Slot != "cdc_relay" || r.Publication != "cdc_relay_outbox" ||
-		r.Table != "public.outbox_events" || r.Topic != "outbox.events" || !r.CreateSlot || !r.CreatePublication ||
+		fmt.Sprint(r.Table) != "[public.outbox_events]" || r.Topic != "outbox.events" || !r.CreateSlot || !r.CreatePublication ||
 		r.CheckpointStore != "table" || r.MaxInFlightMiB != 16 || r.StatusInterval != time.Second || r.Compression != "none" {
 		t.Errorf("defaults: %+v", r)
 	}

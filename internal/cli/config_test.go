@@ -207,7 +207,7 @@ status-interval: 250ms  # run only
 			return ""
 		}},
 		{[]string{"prune"}, func(c *CLI) string {
-			if c.Prune.Table != "public.outbox_events" {
+			if fmt.Sprint(c.Prune.Table) != "[public.outbox_events]" {
 				return "prune changed table"
 			}
 			return ""

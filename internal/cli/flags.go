@@ -34,11 +34,11 @@ import (
 
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
-	PGURL       string `name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
-	PGURLFile   string `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
-	Slot        string `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
-	Publication string `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
-	Table       string `default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}."`
+	PGURL       string   `name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	PGURLFile   string   `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
+	Slot        string   `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
+	Publication string   `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
+	Table       []string `default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`
 }
 
 // defaultTable is --table's default where --messages-prefix may leave it
@@ -52,11 +52,48 @@ type messagesFlag struct {
 }
 
 // resolveTable sets an unset --table: its default, unless --messages-prefix
-// is set (then it stays "": no table).
-func (f messagesFlag) resolveTable(table *string) {
-	if *table == "" && f.MessagesPrefix == "" {
-		*table = defaultTable
+// is set (then it stays empty: no table).
+func (f messagesFlag) resolveTable(tables *[]string) {
+	if len(*tables) == 0 && f.MessagesPrefix == "" {
+		*tables = []string{defaultTable}
 	}
+}
+
+// checkTables checks each --table and that none is given twice.
+func checkTables(tables []string) error {
+	seen := map[string]bool{}
+	for _, t := range tables {
+		schema, table, err := splitTable(t)
+		if err != nil {
+			return flagError("table", err.Error())
+		}
+		if seen[schema+"."+table] {
+			return flagError("table", fmt.Sprintf("names %s twice: name each outbox table once", t))
+		}
+		seen[schema+"."+table] = true
+	}
+	return nil
+}
+
+// oneTable returns the one outbox table of a command that reads one ("" for
+// none), or an error when several were given.
+func oneTable(cmd string, tables []string) (string, error) {
+	switch len(tables) {
+	case 0:
+		return "", nil
+	case 1:
+		return tables[0], nil
+	}
+	return "", flagError("table", fmt.Sprintf("is given %d times (%s), and %s reads one outbox table: run it once per table", len(tables), strings.Join(tables, ", "), cmd))
+}
+
+// firstTable is the first --table, "" for none: the one whose layout names
+// what several tables share (the payload's format, the JSON schema's name).
+func firstTable(tables []string) string {
+	if len(tables) == 0 {
+		return ""
+	}
+	return tables[0]
 }
 
 // outboxName is the outbox's name where formats need one (the JSON schema
@@ -123,7 +160,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // relay's topic (run, replay).
 type KafkaFlags struct {
 	kafkaBrokerFlags `embed:"" group:"kafka"`
-	Topic            string `default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}; with --topic-regex also over its groups: $${name}, $${1} or $$1."`
+	Topic            string `default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}, and over the source table: {schema}, {table} (several --table); with --topic-regex also over its groups: $${name}, $${1} or $$1."`
 	// TopicRegex is Debezium's route.topic.regex (Kafka Connect's RegexRouter).
 	TopicRegex      string `group:"routing" help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
 	TopicRegexField string `default:"aggregate_type" group:"routing" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`

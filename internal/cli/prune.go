@@ -24,8 +24,8 @@ func (c *PruneCmd) Validate() error {
 	if err := requirePG(&c.PGFlags); err != nil {
 		return err
 	}
-	if _, _, err := splitTable(c.Table); err != nil {
-		return flagError("table", err.Error())
+	if err := checkTables(c.Table); err != nil {
+		return err
 	}
 	age, err := parseAge(c.OlderThan)
 	if err != nil {
@@ -45,7 +45,12 @@ func (c *PruneCmd) Run(ctx context.Context, env Env) error {
 		return err
 	}
 	defer pool.Close()
-	n, err := outboxtable.Prune(ctx, pool, c.Table, c.ColumnCreatedAt, c.olderThan, c.BatchSize)
-	fmt.Fprintf(env.Stdout, "deleted %d rows of %s created before %s\n", n, c.Table, c.olderThan.UTC().Format(time.RFC3339))
-	return err
+	for _, table := range c.Table {
+		n, err := outboxtable.Prune(ctx, pool, table, c.ColumnCreatedAt, c.olderThan, c.BatchSize)
+		fmt.Fprintf(env.Stdout, "deleted %d rows of %s created before %s\n", n, table, c.olderThan.UTC().Format(time.RFC3339))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

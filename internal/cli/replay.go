@@ -43,10 +43,14 @@ func (r *ReplayCmd) Validate() error {
 		return err
 	}
 	r.resolveTable(&r.Table)
-	if r.Table == "" {
+	table, err := oneTable("replay", r.Table)
+	if err != nil {
+		return err
+	}
+	if table == "" {
 		return flagError("messages-prefix", "is set without --table: replay republishes rows still in the outbox table, and a message outbox has none (its events exist only in the WAL, docs/message-outbox.md); give --table to replay the table's rows, or republish dead letters with cdc-relay dlq replay")
 	}
-	if _, _, err := splitTable(r.Table); err != nil {
+	if _, _, err := splitTable(table); err != nil {
 		return flagError("table", err.Error())
 	}
 	if err := r.dlqStoreFlags.validate(); err != nil {
@@ -72,7 +76,7 @@ func (r *ReplayCmd) Validate() error {
 	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 && r.ValueEncoding == connectjson.NameRaw {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
 	}
-	if _, err := r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+	if _, err := r.jsonOptions(firstTable(r.Table), r.Topic, r.TombstoneOnEmptyPayload); err != nil {
 		return err
 	}
 	if err := r.formatFlags.validate(); err != nil {
@@ -108,7 +112,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if err := store.Ensure(ctx); err != nil {
 		return err
 	}
-	format, err := r.recordFormat(r.PGURL, r.Table)
+	format, err := r.recordFormat(r.PGURL, firstTable(r.Table))
 	if err != nil {
 		return err
 	}
@@ -122,11 +126,11 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	if cols.Envelope, err = r.envelope(); err != nil {
 		return flagError("envelope-columns", err.Error())
 	}
-	if cols.JSON, err = r.jsonOptions(r.Table, r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+	if cols.JSON, err = r.jsonOptions(firstTable(r.Table), r.Topic, r.TombstoneOnEmptyPayload); err != nil {
 		return err
 	}
 	cols.SchemaVersion, cols.RouteByEventType = r.ColumnSchemaVersion, routeByEventType(r.Topic, r.topicRegex())
-	res, err := outboxtable.Replay(ctx, pool, store.History(), r.Table, cols, pub, outboxtable.ReplayOptions{
+	res, err := outboxtable.Replay(ctx, pool, store.History(), firstTable(r.Table), cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})

@@ -35,7 +35,7 @@ type RunCmd struct {
 	// Each flag is in one help group (help.go), and the groups appear in the
 	// order of their first flag here: Postgres, Kafka, routing and format,
 	// delivery and failures, operations.
-	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone)'"`
+	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone). Repeat it, or separate with commas, for several outbox tables of one column layout behind one relay and one slot: the publication covers them all (extended on restart when a table joins the list), events keep their order within each table, and the {schema} and {table} placeholders of --topic name the table of each event'"`
 	messagesFlag `embed:"" group:"postgres"`
 	KafkaFlags   `embed:""` // its --topic flags are in group routing
 
@@ -116,9 +116,9 @@ func (r *RunCmd) Validate() error {
 		return err
 	}
 	r.resolveTable(&r.Table)
-	if r.Table != "" {
-		if _, _, err := splitTable(r.Table); err != nil {
-			return flagError("table", err.Error())
+	if len(r.Table) > 0 {
+		if err := checkTables(r.Table); err != nil {
+			return err
 		}
 	} else {
 		if r.Snapshot == "initial" {
@@ -137,7 +137,7 @@ func (r *RunCmd) Validate() error {
 	if r.TombstoneOnEmptyPayload && len(r.EnvelopeColumns) > 0 && r.ValueEncoding == connectjson.NameRaw {
 		return flagError("envelope-columns", "cannot be combined with --tombstone-on-empty-payload when --value-encoding is raw: the raw envelope is never empty (with a JSON encoding, a NULL or blank payload is a tombstone, as in Debezium)")
 	}
-	if _, err := r.jsonOptions(r.outboxName(r.Table), r.Topic, r.TombstoneOnEmptyPayload); err != nil {
+	if _, err := r.jsonOptions(r.outboxName(firstTable(r.Table)), r.Topic, r.TombstoneOnEmptyPayload); err != nil {
 		return err
 	}
 	if err := r.formatFlags.validate(); err != nil {
@@ -219,11 +219,19 @@ func relayName(name string) string {
 }
 
 func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, error) {
-	var schema, table string
-	if r.Table != "" {
-		var err error
-		if schema, table, err = splitTable(r.Table); err != nil {
+	var (
+		schema, table string
+		also          []decoder.TableName
+	)
+	for i, t := range r.Table {
+		s, n, err := splitTable(t)
+		if err != nil {
 			return relay.Config{}, err
+		}
+		if i == 0 {
+			schema, table = s, n
+		} else {
+			also = append(also, decoder.TableName{Schema: s, Table: n})
 		}
 	}
 	headers, err := r.headerColumns()
@@ -234,7 +242,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
-	format, err := r.recordFormat(r.PGURL, r.outboxName(r.Table))
+	format, err := r.recordFormat(r.PGURL, r.outboxName(firstTable(r.Table)))
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -242,7 +250,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, flagError("envelope-columns", err.Error())
 	}
-	jsonOpts, err := r.jsonOptions(r.outboxName(r.Table), r.Topic, r.TombstoneOnEmptyPayload)
+	jsonOpts, err := r.jsonOptions(r.outboxName(firstTable(r.Table)), r.Topic, r.TombstoneOnEmptyPayload)
 	if err != nil {
 		return relay.Config{}, err
 	}
@@ -251,7 +259,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		Slot:        r.Slot,
 		Publication: r.Publication,
 		Decoder: decoder.Config{
-			Schema: schema, Table: table,
+			Schema: schema, Table: table, Also: also,
 			Columns: decoder.Columns{
 				ID: r.ColumnID, AggregateType: r.ColumnAggregateType, AggregateID: r.ColumnAggregateID,
 				EventType: r.ColumnEventType, Payload: r.ColumnPayload,
@@ -542,7 +550,7 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 		env.SetMemoryLimit(limit)
 		log.Debug().Int64("bytes", limit).Msg("Go soft memory limit set from --max-in-flight-mib (GOMEMLIMIT overrides)")
 	}
-	log.Info().Str("version", env.Version).Str("slot", r.Slot).Str("table", r.Table).Str("messages_prefix", r.MessagesPrefix).Str("topic", r.Topic).
+	log.Info().Str("version", env.Version).Str("slot", r.Slot).Strs("tables", r.Table).Str("messages_prefix", r.MessagesPrefix).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
 	r.logKafkaSecurity(log)
 	runErr := nameFlags(r.explainKafkaError(rl.Run(ctx)), runFlags)

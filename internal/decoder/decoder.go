@@ -104,7 +104,12 @@ func (c Columns) names() [numFields]string {
 // are lower case there.
 type Config struct {
 	Schema, Table string // the outbox table, e.g. "public", "outbox_events"
-	Columns       Columns
+	// Also names further outbox tables, read with this table's column
+	// mapping and options: several outboxes (one per module or tenant)
+	// behind one relay and one slot. Each event says which table it came
+	// from (outbox.Event.Schema and Table).
+	Also    []TableName
+	Columns Columns
 	// HeaderColumns maps extra outbox columns to Kafka header keys, e.g.
 	// "correlation_id" -> "correlation_id". NULL values produce no header.
 	// The headers the relay sets itself cannot be targets (see New).
@@ -255,7 +260,8 @@ type headerCol struct {
 type outboxRel struct {
 	ok     bool
 	id     uint32
-	byName bool // the outbox table itself, not a partition
+	byName bool      // an outbox table itself, not a partition
+	table  TableName // the outbox table its rows belong to
 
 	ncols       int
 	fields      [numFields]int // column index of each required column
@@ -287,6 +293,7 @@ type span struct {
 // is not safe for concurrent use.
 type Decoder struct {
 	schema, table string
+	tables        []TableName       // every outbox table: schema.table first, then Config.Also
 	columns       [numFields]string // required column names, in field order
 	headers       []headerCol       // sorted by column name, so header order is stable
 
@@ -348,7 +355,20 @@ func New(cfg Config) (*Decoder, error) {
 	if err := CheckContentType(cfg.ContentType); err != nil {
 		return nil, setting.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
-	d := &Decoder{schema: cfg.Schema, table: cfg.Table, columns: cfg.Columns.names(), known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel),
+	var tables []TableName
+	if cfg.Table != "" {
+		tables = append(tables, TableName{cfg.Schema, cfg.Table})
+	}
+	for _, t := range cfg.Also {
+		if t.Schema == "" || t.Table == "" {
+			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %q has an empty schema or name: set both", t.String())
+		}
+		if slices.Contains(tables, t) {
+			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %s is named twice: name each once", t)
+		}
+		tables = append(tables, t)
+	}
+	d := &Decoder{schema: cfg.Schema, table: cfg.Table, tables: tables, columns: cfg.Columns.names(), known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel),
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
 		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType,
 		createdColumn: cfg.CreatedAtColumn}
@@ -538,14 +558,27 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 	if d.out != nil && d.out.id == id {
 		d.out = nil
 	}
-	isOutbox := string(namespace) == d.schema && string(name) == d.table
+	var owner TableName
+	isOutbox := false
+	for _, t := range d.tables {
+		if string(namespace) == t.Schema && string(name) == t.Table {
+			owner, isOutbox = t, true
+			break
+		}
+	}
 	byName, lenient := isOutbox, false // a former partition whose columns do not fit is another table
 	if !isOutbox && d.member != nil {
-		m, err := d.member(ctx, Relation{ID: id, Namespace: string(namespace), Name: string(name)})
+		m, parent, err := d.member(ctx, Relation{ID: id, Namespace: string(namespace), Name: string(name)})
 		if err != nil {
 			return Message{}, fmt.Errorf("relation %q.%q: %w", namespace, name, err)
 		}
 		isOutbox, lenient = m != NotMember, m == FormerMember
+		owner = parent
+		if isOutbox && !slices.Contains(d.tables, owner) && len(d.tables) > 0 {
+			// A former partition: which table it belonged to is gone
+			// with it; its rows count as the first table's.
+			owner = d.tables[0]
+		}
 	}
 	if isOutbox && lenient {
 		if ok, err := d.fits(b); err != nil {
@@ -556,7 +589,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 	}
 	relSchema, relTable := string(namespace), string(name)
 
-	rel := outboxRel{ok: true, id: id, byName: byName, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
+	rel := outboxRel{ok: true, id: id, byName: byName, table: owner, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
 	var types [numFields]uint32
 	var typmods [numFields]int32
 	var verType uint32
@@ -712,14 +745,14 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		slices.Sort(rel.keep)
 		rel.keep = slices.Compact(rel.keep)
 		if byName {
-			// The outbox table under a new id (dropped and recreated): the old
-			// id is another table now.
+			// An outbox table under a new id (dropped and recreated): the
+			// old id is another table now.
 			for old, o := range d.outs {
-				if o.byName {
+				if o.byName && o.table == owner {
 					delete(d.outs, old)
 				}
 			}
-			if d.out != nil && d.out.byName {
+			if d.out != nil && d.out.byName && d.out.table == owner {
 				d.out = nil
 			}
 		}
@@ -758,6 +791,13 @@ func (d *Decoder) fits(b []byte) (bool, error) {
 	return !slices.Contains(found[:], false), nil
 }
 
+// TableName names a table as Postgres announces it: unquoted identifiers
+// are lower case there.
+type TableName struct{ Schema, Table string }
+
+// String is schema.table, unquoted.
+func (t TableName) String() string { return t.Schema + "." + t.Table }
+
 // Relation is a relation a Relation message announces.
 type Relation struct {
 	ID              uint32 // the relation's OID
@@ -783,10 +823,12 @@ const (
 )
 
 // Membership answers, for a relation a Relation message announces under a
-// name other than the outbox table's, whether it holds outbox rows. It is
-// called once per Relation message (on connect and after the relation
-// changed), never per insert, so it may read the catalog.
-type Membership func(ctx context.Context, rel Relation) (Member, error)
+// name other than an outbox table's, whether it holds outbox rows, and for
+// a partition (IsMember) which outbox table it belongs to; a FormerMember's
+// table may be unknown (zero), and its rows then count as the first
+// table's. It is called once per Relation message (on connect and after the
+// relation changed), never per insert, so it may read the catalog.
+type Membership func(ctx context.Context, rel Relation) (Member, TableName, error)
 
 // SetMembership sets how relations other than the outbox table by name are
 // judged (nil: never outbox rows). It applies from the next Relation
@@ -882,6 +924,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	}
 	f := &out.fields
 	ev.Values = buf
+	ev.Schema, ev.Table = out.table.Schema, out.table.Table
 	ev.ID = value(buf, spans[f[fieldID]])
 	ev.AggregateType = value(buf, spans[f[fieldAggregateType]])
 	ev.AggregateID = value(buf, spans[f[fieldAggregateID]])

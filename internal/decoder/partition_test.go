@@ -3,6 +3,8 @@ package decoder
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -21,15 +23,15 @@ func TestPartitionsUnderOwnNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.SetMembership(func(_ context.Context, rel Relation) (Member, error) {
+	d.SetMembership(func(_ context.Context, rel Relation) (Member, TableName, error) {
 		calls++
 		switch rel.ID {
 		case part1ID, part2ID:
-			return IsMember, nil
+			return IsMember, TableName{"public", "outbox_events"}, nil
 		case formerID, formerBad:
-			return FormerMember, nil
+			return FormerMember, TableName{}, nil
 		}
-		return NotMember, nil
+		return NotMember, TableName{}, nil
 	})
 	reordered := []string{"created_at", "payload", "id", "event_type", "aggregate_id", "aggregate_type", "correlation_id"}
 	reorderedRow := func(id string) []col {
@@ -84,7 +86,9 @@ func TestPartitionsUnderOwnNames(t *testing.T) {
 	}
 	// A Membership error fails the Relation message: the stream reconnects.
 	d.Reset()
-	d.SetMembership(func(context.Context, Relation) (Member, error) { return NotMember, errors.New("catalog down") })
+	d.SetMembership(func(context.Context, Relation) (Member, TableName, error) {
+		return NotMember, TableName{}, errors.New("catalog down")
+	})
 	if _, err := d.Decode(relationMsg(part1ID, "public", "outbox_events_2024", outboxColumns...)); err == nil {
 		t.Fatal("Membership error: decoded without error")
 	}
@@ -93,5 +97,85 @@ func TestPartitionsUnderOwnNames(t *testing.T) {
 	}
 	if _, err := d.Decode(insertMsg(part1ID, row("x")...)); err == nil {
 		t.Fatal("insert into a relation whose Relation message failed: decoded without error")
+	}
+}
+
+// TestSeveralTables: with Config.Also, inserts into each outbox table are
+// events naming their table, counted in one transaction's order; a
+// partition's rows name the table its Membership says it belongs to, a
+// former partition's the first table; other tables stay skipped. A table
+// named twice, or without a schema, is refused.
+func TestSeveralTables(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Schema, cfg.Table = "billing", "outbox_events"
+	cfg.Also = []TableName{{"shipping", "outbox_events"}, {"public", "audit_outbox"}}
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.SetMembership(func(_ context.Context, rel Relation) (Member, TableName, error) {
+		switch rel.ID {
+		case 104:
+			return IsMember, TableName{"shipping", "outbox_events"}, nil
+		case 105:
+			return FormerMember, TableName{}, nil
+		}
+		return NotMember, TableName{}, nil
+	})
+	for _, m := range [][]byte{
+		relationMsg(101, "billing", "outbox_events", outboxColumns...),
+		relationMsg(102, "shipping", "outbox_events", outboxColumns...),
+		relationMsg(103, "public", "outbox_events", outboxColumns...), // not configured
+		relationMsg(104, "shipping", "outbox_events_2026", outboxColumns...),
+		relationMsg(105, "old", "detached_part", outboxColumns...),
+		relationMsg(106, "public", "audit_outbox", outboxColumns...),
+		beginMsg(lsn1, t1, xid1),
+	} {
+		if _, err := d.Decode(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []struct {
+		rel   uint32
+		table string // "" skipped
+	}{
+		{101, "billing.outbox_events"}, {102, "shipping.outbox_events"}, {103, ""},
+		{104, "shipping.outbox_events"}, {105, "billing.outbox_events"}, {106, "public.audit_outbox"},
+	}
+	index := uint32(0)
+	for _, w := range want {
+		m, err := d.Decode(insertMsg(w.rel, row(fmt.Sprint("e", w.rel))...))
+		if err != nil {
+			t.Fatalf("insert into relation %d: %v", w.rel, err)
+		}
+		if w.table == "" {
+			if m.Kind != KindSkip {
+				t.Errorf("insert into relation %d: %v, want it skipped", w.rel, m.Kind)
+			}
+			continue
+		}
+		if m.Kind != KindEvent {
+			t.Fatalf("insert into relation %d: %v, want an event", w.rel, m.Kind)
+		}
+		if got := m.Event.Schema + "." + m.Event.Table; got != w.table || m.Event.Index != index {
+			t.Errorf("insert into relation %d: table %s, index %d; want %s, %d", w.rel, got, m.Event.Index, w.table, index)
+		}
+		index++
+	}
+
+	for _, tc := range []struct {
+		name string
+		also []TableName
+		want string
+	}{
+		{"twice", []TableName{{"shipping", "outbox_events"}, {"shipping", "outbox_events"}}, "named twice"},
+		{"the first again", []TableName{{"billing", "outbox_events"}}, "named twice"},
+		{"no schema", []TableName{{"", "outbox_events"}}, "empty schema"},
+	} {
+		c := cfg
+		c.Also = tc.also
+		if _, err := New(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New = %v, want an error saying %q", tc.name, err, tc.want)
+		}
 	}
 }

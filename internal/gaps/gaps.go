@@ -68,6 +68,10 @@ const (
 	// PhaseFailover: at start, once the slot exists, and in status: what a
 	// failover of the server would do to the slot (failover.go).
 	PhaseFailover
+	// PhaseWatchTable: every monitor interval, for each outbox table after
+	// the first (replication.SetupConfig.Also): PhaseWatch's checks of the
+	// table. The slot and the publication are judged once, with the first.
+	PhaseWatchTable
 )
 
 // Facts are what the checks of one phase judge, read once per round.
@@ -142,6 +146,15 @@ func Checks(phase Phase) []Check {
 		return watchChecks()
 	case PhaseFailover:
 		return failoverChecks()
+	case PhaseWatchTable:
+		var cs []Check
+		for _, c := range watchChecks() {
+			switch c.Name {
+			case CheckTableDropped, CheckTableCovered, CheckTableRecreated, CheckTableReadded:
+				cs = append(cs, c)
+			}
+		}
+		return cs
 	}
 	return nil
 }
@@ -196,7 +209,8 @@ type Checker struct {
 	log     zerolog.Logger
 	m       *metrics.Metrics
 	prev    Previous
-	stopped bool // a Watch round was fatal: the relay is stopping
+	prevs   []Previous // of each table of setup.Also, as prev is of the first
+	stopped bool       // a Watch round was fatal: the relay is stopping
 }
 
 // New returns a Checker.
@@ -204,19 +218,24 @@ func New(cfg Config) *Checker {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()
 	}
-	return &Checker{setup: cfg.Setup, log: cfg.Logger, m: cfg.Metrics}
+	return &Checker{setup: cfg.Setup, log: cfg.Logger, m: cfg.Metrics, prevs: make([]Previous, len(cfg.Setup.Also))}
 }
 
 // Publication runs the start-up checks of the publication's coverage of the
 // outbox table (the publication exists: replication.CheckServer created it or
 // refused). Every failure is a *replication.ConfigError naming the fix.
 func (c *Checker) Publication(ctx context.Context, db replication.QueryRower) error {
-	cov, err := replication.ReadCoverage(ctx, db, c.setup)
-	if err != nil {
-		return err
+	for _, setup := range c.setup.PerTable() {
+		cov, err := replication.ReadCoverage(ctx, db, setup)
+		if err != nil {
+			return err
+		}
+		f := &Facts{Setup: setup, Coverage: cov}
+		if err := c.report(Judge(PhasePublication, f), true, false); err != nil {
+			return err
+		}
 	}
-	f := &Facts{Setup: c.setup, Coverage: cov}
-	return c.report(Judge(PhasePublication, f), true, false)
+	return nil
 }
 
 // SlotFacts are the facts of the slot's start-up checks that come from the
@@ -282,6 +301,21 @@ func (c *Checker) Watch(ctx context.Context, db replication.QueryRower) error {
 	c.prev.WALStatus = status
 	if r.Err == nil {
 		c.prev.Seen, c.prev.TableOID, c.prev.RelOID, c.prev.LastOK = true, cov.TableOID, cov.RelOID, time.Now()
+	}
+	for i, setup := range c.setup.PerTable()[1:] {
+		if r.Err != nil {
+			break
+		}
+		cov, err := replication.ReadCoverage(qctx, db, setup)
+		if err != nil {
+			return nil
+		}
+		tr := Judge(PhaseWatchTable, &Facts{Setup: setup, Slot: slot, Coverage: cov, Prev: c.prevs[i]})
+		if tr.Err == nil {
+			c.prevs[i] = Previous{Seen: true, TableOID: cov.TableOID, RelOID: cov.RelOID, LastOK: time.Now()}
+		}
+		r.Findings = append(r.Findings, tr.Findings...)
+		r.Failed, r.Err = tr.Failed, tr.Err
 	}
 	if c.stopped {
 		r.Err = nil // reported once: the relay is stopping

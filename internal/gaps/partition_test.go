@@ -174,12 +174,15 @@ func TestPartitionMembership(t *testing.T) {
 	}
 	for name, w := range want {
 		schema, table, _ := strings.Cut(name, ".")
-		got, err := replication.ReadMembership(t.Context(), e.poolA, setup, decoder.Relation{ID: oids[name], Namespace: schema, Name: table})
+		got, parent, err := replication.ReadMembership(t.Context(), e.poolA, setup, decoder.Relation{ID: oids[name], Namespace: schema, Name: table})
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if got != w {
 			t.Errorf("ReadMembership(%s) = %v, want %v", name, got, w)
+		}
+		if wantParent := (decoder.TableName{Schema: "m", Table: "outbox_events"}); got == decoder.IsMember && parent != wantParent {
+			t.Errorf("ReadMembership(%s) names parent %v, want %v", name, parent, wantParent)
 		}
 	}
 }

@@ -116,6 +116,12 @@ type Event struct {
 	// built elsewhere (replays, backfills) leave it 0 and carry no position.
 	Index uint32
 
+	// Schema and Table name the outbox table the row was inserted into (the
+	// partitioned table, when the row landed in one of its partitions), as
+	// the relay was configured with it; "" for a message-outbox event and
+	// for events built where no table is known.
+	Schema, Table string
+
 	// MessagePrefix is the prefix of the logical decoding message the event
 	// came from (pg_logical_emit_message, --messages-prefix), "" for an
 	// outbox row. Such an event has no table: it exists only in the WAL, so

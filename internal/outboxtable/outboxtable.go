@@ -160,6 +160,10 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 		return replay.Outcome{}, err
 	}
 	q := outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
+	q.schema, q.tableName, _ = strings.Cut(table, ".")
+	if q.tableName == "" { // unqualified: the search path's, as Postgres reads it
+		q.schema, q.tableName = "", table
+	}
 	if err := q.describe(ctx, db); err != nil {
 		return r.Finish(ctx, err)
 	}
@@ -209,15 +213,17 @@ type cursor struct {
 // outboxQuery reads the outbox rows a replay selects, page by page.
 type outboxQuery struct {
 	table, name string
-	cols        Columns
-	o           ReplayOptions
-	format      decoder.Format       // set by describe
-	tracing     bool                 // the table has cols.Tracing
-	tsType      uint32               // type OID of cols.Timestamp, when set
-	partType    uint32               // type OID of cols.Partition, when set
-	payType     uint32               // type OID of the payload column
-	json        *connectjson.Encoder // nil: raw keys and values
-	hasVersion  bool                 // cols.SchemaVersion is read
+	// schema and tableName are the events' source table (outbox.Event).
+	schema, tableName string
+	cols              Columns
+	o                 ReplayOptions
+	format            decoder.Format       // set by describe
+	tracing           bool                 // the table has cols.Tracing
+	tsType            uint32               // type OID of cols.Timestamp, when set
+	partType          uint32               // type OID of cols.Partition, when set
+	payType           uint32               // type OID of the payload column
+	json              *connectjson.Encoder // nil: raw keys and values
+	hasVersion        bool                 // cols.SchemaVersion is read
 }
 
 // NotNullColumns returns the columns of table that are NOT NULL, which
@@ -433,7 +439,8 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 			return []byte(*v)
 		}
 		ev := &outbox.Event{ID: b(vals[0]), AggregateType: b(vals[1]), AggregateID: b(vals[2]),
-			EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt, CreatedAt: createdAt}
+			EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt, CreatedAt: createdAt,
+			Schema: q.schema, Table: q.tableName}
 		for i, col := range headerCols {
 			if v := vals[5+i]; v != nil {
 				ev.Headers = append(ev.Headers, outbox.Header{Key: c.Headers[col], Value: []byte(*v)})

@@ -648,15 +648,15 @@ func (r *Relay) heartbeat() time.Duration {
 // reads the catalog once per Relation message (replication.ReadMembership).
 func (r *Relay) membership(pool *pgxpool.Pool) decoder.Membership {
 	setup := r.setupConfig()
-	return func(ctx context.Context, rel decoder.Relation) (decoder.Member, error) {
+	return func(ctx context.Context, rel decoder.Relation) (decoder.Member, decoder.TableName, error) {
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		m, err := replication.ReadMembership(qctx, pool, setup, rel)
+		m, parent, err := replication.ReadMembership(qctx, pool, setup, rel)
 		if err == nil && m == decoder.FormerMember {
 			r.log.Warn().Str("relation", rel.Namespace+"."+rel.Name).Uint32("oid", rel.ID).
 				Msg("the stream announces a relation that is no longer a partition of the outbox table and that the publication does not publish on its own: " +
 					"its changes in the stream were written while it was one (detached or dropped since), so inserts the stream carries under its name are relayed as outbox events")
 		}
-		return m, err
+		return m, parent, err
 	}
 }

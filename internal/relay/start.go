@@ -257,7 +257,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 	}
 	return replication.SetupConfig{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
-		Schema: d.Schema, Table: d.Table, TableField: "Decoder.Table", Columns: cols,
+		Schema: d.Schema, Table: d.Table, Also: d.Also, TableField: "Decoder.Table", Columns: cols,
 		CreatePublication: r.cfg.CreatePublication,
 		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
 		Messages:          d.MessagePrefix != "",

@@ -7,6 +7,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -150,25 +151,30 @@ func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage
 //     relay is still catching up on: decoder.FormerMember (or a table
 //     removed from the publication since; the decoder takes it only when it
 //     has the outbox columns).
-func ReadMembership(ctx context.Context, db QueryRower, cfg SetupConfig, rel decoder.Relation) (decoder.Member, error) {
-	var exists, inTree, published bool
+func ReadMembership(ctx context.Context, db QueryRower, cfg SetupConfig, rel decoder.Relation) (decoder.Member, decoder.TableName, error) {
+	var (
+		exists, published bool
+		parent            []string // schema and name of the outbox table rel is a partition of
+	)
 	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $2::oid),
-		EXISTS (SELECT 1 FROM pg_partition_ancestors($2::oid::regclass) a WHERE a.relid = to_regclass($1)),
+		(SELECT ARRAY[n.nspname::text, c.relname::text] FROM pg_partition_ancestors($2::oid::regclass) a
+			JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE a.relid IN (SELECT to_regclass(t) FROM unnest($1::text[]) t) LIMIT 1),
 		EXISTS (SELECT 1 FROM pg_publication_tables t
 			JOIN pg_namespace n ON n.nspname = t.schemaname
 			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
 			WHERE t.pubname = $3 AND (c.oid = $2::oid OR c.oid IN (SELECT a.relid FROM pg_partition_ancestors($2::oid::regclass) a)))`,
-		cfg.QualifiedTable(), rel.ID, cfg.Publication).Scan(&exists, &inTree, &published)
+		cfg.qualifiedTables(), rel.ID, cfg.Publication).Scan(&exists, &parent, &published)
 	if err != nil {
-		return decoder.NotMember, fmt.Errorf("look up whether relation %q.%q (oid %d) is a partition of %s: %w", rel.Namespace, rel.Name, rel.ID, cfg.QualifiedTable(), err)
+		return decoder.NotMember, decoder.TableName{}, fmt.Errorf("look up whether relation %q.%q (oid %d) is a partition of %s: %w", rel.Namespace, rel.Name, rel.ID, strings.Join(cfg.qualifiedTables(), ", "), err)
 	}
 	switch {
-	case inTree:
-		return decoder.IsMember, nil
+	case len(parent) == 2:
+		return decoder.IsMember, decoder.TableName{Schema: parent[0], Table: parent[1]}, nil
 	case exists && published:
-		return decoder.NotMember, nil
+		return decoder.NotMember, decoder.TableName{}, nil
 	}
-	return decoder.FormerMember, nil
+	return decoder.FormerMember, decoder.TableName{}, nil
 }
 
 // CurrentDatabase returns the name of the database db is connected to.

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
@@ -56,9 +57,13 @@ type Column struct {
 
 // SetupConfig says what Prepare checks and may create.
 type SetupConfig struct {
-	Slot              string
-	Publication       string
-	Schema, Table     string
+	Slot          string
+	Publication   string
+	Schema, Table string
+	// Also names further outbox tables with the same columns (several
+	// outboxes behind one relay): each is checked as Table is, and the
+	// publication covers them all.
+	Also              []decoder.TableName
 	TableField        string // the configuration field naming the table
 	Columns           []Column
 	CreatePublication bool
@@ -81,6 +86,32 @@ func (c SetupConfig) NoTable() bool { return c.Table == "" }
 // pgoutput streams logical decoding messages (its messages option).
 const MinMessagesVersion = 140000
 
+// PerTable returns one SetupConfig per outbox table (Table, then each of
+// Also), each naming that table alone: the checks of one table run on each.
+// A message outbox alone (NoTable) gives itself.
+func (c SetupConfig) PerTable() []SetupConfig {
+	out := []SetupConfig{c}
+	out[0].Also = nil
+	for _, t := range c.Also {
+		o := c
+		o.Schema, o.Table, o.Also = t.Schema, t.Table, nil
+		out = append(out, o)
+	}
+	return out
+}
+
+// qualifiedTables returns every outbox table, quoted for SQL: Table first.
+func (c SetupConfig) qualifiedTables() []string {
+	var ts []string
+	if !c.NoTable() {
+		ts = append(ts, c.QualifiedTable())
+	}
+	for _, t := range c.Also {
+		ts = append(ts, pgx.Identifier{t.Schema, t.Table}.Sanitize())
+	}
+	return ts
+}
+
 // QualifiedTable returns schema.table quoted for SQL.
 func (c SetupConfig) QualifiedTable() string {
 	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
@@ -99,9 +130,18 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 		return configErr("wal_level is %q but logical replication needs \"logical\": run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL", walLevel)
 	}
 
-	if cfg.NoTable() {
-		return checkPublication(ctx, conn, cfg)
+	if !cfg.NoTable() {
+		for _, t := range cfg.PerTable() {
+			if err := checkTable(ctx, conn, t); err != nil {
+				return err
+			}
+		}
 	}
+	return checkPublication(ctx, conn, cfg)
+}
+
+// checkTable verifies that cfg's table exists with the columns the relay reads.
+func checkTable(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	table := cfg.QualifiedTable()
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
@@ -134,29 +174,37 @@ func CheckServer(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 			return fieldErr(c.Field, "outbox column %q of %s is a generated column, which logical replication does not carry: use a regular column (fill it in the INSERT or with a trigger)", c.Name, table)
 		}
 	}
-	return checkPublication(ctx, conn, cfg)
+	return nil
 }
 
 // checkPublication creates the publication when it is missing and that is
-// allowed; for a partitioned table, one that publishes through the root.
+// allowed, for every outbox table; when one of them is partitioned, one that
+// publishes through the root. An existing publication that covers some of
+// the tables but not others (tables added to the relay's list since) is
+// extended when the relay may create its publication, and otherwise the
+// error names the statement to run. A publication that covers none of them
+// is left to the gap checks (internal/gaps), which say what is missing.
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
-	table := cfg.QualifiedTable()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
 	ops := "insert"
 	if cfg.PublishUpdates {
 		ops = "insert, update"
 	}
-	c, err := ReadCoverage(ctx, conn, cfg)
-	if err != nil {
-		return err
+	var (
+		covs        []Coverage
+		partitioned bool
+	)
+	for _, t := range cfg.PerTable() {
+		c, err := ReadCoverage(ctx, conn, t)
+		if err != nil {
+			return err
+		}
+		covs = append(covs, c)
+		partitioned = partitioned || c.Partitioned
 	}
-	create := CreatePublicationSQL(pub, table, ops, c.Partitioned)
-	if cfg.NoTable() {
-		// No table: a publication of none, through which pgoutput streams
-		// the logical decoding messages all the same.
-		create = fmt.Sprintf("CREATE PUBLICATION %s;", pub)
-	}
-	if !c.PubExists {
+	tables := cfg.qualifiedTables()
+	create := CreatePublicationSQL(pub, tables, ops, partitioned)
+	if !covs[0].PubExists {
 		if !cfg.CreatePublication {
 			return configErr("publication %q does not exist and the relay may not create it %s: run %s (as the table owner) or allow the relay to create it", cfg.Publication, setting.Token("CreatePublication"), create)
 		}
@@ -169,21 +217,47 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 			}
 			return configErr("create publication %q: %v: run %s as the table owner, then start the relay without creating it %s", cfg.Publication, err, create, setting.Token("CreatePublication"))
 		}
+		return nil
+	}
+	var covered, missing []string
+	for i, c := range covs {
+		switch {
+		case c.NoTable:
+		case c.Covered || c.PubAllTables:
+			covered = append(covered, tables[i])
+		case c.TableOID != 0 && c.RelOID == 0 && !c.RootPublished:
+			missing = append(missing, tables[i])
+		}
+	}
+	if len(covered) == 0 || len(missing) == 0 {
+		return nil
+	}
+	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, strings.Join(missing, ", "))
+	if !cfg.CreatePublication {
+		return configErr("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s", cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, setting.Token("CreatePublication"))
+	}
+	if _, err := conn.Exec(ctx, alter); err != nil {
+		return configErr("extend publication %q to outbox table %s: %v: run %s as the table owner", cfg.Publication, strings.Join(missing, ", "), err, alter)
 	}
 	return nil
 }
 
 // CreatePublicationSQL is the statement that creates publication pub
-// (quoted) for table (quoted) publishing ops ("insert" or "insert, update").
-// A partitioned table is published through its root
-// (publish_via_partition_root, PostgreSQL 13+): its partitions' changes are
-// streamed as the table's, partitions created or attached later included.
-func CreatePublicationSQL(pub, table, ops string, partitioned bool) string {
+// (quoted) for tables (quoted) publishing ops ("insert" or "insert, update");
+// with no table, a publication of none, through which pgoutput streams the
+// logical decoding messages all the same. When a table is partitioned, it is
+// published through its root (publish_via_partition_root, PostgreSQL 13+):
+// its partitions' changes are streamed as the table's, partitions created or
+// attached later included.
+func CreatePublicationSQL(pub string, tables []string, ops string, partitioned bool) string {
+	if len(tables) == 0 {
+		return fmt.Sprintf("CREATE PUBLICATION %s;", pub)
+	}
 	with := fmt.Sprintf("publish = '%s'", ops)
 	if partitioned {
 		with += ", publish_via_partition_root = true"
 	}
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", pub, table, with)
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s);", pub, strings.Join(tables, ", "), with)
 }
 
 // QueryRower runs a query returning one row: *pgx.Conn, *pgxpool.Pool.

@@ -29,17 +29,31 @@ const (
 	FieldEventType     = "event_type"
 )
 
+// Placeholders of the source table, for templates only (a Regex cannot be
+// matched against them): the outbox table an event's row was inserted into
+// (outbox.Event.Schema and Table), so that one relay reading several outbox
+// tables can route each to topics of its own. A message-outbox event has
+// no table: they render as nothing.
+const (
+	FieldSchema = "schema"
+	FieldTable  = "table"
+)
+
 // placeholder names a column value usable in a topic template.
 type placeholder int
 
 const (
 	phAggregateType placeholder = iota
 	phEventType
+	phSchema
+	phTable
 )
 
 var placeholders = map[string]placeholder{
 	FieldAggregateType: phAggregateType,
 	FieldEventType:     phEventType,
+	FieldSchema:        phSchema,
+	FieldTable:         phTable,
 }
 
 // Regex is the regular expression a Router matches one field of each event
@@ -81,8 +95,9 @@ type Router struct {
 	maxKey int
 }
 
-// New parses a topic template. Placeholders are {aggregate_type} and
-// {event_type}; the rest must be legal in a Kafka topic name.
+// New parses a topic template. Placeholders are {aggregate_type},
+// {event_type}, {schema} and {table}; the rest must be legal in a Kafka
+// topic name.
 func New(template string) (*Router, error) { return NewWithRegex(template, Regex{}) }
 
 // NewWithRegex is New with re: the template may then also refer to re's
@@ -163,7 +178,7 @@ func (r *Router) parse(template string) error {
 			name := template[i+1 : i+j]
 			ph, ok := placeholders[name]
 			if !ok {
-				return fmt.Errorf("topic template %q: unknown placeholder {%s} (use {aggregate_type} or {event_type})", template, name)
+				return fmt.Errorf("topic template %q: unknown placeholder {%s} (use {aggregate_type}, {event_type}, {schema} or {table})", template, name)
 			}
 			flush()
 			r.segs = append(r.segs, segment{field: ph, group: -1})
@@ -255,8 +270,20 @@ func (r *Router) Topic(ev *outbox.Event) (string, error) {
 		return r.fixed, nil
 	}
 	if r.single {
-		v := r.value(ev, r.key)
-		if t, ok := r.cache[string(v)]; ok {
+		var k string
+		switch r.key {
+		case phSchema:
+			k = ev.Schema
+		case phTable:
+			k = ev.Table
+		default:
+			v := r.value(ev, r.key)
+			if t, ok := r.cache[string(v)]; ok {
+				return t, nil
+			}
+			k = string(v)
+		}
+		if t, ok := r.cache[k]; ok {
 			return t, nil
 		}
 		t, err := r.render(ev)
@@ -266,7 +293,7 @@ func (r *Router) Topic(ev *outbox.Event) (string, error) {
 		if len(r.cache) >= r.maxKey {
 			clear(r.cache)
 		}
-		r.cache[string(v)] = t
+		r.cache[k] = t
 		return t, nil
 	}
 	return r.render(ev)
@@ -296,6 +323,10 @@ func (r *Router) render(ev *outbox.Event) (string, error) {
 			if start := m[2*s.group]; start >= 0 { // a group that took no part renders as nothing
 				b.Write(on[start:m[2*s.group+1]])
 			}
+		case s.field == phSchema:
+			b.WriteString(ev.Schema)
+		case s.field == phTable:
+			b.WriteString(ev.Table)
 		default:
 			b.Write(r.value(ev, s.field))
 		}

@@ -25,6 +25,7 @@ func TestRouterTopic(t *testing.T) {
 		template      string
 		aggregateType string
 		eventType     string
+		noTable       bool // the event has no source table
 		want          string
 		wantFixed     bool
 	}{
@@ -37,6 +38,10 @@ func TestRouterTopic(t *testing.T) {
 		{name: "both adjacent", template: "{aggregate_type}{event_type}", aggregateType: "a", eventType: "b", want: "ab"},
 		{name: "same placeholder twice", template: "{aggregate_type}.{aggregate_type}", aggregateType: "x", want: "x.x"},
 		{name: "max length after rendering", template: strings.Repeat("t", 244) + ".{aggregate_type}", aggregateType: "abcd", want: strings.Repeat("t", 244) + ".abcd"},
+		{name: "schema", template: "outbox.{schema}", aggregateType: "order", want: "outbox.billing"},
+		{name: "table", template: "{table}", aggregateType: "order", want: "outbox_events"},
+		{name: "schema, table and aggregate type", template: "{schema}.{table}.{aggregate_type}", aggregateType: "order", want: "billing.outbox_events.order"},
+		{name: "no table: a message-outbox event", template: "outbox.{aggregate_type}{table}", aggregateType: "order", noTable: true, want: "outbox.order"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,14 +56,39 @@ func TestRouterTopic(t *testing.T) {
 			if isFixed && fixed != tt.want {
 				t.Fatalf("Fixed() = %q, want %q", fixed, tt.want)
 			}
-			got, err := r.Topic(routedEvent(tt.aggregateType, tt.eventType))
-			if err != nil {
-				t.Fatalf("Topic: %v", err)
+			ev := routedEvent(tt.aggregateType, tt.eventType)
+			if !tt.noTable {
+				ev.Schema, ev.Table = "billing", "outbox_events"
 			}
-			if got != tt.want {
-				t.Fatalf("Topic = %q, want %q", got, tt.want)
+			for range 2 { // the second from the cache, where there is one
+				got, err := r.Topic(ev)
+				if err != nil {
+					t.Fatalf("Topic: %v", err)
+				}
+				if got != tt.want {
+					t.Fatalf("Topic = %q, want %q", got, tt.want)
+				}
 			}
 		})
+	}
+}
+
+// TestRouterTableCache: a template on the source table alone caches one
+// topic per table, and events of another table get their own.
+func TestRouterTableCache(t *testing.T) {
+	r, err := New("outbox.{schema}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ schema, want string }{{"billing", "outbox.billing"}, {"shipping", "outbox.shipping"}, {"billing", "outbox.billing"}} {
+		ev := routedEvent("order", "created")
+		ev.Schema, ev.Table = tc.schema, "outbox_events"
+		if got, err := r.Topic(ev); err != nil || got != tc.want {
+			t.Errorf("Topic(schema %s) = %q, %v; want %q", tc.schema, got, err, tc.want)
+		}
+	}
+	if len(r.cache) != 2 {
+		t.Errorf("%d cached topics, want 2: %v", len(r.cache), r.cache)
 	}
 }
 
