@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS "public"."cdc_relay_dead_letters" (
     correlation_id     text,
     schema_version     text,
     commit_lsn         pg_lsn,
+    source_table       text,
     status             text        NOT NULL DEFAULT 'pending' CONSTRAINT "cdc_relay_dead_letters_state_check" CHECK (status IN ('pending', 'processing', 'retry_wait', 'completed', 'dead', 'replayed')),
     replayed_at        timestamptz,
     replay_count       int         NOT NULL DEFAULT 0,
@@ -109,6 +110,7 @@ ALTER TABLE "public"."cdc_relay_dead_letters"
     ADD COLUMN IF NOT EXISTS claimed_by         text,
     ADD COLUMN IF NOT EXISTS claimed_until      timestamptz;
 ALTER TABLE "public"."cdc_relay_dead_letters_replays" ADD COLUMN IF NOT EXISTS topic_override text;
+ALTER TABLE "public"."cdc_relay_dead_letters" ADD COLUMN IF NOT EXISTS source_table text;
 DO $cdc_relay$
 DECLARE
     old name;

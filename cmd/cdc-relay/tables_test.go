@@ -26,7 +26,8 @@ import (
 //     ALTER PUBLICATION to run; one that may extends it;
 //   - each event reaches its schema's topic once, in per-key order;
 //   - a poison event of shipping (no key) is dead-lettered, naming its
-//     table, while billing's events committed after it keep flowing.
+//     table, while billing's events committed after it keep flowing;
+//   - cdc_relay_table_events_total counts each table's events by result.
 func TestSeveralOutboxTables(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -97,11 +98,24 @@ func TestSeveralOutboxTables(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(letters) != 1 || letters[0].EventID != poison || letters[0].Topic != "outbox.shipping" {
-			return fmt.Errorf("empty_key letters %+v; want one, event %s, topic outbox.shipping", letters, poison)
+		if len(letters) != 1 || letters[0].EventID != poison || letters[0].Topic != "outbox.shipping" || letters[0].SourceTable != "shipping.outbox_events" {
+			return fmt.Errorf("empty_key letters %+v; want one, event %s, topic outbox.shipping, source table shipping.outbox_events", letters, poison)
 		}
 		return nil
 	})
+	// The metrics count each table's events by result.
+	for _, c := range []struct {
+		sample string
+		want   float64
+	}{
+		{`cdc_relay_table_events_total{result="published",table="billing.outbox_events"}`, float64(len(wantBilling) - 20)}, // this run's
+		{`cdc_relay_table_events_total{result="published",table="shipping.outbox_events"}`, float64(len(wantShipping))},
+		{`cdc_relay_table_events_total{result="dead_lettered",table="shipping.outbox_events"}`, 1},
+	} {
+		if got := r.Metric(c.sample); got != c.want {
+			t.Errorf("%s = %v, want %v", c.sample, got, c.want)
+		}
+	}
 	requireRunning(t, r, "after both tables' events")
 	r.Stop(10 * time.Second)
 }

@@ -41,6 +41,7 @@ type letterJSON struct {
 	CorrelationID string            `json:"correlation_id,omitempty"`
 	SchemaVersion string            `json:"schema_version,omitempty"`
 	CommitLSN     string            `json:"commit_lsn,omitempty"`
+	SourceTable   string            `json:"source_table,omitempty"`
 	Status        string            `json:"status"`
 	ReplayedAt    *time.Time        `json:"replayed_at"`
 	ReplayCount   int               `json:"replay_count"`
@@ -59,7 +60,7 @@ func toJSON(l deadletter.Letter) letterJSON {
 		EventType: l.EventType, Headers: l.Headers, Topic: l.Topic, ErrorCode: l.ErrorCode,
 		ErrorMessage: l.ErrorMessage, RetryCount: l.RetryCount, FirstFailedAt: l.FirstFailedAt.UTC(),
 		LastFailedAt: l.LastFailedAt.UTC(), RelayName: l.RelayName, CorrelationID: l.CorrelationID,
-		SchemaVersion: l.SchemaVersion, Status: l.Status, ReplayCount: l.ReplayCount,
+		SchemaVersion: l.SchemaVersion, SourceTable: l.SourceTable, Status: l.Status, ReplayCount: l.ReplayCount,
 		Attempts: l.Attempts, NextAttemptAt: utc(l.NextAttemptAt), LastAttemptAt: utc(l.LastAttemptAt),
 		LastError: l.LastAttemptError, ClaimedBy: l.ClaimedBy, ClaimedUntil: utc(l.ClaimedUntil),
 	}

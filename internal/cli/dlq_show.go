@@ -127,6 +127,9 @@ func printLetter(w io.Writer, l deadletter.Letter) {
 	row("first failure", timeText(l.FirstFailedAt))
 	row("last failure", timeText(l.LastFailedAt))
 	row("topic", l.Topic)
+	if l.SourceTable != "" {
+		row("source table", l.SourceTable)
+	}
 	row("aggregate type", l.AggregateType)
 	row("aggregate id", l.AggregateID)
 	row("event type", l.EventType)

@@ -61,6 +61,9 @@ func FromEvent(ev *outbox.Event, topic string, cause error) Letter {
 		CommitLSN:     ev.CommitLSN,
 		Status:        StatusPending,
 	}
+	if ev.Table != "" {
+		l.SourceTable = ev.Schema + "." + ev.Table
+	}
 	if cause != nil {
 		l.ErrorMessage = cause.Error()
 	}

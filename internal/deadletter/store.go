@@ -116,9 +116,13 @@ type Letter struct {
 	CorrelationID string
 	SchemaVersion string
 	CommitLSN     pglogrepl.LSN // commit LSN of the event's transaction; 0 = unknown
-	Status        string        // one of Statuses
-	ReplayedAt    *time.Time    // last successful replay
-	ReplayCount   int           // successful replays
+	// SourceTable is the outbox table the event's row was inserted into,
+	// schema.table (outbox.Event.Schema and Table); "" for a message-outbox
+	// event, or when unknown (letters stored before the relay kept it).
+	SourceTable string
+	Status      string     // one of Statuses
+	ReplayedAt  *time.Time // last successful replay
+	ReplayCount int        // successful replays
 	// Attempts counts the replays (by hand or automatic) that tried to publish
 	// the letter since the relay last stored it; the automatic retries' budget
 	// counts these.
@@ -161,6 +165,7 @@ func TableDDL(table string) string {
     correlation_id     text,
     schema_version     text,
     commit_lsn         pg_lsn,
+    source_table       text,
     status             text        NOT NULL DEFAULT 'pending' CONSTRAINT ` + n.index("state_check") + ` CHECK (status IN (` + statusList + `)),
     replayed_at        timestamptz,
     replay_count       int         NOT NULL DEFAULT 0,
@@ -224,6 +229,7 @@ ALTER TABLE ` + n.letters + `
     ADD COLUMN IF NOT EXISTS claimed_by         text,
     ADD COLUMN IF NOT EXISTS claimed_until      timestamptz;
 ALTER TABLE ` + n.replays + ` ADD COLUMN IF NOT EXISTS topic_override text;
+ALTER TABLE ` + n.letters + ` ADD COLUMN IF NOT EXISTS source_table text;
 DO $cdc_relay$
 DECLARE
     old name;
@@ -438,10 +444,10 @@ func (s *Store) Add(ctx context.Context, l Letter) error {
 	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO `+s.n.letters+` AS d (event_id, aggregate_type, aggregate_id, event_type,
     message_key, payload, headers, topic, error_code, error_message, retry_count, first_failed_at, last_failed_at,
-    relay_name, correlation_id, schema_version, commit_lsn)
+    relay_name, correlation_id, schema_version, commit_lsn, source_table)
 VALUES ($1, nullif($2, ''), nullif($3, ''), nullif($4, ''), $5, $6, $7::jsonb, $8, $9, $10, $11,
     coalesce($12::timestamptz, now()), coalesce($13::timestamptz, $12::timestamptz, now()),
-    $14, nullif($15, ''), nullif($16, ''), $17::text::pg_lsn)
+    $14, nullif($15, ''), nullif($16, ''), $17::text::pg_lsn, nullif($18, ''))
 ON CONFLICT (event_id) DO UPDATE SET
     retry_count = d.retry_count + 1,
     last_failed_at = excluded.last_failed_at,
@@ -455,7 +461,7 @@ ON CONFLICT (event_id) DO UPDATE SET
 		l.EventID, l.AggregateType, l.AggregateID, l.EventType,
 		l.Key, payload, headers, l.Topic, l.ErrorCode, l.ErrorMessage, l.RetryCount,
 		nullTime(l.FirstFailedAt), nullTime(l.LastFailedAt),
-		l.RelayName, l.CorrelationID, l.SchemaVersion, lsn)
+		l.RelayName, l.CorrelationID, l.SchemaVersion, lsn, l.SourceTable)
 	if err != nil {
 		return s.wrap(err, "add dead letter for event %s", l.EventID)
 	}
@@ -612,7 +618,7 @@ func (f Filter) describe() map[string]any {
 const letterColumns = `id, event_id, coalesce(aggregate_type, ''), coalesce(aggregate_id, ''), coalesce(event_type, ''),
     message_key, payload, headers, topic, error_code, error_message, retry_count, first_failed_at, last_failed_at,
     relay_name, coalesce(correlation_id, ''), coalesce(schema_version, ''), coalesce(commit_lsn::text, ''),
-    status, replayed_at, replay_count, attempts, next_attempt_at, last_attempt_at, coalesce(last_attempt_error, ''),
+    coalesce(source_table, ''), status, replayed_at, replay_count, attempts, next_attempt_at, last_attempt_at, coalesce(last_attempt_error, ''),
     coalesce(claimed_by, ''), claimed_until`
 
 func scanLetter(row pgx.Row, extra ...any) (Letter, error) {
@@ -621,7 +627,7 @@ func scanLetter(row pgx.Row, extra ...any) (Letter, error) {
 	dest := []any{&l.ID, &l.EventID, &l.AggregateType, &l.AggregateID, &l.EventType,
 		&l.Key, &l.Payload, &l.Headers, &l.Topic, &l.ErrorCode, &l.ErrorMessage, &l.RetryCount,
 		&l.FirstFailedAt, &l.LastFailedAt, &l.RelayName, &l.CorrelationID, &l.SchemaVersion, &lsn,
-		&l.Status, &l.ReplayedAt, &l.ReplayCount, &l.Attempts, &l.NextAttemptAt, &l.LastAttemptAt, &l.LastAttemptError,
+		&l.SourceTable, &l.Status, &l.ReplayedAt, &l.ReplayCount, &l.Attempts, &l.NextAttemptAt, &l.LastAttemptAt, &l.LastAttemptError,
 		&l.ClaimedBy, &l.ClaimedUntil}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return Letter{}, err

@@ -91,7 +91,11 @@ func (m *Metrics) SetSlotHealth(h SlotHealth) {
 // Metrics holds the relay's collectors. Components that are not given one use
 // Discard().
 type Metrics struct {
-	EventsPublished  *prometheus.CounterVec // by topic
+	EventsPublished *prometheus.CounterVec // by topic
+	// TableEvents counts the events of each outbox table the relay is done
+	// with, by table (schema.table; "" for message-outbox events) and
+	// result (TableResultPublished, TableResultDeadLettered).
+	TableEvents      *prometheus.CounterVec
 	BytesPublished   *prometheus.CounterVec // by topic
 	ProduceBatches   prometheus.Counter
 	ProduceBatchSize prometheus.Histogram
@@ -192,6 +196,12 @@ type Metrics struct {
 	BuildInfo *prometheus.GaugeVec // by version, goversion
 }
 
+// Results of TableEvents.
+const (
+	TableResultPublished    = "published"
+	TableResultDeadLettered = "dead_lettered"
+)
+
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
@@ -199,6 +209,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "events_published_total",
 			Help: "Outbox events acknowledged by Kafka (acks=all).",
 		}, []string{"topic"}),
+		TableEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "table_events_total",
+			Help: "Events of each outbox table the relay is done with: published (acknowledged by Kafka) or dead_lettered; table is schema.table, empty for message-outbox events.",
+		}, []string{"table", "result"}),
 		BytesPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "bytes_published_total",
 			Help: "Payload bytes of outbox events acknowledged by Kafka.",
@@ -417,7 +431,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"version", "goversion"}),
 	}
 	reg.MustRegister(
-		m.EventsPublished, m.BytesPublished, m.ProduceBatches, m.ProduceBatchSize,
+		m.EventsPublished, m.TableEvents, m.BytesPublished, m.ProduceBatches, m.ProduceBatchSize,
 		m.ProduceLatency, m.EndToEndLatency, m.ReadLatency, m.QueueLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,

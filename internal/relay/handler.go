@@ -9,6 +9,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/jackc/pglogrepl"
 	"go.opentelemetry.io/otel/trace"
 
@@ -29,14 +31,17 @@ import (
 // replication.Handler. Its fields other than the atomics and the halt state are
 // used only by the stream's goroutine.
 type handler struct {
-	dec      *decoder.Decoder
-	router   *route.Router
-	producer producer
-	pause    pauser
-	ck       *checkpoint.Committer
-	tracker  *checkpoint.Tracker // ck.Tracker()
-	relay    *Relay
-	m        *metrics.Metrics
+	// published caches the published counter of the last event's table
+	// (metrics.TableEvents): events mostly come from one table at a time.
+	published tableCounter
+	dec       *decoder.Decoder
+	router    *route.Router
+	producer  producer
+	pause     pauser
+	ck        *checkpoint.Committer
+	tracker   *checkpoint.Tracker // ck.Tracker()
+	relay     *Relay
+	m         *metrics.Metrics
 	// deadLetter stores events that failed for good (--on-error=dlq); nil halts.
 	deadLetter DeadLetterFunc
 	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
@@ -229,8 +234,11 @@ func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at s
 			h.halt(herr)
 			return herr
 		}
-	} else if h.ledger != nil {
-		h.ledger.Acked(m, at) // before the ack can move the watermark past it
+	} else {
+		if h.ledger != nil {
+			h.ledger.Acked(m, at) // before the ack can move the watermark past it
+		}
+		h.published.get(h.m, ev, metrics.TableResultPublished).Inc()
 	}
 	if h.spans != nil {
 		h.spans.End(m, rec.span, at, err, err != nil)
@@ -241,6 +249,25 @@ func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at s
 	h.dec.Recycle(ev)
 	h.release(rec)
 	return nil
+}
+
+// tableCounter is the TableEvents counter of one table and result.
+type tableCounter struct {
+	schema, table string
+	c             prometheus.Counter
+}
+
+// get returns the counter of ev's table and result, cached for the next
+// event of the same table.
+func (tc *tableCounter) get(m *metrics.Metrics, ev *outbox.Event, result string) prometheus.Counter {
+	if tc.c == nil || tc.schema != ev.Schema || tc.table != ev.Table {
+		name := ""
+		if ev.Table != "" {
+			name = ev.Schema + "." + ev.Table
+		}
+		tc.schema, tc.table, tc.c = ev.Schema, ev.Table, m.TableEvents.WithLabelValues(name, result)
+	}
+	return tc.c
 }
 
 // release clears rec and keeps it for a later event.
@@ -309,6 +336,8 @@ func (h *handler) permanent(ctx context.Context, m sink.Message, cause error) er
 		}
 	}
 	r.m.DeadLetters.WithLabelValues(code).Inc()
+	var tc tableCounter
+	tc.get(r.m, ev, metrics.TableResultDeadLettered).Inc()
 	log.Warn().Err(cause).Msg("event failed permanently; stored in the dead-letter table, relaying goes on")
 	return nil
 }
