@@ -7,6 +7,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,11 +41,11 @@ func TestSeveralOutboxTables(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	common := []string{"run", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
+		"--topic", "outbox.{schema}", "--log-format", "json", "--status-interval", "200ms", "--retry-cap", "1s",
+		"--slot", f.slot}
 	args := func(extra ...string) []string {
-		a := []string{"run", "--pg-url", f.url, "--kafka-brokers", strings.Join(f.brokers, ","),
-			"--topic", "outbox.{schema}", "--log-format", "json", "--status-interval", "200ms", "--retry-cap", "1s",
-			"--slot", f.slot, "--table", "billing.outbox_events"}
-		return append(a, extra...)
+		return append(append(slices.Clone(common), "--table", "billing.outbox_events"), extra...)
 	}
 	w := &tableWriter{seq: map[string]int{}}
 
@@ -117,6 +120,46 @@ func TestSeveralOutboxTables(t *testing.T) {
 		}
 	}
 	requireRunning(t, r, "after both tables' events")
+	r.Stop(10 * time.Second)
+
+	// A third table of another layout, configured in the file: its own key
+	// column, header and topic.
+	if _, err := conn.Exec(ctx, `CREATE TABLE shipping.parcels_outbox (LIKE public.outbox_events INCLUDING ALL);
+		ALTER TABLE shipping.parcels_outbox RENAME COLUMN aggregate_id TO parcel_id;
+		ALTER TABLE shipping.parcels_outbox ADD COLUMN carrier text`); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(config, []byte(`table:
+  - billing.outbox_events
+  - shipping.outbox_events
+  - name: shipping.parcels_outbox
+    column-aggregate-id: parcel_id
+    header-columns: [carrier=x-carrier]
+    topic: parcels.{aggregate_type}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = newRelay(t, append([]string{"--config", config}, common...))
+	r.Start()
+	r.WaitReady(30 * time.Second)
+	var parcels []string
+	for i := range 10 {
+		var id string
+		if err := conn.QueryRow(ctx, `INSERT INTO shipping.parcels_outbox (aggregate_type, parcel_id, event_type, payload, carrier)
+			VALUES ('parcel', $1, 'Counted', jsonb_build_object('seq', $2::int), 'dhl') RETURNING id::text`, fmt.Sprint("p-", i%2), i/2+1).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		parcels = append(parcels, id)
+	}
+	recs := waitTopic(ctx, t, f.brokers, "parcels.parcel", len(parcels))
+	checkOrderedOnce(t, recs, parcels, nil)
+	for _, rec := range recs {
+		if !strings.HasPrefix(string(rec.Key), "p-") || rec.Headers["x-carrier"] != "dhl" {
+			t.Fatalf("parcel record: key %q, headers %v; want the parcel_id as key and x-carrier: dhl", rec.Key, rec.Headers)
+		}
+	}
+	requireRunning(t, r, "after the parcels")
 	r.Stop(10 * time.Second)
 }
 

@@ -10,10 +10,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replay"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -67,12 +69,30 @@ type replayFunc func(ctx context.Context, db outboxtable.Querier, since time.Tim
 // the dead-letter tables (migration 005) over pool, produced through a
 // producer of cfg's sink configuration as the relay produces.
 func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger, component, actor string) replayFunc {
-	cols := outboxtable.Columns{Columns: cfg.Decoder.Columns, CreatedAt: r.ColumnCreatedAt, Headers: cfg.Decoder.HeaderColumns,
-		ContentType: cfg.Decoder.ContentType, Tracing: cfg.Decoder.TracingColumn, Timestamp: cfg.Decoder.TimestampColumn,
-		Partition: cfg.Decoder.PartitionColumn, Envelope: cfg.Decoder.EnvelopeColumns,
-		JSON: cfg.Decoder.JSON, SchemaVersion: cfg.Decoder.SchemaVersionColumn, RouteByEventType: cfg.Decoder.RouteByEventType}
+	// Each table as the relay reads it: its own columns and topic where
+	// the configuration file gives it some (tables.go).
+	type tableReplay struct {
+		name, topic string
+		regex       route.Regex
+		cols        outboxtable.Columns
+	}
+	var replays []tableReplay
+	for _, d := range append([]decoder.Config{cfg.Decoder}, cfg.Decoder.Also...) {
+		if d.Table == "" {
+			continue
+		}
+		t := tableReplay{name: d.Schema + "." + d.Table, topic: cfg.Topic, regex: cfg.TopicRegex,
+			cols: outboxtable.Columns{Columns: d.Columns, CreatedAt: d.CreatedAtColumn, Headers: d.HeaderColumns,
+				ContentType: d.ContentType, Tracing: d.TracingColumn, Timestamp: d.TimestampColumn,
+				Partition: d.PartitionColumn, Envelope: d.EnvelopeColumns,
+				JSON: d.JSON, SchemaVersion: d.SchemaVersionColumn, RouteByEventType: d.RouteByEventType}}
+		if tr, ok := cfg.TableRoutes[decoder.TableName{Schema: d.Schema, Table: d.Table}]; ok {
+			t.topic, t.regex = tr.Topic, tr.Regex
+		}
+		replays = append(replays, t)
+	}
 	store := deadletter.NewStore(pool, r.DLQTable)
-	tables, dlqTable, topic, topicRegex := r.Table, r.DLQTable, r.Topic, r.topicRegex()
+	dlqTable := r.DLQTable
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
@@ -92,11 +112,12 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 		// Each outbox table in turn: each one's rows in their order; events
 		// of different tables have none between them.
 		published := 0
-		for _, table := range tables {
-			res, err := outboxtable.Replay(ctx, db, store.History(), table, cols, p, outboxtable.ReplayOptions{
+		for _, t := range replays {
+			table := t.name
+			res, err := outboxtable.Replay(ctx, db, store.History(), table, t.cols, p, outboxtable.ReplayOptions{
 				Since:      since,
-				Topic:      topic,
-				TopicRegex: topicRegex,
+				Topic:      t.topic,
+				TopicRegex: t.regex,
 				Actor:      actor,
 				Headers:    []outbox.Header{mark},
 			})

@@ -222,12 +222,77 @@ func (cf *configFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (a
 			return nil, nil
 		}
 	}
+	if flag.Name == "table" && v.Kind == yaml.SequenceNode {
+		entries, err := cf.tableEntries()
+		if err != nil {
+			return nil, err
+		}
+		names := make([]any, len(entries))
+		for i, e := range entries {
+			names[i] = e.name
+		}
+		cf.used[flag.Name] = true
+		return names, nil
+	}
 	val, err := yamlValue(v, flag.Target.Type())
 	if err != nil {
 		return nil, &configError{path: cf.path, line: v.Line, msg: flag.Name + ": " + err.Error()}
 	}
 	cf.used[flag.Name] = true
 	return val, nil
+}
+
+// tableEntry is one entry of the file's table list: a table's name, and
+// for an entry written as a mapping ({name: schema.table, topic: …}) the
+// settings it overrides for that table (see RunCmd.applyTable).
+type tableEntry struct {
+	name      string
+	line      int
+	overrides map[string]*yaml.Node // key → value, without name
+}
+
+// tableEntries reads the table key: a name, a list of names, or a list
+// whose entries may be mappings naming a table and what it overrides.
+func (cf *configFile) tableEntries() ([]tableEntry, error) {
+	v, ok := cf.values["table"]
+	if !ok || v.Kind != yaml.SequenceNode {
+		return nil, nil
+	}
+	var out []tableEntry
+	for _, item := range v.Content {
+		switch item.Kind {
+		case yaml.ScalarNode:
+			out = append(out, tableEntry{name: item.Value, line: item.Line})
+		case yaml.MappingNode:
+			e := tableEntry{line: item.Line, overrides: map[string]*yaml.Node{}}
+			for i := 0; i+1 < len(item.Content); i += 2 {
+				k, val := item.Content[i].Value, item.Content[i+1]
+				if k == "name" {
+					if val.Kind != yaml.ScalarNode {
+						return nil, &configError{path: cf.path, line: val.Line, msg: "table: an entry's name is schema.table, one value"}
+					}
+					e.name = val.Value
+					continue
+				}
+				e.overrides[k] = val
+			}
+			if e.name == "" {
+				return nil, &configError{path: cf.path, line: item.Line, msg: "table: an entry written as a mapping needs name: schema.table"}
+			}
+			out = append(out, e)
+		default:
+			return nil, &configError{path: cf.path, line: item.Line, msg: "table: want a list of schema.table names, or of mappings {name: schema.table, <flag>: <value>, …}"}
+		}
+	}
+	return out, nil
+}
+
+// tables returns the file's table entries (nil without a file).
+func (l *configLoader) tables() ([]tableEntry, error) {
+	if l.file == nil {
+		return nil, nil
+	}
+	return l.file.tableEntries()
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -12,7 +14,10 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 )
 
@@ -478,6 +483,77 @@ func TestConfigSyntaxErrorLine(t *testing.T) {
 			}
 			if strings.Count(err.Error(), "line ") != 1 {
 				t.Errorf("the line is named more than once: %v", err)
+			}
+		})
+	}
+}
+
+// TestTableEntries: the config file's table list may name tables and, as a
+// mapping, what one table overrides: its columns, headers, topic and
+// failure policy become that table's decoder config, route and policy;
+// a key that cannot be set per table, or a bad value, names the file's line.
+func TestTableEntries(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", `pg-url: postgres://db/app
+kafka-brokers: k:9092
+topic: outbox.{schema}
+on-error: halt
+table:
+  - billing.outbox_events
+  - name: shipping.parcels_outbox
+    column-aggregate-id: parcel_id
+    header-columns: [carrier=x-carrier]
+    topic: parcels.{aggregate_type}
+    on-error: dlq
+`)
+	c, err := parseArgs(t, "--config", good, "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.Run.config(zerolog.Nop(), metrics.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Decoder.Table != "outbox_events" || cfg.Decoder.Columns.AggregateID != "aggregate_id" || len(cfg.Decoder.Also) != 1 {
+		t.Fatalf("decoder: first table %s.%s keyed by %s, %d more; want billing.outbox_events by aggregate_id and one more",
+			cfg.Decoder.Schema, cfg.Decoder.Table, cfg.Decoder.Columns.AggregateID, len(cfg.Decoder.Also))
+	}
+	parcels := cfg.Decoder.Also[0]
+	if parcels.Schema != "shipping" || parcels.Table != "parcels_outbox" || parcels.Columns.AggregateID != "parcel_id" ||
+		parcels.HeaderColumns["carrier"] != "x-carrier" || parcels.Columns.ID != "id" {
+		t.Errorf("second table's decoder config %+v; want shipping.parcels_outbox keyed by parcel_id, header x-carrier, the other columns as the run's", parcels)
+	}
+	pt := decoder.TableName{Schema: "shipping", Table: "parcels_outbox"}
+	if len(cfg.TableRoutes) != 1 || cfg.TableRoutes[pt].Topic != "parcels.{aggregate_type}" {
+		t.Errorf("table routes %v, want parcels.{aggregate_type} for %s only", cfg.TableRoutes, pt)
+	}
+	if !cfg.HaltTables[decoder.TableName{Schema: "billing", Table: "outbox_events"}] || cfg.HaltTables[pt] || !cfg.HaltTables[decoder.TableName{}] {
+		t.Errorf("halt tables %v; want billing and message-outbox events (the run's halt), not %s (its dlq)", cfg.HaltTables, pt)
+	}
+
+	for _, tc := range []struct{ name, entry, want string }{
+		{"not per table", "    kafka-brokers: other:9092\n", "line 6: table shipping.parcels_outbox: kafka-brokers: cannot be set per table"},
+		{"bad policy", "    on-error: retry\n", `line 6: table shipping.parcels_outbox: on-error: "retry": want dlq or halt`},
+		{"bad topic", "    topic: \"bad topic\"\n", "table shipping.parcels_outbox: --topic"},
+		{"no name", "", "needs name: schema.table"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			entry := "  - name: shipping.parcels_outbox\n" + tc.entry
+			if tc.name == "no name" {
+				entry = "  - topic: x\n"
+			}
+			p := write("bad.yaml", "pg-url: postgres://db/app\nkafka-brokers: k:9092\ntable:\n  - billing.outbox_events\n"+entry)
+			_, err := parseArgs(t, "--config", p, "run")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("parse = %v, want an error containing %q", err, tc.want)
 			}
 		})
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
-	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -96,6 +95,11 @@ type RunCmd struct {
 	LogFormat string `group:"operations" default:"auto" enum:"auto,json,console" help:"Log format: auto is console on a terminal, JSON otherwise."`
 
 	OtelExporter string `group:"operations" name:"otel-exporter" default:"none" enum:"none,otlp" help:"none: the trace context of --column-tracing goes out as the row has it; otlp: also export one PRODUCER span per event that has one, as its child, over OTLP/HTTP with protobuf (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4318, _HEADERS, … and OTEL_SERVICE_NAME, default cdc-relay), and send the relay's span as the traceparent header, so the consumer's span is the relay's child."`
+
+	// tableEntries are the configuration file's table entries (BeforeApply),
+	// configPath the file's path: per-table overrides (tables.go).
+	tableEntries []tableEntry `kong:"-"`
+	configPath   string       `kong:"-"`
 }
 
 // Validate checks the run flags and returns an error naming the flag and its
@@ -118,6 +122,9 @@ func (r *RunCmd) Validate() error {
 	r.resolveTable(&r.Table)
 	if len(r.Table) > 0 {
 		if err := checkTables(r.Table); err != nil {
+			return err
+		}
+		if err := r.checkTableOverrides(); err != nil {
 			return err
 		}
 	} else {
@@ -219,25 +226,6 @@ func relayName(name string) string {
 }
 
 func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, error) {
-	var (
-		schema, table string
-		also          []decoder.TableName
-	)
-	for i, t := range r.Table {
-		s, n, err := splitTable(t)
-		if err != nil {
-			return relay.Config{}, err
-		}
-		if i == 0 {
-			schema, table = s, n
-		} else {
-			also = append(also, decoder.TableName{Schema: s, Table: n})
-		}
-	}
-	headers, err := r.headerColumns()
-	if err != nil {
-		return relay.Config{}, err
-	}
 	transport, err := r.kafkaTransport()
 	if err != nil {
 		return relay.Config{}, err
@@ -246,36 +234,16 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 	if err != nil {
 		return relay.Config{}, err
 	}
-	envelope, err := r.envelope()
-	if err != nil {
-		return relay.Config{}, flagError("envelope-columns", err.Error())
-	}
-	jsonOpts, err := r.jsonOptions(r.outboxName(firstTable(r.Table)), r.Topic, r.TombstoneOnEmptyPayload)
+	dc, err := r.decoderConfig("")
 	if err != nil {
 		return relay.Config{}, err
 	}
+	dc.MessagePrefix = r.MessagesPrefix
 	cfg := relay.Config{
-		PGURL:       r.PGURL,
-		Slot:        r.Slot,
-		Publication: r.Publication,
-		Decoder: decoder.Config{
-			Schema: schema, Table: table, Also: also,
-			Columns: decoder.Columns{
-				ID: r.ColumnID, AggregateType: r.ColumnAggregateType, AggregateID: r.ColumnAggregateID,
-				EventType: r.ColumnEventType, Payload: r.ColumnPayload,
-			},
-			HeaderColumns:       headers,
-			ContentType:         r.ContentType,
-			TracingColumn:       r.ColumnTracing,
-			TimestampColumn:     r.ColumnTimestamp,
-			PartitionColumn:     r.ColumnPartition,
-			EnvelopeColumns:     envelope,
-			JSON:                jsonOpts,
-			SchemaVersionColumn: r.ColumnSchemaVersion,
-			RouteByEventType:    routeByEventType(r.Topic, r.topicRegex()),
-			CreatedAtColumn:     r.ColumnCreatedAt,
-			MessagePrefix:       r.MessagesPrefix,
-		},
+		PGURL:             r.PGURL,
+		Slot:              r.Slot,
+		Publication:       r.Publication,
+		Decoder:           dc,
 		Topic:             r.Topic,
 		TopicRegex:        r.topicRegex(),
 		Delivery:          r.Delivery,
@@ -306,6 +274,11 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		Metrics:          m,
 	}
 	format.apply(&cfg.Sink)
+	if len(r.Table) > 0 {
+		if err := r.tablesConfig(&cfg); err != nil {
+			return relay.Config{}, err
+		}
+	}
 	if r.OnSlotLoss == "backfill" {
 		cfg.BackfillMargin = r.BackfillMargin
 	}
@@ -330,7 +303,7 @@ func (r *RunCmd) wire(cfg *relay.Config, pool, primary *pgxpool.Pool, log zerolo
 		pool = primary
 	}
 	cfg.Checkpoints = r.checkpointStore(pool)
-	if r.OnError == "dlq" {
+	if r.dlqNeeded() {
 		store := deadletter.NewStore(pool, r.DLQTable)
 		record := store.Recorder(cfg.RelayName)
 		// The letter keeps the error as the operator will read it (dlq list,

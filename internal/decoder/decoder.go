@@ -104,11 +104,12 @@ func (c Columns) names() [numFields]string {
 // are lower case there.
 type Config struct {
 	Schema, Table string // the outbox table, e.g. "public", "outbox_events"
-	// Also names further outbox tables, read with this table's column
-	// mapping and options: several outboxes (one per module or tenant)
-	// behind one relay and one slot. Each event says which table it came
-	// from (outbox.Event.Schema and Table).
-	Also    []TableName
+	// Also configures further outbox tables, each read with its own
+	// Config (its Schema, Table, columns and formats; no MessagePrefix, no
+	// Also of its own): several outboxes (one per module or tenant) behind
+	// one relay and one slot. Each event says which table it came from
+	// (outbox.Event.Schema and Table).
+	Also    []Config
 	Columns Columns
 	// HeaderColumns maps extra outbox columns to Kafka header keys, e.g.
 	// "correlation_id" -> "correlation_id". NULL values produce no header.
@@ -262,6 +263,7 @@ type outboxRel struct {
 	id     uint32
 	byName bool      // an outbox table itself, not a partition
 	table  TableName // the outbox table its rows belong to
+	lay    *layout   // how that table is read
 
 	ncols       int
 	fields      [numFields]int // column index of each required column
@@ -288,24 +290,10 @@ type span struct {
 	null   bool // SQL NULL
 }
 
-// Decoder decodes one pgoutput stream. It keeps relation metadata and the current
-// transaction between calls, so messages must be passed in stream order. A Decoder
-// is not safe for concurrent use.
-type Decoder struct {
-	schema, table string
-	tables        []TableName       // every outbox table: schema.table first, then Config.Also
-	columns       [numFields]string // required column names, in field order
-	headers       []headerCol       // sorted by column name, so header order is stable
-
-	known map[uint32]struct{} // every relation id announced since the last Reset
-	// outs holds the layout of every relation that holds outbox rows: the
-	// table itself, or each of its partitions when they are published under
-	// their own names. out is the one the last insert used.
-	outs   map[uint32]*outboxRel
-	out    *outboxRel
-	member Membership // nil: only the outbox table by name holds outbox rows
-	spans  []span     // scratch, one per column of the widest outbox relation
-
+// layout is how the rows of one outbox table are read: its part of Config.
+type layout struct {
+	columns         [numFields]string // required column names, in field order
+	headers         []headerCol       // sorted by column name, so header order is stable
 	contentType     string
 	tracingColumn   string
 	timestampColumn string
@@ -317,6 +305,69 @@ type Decoder struct {
 	routeByType     bool
 	notNull         map[string]bool
 	createdColumn   string
+}
+
+// newLayout checks cfg's part that says how its table is read.
+func newLayout(cfg Config) (*layout, error) {
+	for i, name := range cfg.Columns.names() {
+		if name == "" && i != fieldEventType {
+			return nil, setting.Errorf(columnFields[i], "new decoder: column name is empty: set it")
+		}
+	}
+	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
+		return nil, setting.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
+	}
+	if err := cfg.JSON.Check(); err != nil {
+		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
+	}
+	if cfg.SchemaVersionColumn != "" && (cfg.JSON.Value != connectjson.JSONWithSchema || len(cfg.EnvelopeColumns) == 0) {
+		return nil, setting.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
+	}
+	if err := CheckContentType(cfg.ContentType); err != nil {
+		return nil, setting.Errorf(fieldContentType, "new decoder: content type %w", err)
+	}
+	l := &layout{columns: cfg.Columns.names(),
+		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
+		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType,
+		createdColumn: cfg.CreatedAtColumn}
+	for _, c := range cfg.EnvelopeColumns {
+		l.envAliases = append(l.envAliases, c.Alias)
+	}
+	for column, key := range cfg.HeaderColumns {
+		if column == "" {
+			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
+		}
+		if key == "" {
+			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
+		}
+		if reservedHeader(key) {
+			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
+		}
+		l.headers = append(l.headers, headerCol{column: column, key: key})
+	}
+	slices.SortFunc(l.headers, func(a, b headerCol) int { return strings.Compare(a.column, b.column) })
+	return l, nil
+}
+
+// Decoder decodes one pgoutput stream. It keeps relation metadata and the current
+// transaction between calls, so messages must be passed in stream order. A Decoder
+// is not safe for concurrent use.
+type Decoder struct {
+	schema, table string
+	tables        []TableName // every outbox table: schema.table first, then Config.Also
+	// layout is how the first table is read; layouts holds every table's
+	// (the first's included), by table.
+	layout
+	layouts map[TableName]*layout
+
+	known map[uint32]struct{} // every relation id announced since the last Reset
+	// outs holds the layout of every relation that holds outbox rows: the
+	// table itself, or each of its partitions when they are published under
+	// their own names. out is the one the last insert used.
+	outs   map[uint32]*outboxRel
+	out    *outboxRel
+	member Membership // nil: only the outbox table by name holds outbox rows
+	spans  []span     // scratch, one per column of the widest outbox relation
 
 	inTxn      bool
 	xid        uint32
@@ -338,60 +389,38 @@ func New(cfg Config) (*Decoder, error) {
 	if cfg.Table == "" && cfg.MessagePrefix == "" {
 		return nil, setting.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
 	}
-	for i, name := range cfg.Columns.names() {
-		if name == "" && i != fieldEventType {
-			return nil, setting.Errorf(columnFields[i], "new decoder: column name is empty: set it")
-		}
+	first, err := newLayout(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
-		return nil, setting.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
-	}
-	if err := cfg.JSON.Check(); err != nil {
-		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
-	}
-	if cfg.SchemaVersionColumn != "" && (cfg.JSON.Value != connectjson.JSONWithSchema || len(cfg.EnvelopeColumns) == 0) {
-		return nil, setting.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
-	}
-	if err := CheckContentType(cfg.ContentType); err != nil {
-		return nil, setting.Errorf(fieldContentType, "new decoder: content type %w", err)
-	}
-	var tables []TableName
+	d := &Decoder{schema: cfg.Schema, table: cfg.Table, layout: *first, layouts: map[TableName]*layout{},
+		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel)}
 	if cfg.Table != "" {
-		tables = append(tables, TableName{cfg.Schema, cfg.Table})
+		t := TableName{cfg.Schema, cfg.Table}
+		d.tables = append(d.tables, t)
+		d.layouts[t] = &d.layout
 	}
-	for _, t := range cfg.Also {
+	for _, c := range cfg.Also {
+		t := TableName{c.Schema, c.Table}
 		if t.Schema == "" || t.Table == "" {
 			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %q has an empty schema or name: set both", t.String())
 		}
-		if slices.Contains(tables, t) {
+		if slices.Contains(d.tables, t) {
 			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %s is named twice: name each once", t)
 		}
-		tables = append(tables, t)
+		if c.MessagePrefix != "" || len(c.Also) > 0 {
+			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %s: a further table's configuration names its own table only (no message prefix, no further tables)", t)
+		}
+		l, err := newLayout(c)
+		if err != nil {
+			return nil, fmt.Errorf("outbox table %s: %w", t, err)
+		}
+		d.tables = append(d.tables, t)
+		d.layouts[t] = l
 	}
-	d := &Decoder{schema: cfg.Schema, table: cfg.Table, tables: tables, columns: cfg.Columns.names(), known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel),
-		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
-		envelope: cfg.EnvelopeColumns, json: cfg.JSON, versionColumn: cfg.SchemaVersionColumn, routeByType: cfg.RouteByEventType,
-		createdColumn: cfg.CreatedAtColumn}
-	var err error
 	if d.msgs, err = newMessageOutbox(cfg); err != nil {
 		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
 	}
-	for _, c := range cfg.EnvelopeColumns {
-		d.envAliases = append(d.envAliases, c.Alias)
-	}
-	for column, key := range cfg.HeaderColumns {
-		if column == "" {
-			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
-		}
-		if key == "" {
-			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
-		}
-		if reservedHeader(key) {
-			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
-		}
-		d.headers = append(d.headers, headerCol{column: column, key: key})
-	}
-	slices.SortFunc(d.headers, func(a, b headerCol) int { return strings.Compare(a.column, b.column) })
 	return d, nil
 }
 
@@ -580,8 +609,12 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 			owner = d.tables[0]
 		}
 	}
+	L := d.layouts[owner]
+	if L == nil {
+		L = &d.layout
+	}
 	if isOutbox && lenient {
-		if ok, err := d.fits(b); err != nil {
+		if ok, err := d.fits(L, b); err != nil {
 			return Message{}, err
 		} else if !ok {
 			isOutbox = false
@@ -589,7 +622,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 	}
 	relSchema, relTable := string(namespace), string(name)
 
-	rel := outboxRel{ok: true, id: id, byName: byName, table: owner, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
+	rel := outboxRel{ok: true, id: id, byName: byName, table: owner, lay: L, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
 	var types [numFields]uint32
 	var typmods [numFields]int32
 	var verType uint32
@@ -600,13 +633,13 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		for i := range rel.fields {
 			rel.fields[i] = -1
 		}
-		rel.envCols = make([]int, len(d.envelope))
-		rel.envTypes = make([]uint32, len(d.envelope))
-		envTypmods = make([]int32, len(d.envelope))
+		rel.envCols = make([]int, len(L.envelope))
+		rel.envTypes = make([]uint32, len(L.envelope))
+		envTypmods = make([]int32, len(L.envelope))
 		for i := range rel.envCols {
 			rel.envCols[i] = -1
 		}
-		rel.headers = make([]int, len(d.headers))
+		rel.headers = make([]int, len(L.headers))
 		for i := range rel.headers {
 			rel.headers[i] = -1
 		}
@@ -622,33 +655,33 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		if !isOutbox {
 			continue
 		}
-		for f, want := range d.columns {
+		for f, want := range L.columns {
 			if string(colName) == want {
 				rel.fields[f] = col
 				types[f], typmods[f] = typ, typmod
 			}
 		}
-		if d.tracingColumn != "" && string(colName) == d.tracingColumn {
+		if L.tracingColumn != "" && string(colName) == L.tracingColumn {
 			rel.tracing = col
 		}
-		if d.timestampColumn != "" && string(colName) == d.timestampColumn {
+		if L.timestampColumn != "" && string(colName) == L.timestampColumn {
 			rel.tsCol, rel.tsType = col, typ
 		}
-		for i, ec := range d.envelope {
+		for i, ec := range L.envelope {
 			if string(colName) == ec.Column {
 				rel.envCols[i], rel.envTypes[i], envTypmods[i] = col, typ, typmod
 			}
 		}
-		if d.createdColumn != "" && string(colName) == d.createdColumn && (typ == TypeTimestampTZ || typ == TypeTimestamp) {
+		if L.createdColumn != "" && string(colName) == L.createdColumn && (typ == TypeTimestampTZ || typ == TypeTimestamp) {
 			rel.createdCol, rel.createdType = col, typ
 		}
-		if d.versionColumn != "" && string(colName) == d.versionColumn {
+		if L.versionColumn != "" && string(colName) == L.versionColumn {
 			rel.verCol, verType, verTypmod = col, typ, typmod
 		}
-		if d.partitionColumn != "" && string(colName) == d.partitionColumn {
+		if L.partitionColumn != "" && string(colName) == L.partitionColumn {
 			rel.partCol, partType = col, typ
 		}
-		for h, hc := range d.headers {
+		for h, hc := range L.headers {
 			if string(colName) == hc.column {
 				rel.headers[h] = col
 			}
@@ -659,86 +692,86 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 	}
 	if isOutbox {
 		for f, col := range rel.fields {
-			if col < 0 && d.columns[f] == "" { // the optional event type column, not configured
+			if col < 0 && L.columns[f] == "" { // the optional event type column, not configured
 				continue
 			}
 			if col < 0 {
 				return Message{}, setting.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
-					ErrMissingColumn, relSchema, relTable, d.columns[f], notReplicated)
+					ErrMissingColumn, relSchema, relTable, L.columns[f], notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
 				return Message{}, setting.Errorf(fieldHeaderColumns, "%w: table %q.%q has no column %q named in the header columns (%s): fix them or the table",
-					ErrMissingColumn, relSchema, relTable, d.headers[h].column, notReplicated)
+					ErrMissingColumn, relSchema, relTable, L.headers[h].column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		if rel.tracing >= 0 {
 			rel.keep = append(rel.keep, rel.tracing)
 		}
-		if d.timestampColumn != "" {
+		if L.timestampColumn != "" {
 			if rel.tsCol < 0 {
 				return Message{}, setting.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
-					ErrMissingColumn, relSchema, relTable, d.timestampColumn, notReplicated)
+					ErrMissingColumn, relSchema, relTable, L.timestampColumn, notReplicated)
 			}
 			if err := CheckTimestampType(rel.tsType); err != nil {
-				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", relSchema, relTable, d.timestampColumn, err)
+				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", relSchema, relTable, L.timestampColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.tsCol)
 		}
-		if d.partitionColumn != "" {
+		if L.partitionColumn != "" {
 			if rel.partCol < 0 {
 				return Message{}, setting.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
-					ErrMissingColumn, relSchema, relTable, d.partitionColumn, notReplicated)
+					ErrMissingColumn, relSchema, relTable, L.partitionColumn, notReplicated)
 			}
 			if err := CheckPartitionType(partType); err != nil {
-				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", relSchema, relTable, d.partitionColumn, err)
+				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", relSchema, relTable, L.partitionColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.partCol)
 		}
 		for i, col := range rel.envCols {
 			if col < 0 {
 				return Message{}, setting.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
-					ErrMissingColumn, relSchema, relTable, d.envelope[i].Column, notReplicated)
+					ErrMissingColumn, relSchema, relTable, L.envelope[i].Column, notReplicated)
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		if rel.createdCol >= 0 {
 			rel.keep = append(rel.keep, rel.createdCol)
 		}
-		if d.versionColumn != "" {
+		if L.versionColumn != "" {
 			if rel.verCol < 0 {
 				return Message{}, setting.Errorf(fieldVersion, "%w: table %q.%q has no schema version column %q (%s): fix it or the table",
-					ErrMissingColumn, relSchema, relTable, d.versionColumn, notReplicated)
+					ErrMissingColumn, relSchema, relTable, L.versionColumn, notReplicated)
 			}
 			rel.keep = append(rel.keep, rel.verCol)
 		}
-		if d.json.Key != connectjson.Raw || d.json.Value != connectjson.Raw {
+		if L.json.Key != connectjson.Raw || L.json.Value != connectjson.Raw {
 			col := func(name string, typ uint32, typmod int32) connectjson.Column {
-				return connectjson.Column{Name: name, Type: typ, Typmod: typmod, NotNull: d.notNull[name]}
+				return connectjson.Column{Name: name, Type: typ, Typmod: typmod, NotNull: L.notNull[name]}
 			}
 			l := connectjson.Layout{
-				Key:          col(d.columns[fieldAggregateID], types[fieldAggregateID], typmods[fieldAggregateID]),
-				Payload:      col(d.columns[fieldPayload], types[fieldPayload], typmods[fieldPayload]),
-				PayloadField: d.columns[fieldPayload],
+				Key:          col(L.columns[fieldAggregateID], types[fieldAggregateID], typmods[fieldAggregateID]),
+				Payload:      col(L.columns[fieldPayload], types[fieldPayload], typmods[fieldPayload]),
+				PayloadField: L.columns[fieldPayload],
 			}
-			for i, ec := range d.envelope {
+			for i, ec := range L.envelope {
 				l.Envelope = append(l.Envelope, connectjson.EnvelopeField{Alias: ec.Alias, Column: col(ec.Column, rel.envTypes[i], envTypmods[i])})
 			}
 			if rel.verCol >= 0 {
-				v := col(d.versionColumn, verType, verTypmod)
+				v := col(L.versionColumn, verType, verTypmod)
 				l.Version = &v
 			}
-			enc, err := connectjson.New(d.json, l)
+			enc, err := connectjson.New(L.json, l)
 			if err != nil {
 				return Message{}, setting.Errorf(fieldJSON, "table %q.%q: %w", relSchema, relTable, err)
 			}
 			rel.json = enc
 		}
 		rel.payType = types[fieldPayload]
-		rel.format = NewFormat(d.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
+		rel.format = NewFormat(L.contentType, types[fieldPayload], types[fieldAggregateID], rel.tracing >= 0)
 		// keep lists each column once; a column that is both the payload or key
 		// and another field shows up as fewer keep entries than fields.
 		rel.format.shared = len(slices.Compact(slices.Sorted(slices.Values(rel.keep)))) < len(rel.keep)
@@ -767,7 +800,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 
 // fits reports whether the Relation message body b has every required
 // outbox column.
-func (d *Decoder) fits(b []byte) (bool, error) {
+func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	r := reader{b: b}
 	r.uint32()
 	r.cstring()
@@ -779,7 +812,7 @@ func (d *Decoder) fits(b []byte) (bool, error) {
 		r.skip(1)
 		colName := r.cstring()
 		r.skip(8)
-		for f, want := range d.columns {
+		for f, want := range L.columns {
 			if string(colName) == want {
 				found[f] = true
 			}
@@ -912,7 +945,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 
 	var ev *outbox.Event
 	var hdr []outbox.Header
-	switch nh := len(d.headers) + out.format.extraHeaders(); {
+	switch nh := len(out.lay.headers) + out.format.extraHeaders(); {
 	case nh == 0:
 		ev = new(outbox.Event)
 	case nh <= inlineHeaders:
@@ -934,7 +967,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 	ev.Payload = value(buf, spans[f[fieldPayload]])
 	for h, col := range out.headers {
 		if s := spans[col]; !s.null {
-			hdr = append(hdr, outbox.Header{Key: d.headers[h].key, Value: value(buf, s)})
+			hdr = append(hdr, outbox.Header{Key: out.lay.headers[h].key, Value: value(buf, s)})
 		}
 	}
 	ev.Headers = hdr
@@ -960,7 +993,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			vals[i] = value(buf, spans[col])
 			if out.envTypes[i] == TypeBytea && vals[i] != nil {
 				if vals[i], err = DecodeBytea(bytes.Clone(vals[i])); err != nil {
-					return Message{}, fmt.Errorf("envelope column %q: %w", d.envelope[i].Column, err)
+					return Message{}, fmt.Errorf("envelope column %q: %w", out.lay.envelope[i].Column, err)
 				}
 			}
 		}
@@ -969,7 +1002,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			version = value(buf, spans[out.verCol])
 		}
 		routedBy := ev.AggregateType
-		if d.routeByType {
+		if out.lay.routeByType {
 			routedBy = ev.EventType
 		}
 		if ev.Payload, err = out.json.Value(ev.Payload, vals, routedBy, version); err != nil {
@@ -983,7 +1016,7 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 		for i, col := range out.envCols {
 			vals[i] = value(buf, spans[col])
 		}
-		ev.Payload = Envelope(ev.Payload, out.payType, d.envAliases, vals)
+		ev.Payload = Envelope(ev.Payload, out.payType, out.lay.envAliases, vals)
 		ev.PayloadType = outbox.PayloadJSON
 	}
 	if out.createdCol >= 0 {
@@ -1016,7 +1049,17 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 // "optional" of the JSON schemas (Config.JSON). It applies from the next
 // Relation message; a column it does not name is nullable, as a column
 // added later is by default.
-func (d *Decoder) SetNotNull(columns map[string]bool) { d.notNull = columns }
+func (d *Decoder) SetNotNull(columns map[string]bool) {
+	d.SetTableNotNull(TableName{d.schema, d.table}, columns)
+}
+
+// SetTableNotNull is SetNotNull for the outbox table t (one of Config.Also's
+// or the first); it does nothing for a table the decoder does not read.
+func (d *Decoder) SetTableNotNull(t TableName, columns map[string]bool) {
+	if l := d.layouts[t]; l != nil {
+		l.notNull = columns
+	}
+}
 
 // maxKeptGap is how many bytes that are not kept values (column headers, and
 // columns not kept) keptValues copies along with them to copy them in one go.

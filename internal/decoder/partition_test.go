@@ -108,7 +108,12 @@ func TestPartitionsUnderOwnNames(t *testing.T) {
 func TestSeveralTables(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.Schema, cfg.Table = "billing", "outbox_events"
-	cfg.Also = []TableName{{"shipping", "outbox_events"}, {"public", "audit_outbox"}}
+	table := func(schema, name string) Config {
+		c := defaultConfig()
+		c.Schema, c.Table = schema, name
+		return c
+	}
+	cfg.Also = []Config{table("shipping", "outbox_events"), table("public", "audit_outbox")}
 	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -163,19 +168,76 @@ func TestSeveralTables(t *testing.T) {
 		index++
 	}
 
+	noID := table("shipping", "outbox_events")
+	noID.Columns.ID = ""
+	prefixed := table("shipping", "outbox_events")
+	prefixed.MessagePrefix = "outbox"
 	for _, tc := range []struct {
 		name string
-		also []TableName
+		also []Config
 		want string
 	}{
-		{"twice", []TableName{{"shipping", "outbox_events"}, {"shipping", "outbox_events"}}, "named twice"},
-		{"the first again", []TableName{{"billing", "outbox_events"}}, "named twice"},
-		{"no schema", []TableName{{"", "outbox_events"}}, "empty schema"},
+		{"twice", []Config{table("shipping", "outbox_events"), table("shipping", "outbox_events")}, "named twice"},
+		{"the first again", []Config{table("billing", "outbox_events")}, "named twice"},
+		{"no schema", []Config{table("", "outbox_events")}, "empty schema"},
+		{"a further table's own layout is checked", []Config{noID}, "column name is empty"},
+		{"a further table has no message prefix", []Config{prefixed}, "names its own table only"},
 	} {
 		c := cfg
 		c.Also = tc.also
 		if _, err := New(c); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: New = %v, want an error saying %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestTablesOfTheirOwnLayout: each outbox table is read with its own
+// Config: another column for the key, another header mapping.
+func TestTablesOfTheirOwnLayout(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.HeaderColumns = map[string]string{"correlation_id": "correlation_id"}
+	parcels := defaultConfig()
+	parcels.Schema, parcels.Table = "shipping", "parcels_outbox"
+	parcels.Columns.AggregateID = "parcel_id"
+	parcels.HeaderColumns = map[string]string{"carrier": "x-carrier"}
+	cfg.Also = []Config{parcels}
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parcelColumns := []string{"id", "aggregate_type", "parcel_id", "event_type", "payload", "created_at", "carrier"}
+	for _, m := range [][]byte{
+		relationMsg(201, "public", "outbox_events", outboxColumns...),
+		relationMsg(202, "shipping", "parcels_outbox", parcelColumns...),
+		beginMsg(lsn1, t1, xid1),
+	} {
+		if _, err := d.Decode(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := row("e1")
+	r[6] = txt("corr-1")
+	m, err := d.Decode(insertMsg(201, r...))
+	if err != nil || m.Kind != KindEvent {
+		t.Fatalf("insert into the first table: %v, %v", m.Kind, err)
+	}
+	if got := fmt.Sprint(m.Event.Headers); got != "[{correlation_id [99 111 114 114 45 49]}]" || string(m.Event.AggregateID) != "42" {
+		t.Errorf("first table's event: key %q, headers %s", m.Event.AggregateID, got)
+	}
+	p := row("p1")
+	p[2], p[6] = txt("parcel-7"), txt("dhl")
+	m, err = d.Decode(insertMsg(202, p...))
+	if err != nil || m.Kind != KindEvent {
+		t.Fatalf("insert into the parcels table: %v, %v", m.Kind, err)
+	}
+	ev := m.Event
+	if string(ev.AggregateID) != "parcel-7" || len(ev.Headers) != 1 || ev.Headers[0].Key != "x-carrier" || string(ev.Headers[0].Value) != "dhl" ||
+		ev.Table != "parcels_outbox" || ev.Index != 1 {
+		t.Errorf("parcels event: key %q, headers %v, table %s, index %d; want parcel-7, x-carrier: dhl, parcels_outbox, 1", ev.AggregateID, ev.Headers, ev.Table, ev.Index)
+	}
+	// A table whose layout lacks a column is refused when announced, naming it.
+	bad := relationMsg(203, "shipping", "parcels_outbox", outboxColumns...) // no parcel_id
+	if _, err := d.Decode(bad); err == nil || !strings.Contains(err.Error(), `"parcel_id"`) {
+		t.Errorf("relation without the table's key column: %v, want an error naming parcel_id", err)
 	}
 }

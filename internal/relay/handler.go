@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,12 +38,17 @@ type handler struct {
 	published tableCounter
 	dec       *decoder.Decoder
 	router    *route.Router
-	producer  producer
-	pause     pauser
-	ck        *checkpoint.Committer
-	tracker   *checkpoint.Tracker // ck.Tracker()
-	relay     *Relay
-	m         *metrics.Metrics
+	// routers route the events of the outbox tables with topics of their
+	// own (Config.TableRoutes); halts are the tables whose permanent
+	// failures halt (Config.HaltTables).
+	routers  map[decoder.TableName]*route.Router
+	halts    map[decoder.TableName]bool
+	producer producer
+	pause    pauser
+	ck       *checkpoint.Committer
+	tracker  *checkpoint.Tracker // ck.Tracker()
+	relay    *Relay
+	m        *metrics.Metrics
 	// deadLetter stores events that failed for good (--on-error=dlq); nil halts.
 	deadLetter DeadLetterFunc
 	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
@@ -103,7 +110,7 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		var topic string
 		routeErr := msg.Failed // a message outbox's bad envelope: no topic
 		if routeErr == nil {
-			topic, routeErr = h.router.Topic(ev)
+			topic, routeErr = h.routerFor(ev).Topic(ev)
 		}
 		m := sink.Message{Topic: topic, Event: ev, Origin: h.origin}
 		rec := h.record()
@@ -251,6 +258,39 @@ func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at s
 	return nil
 }
 
+// routerFor is the router of ev's table.
+func (h *handler) routerFor(ev *outbox.Event) *route.Router {
+	if len(h.routers) > 0 {
+		if r := h.routers[decoder.TableName{Schema: ev.Schema, Table: ev.Table}]; r != nil {
+			return r
+		}
+	}
+	return h.router
+}
+
+// fixedTopics are the topics of the routers that have a fixed one: they
+// must exist before the relay starts. Nil when no router has one.
+func (h *handler) fixedTopics() []string {
+	var topics []string
+	for _, r := range append([]*route.Router{h.router}, slices.Collect(maps.Values(h.routers))...) {
+		if t, fixed := r.Fixed(); fixed && !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	return topics
+}
+
+// allFixed reports whether every event goes to a fixed topic: then
+// fixedTopics are all the topics the relay writes.
+func (h *handler) allFixed() bool {
+	for _, r := range append([]*route.Router{h.router}, slices.Collect(maps.Values(h.routers))...) {
+		if _, fixed := r.Fixed(); !fixed {
+			return false
+		}
+	}
+	return true
+}
+
 // tableCounter is the TableEvents counter of one table and result.
 type tableCounter struct {
 	schema, table string
@@ -311,7 +351,7 @@ func (h *handler) permanent(ctx context.Context, m sink.Message, cause error) er
 	// gone wrong) must not flood the log; the metric counts every one.
 	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
 		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
-	if h.deadLetter == nil {
+	if h.deadLetter == nil || h.halts[decoder.TableName{Schema: ev.Schema, Table: ev.Table}] {
 		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + setting.Token("OpenDeadLetters"))
 		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with dead letters on %s; the slot was not confirmed past it",
 			ev.ID, ev.AggregateID, ev.CommitLSN, cause, setting.Token("OpenDeadLetters"))

@@ -143,6 +143,14 @@ type Config struct {
 	// TopicRegex, when its Pattern is set, is matched against one field of
 	// each event, and Topic may refer to its groups (route.NewWithRegex).
 	TopicRegex route.Regex
+	// TableRoutes routes the events of some outbox tables (by name: the
+	// first one or Decoder.Also's) by templates of their own instead of
+	// Topic and TopicRegex.
+	TableRoutes map[decoder.TableName]TableRoute
+	// HaltTables names the outbox tables whose events, failing permanently,
+	// halt the relay even when DeadLetter is set (a per-table failure
+	// policy); the zero TableName stands for message-outbox events.
+	HaltTables map[decoder.TableName]bool
 	// Delivery is DeliveryEffectivelyOnce (the default) or DeliveryAtLeastOnce.
 	Delivery string
 	// OnOutboxUpdate is what an UPDATE of an outbox row does (an outbox is
@@ -365,6 +373,11 @@ func (c Config) Validate() error {
 	if _, err := route.NewWithRegex(c.Topic, c.TopicRegex); err != nil {
 		return setting.Errorf("Topic", "%w", err)
 	}
+	for t, tr := range c.TableRoutes {
+		if _, err := route.NewWithRegex(tr.Topic, tr.Regex); err != nil {
+			return setting.Errorf("Topic", "outbox table %s: %w", t, err)
+		}
+	}
 	if c.Decoder.Columns.EventType == "" && (strings.Contains(c.Topic, "{event_type}") || (c.TopicRegex.Pattern != "" && c.TopicRegex.Field == route.FieldEventType)) {
 		return setting.Errorf("Decoder.Columns.EventType", "the topic routes by the event type but no event type column is set: name the column, or route by another field")
 	}
@@ -426,6 +439,13 @@ func OpenPool(ctx context.Context, pgURL string) (*pgxpool.Pool, error) {
 		return nil, replication.ConnectError(pgURL, err)
 	}
 	return pool, nil
+}
+
+// TableRoute is the topic template of one outbox table's events (see
+// Config.Topic and TopicRegex).
+type TableRoute struct {
+	Topic string
+	Regex route.Regex
 }
 
 // Relay is one running relay. Create it with New and call Run once.
@@ -511,6 +531,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return setting.Errorf("Topic", "%w", err)
 	}
+	routers := map[decoder.TableName]*route.Router{}
+	for t, tr := range cfg.TableRoutes {
+		if routers[t], err = route.NewWithRegex(tr.Topic, tr.Regex); err != nil {
+			return setting.Errorf("Topic", "outbox table %s: %w", t, err)
+		}
+	}
 
 	// Postgres: server, table, publication, slot, stored checkpoint.
 	pool := cfg.Pool
@@ -527,17 +553,29 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		dec.SetNotNull(notNull)
 	}
+	for _, t := range cfg.Decoder.Also {
+		if t.JSON.Key == connectjson.Raw && t.JSON.Value == connectjson.Raw {
+			continue
+		}
+		notNull, err := outboxtable.NotNullColumns(ctx, pool, t.Schema+"."+t.Table)
+		if err != nil {
+			return fmt.Errorf("read the NOT NULL columns of %s.%s for the JSON schemas: %w", t.Schema, t.Table, err)
+		}
+		dec.SetTableNotNull(decoder.TableName{Schema: t.Schema, Table: t.Table}, notNull)
+	}
 
 	// Kafka, before anything is created in Postgres: a relay that cannot reach
 	// Kafka must not leave a new slot behind to retain WAL.
 	h := &handler{
-		dec:    dec,
-		router: router,
-		max:    cfg.MaxInFlightBytes,
-		room:   make(chan struct{}, 1),
-		halted: make(chan struct{}),
-		m:      r.m,
-		spans:  cfg.Spans,
+		dec:     dec,
+		router:  router,
+		routers: routers,
+		halts:   cfg.HaltTables,
+		max:     cfg.MaxInFlightBytes,
+		room:    make(chan struct{}, 1),
+		halted:  make(chan struct{}),
+		m:       r.m,
+		spans:   cfg.Spans,
 	}
 	if cfg.DeadLetterStore != nil {
 		if err := cfg.DeadLetterStore.Ensure(ctx); err != nil {
@@ -554,9 +592,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		// unknown fate; the gate below applies its rule at start-up.
 		sinkCfg.Verifier = dedup.Decider{}
 	}
-	if topic, fixed := router.Fixed(); fixed {
-		sinkCfg.Topics = []string{topic}
-	}
+	sinkCfg.Topics = h.fixedTopics()
 	kctx, cancel := context.WithTimeout(ctx, cfg.KafkaStartWait)
 	k, err := sink.Open(kctx, sinkCfg)
 	cancel()

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
@@ -243,6 +244,21 @@ func (r *Relay) switchFailoverOn(ctx context.Context) error {
 
 func (r *Relay) setupConfig() replication.SetupConfig {
 	d := r.cfg.Decoder
+	var also []replication.TableSetup
+	for _, t := range d.Also {
+		also = append(also, replication.TableSetup{Name: decoder.TableName{Schema: t.Schema, Table: t.Table}, Columns: setupColumns(t)})
+	}
+	return replication.SetupConfig{
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
+		Schema: d.Schema, Table: d.Table, Also: also, TableField: "Decoder.Table", Columns: setupColumns(d),
+		CreatePublication: r.cfg.CreatePublication,
+		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
+		Messages:          d.MessagePrefix != "",
+	}
+}
+
+// setupColumns are the columns the start-up checks require of d's table.
+func setupColumns(d decoder.Config) []replication.Column {
 	cols := []replication.Column{
 		{Name: d.Columns.ID, Field: "Decoder.Columns.ID"},
 		{Name: d.Columns.AggregateType, Field: "Decoder.Columns.AggregateType"},
@@ -255,13 +271,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 	for col := range d.HeaderColumns {
 		cols = append(cols, replication.Column{Name: col, Field: "Decoder.HeaderColumns"})
 	}
-	return replication.SetupConfig{
-		Slot: r.cfg.Slot, Publication: r.cfg.Publication,
-		Schema: d.Schema, Table: d.Table, Also: d.Also, TableField: "Decoder.Table", Columns: cols,
-		CreatePublication: r.cfg.CreatePublication,
-		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
-		Messages:          d.MessagePrefix != "",
-	}
+	return cols
 }
 
 // reconcile has the gap checks compare the stored checkpoint with the slot

@@ -170,8 +170,8 @@ func (r *Relay) arm(ctx context.Context, h *handler, from pglogrepl.LSN, first b
 		return fmt.Errorf("reconcile with Kafka: %w", err)
 	}
 	var topics []string
-	if t, fixed := h.router.Fixed(); fixed {
-		topics = []string{t}
+	if h.allFixed() {
+		topics = h.fixedTopics()
 	}
 	sum, err := h.gate.Arm(ctx, from, cutoff, topics)
 	if err != nil {

@@ -60,10 +60,10 @@ type SetupConfig struct {
 	Slot          string
 	Publication   string
 	Schema, Table string
-	// Also names further outbox tables with the same columns (several
-	// outboxes behind one relay): each is checked as Table is, and the
-	// publication covers them all.
-	Also              []decoder.TableName
+	// Also names further outbox tables (several outboxes behind one
+	// relay), each with the columns it must have: each is checked as Table
+	// is, and the publication covers them all.
+	Also              []TableSetup
 	TableField        string // the configuration field naming the table
 	Columns           []Column
 	CreatePublication bool
@@ -86,6 +86,13 @@ func (c SetupConfig) NoTable() bool { return c.Table == "" }
 // pgoutput streams logical decoding messages (its messages option).
 const MinMessagesVersion = 140000
 
+// TableSetup is a further outbox table of a SetupConfig and the columns
+// the relay reads from it.
+type TableSetup struct {
+	Name    decoder.TableName
+	Columns []Column
+}
+
 // PerTable returns one SetupConfig per outbox table (Table, then each of
 // Also), each naming that table alone: the checks of one table run on each.
 // A message outbox alone (NoTable) gives itself.
@@ -94,7 +101,7 @@ func (c SetupConfig) PerTable() []SetupConfig {
 	out[0].Also = nil
 	for _, t := range c.Also {
 		o := c
-		o.Schema, o.Table, o.Also = t.Schema, t.Table, nil
+		o.Schema, o.Table, o.Columns, o.Also = t.Name.Schema, t.Name.Table, t.Columns, nil
 		out = append(out, o)
 	}
 	return out
@@ -107,7 +114,7 @@ func (c SetupConfig) qualifiedTables() []string {
 		ts = append(ts, c.QualifiedTable())
 	}
 	for _, t := range c.Also {
-		ts = append(ts, pgx.Identifier{t.Schema, t.Table}.Sanitize())
+		ts = append(ts, pgx.Identifier{t.Name.Schema, t.Name.Table}.Sanitize())
 	}
 	return ts
 }
