@@ -106,6 +106,25 @@ func TestSeveralOutboxTables(t *testing.T) {
 		}
 		return nil
 	})
+	for table, want := range map[string]int{"shipping.outbox_events": 1, "billing.outbox_events": 0} {
+		letters, err := store.List(ctx, deadletter.Filter{SourceTable: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(letters) != want {
+			t.Errorf("letters of source table %s: %d, want %d", table, len(letters), want)
+		}
+	}
+	// status counts the letters by the table they came from.
+	_, stdout, stderr := runCommand(ctx, t, 20*time.Second, "status", "--pg-url", f.url, "--slot", f.slot, "--json")
+	var st struct {
+		DeadLetters struct {
+			BySourceTable map[string]int64 `json:"by_source_table"`
+		} `json:"dead_letters"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.DeadLetters.BySourceTable["shipping.outbox_events"] != 1 || len(st.DeadLetters.BySourceTable) != 1 {
+		t.Errorf("status --json: dead letters by source table %v (%v); want shipping.outbox_events: 1\n%s%s", st.DeadLetters.BySourceTable, err, stdout, stderr)
+	}
 	// The metrics count each table's events by result.
 	for _, c := range []struct {
 		sample string

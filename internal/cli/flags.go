@@ -509,6 +509,7 @@ type letterFilterFlags struct {
 	EventType     string   `help:"Only letters of this event type." placeholder:"TYPE"`
 	EventID       []string `name:"event-id" help:"Only the letters of these event ids, as the relay logs them (event_id; repeat the flag or separate with commas)." placeholder:"ID"`
 	Status        string   `help:"Only letters with this status: pending, processing, retry_wait, completed (replayed is the same) or dead." placeholder:"STATUS"`
+	SourceTable   string   `name:"source-table" help:"Only letters of events from this outbox table (schema.table, as dlq show prints it; with several --table behind one relay)." placeholder:"SCHEMA.TABLE"`
 
 	filter deadletter.Filter `kong:"-"`
 }
@@ -537,7 +538,7 @@ func (f *letterFilterFlags) parse(now time.Time) error {
 	}
 	f.filter = deadletter.Filter{
 		EventIDs: events, ErrorCode: f.ErrorCode, AggregateID: f.AggregateID, AggregateType: f.AggregateType,
-		EventType: f.EventType, Status: f.Status, Since: since, Until: until,
+		EventType: f.EventType, Status: f.Status, Since: since, Until: until, SourceTable: f.SourceTable,
 	}
 	return nil
 }

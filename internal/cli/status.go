@@ -109,6 +109,9 @@ type StatusDLQ struct {
 	Pending int64            `json:"pending"` // not completed (pending, processing, retry_wait or dead)
 	Dead    int64            `json:"dead"`    // of which dead: the automatic retries gave up on them
 	ByCode  map[string]int64 `json:"by_code,omitempty"`
+	// BySourceTable counts them by the outbox table their events came from
+	// (several --table behind one relay); letters without one are left out.
+	BySourceTable map[string]int64 `json:"by_source_table,omitempty"`
 }
 
 // Exit codes of status.
@@ -194,8 +197,15 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 	if err := c.failover(ctx, pool, &st); err != nil {
 		return st, err
 	}
-	if codes, err := deadletter.NewStore(pool, c.DLQTable).Summary(ctx, deadletter.Filter{}); err == nil {
+	store := deadletter.NewStore(pool, c.DLQTable)
+	if codes, err := store.Summary(ctx, deadletter.Filter{}); err == nil {
 		d := &StatusDLQ{ByCode: map[string]int64{}}
+		if by, err := store.BacklogBySource(ctx); err == nil {
+			delete(by, "")
+			if len(by) > 0 {
+				d.BySourceTable = by
+			}
+		}
 		for _, cc := range codes {
 			if cc.Pending > 0 {
 				d.ByCode[cc.ErrorCode] = cc.Pending
@@ -331,6 +341,14 @@ func printStatus(w io.Writer, st Status) {
 			dead = fmt.Sprintf(" (%d dead)", st.DeadLetters.Dead)
 		}
 		fmt.Fprintf(tw, "dead letters not completed\t%d%s %s\n", st.DeadLetters.Pending, dead, strings.Join(parts, " "))
+		if by := st.DeadLetters.BySourceTable; len(by) > 0 {
+			tables := []string{}
+			for t, n := range by {
+				tables = append(tables, fmt.Sprintf("%s=%d", t, n))
+			}
+			slices.Sort(tables)
+			fmt.Fprintf(tw, "dead letters by table\t%s\n", strings.Join(tables, " "))
+		}
 	}
 	if f := st.Failover; f != nil {
 		fmt.Fprintf(tw, "failover\t%s\n", failoverLine(*f, st.SlotExists))

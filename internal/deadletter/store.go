@@ -505,6 +505,7 @@ type Filter struct {
 	EventType     string
 	AggregateType string
 	Topic         string    // the topic the letters were meant for
+	SourceTable   string    // the outbox table (schema.table) the events came from
 	Status        string    // one of Statuses (StatusReplayed selects the completed), or "" for any
 	Since         time.Time // last failure at or after
 	Until         time.Time // last failure before
@@ -570,6 +571,9 @@ func (f Filter) where(args *[]any) string {
 	if f.Topic != "" {
 		add("topic = $?", f.Topic)
 	}
+	if f.SourceTable != "" {
+		add("source_table = $?", f.SourceTable)
+	}
 	if f.Status != "" {
 		add("status = ANY($?)", statusesOf(f.Status))
 	}
@@ -598,7 +602,7 @@ func (f Filter) describe() map[string]any {
 		m["event_ids"] = f.EventIDs
 	}
 	for k, v := range map[string]string{"error_code": f.ErrorCode, "aggregate_id": f.AggregateID,
-		"event_type": f.EventType, "aggregate_type": f.AggregateType, "topic": f.Topic, "status": f.Status} {
+		"event_type": f.EventType, "aggregate_type": f.AggregateType, "topic": f.Topic, "source_table": f.SourceTable, "status": f.Status} {
 		if v != "" {
 			m[k] = v
 		}
@@ -713,6 +717,31 @@ GROUP BY error_code ORDER BY count(*) DESC, error_code`, args...)
 	})
 	if err != nil {
 		return nil, s.wrap(err, "summarise dead letters")
+	}
+	return out, nil
+}
+
+// BacklogBySource returns how many letters are not completed per outbox
+// table their events came from (Letter.SourceTable; "" for those without
+// one), tables without any left out.
+func (s *Store) BacklogBySource(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT coalesce(source_table, ''), count(*) FROM `+s.n.letters+`
+WHERE status NOT IN ('completed', 'replayed') GROUP BY 1`)
+	if err != nil {
+		return nil, s.wrap(err, "count dead letters not completed by source table")
+	}
+	out := map[string]int64{}
+	for rows.Next() {
+		var t string
+		var n int64
+		if err := rows.Scan(&t, &n); err != nil {
+			rows.Close()
+			return nil, s.wrap(err, "count dead letters not completed by source table")
+		}
+		out[t] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap(err, "count dead letters not completed by source table")
 	}
 	return out, nil
 }
