@@ -558,3 +558,36 @@ table:
 		})
 	}
 }
+
+// TestTableList: --table repeated, comma-separated, or from
+// CDC_RELAY_TABLE, names several outbox tables; one named twice is refused.
+func TestTableList(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  string
+		args []string
+		want string // the tables, or the error
+	}{
+		{"repeated", "", []string{"--table", "a.x", "--table", "b.y"}, "[a.x b.y]"},
+		{"commas", "", []string{"--table", "a.x,b.y"}, "[a.x b.y]"},
+		{"environment", "a.x,b.y,c.z", nil, "[a.x b.y c.z]"},
+		{"twice", "", []string{"--table", "a.x", "--table", "a.x"}, "names a.x twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			if tc.env != "" {
+				t.Setenv("CDC_RELAY_TABLE", tc.env)
+			}
+			args := append([]string{"run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092"}, tc.args...)
+			c, err := parseArgs(t, args...)
+			switch {
+			case err != nil:
+				if !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("parse: %v, want %s", err, tc.want)
+				}
+			case fmt.Sprint(c.Run.Table) != tc.want:
+				t.Errorf("tables %v, want %s", c.Run.Table, tc.want)
+			}
+		})
+	}
+}
