@@ -111,14 +111,20 @@ func TestLaggingStandbyPublication(t *testing.T) {
 // TestPromoteDecodingStandby (issue 36, part 5): the relay decodes on a
 // standby S of primary P, writing through a multi-host primary URL (P, S,
 // target_session_attrs=read-write). S stops receiving P's WAL while P takes
-// more checkpoints (a replication lag at its worst: P then dies), the relay
-// is killed with SIGKILL, P is stopped and S promoted. The slot on S must
-// never be confirmed past the checkpoint S holds: the relay restarts
-// without a slot_ahead refusal, every outbox row of S is in Kafka, each
+// more checkpoints (a replication lag at its worst: P then dies), P is
+// stopped and S promoted, while the relay runs on or after it was killed
+// with SIGKILL. The slot on S must never be confirmed past the checkpoint S
+// holds: the relay goes on, and restarts after a SIGKILL, without a
+// slot_ahead refusal, every outbox row of S is in Kafka, each
 // key's events are in order, and the only duplicates are those
 // docs/guarantee.md names for a promotion (sent again from the new
 // timeline).
 func TestPromoteDecodingStandby(t *testing.T) {
+	t.Run("relay killed before the promotion", func(t *testing.T) { testPromoteStandby(t, true) })
+	t.Run("relay running through the promotion", func(t *testing.T) { testPromoteStandby(t, false) })
+}
+
+func testPromoteStandby(t *testing.T, killed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const db = "sbpromo"
@@ -243,8 +249,11 @@ func TestPromoteDecodingStandby(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	// SIGKILL the relay, stop P, promote S; the writers go on on S.
-	r.Kill()
+	// Stop P, promote S (SIGKILL the relay first, or not); the writers go
+	// on on S.
+	if killed {
+		r.Kill()
+	}
 	if err := primary.Stop("immediate"); err != nil {
 		t.Fatal(err)
 	}
@@ -252,19 +261,35 @@ func TestPromoteDecodingStandby(t *testing.T) {
 	if err := standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
-	runs := r.Runs()
-	r.Start()
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if r.Exited() {
-			code, _ := r.Wait(0)
-			t.Fatalf("restart %d after the promotion exited %d:\n%s", runs+1, code, relayproc.Tail(r.Logs(), 20))
-		}
-		if r.Readyz() != 200 {
-			return fmt.Errorf("not ready yet")
-		}
-		return nil
-	})
+	restart := func() {
+		t.Helper()
+		runs := r.Runs()
+		r.Start()
+		testenv.Eventually(t, 60*time.Second, func() error {
+			if r.Exited() {
+				code, _ := r.Wait(0)
+				t.Fatalf("restart %d after the promotion exited %d:\n%s", runs+1, code, relayproc.Tail(r.Logs(), 20))
+			}
+			if r.Readyz() != 200 {
+				return fmt.Errorf("not ready yet")
+			}
+			return nil
+		})
+	}
+	if killed {
+		restart()
+	}
 	waitCommitted(before + 200)
+	if !killed {
+		// The relay that ran through the promotion left the promoted
+		// server's slot and checkpoint consistent: a SIGKILL and restart
+		// resumes.
+		requireRunning(t, r, "through the promotion")
+		r.Kill()
+		restart()
+		after := committed.Load()
+		waitCommitted(after + 100)
+	}
 	stopWriters()
 	wg.Wait()
 	if strings.Contains(r.Logs(), "slot_ahead") {
