@@ -69,7 +69,10 @@ type CommitterConfig struct {
 // acknowledgements into a watermark, persists that watermark to the store, and
 // hands out only what it persisted (Flushed): the stream confirms nothing else
 // to the slot, so the store is never behind the slot and nothing is confirmed
-// past an event Kafka has not acknowledged.
+// past an event Kafka has not acknowledged. With a Replica (a slot on a hot
+// standby, the store on its primary) it hands out only what the standby
+// holds of the store too, so the store the standby keeps through a promotion
+// is not behind the slot either.
 type Committer struct {
 	tracker *Tracker
 	store   Saver
