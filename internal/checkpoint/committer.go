@@ -134,6 +134,10 @@ func (c *Committer) Flushed() pglogrepl.LSN {
 // stored returns the newest persisted watermark.
 func (c *Committer) stored() pglogrepl.LSN { return pglogrepl.LSN(c.persisted.Load()) }
 
+// replicaReadTimeout bounds one read of the replica's checkpoint: a standby
+// that does not answer holds Flushed, it does not hold Run.
+const replicaReadTimeout = 5 * time.Second
+
 // Refresh reads what CommitterConfig.Replica holds for the slot and moves
 // Flushed up to it, never past what was persisted. Run refreshes at each
 // tick; the relay calls it before it streams, so the first confirmation
@@ -145,7 +149,9 @@ func (c *Committer) Refresh(ctx context.Context) error {
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	cp, have, err := c.replica.Load(ctx, c.base.Slot)
+	lctx, cancel := context.WithTimeout(ctx, replicaReadTimeout)
+	cp, have, err := c.replica.Load(lctx, c.base.Slot)
+	cancel()
 	if err != nil {
 		c.m.CheckpointErrors.Inc()
 		if !c.rfailing {
