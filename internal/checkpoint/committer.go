@@ -41,6 +41,14 @@ type CommitterConfig struct {
 	// written it, but it must not be changed meanwhile (return a copy, e.g.
 	// with Offsets.Clone).
 	Offsets func(lsn pglogrepl.LSN) Offsets
+	// Replica, when set, reads the checkpoint store as the server the slot
+	// is on holds it: a hot standby whose checkpoint the relay writes on the
+	// primary (Store) holds each checkpoint only once it has replayed its
+	// write. Flushed is then never past the LSN Replica holds for the slot,
+	// so that a promotion of the standby finds a checkpoint no older than
+	// its slot. Nil when the slot and the store share a server, or the
+	// store is a file.
+	Replica Loader
 	// Start is the position streaming starts from: already persisted, so it is
 	// the first Flushed value and the Tracker's first watermark.
 	Start pglogrepl.LSN
@@ -61,7 +69,10 @@ type CommitterConfig struct {
 // acknowledgements into a watermark, persists that watermark to the store, and
 // hands out only what it persisted (Flushed): the stream confirms nothing else
 // to the slot, so the store is never behind the slot and nothing is confirmed
-// past an event Kafka has not acknowledged.
+// past an event Kafka has not acknowledged. With a Replica (a slot on a hot
+// standby, the store on its primary) it hands out only what the standby
+// holds of the store too, so the store the standby keeps through a promotion
+// is not behind the slot either.
 type Committer struct {
 	tracker *Tracker
 	store   Saver
@@ -75,6 +86,12 @@ type Committer struct {
 	every      time.Duration
 	idle       time.Duration
 	persisted  atomic.Uint64
+	replica    Loader
+	// confirmable is what Flushed returns when replica is set: the
+	// persisted LSN that replica holds too (0 until first read).
+	confirmable atomic.Uint64
+	rmu         sync.Mutex // serializes reads of replica
+	rfailing    bool
 
 	mu            sync.Mutex // serializes saves
 	lastSave      time.Time
@@ -94,7 +111,7 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 		tracker: NewTracker(cfg.Start), store: cfg.Store, base: cfg.Base, offsets: cfg.Offsets,
 		commitTime: cfg.Base.CommitTime,
 		log:        cfg.Logger, m: cfg.Metrics, every: cfg.Every, idle: cfg.Idle,
-		serverDown: make(chan error, 1),
+		serverDown: make(chan error, 1), replica: cfg.Replica,
 	}
 	c.persisted.Store(uint64(cfg.Start))
 	return c
@@ -104,9 +121,58 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 // acknowledgements feed (Begin, Add, Commit, Ack, Idle).
 func (c *Committer) Tracker() *Tracker { return c.tracker }
 
-// Flushed returns the newest persisted watermark: the only LSN the relay may
-// confirm to the slot.
-func (c *Committer) Flushed() pglogrepl.LSN { return pglogrepl.LSN(c.persisted.Load()) }
+// Flushed returns the only LSN the relay may confirm to the slot: the newest
+// persisted watermark, or with a Replica the newest one the replica holds
+// too (0, which confirms nothing, until Refresh first read it).
+func (c *Committer) Flushed() pglogrepl.LSN {
+	if c.replica != nil {
+		return pglogrepl.LSN(c.confirmable.Load())
+	}
+	return c.stored()
+}
+
+// stored returns the newest persisted watermark.
+func (c *Committer) stored() pglogrepl.LSN { return pglogrepl.LSN(c.persisted.Load()) }
+
+// replicaReadTimeout bounds one read of the replica's checkpoint: a standby
+// that does not answer holds Flushed, it does not hold Run.
+const replicaReadTimeout = 5 * time.Second
+
+// Refresh reads what CommitterConfig.Replica holds for the slot and moves
+// Flushed up to it, never past what was persisted. Run refreshes at each
+// tick; the relay calls it before it streams, so the first confirmation
+// is no later than the replica. A failed read keeps Flushed where it is: it
+// is logged on the first failure and counted, and returned.
+func (c *Committer) Refresh(ctx context.Context) error {
+	if c.replica == nil {
+		return nil
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	lctx, cancel := context.WithTimeout(ctx, replicaReadTimeout)
+	cp, have, err := c.replica.Load(lctx, c.base.Slot)
+	cancel()
+	if err != nil {
+		c.m.CheckpointErrors.Inc()
+		if !c.rfailing {
+			c.rfailing = true
+			c.log.Warn().Err(err).Str("confirmed_lsn", c.Flushed().String()).
+				Msg("cannot read the checkpoint on the standby the slot is on: the slot is not confirmed further until it can (its WAL is retained meanwhile)")
+		}
+		return fmt.Errorf("read the checkpoint the standby holds: %w", err)
+	}
+	if c.rfailing {
+		c.rfailing = false
+		c.log.Info().Msg("reading the checkpoint on the standby again")
+	}
+	if !have {
+		return nil
+	}
+	if held := min(cp.LSN, c.stored()); uint64(held) > c.confirmable.Load() {
+		c.confirmable.Store(uint64(held))
+	}
+	return nil
+}
 
 // ServerDown receives the error of a save that failed because Postgres is
 // shutting down: its walsender then waits for a confirmation that can no
@@ -142,7 +208,8 @@ func (c *Committer) Run(ctx context.Context) {
 		c.mu.Lock()
 		changed := !c.storedOldest.Equal(oldest)
 		c.mu.Unlock()
-		if c.tracker.Watermark() <= c.Flushed() {
+		_ = c.Refresh(ctx) // a failure is logged and counted; the next tick retries
+		if c.tracker.Watermark() <= c.stored() {
 			// Stuck behind an unacknowledged event: store a new oldest time
 			// at once, then refresh the row every Idle (the relay's
 			// DefaultIdleCheckpoint).
@@ -202,11 +269,11 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 	defer c.mu.Unlock()
 	delivered := c.tracker.Delivered()
 	w, at := c.tracker.Position()
-	if w <= c.Flushed() {
+	if w <= c.stored() {
 		if !force {
-			return c.Flushed(), nil
+			return c.stored(), nil
 		}
-		w, at = c.Flushed(), c.commitTime
+		w, at = c.stored(), c.commitTime
 	}
 	cp := c.base
 	cp.LSN, cp.CommitTime = w, at
@@ -228,7 +295,7 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 			default:
 			}
 		}
-		return c.Flushed(), fmt.Errorf("save checkpoint %s: %w", w, err)
+		return c.stored(), fmt.Errorf("save checkpoint %s: %w", w, err)
 	}
 	if c.failing {
 		c.failing = false
@@ -245,8 +312,9 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 
 // Finish ends a run: when drain is set it waits (within ctx) until Kafka
 // acknowledged every event in flight, then persists the watermark and, when
-// that succeeded and confirm is not nil, confirms the persisted LSN through
-// it. It returns the persisted LSN. Failures are logged, not returned: the
+// that succeeded and confirm is not nil, confirms Flushed through it (the
+// persisted LSN, or with a Replica what it holds of it). It returns the
+// persisted LSN. Failures are logged, not returned: the
 // relay stops either way, and whatever was not confirmed is delivered again
 // after a restart.
 func (c *Committer) Finish(ctx context.Context, drain bool, confirm func(context.Context, pglogrepl.LSN) error) pglogrepl.LSN {
@@ -263,7 +331,8 @@ func (c *Committer) Finish(ctx context.Context, drain bool, confirm func(context
 		return lsn
 	}
 	if confirm != nil {
-		if err := confirm(ctx, lsn); err != nil {
+		_ = c.Refresh(ctx) // a failure is logged; Flushed stays where it was
+		if err := confirm(ctx, c.Flushed()); err != nil {
 			c.log.Warn().Err(err).Msg("confirm final position")
 		}
 	}

@@ -360,3 +360,85 @@ func TestCommitterStoresAStuckOldestAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestCommitterConfirmsWhatReplicaHolds: with a Replica (the checkpoint as
+// the standby the slot is on holds it), Flushed is the persisted watermark
+// only once the replica holds it too, and never past what was persisted;
+// a replica that cannot be read keeps Flushed where it was. The replica is
+// a second FileStore, "replayed" by copying the primary's checkpoint into it.
+func TestCommitterConfirmsWhatReplicaHolds(t *testing.T) {
+	ctx := context.Background()
+	primary := NewFileStore(filepath.Join(t.TempDir(), "primary.json"))
+	standby := &failingSaver{FileStore: NewFileStore(filepath.Join(t.TempDir(), "standby.json"))}
+	logs := &sandbox.Buffer{}
+	base := Checkpoint{Slot: "s", SystemID: "1", RelayName: "r"}
+	c := NewCommitter(CommitterConfig{
+		Store: primary, Replica: replicaLoader{standby}, Start: 100, Base: base,
+		Every: 10 * time.Millisecond, Idle: time.Hour, Logger: zerolog.New(logs),
+	})
+	replay := func() {
+		t.Helper()
+		cp, ok, err := primary.Load(ctx, "s")
+		if err != nil || !ok {
+			t.Fatalf("load the primary's checkpoint: %v, %v", ok, err)
+		}
+		if err := standby.FileStore.Save(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack := func(end pglogrepl.LSN) {
+		tr := c.Tracker()
+		seq := tr.Begin()
+		tr.Add(seq, 1)
+		tr.Commit(seq, end, time.Now())
+		tr.Ack(seq, 1)
+		if _, err := c.Save(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want pglogrepl.LSN
+	}{
+		{"nothing read yet", func() {}, 0},
+		{"the replica holds no checkpoint", func() { _ = c.Refresh(ctx) }, 0},
+		{"the replica replayed the start", func() {
+			if err := c.Persist(ctx); err != nil {
+				t.Fatal(err)
+			}
+			replay()
+			_ = c.Refresh(ctx)
+		}, 100},
+		{"persisted on the primary only", func() { ack(200); _ = c.Refresh(ctx) }, 100},
+		{"the replica replayed it", func() { replay(); _ = c.Refresh(ctx) }, 200},
+		{"the replica cannot be read", func() { ack(300); replay(); standby.fail = errors.New("standby down"); _ = c.Refresh(ctx) }, 200},
+		{"the replica can be read again", func() { standby.fail = nil; _ = c.Refresh(ctx) }, 300},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := c.Flushed(); got != s.want {
+			t.Fatalf("%s: Flushed %s, want %s", s.name, got, s.want)
+		}
+	}
+	if n := strings.Count(logs.String(), "cannot read the checkpoint on the standby"); n != 1 {
+		t.Errorf("%d warnings about the unreadable replica, want 1:\n%s", n, logs)
+	}
+	// Finish confirms what the replica holds, not the persisted watermark.
+	ack(400)
+	var confirmed pglogrepl.LSN
+	c.Finish(ctx, true, func(_ context.Context, lsn pglogrepl.LSN) error { confirmed = lsn; return nil })
+	if confirmed != 300 {
+		t.Errorf("Finish confirmed %s, want 0/12C (what the replica holds)", confirmed)
+	}
+}
+
+// replicaLoader reads a failingSaver, failing while its fail is set.
+type replicaLoader struct{ s *failingSaver }
+
+func (r replicaLoader) Load(ctx context.Context, slot string) (Checkpoint, bool, error) {
+	if r.s.fail != nil {
+		return Checkpoint{}, false, r.s.fail
+	}
+	return r.s.Load(ctx, slot)
+}

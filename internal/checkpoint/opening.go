@@ -8,11 +8,17 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
+// Loader loads the stored checkpoint of slot and whether there is one
+// (TableStore, FileStore).
+type Loader interface {
+	Load(ctx context.Context, slot string) (Checkpoint, bool, error)
+}
+
 // Store loads and saves checkpoints (TableStore, FileStore): Load returns the
 // stored checkpoint of slot and whether there is one; Save returns nil once c
 // is durable.
 type Store interface {
-	Load(ctx context.Context, slot string) (Checkpoint, bool, error)
+	Loader
 	Saver
 }
 

@@ -300,6 +300,9 @@ func (r *RunCmd) wire(cfg *relay.Config, pool, primary *pgxpool.Pool, log zerolo
 	// What the relay writes goes to the primary when --pg-url may name a
 	// standby; the relay checks which it is when it starts.
 	if primary != nil {
+		if r.CheckpointStore != "file" {
+			cfg.StandbyCheckpoints = checkpoint.NewTableStore(pool, r.CheckpointTable)
+		}
 		pool = primary
 	}
 	cfg.Checkpoints = r.checkpointStore(pool)

@@ -189,6 +189,13 @@ type Config struct {
 	// Checkpoints persists the checkpoint: a checkpoint.TableStore over Pool
 	// (it reconnects after restarts) or a checkpoint.FileStore.
 	Checkpoints Store
+	// StandbyCheckpoints, set with PrimaryPool when Checkpoints is a
+	// checkpoint table, reads that table through Pool. When PGURL names a
+	// hot standby, the relay confirms to the slot there only what the
+	// standby holds of the checkpoint (what it has replayed of the
+	// primary's): a promotion of the standby then finds a checkpoint no
+	// older than its slot, never slot_ahead.
+	StandbyCheckpoints checkpoint.Loader
 
 	// DeadLetter, when set, is the dlq failure policy: an event that fails for
 	// good is stored through it and the relay goes on. When nil the policy is
@@ -626,8 +633,20 @@ func (r *Relay) Run(ctx context.Context) error {
 		h.origin = outbox.NewOrigin(system.SystemID, system.Timeline, cfg.Slot)
 		ckCfg.Offsets = h.ledger.Covered
 	}
+	if r.source.InRecovery {
+		ckCfg.Replica = cfg.StandbyCheckpoints
+	}
 	ck := op.Committer(start, ckCfg)
 	h.ck, h.tracker = ck, ck.Tracker()
+	if ckCfg.Replica != nil {
+		// The first confirmation is no later than what the standby holds:
+		// wait until it has replayed the checkpoint table and row the start
+		// wrote or found on the primary, then read it.
+		if err := r.awaitReplay(ctx, "the checkpoint", pool, r.writer); err != nil {
+			return err
+		}
+		_ = ck.Refresh(ctx) // a failure is logged; the slot is confirmed once a read succeeds
+	}
 	if h.ledger != nil {
 		h.gate = dedup.NewGate(dedup.GateConfig{
 			Reader: k, Ledger: h.ledger, Origin: h.origin, Persist: ck.Persist, Stored: stored,

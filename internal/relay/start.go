@@ -65,6 +65,14 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := replication.CheckServer(ctx, check, r.setupConfig()); err != nil {
 		return err
 	}
+	if r.source.InRecovery {
+		// The gap checks below read the standby's catalog: judge the
+		// publication only once the standby has replayed what was just
+		// created or changed on the primary.
+		if err := r.awaitReplay(ctx, "the publication", pc.Conn(), check); err != nil {
+			return err
+		}
+	}
 	// Whether the slot is to be a failover slot: before Kafka is reached, so
 	// that --slot-failover on below 17 is refused first.
 	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, r.source.Version); err != nil {
@@ -120,6 +128,17 @@ func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
 			Msg("decoding on a hot standby: the slot and the stream are on the standby; the checkpoint, dead letters, heartbeats and the publication are written on the primary")
 	}
 	return nil
+}
+
+// awaitReplay waits until the standby has replayed the primary's WAL as it
+// is now, which holds what, logging progress every 5 seconds while it is
+// behind.
+func (r *Relay) awaitReplay(ctx context.Context, what string, standby, primary replication.QueryRower) error {
+	return replication.WaitReplayed(ctx, standby, primary, 100*time.Millisecond, 5*time.Second, func(target, replayed pglogrepl.LSN, waited time.Duration) {
+		r.log.Info().Str("target_lsn", target.String()).Str("replayed_lsn", replayed.String()).
+			Uint64("behind_bytes", uint64(target-replayed)).Dur("waited", waited).
+			Msgf("waiting for the standby to replay the primary's WAL up to %s, which holds %s as the primary has it (the standby lags its primary)", target, what)
+	})
 }
 
 // creatingSlot runs create, which creates the relay's slot. On a standby,

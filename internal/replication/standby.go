@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
@@ -83,6 +85,42 @@ func NudgeStandby(ctx context.Context, db QueryRower, interval time.Duration, re
 		select {
 		case <-ctx.Done():
 			return
+		case <-t.C:
+		}
+	}
+}
+
+// WaitReplayed waits until the standby has replayed the primary's WAL up to
+// where the primary has written it now: what the relay wrote on the primary
+// (its publication) is then in the standby's catalog, where the stream
+// decodes. It polls every interval; while the standby is behind it calls
+// progress, which may be nil, at once and then every report, with the
+// target, the standby's replay position and the time waited. It returns
+// when the standby has caught up, or with ctx's error.
+func WaitReplayed(ctx context.Context, standby, primary QueryRower, interval, report time.Duration, progress func(target, replayed pglogrepl.LSN, waited time.Duration)) error {
+	target, err := CurrentWAL(ctx, primary)
+	if err != nil {
+		return fmt.Errorf("primary: %w", err)
+	}
+	began := time.Now()
+	var reported time.Time
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		replayed, err := CurrentWAL(ctx, standby)
+		if err != nil {
+			return fmt.Errorf("standby: %w", err)
+		}
+		if replayed >= target {
+			return nil
+		}
+		if progress != nil && time.Since(reported) >= report {
+			reported = time.Now()
+			progress(target, replayed, time.Since(began))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the standby to replay the primary's WAL up to %s (replayed %s): %w", target, replayed, ctx.Err())
 		case <-t.C:
 		}
 	}
