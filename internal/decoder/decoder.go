@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 
@@ -236,8 +237,14 @@ type Message struct {
 	// Failed is set for a KindEvent of the message outbox whose content is
 	// not a valid envelope: an *outbox.EventError with code CodeBadMessage,
 	// a permanent failure of the event, which carries the raw content as
-	// its payload. The caller applies the failure policy.
+	// its payload; or for a row of a former partition the relay cannot
+	// attribute to one outbox table, an *outbox.EventError with code
+	// CodeUnattributed (Former.Failed). The caller applies the failure policy.
 	Failed error
+	// Former is set for a KindRelation of a former partition
+	// (FormerMember): which table its rows are attributed to and why, for
+	// the caller to log.
+	Former *Former
 }
 
 // reservedHeader reports whether key is a header the relay derives from the
@@ -281,6 +288,9 @@ type outboxRel struct {
 	payType     uint32         // type OID of the payload column
 	format      Format
 	json        *connectjson.Encoder // nil: raw keys and values
+	// failed is set for a former partition whose table the relay cannot
+	// tell (Former.Failed): each of its inserts is an event that fails with it.
+	failed error
 }
 
 // span locates one column value of the tuple being decoded.
@@ -367,6 +377,11 @@ type Decoder struct {
 	outs   map[uint32]*outboxRel
 	out    *outboxRel
 	member Membership // nil: only the outbox table by name holds outbox rows
+	// members remembers the outbox table of every partition seen (by
+	// Membership or RememberMembers) for the decoder's life, Resets
+	// included: a partition detached or dropped before the relay reads its
+	// rows is attributed to the table it belonged to.
+	members map[uint32]TableName
 	spans  []span     // scratch, one per column of the widest outbox relation
 
 	inTxn      bool
@@ -394,7 +409,7 @@ func New(cfg Config) (*Decoder, error) {
 		return nil, err
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, layout: *first, layouts: map[TableName]*layout{},
-		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel)}
+		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel), members: make(map[uint32]TableName)}
 	if cfg.Table != "" {
 		t := TableName{cfg.Schema, cfg.Table}
 		d.tables = append(d.tables, t)
@@ -595,34 +610,43 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 			break
 		}
 	}
-	byName, lenient := isOutbox, false // a former partition whose columns do not fit is another table
+	byName := isOutbox
+	var (
+		former *Former
+		L      *layout
+	)
 	if !isOutbox && d.member != nil {
-		m, parent, err := d.member(ctx, Relation{ID: id, Namespace: string(namespace), Name: string(name)})
+		rel := Relation{ID: id, Namespace: string(namespace), Name: string(name)}
+		m, parent, err := d.member(ctx, rel)
 		if err != nil {
 			return Message{}, fmt.Errorf("relation %q.%q: %w", namespace, name, err)
 		}
-		isOutbox, lenient = m != NotMember, m == FormerMember
-		owner = parent
-		if isOutbox && !slices.Contains(d.tables, owner) && len(d.tables) > 0 {
-			// A former partition: which table it belonged to is gone
-			// with it; its rows count as the first table's.
-			owner = d.tables[0]
+		switch m {
+		case IsMember:
+			isOutbox, owner = true, parent
+			if slices.Contains(d.tables, parent) {
+				d.members[id] = parent
+			} else if len(d.tables) > 0 {
+				owner = d.tables[0] // Membership names only the decoder's tables
+			}
+		case FormerMember:
+			if former, L, err = d.former(rel, parent, b); err != nil {
+				return Message{}, err
+			}
+			isOutbox, owner = L != nil, former.Table
 		}
 	}
-	L := d.layouts[owner]
 	if L == nil {
-		L = &d.layout
-	}
-	if isOutbox && lenient {
-		if ok, err := d.fits(L, b); err != nil {
-			return Message{}, err
-		} else if !ok {
-			isOutbox = false
+		if L = d.layouts[owner]; L == nil {
+			L = &d.layout
 		}
 	}
 	relSchema, relTable := string(namespace), string(name)
 
 	rel := outboxRel{ok: true, id: id, byName: byName, table: owner, lay: L, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
+	if former != nil {
+		rel.failed = former.Failed
+	}
 	var types [numFields]uint32
 	var typmods [numFields]int32
 	var verType uint32
@@ -795,11 +819,85 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 	}
 	d.known[id] = struct{}{}
-	return Message{Kind: KindRelation}, nil
+	return Message{Kind: KindRelation, Former: former}, nil
+}
+
+// CodeUnattributed is the error code (outbox.EventError) of a row of a
+// former partition the relay cannot attribute to one outbox table.
+const CodeUnattributed = "unattributed_partition"
+
+// Former says how the rows of a former partition (FormerMember) are read.
+type Former struct {
+	Rel Relation
+	// Table is the outbox table its rows are attributed to; zero when none.
+	Table TableName
+	// By is how the table was found: "catalog" (Membership named it),
+	// "remembered" (seen as its partition before), "columns" (the only
+	// table whose columns it has), or "" when none was.
+	By string
+	// Failed is set when its columns fit several tables and the relay never
+	// saw which it belonged to: each of its inserts is an event that fails
+	// with it (code CodeUnattributed), dead-lettered by the failure policy.
+	Failed error
+	// Fits lists the outbox tables whose columns it has.
+	Fits []TableName
+}
+
+// former finds the outbox table whose rows relation rel, a FormerMember,
+// holds: the one Membership named, else the one the decoder saw it in,
+// else the only table whose required columns its Relation message body b
+// has. It returns the layout to read its rows with, nil when it has no
+// table's columns: then it is another table (removed from the publication
+// since), whose rows are skipped.
+func (d *Decoder) former(rel Relation, parent TableName, b []byte) (*Former, *layout, error) {
+	f := &Former{Rel: rel}
+	for _, t := range d.tables {
+		ok, err := d.fits(d.layouts[t], b)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			f.Fits = append(f.Fits, t)
+		}
+	}
+	switch t, seen := d.members[rel.ID]; {
+	case slices.Contains(d.tables, parent):
+		f.Table, f.By = parent, "catalog"
+	case seen:
+		f.Table, f.By = t, "remembered"
+	case len(f.Fits) == 1:
+		f.Table, f.By = f.Fits[0], "columns"
+	case len(f.Fits) > 1:
+		names := make([]string, len(f.Fits))
+		for i, t := range f.Fits {
+			names[i] = t.String()
+		}
+		f.Failed = &outbox.EventError{Code: CodeUnattributed, Err: fmt.Errorf(
+			"relation %s.%s (oid %d) is no longer a partition of an outbox table, the relay never saw which one it belonged to, and its columns fit several (%s): "+
+				"replay the dead letter to the right table's topic", rel.Namespace, rel.Name, rel.ID, strings.Join(names, ", "))}
+		// Read with the required columns only (all of them there), for
+		// the dead letter: no other column of a layout may be missing.
+		return f, &layout{columns: d.layouts[f.Fits[0]].columns}, nil
+	default:
+		return f, nil, nil
+	}
+	return f, d.layouts[f.Table], nil
+}
+
+// RememberMembers records, for each relation id, the outbox table it is a
+// partition of (as the catalog says now), so that its rows are attributed
+// to that table even when it is detached or dropped before the relay reads
+// them. Ids of tables the decoder does not read are ignored.
+func (d *Decoder) RememberMembers(members map[uint32]TableName) {
+	for id, t := range members {
+		if slices.Contains(d.tables, t) {
+			d.members[id] = t
+		}
+	}
 }
 
 // fits reports whether the Relation message body b has every required
-// outbox column.
+// outbox column of L (the event type column only when L names one).
 func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	r := reader{b: b}
 	r.uint32()
@@ -820,6 +918,11 @@ func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	}
 	if r.err != nil {
 		return false, r.err
+	}
+	for f, want := range L.columns {
+		if want == "" { // the optional event type column, not configured
+			found[f] = true
+		}
 	}
 	return !slices.Contains(found[:], false), nil
 }
@@ -971,6 +1074,19 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 		}
 	}
 	ev.Headers = hdr
+	if out.failed != nil {
+		// A row the relay cannot attribute to a table: what could be read
+		// names its dead letter; nothing else of its table's layout applies.
+		if !utf8.Valid(ev.Payload) {
+			ev.PayloadType = outbox.PayloadBinary
+		}
+		if len(ev.Headers) == 0 {
+			ev.Headers = nil
+		}
+		ev.XID, ev.CommitLSN, ev.CommitTime, ev.Index = d.xid, d.commitLSN, d.commitTime, d.index
+		d.index++
+		return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev, Failed: out.failed}, nil
+	}
 	var trace []byte
 	if out.tracing >= 0 {
 		trace = value(buf, spans[out.tracing])
