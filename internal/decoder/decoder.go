@@ -382,7 +382,7 @@ type Decoder struct {
 	// included: a partition detached or dropped before the relay reads its
 	// rows is attributed to the table it belonged to.
 	members map[uint32]TableName
-	spans  []span     // scratch, one per column of the widest outbox relation
+	spans   []span // scratch, one per column of the widest outbox relation
 
 	inTxn      bool
 	xid        uint32
