@@ -291,6 +291,9 @@ type outboxRel struct {
 	// failed is set for a former partition whose table the relay cannot
 	// tell (Former.Failed): each of its inserts is an event that fails with it.
 	failed error
+	// until, when set, bounds failed: an insert committed at or after it is
+	// another table's, skipped (Former.Until).
+	until pglogrepl.LSN
 }
 
 // span locates one column value of the tuple being decoded.
@@ -382,6 +385,7 @@ type Decoder struct {
 	// included: a partition detached or dropped before the relay reads its
 	// rows is attributed to the table it belonged to.
 	members map[uint32]TableName
+	walEnd  WALEnd // nil: a remembered partition published on its own is another table
 	spans   []span // scratch, one per column of the widest outbox relation
 
 	inTxn      bool
@@ -576,7 +580,8 @@ func (d *Decoder) commit(b []byte) (Message, error) {
 // update reports an Update message, already checked by skipUpdate, as
 // KindUpdate when it changed the outbox table, KindSkip otherwise.
 func (d *Decoder) update(b []byte) Message {
-	if _, ok := d.outs[be32(b)]; !d.inTxn || !ok {
+	out, ok := d.outs[be32(b)]
+	if !d.inTxn || !ok || (out.until != 0 && d.commitLSN >= out.until) {
 		return Message{Kind: KindSkip}
 	}
 	return Message{Kind: KindUpdate, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}
@@ -634,6 +639,11 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 				return Message{}, err
 			}
 			isOutbox, owner = L != nil, former.Table
+		case NotMember:
+			if former, L, err = d.listed(ctx, rel, b); err != nil {
+				return Message{}, err
+			}
+			isOutbox = L != nil
 		}
 	}
 	if L == nil {
@@ -645,7 +655,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 
 	rel := outboxRel{ok: true, id: id, byName: byName, table: owner, lay: L, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
 	if former != nil {
-		rel.failed = former.Failed
+		rel.failed, rel.until = former.Failed, former.Until
 	}
 	var types [numFields]uint32
 	var typmods [numFields]int32
@@ -841,6 +851,49 @@ type Former struct {
 	Failed error
 	// Fits lists the outbox tables whose columns it has.
 	Fits []TableName
+	// Until is set for a relation the decoder saw as a partition of Table
+	// that Membership now calls another table (detached, and published on
+	// its own): its inserts committed before Until, the server's WAL
+	// position when the catalog was read, may have been written before the
+	// detach and fail with Failed; those committed later are another
+	// table's, skipped.
+	Until pglogrepl.LSN
+}
+
+// WALEnd returns the server's WAL position now (replication.CurrentWAL).
+type WALEnd func(ctx context.Context) (pglogrepl.LSN, error)
+
+// SetWALEnd sets how the decoder reads the server's WAL position, which it
+// needs for a partition it saw that was since detached and is published
+// on its own (Former.Until); nil: such a relation is another table.
+func (d *Decoder) SetWALEnd(f WALEnd) { d.walEnd = f }
+
+// listed judges a relation Membership calls another table: when the decoder
+// saw it as a partition of an outbox table and it still has that table's
+// columns, it was detached and is published on its own, so the stream may
+// hold rows it got before the detach (outbox rows) and after (not). Which
+// is which the catalog no longer says: the rows committed before the WAL
+// position read now fail as unattributed, later ones are skipped. It
+// returns nil and a nil layout for another table.
+func (d *Decoder) listed(ctx context.Context, rel Relation, b []byte) (*Former, *layout, error) {
+	t, seen := d.members[rel.ID]
+	if !seen || d.walEnd == nil {
+		return nil, nil, nil
+	}
+	cols := d.layouts[t].columns
+	L := &layout{columns: cols}
+	if ok, err := d.fits(L, b); err != nil || !ok {
+		return nil, nil, err
+	}
+	until, err := d.walEnd(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("relation %s.%s, a partition of %s detached since: %w", rel.Namespace, rel.Name, t, err)
+	}
+	f := &Former{Rel: rel, Table: t, By: "remembered", Until: until, Fits: []TableName{t}}
+	f.Failed = &outbox.EventError{Code: CodeUnattributed, Err: fmt.Errorf(
+		"relation %s.%s (oid %d) was a partition of %s and is detached now, published on its own: the relay cannot tell whether this row, committed before %s, was written before the detach (an outbox row) or after (not one): "+
+			"replay the dead letter if it is an outbox row, purge it if not", rel.Namespace, rel.Name, rel.ID, t, until)}
+	return f, L, nil
 }
 
 // former finds the outbox table whose rows relation rel, a FormerMember,
@@ -1002,6 +1055,9 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			return Message{Kind: KindSkip}, nil
 		}
 		d.out = out
+	}
+	if out.until != 0 && d.commitLSN >= out.until {
+		return Message{Kind: KindSkip}, nil // written after the detach: another table's row
 	}
 	if b[4] != 'N' {
 		return Message{}, fmt.Errorf("tuple type %q, want 'N'", b[4])

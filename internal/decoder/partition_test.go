@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -375,6 +377,76 @@ func TestFormerPartitionAttribution(t *testing.T) {
 			}
 			if tc.failed != "" && (!strings.Contains(m.Failed.Error(), "old.part_2024") || !strings.Contains(m.Failed.Error(), "fit several")) {
 				t.Errorf("Failed = %v, want it to name the relation and why", m.Failed)
+			}
+		})
+	}
+}
+
+// TestDetachedPartitionPublishedOnItsOwn: a relation the decoder saw as a
+// partition that Membership now calls another table (detached, and listed
+// in the publication by name) may have rows of both kinds in the stream:
+// those committed before the WAL position read when it was announced fail
+// as unattributed (never skipped), later ones are skipped as another
+// table's. Unseen, or without a WAL reader, it is another table.
+func TestDetachedPartitionPublishedOnItsOwn(t *testing.T) {
+	const partID = 401
+	until := lsn1 + 0x1000
+	for _, tc := range []struct {
+		name        string
+		remember    bool
+		walEnd      bool
+		wantBefore  Kind
+		wantFailure bool
+	}{
+		{name: "seen, with a WAL reader", remember: true, walEnd: true, wantBefore: KindEvent, wantFailure: true},
+		{name: "never seen", walEnd: true, wantBefore: KindSkip},
+		{name: "no WAL reader", remember: true, wantBefore: KindSkip},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := New(defaultConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.SetMembership(func(context.Context, Relation) (Member, TableName, error) { return NotMember, TableName{}, nil })
+			if tc.remember {
+				d.RememberMembers(map[uint32]TableName{partID: {"public", "outbox_events"}})
+			}
+			if tc.walEnd {
+				d.SetWALEnd(func(context.Context) (pglogrepl.LSN, error) { return until, nil })
+			}
+			m, err := d.Decode(relationMsg(partID, "public", "outbox_2024", outboxColumns...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (m.Former != nil) != tc.wantFailure || (m.Former != nil && m.Former.Until != until) {
+				t.Fatalf("Former = %+v, want one with Until %s: %v", m.Former, until, tc.wantFailure)
+			}
+			for _, step := range []struct {
+				commit pglogrepl.LSN
+				want   Kind
+			}{{lsn1, tc.wantBefore}, {until - 1, tc.wantBefore}, {until, KindSkip}, {until + 0x500, KindSkip}} {
+				if _, err := d.Decode(beginMsg(step.commit, t1, xid1)); err != nil {
+					t.Fatal(err)
+				}
+				m, err := d.Decode(insertMsg(partID, row("r")...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.Kind != step.want {
+					t.Fatalf("insert committed at %s: %v, want %v", step.commit, m.Kind, step.want)
+				}
+				if m.Kind == KindEvent {
+					var ee *outbox.EventError
+					if !errors.As(m.Failed, &ee) || ee.Code != CodeUnattributed || !strings.Contains(ee.Error(), "before the detach") {
+						t.Fatalf("insert committed at %s: Failed = %v, want %s saying why", step.commit, m.Failed, CodeUnattributed)
+					}
+				}
+				if u, err := d.Decode(updateMsg(partID, 0, nil, row("r"))); err != nil || (u.Kind == KindUpdate) != (step.want == KindEvent) {
+					t.Fatalf("update committed at %s: %v, %v; want an outbox update only where inserts are events", step.commit, u.Kind, err)
+				}
+				if _, err := d.Decode(commitMsg(step.commit, step.commit+0x30, t1)); err != nil {
+					t.Fatal(err)
+				}
 			}
 		})
 	}

@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -545,6 +546,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if cfg.Decoder.Table != "" {
 		dec.SetMembership(r.membership(pool, dec))
+		dec.SetWALEnd(func(ctx context.Context) (pglogrepl.LSN, error) {
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return replication.CurrentWAL(qctx, pool)
+		})
 		parts, err := replication.ReadPartitions(ctx, pool, r.setupConfig())
 		if err != nil {
 			return err
@@ -711,6 +717,10 @@ func (r *Relay) logFormer(f *decoder.Former) {
 		"its changes in the stream were written while it was one (detached or dropped since)"
 	log := r.log.Warn().Str("relation", f.Rel.Namespace+"."+f.Rel.Name).Uint32("oid", f.Rel.ID)
 	switch {
+	case f.Until != 0:
+		log.Str("table", f.Table.String()).Str("until", f.Until.String()).
+			Msg("the stream announces a relation the relay saw as a partition of an outbox table that is detached now and published on its own: " +
+				"its inserts committed before " + f.Until.String() + " may have been written before the detach, and are dead-lettered as unattributed_partition; later ones are skipped as another table's")
 	case f.Failed != nil:
 		log.Err(f.Failed).Str("code", decoder.CodeUnattributed).
 			Msg(what + ", but the relay cannot tell which outbox table it belonged to: each insert the stream carries under its name is dead-lettered as unattributed_partition")
