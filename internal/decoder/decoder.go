@@ -241,9 +241,10 @@ type Message struct {
 	// attribute to one outbox table, an *outbox.EventError with code
 	// CodeUnattributed (Former.Failed). The caller applies the failure policy.
 	Failed error
-	// Former is set for a KindRelation of a former partition
-	// (FormerMember): which table its rows are attributed to and why, for
-	// the caller to log.
+	// Former is set for a KindRelation of a former partition (FormerMember,
+	// or a partition the decoder saw that is detached now and published on
+	// its own): which table its rows are attributed to and why, for the
+	// caller to log.
 	Former *Former
 }
 
@@ -836,7 +837,9 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 // former partition the relay cannot attribute to one outbox table.
 const CodeUnattributed = "unattributed_partition"
 
-// Former says how the rows of a former partition (FormerMember) are read.
+// Former says how the rows of a former partition are read: a FormerMember,
+// or a relation the decoder saw as a partition that Membership now calls
+// another table (Until set).
 type Former struct {
 	Rel Relation
 	// Table is the outbox table its rows are attributed to; zero when none.
@@ -846,8 +849,9 @@ type Former struct {
 	// table whose columns it has), or "" when none was.
 	By string
 	// Failed is set when its columns fit several tables and the relay never
-	// saw which it belonged to: each of its inserts is an event that fails
-	// with it (code CodeUnattributed), dead-lettered by the failure policy.
+	// saw which it belonged to, or with Until: each of its inserts (before
+	// Until) is an event that fails with it (code CodeUnattributed), which
+	// the failure policy dead-letters.
 	Failed error
 	// Fits lists the outbox tables whose columns it has.
 	Fits []TableName
@@ -949,8 +953,9 @@ func (d *Decoder) RememberMembers(members map[uint32]TableName) {
 	}
 }
 
-// fits reports whether the Relation message body b has every required
-// outbox column of L (the event type column only when L names one).
+// fits reports whether the Relation message body b has every column that
+// reading a row with L requires (the event type column only when L names
+// one; header, envelope, timestamp, partition and version columns when set).
 func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	r := reader{b: b}
 	r.uint32()
@@ -958,26 +963,43 @@ func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	r.cstring()
 	r.skip(1)
 	ncols := int(r.uint16())
-	var found [numFields]bool
+	has := make(map[string]bool, ncols)
 	for range ncols {
 		r.skip(1)
-		colName := r.cstring()
+		has[string(r.cstring())] = true
 		r.skip(8)
-		for f, want := range L.columns {
-			if string(colName) == want {
-				found[f] = true
-			}
-		}
 	}
 	if r.err != nil {
 		return false, r.err
 	}
-	for f, want := range L.columns {
-		if want == "" { // the optional event type column, not configured
-			found[f] = true
+	for _, name := range L.required() {
+		if !has[name] {
+			return false, nil
 		}
 	}
-	return !slices.Contains(found[:], false), nil
+	return true, nil
+}
+
+// required lists the columns a relation needs to be read with L.
+func (L *layout) required() []string {
+	var names []string
+	for _, c := range L.columns {
+		if c != "" { // the optional event type column, not configured
+			names = append(names, c)
+		}
+	}
+	for _, h := range L.headers {
+		names = append(names, h.column)
+	}
+	for _, e := range L.envelope {
+		names = append(names, e.Column)
+	}
+	for _, c := range []string{L.timestampColumn, L.partitionColumn, L.versionColumn} {
+		if c != "" {
+			names = append(names, c)
+		}
+	}
+	return names
 }
 
 // TableName names a table as Postgres announces it: unquoted identifiers
@@ -998,7 +1020,9 @@ type Member uint8
 
 // The answers of a Membership.
 const (
-	// NotMember: another table; its changes are skipped.
+	// NotMember: another table; its changes are skipped. A relation the
+	// decoder saw as a partition is one detached since and published on
+	// its own (see Former.Until).
 	NotMember Member = iota
 	// IsMember: a partition of the outbox table, published under its own
 	// name; its inserts are outbox events.
@@ -1006,16 +1030,16 @@ const (
 	// FormerMember: a relation that is no longer (or no longer known as) a
 	// partition of the outbox table but was one when its changes in the
 	// stream were written (detached or dropped since, and not published on
-	// its own). Its inserts are outbox events when it has the outbox
-	// columns; without them it is another table, skipped.
+	// its own). Its inserts are outbox events of the table it belonged to
+	// (see Former); without any table's columns it is another table, skipped.
 	FormerMember
 )
 
 // Membership answers, for a relation a Relation message announces under a
 // name other than an outbox table's, whether it holds outbox rows, and for
 // a partition (IsMember) which outbox table it belongs to; a FormerMember's
-// table may be unknown (zero), and its rows then count as the first
-// table's. It is called once per Relation message (on connect and after the
+// table may be unknown (zero): the decoder then finds it (Former). It is
+// called once per Relation message (on connect and after the
 // relation changed), never per insert, so it may read the catalog.
 type Membership func(ctx context.Context, rel Relation) (Member, TableName, error)
 

@@ -276,6 +276,10 @@ func TestFormerPartitionAttribution(t *testing.T) {
 	audit.Schema, audit.Table = "public", "audit_outbox"
 	withAudit := defaultConfig()
 	withAudit.Also = []Config{audit}
+	carrierAudit := audit
+	carrierAudit.HeaderColumns = map[string]string{"carrier": "x-carrier"}
+	withCarrierAudit := defaultConfig()
+	withCarrierAudit.Also = []Config{carrierAudit}
 
 	first := TableName{"public", "outbox_events"}
 	parcelTable := TableName{"shipping", "parcels_outbox"}
@@ -306,6 +310,8 @@ func TestFormerPartitionAttribution(t *testing.T) {
 		{name: "remembered from the catalog", cfg: withAudit, remember: auditTable, columns: outboxColumns, row: outboxRow, want: auditTable, key: "42", headers: "[]"},
 		{name: "remembered, of its own layout", cfg: withParcels, remember: parcelTable, columns: parcelColumns, row: parcelRow,
 			want: parcelTable, key: "parcel-7", headers: "[x-carrier=dhl]"},
+		{name: "another table's header column missing: the only table it fits", cfg: withCarrierAudit, columns: outboxColumns, row: outboxRow,
+			want: first, key: "42", headers: "[]"},
 		{name: "fits several tables, never seen", cfg: withAudit, columns: outboxColumns, row: outboxRow, key: "42", headers: "[]", failed: CodeUnattributed},
 		{name: "no table's columns", cfg: withParcels, columns: []string{"x", "y"}, row: []col{txt("1"), txt("2")}, skipped: true},
 	} {

@@ -722,7 +722,11 @@ func (r *Relay) logFormer(f *decoder.Former) {
 			Msg("the stream announces a relation the relay saw as a partition of an outbox table that is detached now and published on its own: " +
 				"its inserts committed before " + f.Until.String() + " may have been written before the detach, and are dead-lettered as unattributed_partition; later ones are skipped as another table's")
 	case f.Failed != nil:
-		log.Err(f.Failed).Str("code", decoder.CodeUnattributed).
+		fits := make([]string, len(f.Fits))
+		for i, t := range f.Fits {
+			fits[i] = t.String()
+		}
+		log.Err(f.Failed).Str("code", decoder.CodeUnattributed).Strs("fits", fits).
 			Msg(what + ", but the relay cannot tell which outbox table it belonged to: each insert the stream carries under its name is dead-lettered as unattributed_partition")
 	case f.Table == (decoder.TableName{}):
 		log.Msg(what + ", or a table removed from the publication since; it has no outbox table's columns, so it is another table and its inserts are skipped")
