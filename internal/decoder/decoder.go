@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 
@@ -236,8 +237,15 @@ type Message struct {
 	// Failed is set for a KindEvent of the message outbox whose content is
 	// not a valid envelope: an *outbox.EventError with code CodeBadMessage,
 	// a permanent failure of the event, which carries the raw content as
-	// its payload. The caller applies the failure policy.
+	// its payload; or for a row of a former partition the relay cannot
+	// attribute to one outbox table, an *outbox.EventError with code
+	// CodeUnattributed (Former.Failed). The caller applies the failure policy.
 	Failed error
+	// Former is set for a KindRelation of a former partition (FormerMember,
+	// or a partition the decoder saw that is detached now and published on
+	// its own): which table its rows are attributed to and why, for the
+	// caller to log.
+	Former *Former
 }
 
 // reservedHeader reports whether key is a header the relay derives from the
@@ -281,6 +289,12 @@ type outboxRel struct {
 	payType     uint32         // type OID of the payload column
 	format      Format
 	json        *connectjson.Encoder // nil: raw keys and values
+	// failed is set for a former partition whose table the relay cannot
+	// tell (Former.Failed): each of its inserts is an event that fails with it.
+	failed error
+	// until, when set, bounds failed: an insert committed at or after it is
+	// another table's, skipped (Former.Until).
+	until pglogrepl.LSN
 }
 
 // span locates one column value of the tuple being decoded.
@@ -367,7 +381,13 @@ type Decoder struct {
 	outs   map[uint32]*outboxRel
 	out    *outboxRel
 	member Membership // nil: only the outbox table by name holds outbox rows
-	spans  []span     // scratch, one per column of the widest outbox relation
+	// members remembers the outbox table of every partition seen (by
+	// Membership or RememberMembers) for the decoder's life, Resets
+	// included: a partition detached or dropped before the relay reads its
+	// rows is attributed to the table it belonged to.
+	members map[uint32]TableName
+	walEnd  WALEnd // nil: a remembered partition published on its own is another table
+	spans   []span // scratch, one per column of the widest outbox relation
 
 	inTxn      bool
 	xid        uint32
@@ -394,7 +414,7 @@ func New(cfg Config) (*Decoder, error) {
 		return nil, err
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, layout: *first, layouts: map[TableName]*layout{},
-		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel)}
+		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel), members: make(map[uint32]TableName)}
 	if cfg.Table != "" {
 		t := TableName{cfg.Schema, cfg.Table}
 		d.tables = append(d.tables, t)
@@ -561,7 +581,8 @@ func (d *Decoder) commit(b []byte) (Message, error) {
 // update reports an Update message, already checked by skipUpdate, as
 // KindUpdate when it changed the outbox table, KindSkip otherwise.
 func (d *Decoder) update(b []byte) Message {
-	if _, ok := d.outs[be32(b)]; !d.inTxn || !ok {
+	out, ok := d.outs[be32(b)]
+	if !d.inTxn || !ok || (out.until != 0 && d.commitLSN >= out.until) {
 		return Message{Kind: KindSkip}
 	}
 	return Message{Kind: KindUpdate, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}
@@ -595,34 +616,48 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 			break
 		}
 	}
-	byName, lenient := isOutbox, false // a former partition whose columns do not fit is another table
+	byName := isOutbox
+	var (
+		former *Former
+		L      *layout
+	)
 	if !isOutbox && d.member != nil {
-		m, parent, err := d.member(ctx, Relation{ID: id, Namespace: string(namespace), Name: string(name)})
+		rel := Relation{ID: id, Namespace: string(namespace), Name: string(name)}
+		m, parent, err := d.member(ctx, rel)
 		if err != nil {
 			return Message{}, fmt.Errorf("relation %q.%q: %w", namespace, name, err)
 		}
-		isOutbox, lenient = m != NotMember, m == FormerMember
-		owner = parent
-		if isOutbox && !slices.Contains(d.tables, owner) && len(d.tables) > 0 {
-			// A former partition: which table it belonged to is gone
-			// with it; its rows count as the first table's.
-			owner = d.tables[0]
+		switch m {
+		case IsMember:
+			isOutbox, owner = true, parent
+			if slices.Contains(d.tables, parent) {
+				d.members[id] = parent
+			} else if len(d.tables) > 0 {
+				owner = d.tables[0] // Membership names only the decoder's tables
+			}
+		case FormerMember:
+			if former, L, err = d.former(rel, parent, b); err != nil {
+				return Message{}, err
+			}
+			isOutbox, owner = L != nil, former.Table
+		case NotMember:
+			if former, L, err = d.listed(ctx, rel, b); err != nil {
+				return Message{}, err
+			}
+			isOutbox = L != nil
 		}
 	}
-	L := d.layouts[owner]
 	if L == nil {
-		L = &d.layout
-	}
-	if isOutbox && lenient {
-		if ok, err := d.fits(L, b); err != nil {
-			return Message{}, err
-		} else if !ok {
-			isOutbox = false
+		if L = d.layouts[owner]; L == nil {
+			L = &d.layout
 		}
 	}
 	relSchema, relTable := string(namespace), string(name)
 
 	rel := outboxRel{ok: true, id: id, byName: byName, table: owner, lay: L, ncols: ncols, tracing: -1, tsCol: -1, partCol: -1, verCol: -1, createdCol: -1}
+	if former != nil {
+		rel.failed, rel.until = former.Failed, former.Until
+	}
 	var types [numFields]uint32
 	var typmods [numFields]int32
 	var verType uint32
@@ -795,11 +830,132 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 	}
 	d.known[id] = struct{}{}
-	return Message{Kind: KindRelation}, nil
+	return Message{Kind: KindRelation, Former: former}, nil
 }
 
-// fits reports whether the Relation message body b has every required
-// outbox column.
+// CodeUnattributed is the error code (outbox.EventError) of a row of a
+// former partition the relay cannot attribute to one outbox table.
+const CodeUnattributed = "unattributed_partition"
+
+// Former says how the rows of a former partition are read: a FormerMember,
+// or a relation the decoder saw as a partition that Membership now calls
+// another table (Until set).
+type Former struct {
+	Rel Relation
+	// Table is the outbox table its rows are attributed to; zero when none.
+	Table TableName
+	// By is how the table was found: "catalog" (Membership named it),
+	// "remembered" (seen as its partition before), "columns" (the only
+	// table whose columns it has), or "" when none was.
+	By string
+	// Failed is set when its columns fit several tables and the relay never
+	// saw which it belonged to, or with Until: each of its inserts (before
+	// Until) is an event that fails with it (code CodeUnattributed), which
+	// the failure policy dead-letters.
+	Failed error
+	// Fits lists the outbox tables whose columns it has.
+	Fits []TableName
+	// Until is set for a relation the decoder saw as a partition of Table
+	// that Membership now calls another table (detached, and published on
+	// its own): its inserts committed before Until, the server's WAL
+	// position when the catalog was read, may have been written before the
+	// detach and fail with Failed; those committed later are another
+	// table's, skipped.
+	Until pglogrepl.LSN
+}
+
+// WALEnd returns the server's WAL position now (replication.CurrentWAL).
+type WALEnd func(ctx context.Context) (pglogrepl.LSN, error)
+
+// SetWALEnd sets how the decoder reads the server's WAL position, which it
+// needs for a partition it saw that was since detached and is published
+// on its own (Former.Until); nil: such a relation is another table.
+func (d *Decoder) SetWALEnd(f WALEnd) { d.walEnd = f }
+
+// listed judges a relation Membership calls another table: when the decoder
+// saw it as a partition of an outbox table and it still has that table's
+// columns, it was detached and is published on its own, so the stream may
+// hold rows it got before the detach (outbox rows) and after (not). Which
+// is which the catalog no longer says: the rows committed before the WAL
+// position read now fail as unattributed, later ones are skipped. It
+// returns nil and a nil layout for another table.
+func (d *Decoder) listed(ctx context.Context, rel Relation, b []byte) (*Former, *layout, error) {
+	t, seen := d.members[rel.ID]
+	if !seen || d.walEnd == nil {
+		return nil, nil, nil
+	}
+	cols := d.layouts[t].columns
+	L := &layout{columns: cols}
+	if ok, err := d.fits(L, b); err != nil || !ok {
+		return nil, nil, err
+	}
+	until, err := d.walEnd(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("relation %s.%s, a partition of %s detached since: %w", rel.Namespace, rel.Name, t, err)
+	}
+	f := &Former{Rel: rel, Table: t, By: "remembered", Until: until, Fits: []TableName{t}}
+	f.Failed = &outbox.EventError{Code: CodeUnattributed, Err: fmt.Errorf(
+		"relation %s.%s (oid %d) was a partition of %s and is detached now, published on its own: the relay cannot tell whether this row, committed before %s, was written before the detach (an outbox row) or after (not one): "+
+			"replay the dead letter if it is an outbox row, purge it if not", rel.Namespace, rel.Name, rel.ID, t, until)}
+	return f, L, nil
+}
+
+// former finds the outbox table whose rows relation rel, a FormerMember,
+// holds: the one Membership named, else the one the decoder saw it in,
+// else the only table whose required columns its Relation message body b
+// has. It returns the layout to read its rows with, nil when it has no
+// table's columns: then it is another table (removed from the publication
+// since), whose rows are skipped.
+func (d *Decoder) former(rel Relation, parent TableName, b []byte) (*Former, *layout, error) {
+	f := &Former{Rel: rel}
+	for _, t := range d.tables {
+		ok, err := d.fits(d.layouts[t], b)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			f.Fits = append(f.Fits, t)
+		}
+	}
+	switch t, seen := d.members[rel.ID]; {
+	case slices.Contains(d.tables, parent):
+		f.Table, f.By = parent, "catalog"
+	case seen:
+		f.Table, f.By = t, "remembered"
+	case len(f.Fits) == 1:
+		f.Table, f.By = f.Fits[0], "columns"
+	case len(f.Fits) > 1:
+		names := make([]string, len(f.Fits))
+		for i, t := range f.Fits {
+			names[i] = t.String()
+		}
+		f.Failed = &outbox.EventError{Code: CodeUnattributed, Err: fmt.Errorf(
+			"relation %s.%s (oid %d) is no longer a partition of an outbox table, the relay never saw which one it belonged to, and its columns fit several (%s): "+
+				"replay the dead letter to the right table's topic", rel.Namespace, rel.Name, rel.ID, strings.Join(names, ", "))}
+		// Read with the required columns only (all of them there), for
+		// the dead letter: no other column of a layout may be missing.
+		return f, &layout{columns: d.layouts[f.Fits[0]].columns}, nil
+	default:
+		return f, nil, nil
+	}
+	return f, d.layouts[f.Table], nil
+}
+
+// RememberMembers records, for each relation id, the outbox table it is a
+// partition of (as the catalog says now), so that its rows are attributed
+// to that table even when it is detached or dropped before the relay reads
+// them. Ids of tables the decoder does not read are ignored.
+func (d *Decoder) RememberMembers(members map[uint32]TableName) {
+	for id, t := range members {
+		if slices.Contains(d.tables, t) {
+			d.members[id] = t
+		}
+	}
+}
+
+// fits reports whether the Relation message body b has every column that
+// reading a row with L requires (the event type column only when L names
+// one; header, envelope, timestamp, partition and version columns when set).
 func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	r := reader{b: b}
 	r.uint32()
@@ -807,21 +963,43 @@ func (d *Decoder) fits(L *layout, b []byte) (bool, error) {
 	r.cstring()
 	r.skip(1)
 	ncols := int(r.uint16())
-	var found [numFields]bool
+	has := make(map[string]bool, ncols)
 	for range ncols {
 		r.skip(1)
-		colName := r.cstring()
+		has[string(r.cstring())] = true
 		r.skip(8)
-		for f, want := range L.columns {
-			if string(colName) == want {
-				found[f] = true
-			}
-		}
 	}
 	if r.err != nil {
 		return false, r.err
 	}
-	return !slices.Contains(found[:], false), nil
+	for _, name := range L.required() {
+		if !has[name] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// required lists the columns a relation needs to be read with L.
+func (L *layout) required() []string {
+	var names []string
+	for _, c := range L.columns {
+		if c != "" { // the optional event type column, not configured
+			names = append(names, c)
+		}
+	}
+	for _, h := range L.headers {
+		names = append(names, h.column)
+	}
+	for _, e := range L.envelope {
+		names = append(names, e.Column)
+	}
+	for _, c := range []string{L.timestampColumn, L.partitionColumn, L.versionColumn} {
+		if c != "" {
+			names = append(names, c)
+		}
+	}
+	return names
 }
 
 // TableName names a table as Postgres announces it: unquoted identifiers
@@ -842,7 +1020,9 @@ type Member uint8
 
 // The answers of a Membership.
 const (
-	// NotMember: another table; its changes are skipped.
+	// NotMember: another table; its changes are skipped. A relation the
+	// decoder saw as a partition is one detached since and published on
+	// its own (see Former.Until).
 	NotMember Member = iota
 	// IsMember: a partition of the outbox table, published under its own
 	// name; its inserts are outbox events.
@@ -850,16 +1030,16 @@ const (
 	// FormerMember: a relation that is no longer (or no longer known as) a
 	// partition of the outbox table but was one when its changes in the
 	// stream were written (detached or dropped since, and not published on
-	// its own). Its inserts are outbox events when it has the outbox
-	// columns; without them it is another table, skipped.
+	// its own). Its inserts are outbox events of the table it belonged to
+	// (see Former); without any table's columns it is another table, skipped.
 	FormerMember
 )
 
 // Membership answers, for a relation a Relation message announces under a
 // name other than an outbox table's, whether it holds outbox rows, and for
 // a partition (IsMember) which outbox table it belongs to; a FormerMember's
-// table may be unknown (zero), and its rows then count as the first
-// table's. It is called once per Relation message (on connect and after the
+// table may be unknown (zero): the decoder then finds it (Former). It is
+// called once per Relation message (on connect and after the
 // relation changed), never per insert, so it may read the catalog.
 type Membership func(ctx context.Context, rel Relation) (Member, TableName, error)
 
@@ -899,6 +1079,9 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			return Message{Kind: KindSkip}, nil
 		}
 		d.out = out
+	}
+	if out.until != 0 && d.commitLSN >= out.until {
+		return Message{Kind: KindSkip}, nil // written after the detach: another table's row
 	}
 	if b[4] != 'N' {
 		return Message{}, fmt.Errorf("tuple type %q, want 'N'", b[4])
@@ -971,6 +1154,19 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 		}
 	}
 	ev.Headers = hdr
+	if out.failed != nil {
+		// A row the relay cannot attribute to a table: what could be read
+		// names its dead letter; nothing else of its table's layout applies.
+		if !utf8.Valid(ev.Payload) {
+			ev.PayloadType = outbox.PayloadBinary
+		}
+		if len(ev.Headers) == 0 {
+			ev.Headers = nil
+		}
+		ev.XID, ev.CommitLSN, ev.CommitTime, ev.Index = d.xid, d.commitLSN, d.commitTime, d.index
+		d.index++
+		return Message{Kind: KindEvent, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime, Event: ev, Failed: out.failed}, nil
+	}
 	var trace []byte
 	if out.tracing >= 0 {
 		trace = value(buf, spans[out.tracing])

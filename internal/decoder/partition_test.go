@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
 // A partitioned outbox table published under its partitions' names: each
@@ -102,8 +106,9 @@ func TestPartitionsUnderOwnNames(t *testing.T) {
 
 // TestSeveralTables: with Config.Also, inserts into each outbox table are
 // events naming their table, counted in one transaction's order; a
-// partition's rows name the table its Membership says it belongs to, a
-// former partition's the first table; other tables stay skipped. A table
+// partition's rows name the table its Membership says it belongs to; a
+// former partition's, which fit every table, fail as unattributed (one
+// already seen as a partition keeps its table); other tables stay skipped. A table
 // named twice, or without a schema, is refused.
 func TestSeveralTables(t *testing.T) {
 	cfg := defaultConfig()
@@ -124,6 +129,8 @@ func TestSeveralTables(t *testing.T) {
 			return IsMember, TableName{"shipping", "outbox_events"}, nil
 		case 105:
 			return FormerMember, TableName{}, nil
+		case 108:
+			return IsMember, TableName{"public", "audit_outbox"}, nil
 		}
 		return NotMember, TableName{}, nil
 	})
@@ -134,6 +141,8 @@ func TestSeveralTables(t *testing.T) {
 		relationMsg(104, "shipping", "outbox_events_2026", outboxColumns...),
 		relationMsg(105, "old", "detached_part", outboxColumns...),
 		relationMsg(106, "public", "audit_outbox", outboxColumns...),
+		relationMsg(108, "public", "audit_2026", outboxColumns...),
+		relationMsg(108, "old", "audit_2026", outboxColumns...), // detached since
 		beginMsg(lsn1, t1, xid1),
 	} {
 		if _, err := d.Decode(m); err != nil {
@@ -142,10 +151,10 @@ func TestSeveralTables(t *testing.T) {
 	}
 	want := []struct {
 		rel   uint32
-		table string // "" skipped
+		table string // "" skipped, "." unattributed
 	}{
 		{101, "billing.outbox_events"}, {102, "shipping.outbox_events"}, {103, ""},
-		{104, "shipping.outbox_events"}, {105, "billing.outbox_events"}, {106, "public.audit_outbox"},
+		{104, "shipping.outbox_events"}, {105, "."}, {106, "public.audit_outbox"}, {108, "public.audit_outbox"},
 	}
 	index := uint32(0)
 	for _, w := range want {
@@ -161,6 +170,9 @@ func TestSeveralTables(t *testing.T) {
 		}
 		if m.Kind != KindEvent {
 			t.Fatalf("insert into relation %d: %v, want an event", w.rel, m.Kind)
+		}
+		if (m.Failed != nil) != (w.table == ".") {
+			t.Errorf("insert into relation %d: failed %v, want it to fail only when unattributed", w.rel, m.Failed)
 		}
 		if got := m.Event.Schema + "." + m.Event.Table; got != w.table || m.Event.Index != index {
 			t.Errorf("insert into relation %d: table %s, index %d; want %s, %d", w.rel, got, m.Event.Index, w.table, index)
@@ -239,5 +251,209 @@ func TestTablesOfTheirOwnLayout(t *testing.T) {
 	bad := relationMsg(203, "shipping", "parcels_outbox", outboxColumns...) // no parcel_id
 	if _, err := d.Decode(bad); err == nil || !strings.Contains(err.Error(), `"parcel_id"`) {
 		t.Errorf("relation without the table's key column: %v, want an error naming parcel_id", err)
+	}
+}
+
+// TestFormerPartitionAttribution: the rows of a former partition (detached
+// or dropped before the relay reads them) go to the outbox table it
+// belonged to, read with that table's layout: the one the decoder saw it in
+// (through Membership or RememberMembers, across Resets), else the only one
+// whose columns it has. When its columns fit several tables and the decoder
+// never saw it, each row is an event failing with CodeUnattributed (a dead
+// letter naming why), never a skip; a relation with no table's columns is
+// another table, skipped.
+func TestFormerPartitionAttribution(t *testing.T) {
+	const formerID = 301
+	noType := defaultConfig()
+	noType.Columns.EventType = ""
+	parcels := defaultConfig()
+	parcels.Schema, parcels.Table = "shipping", "parcels_outbox"
+	parcels.Columns.AggregateID = "parcel_id"
+	parcels.HeaderColumns = map[string]string{"carrier": "x-carrier"}
+	withParcels := defaultConfig()
+	withParcels.Also = []Config{parcels}
+	audit := defaultConfig()
+	audit.Schema, audit.Table = "public", "audit_outbox"
+	withAudit := defaultConfig()
+	withAudit.Also = []Config{audit}
+	carrierAudit := audit
+	carrierAudit.HeaderColumns = map[string]string{"carrier": "x-carrier"}
+	withCarrierAudit := defaultConfig()
+	withCarrierAudit.Also = []Config{carrierAudit}
+
+	first := TableName{"public", "outbox_events"}
+	parcelTable := TableName{"shipping", "parcels_outbox"}
+	auditTable := TableName{"public", "audit_outbox"}
+	parcelColumns := []string{"id", "aggregate_type", "parcel_id", "event_type", "payload", "created_at", "carrier"}
+	parcelRow := []col{txt("f1"), txt("parcel"), txt("parcel-7"), txt("Shipped"), txt(`{"total":10}`), txt("2024-05-01 12:00:00+00"), txt("dhl")}
+	noTypeColumns := []string{"id", "aggregate_type", "aggregate_id", "payload", "created_at"}
+	noTypeRow := []col{txt("f1"), txt("order"), txt("42"), txt(`{"total":10}`), txt("2024-05-01 12:00:00+00")}
+	outboxRow := row("f1")
+
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		seen     TableName // announced as a partition of it first (IsMember), then Reset
+		remember TableName // given to RememberMembers
+		columns  []string
+		row      []col
+		want     TableName // zero: no table
+		key      string
+		headers  string
+		failed   string // code of Message.Failed; "" none
+		skipped  bool
+	}{
+		{name: "no event type column configured", cfg: noType, columns: noTypeColumns, row: noTypeRow, want: first, key: "42", headers: "[]"},
+		{name: "the only table with its columns, of its own layout", cfg: withParcels, columns: parcelColumns, row: parcelRow,
+			want: parcelTable, key: "parcel-7", headers: "[x-carrier=dhl]"},
+		{name: "seen as a partition before a reconnect", cfg: withAudit, seen: auditTable, columns: outboxColumns, row: outboxRow, want: auditTable, key: "42", headers: "[]"},
+		{name: "remembered from the catalog", cfg: withAudit, remember: auditTable, columns: outboxColumns, row: outboxRow, want: auditTable, key: "42", headers: "[]"},
+		{name: "remembered, of its own layout", cfg: withParcels, remember: parcelTable, columns: parcelColumns, row: parcelRow,
+			want: parcelTable, key: "parcel-7", headers: "[x-carrier=dhl]"},
+		{name: "another table's header column missing: the only table it fits", cfg: withCarrierAudit, columns: outboxColumns, row: outboxRow,
+			want: first, key: "42", headers: "[]"},
+		{name: "fits several tables, never seen", cfg: withAudit, columns: outboxColumns, row: outboxRow, key: "42", headers: "[]", failed: CodeUnattributed},
+		{name: "no table's columns", cfg: withParcels, columns: []string{"x", "y"}, row: []col{txt("1"), txt("2")}, skipped: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := New(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			member := IsMember
+			d.SetMembership(func(_ context.Context, rel Relation) (Member, TableName, error) {
+				if rel.ID != formerID {
+					return NotMember, TableName{}, nil
+				}
+				if member == IsMember {
+					return IsMember, tc.seen, nil
+				}
+				return FormerMember, TableName{}, nil
+			})
+			if tc.seen != (TableName{}) {
+				if _, err := d.Decode(relationMsg(formerID, tc.seen.Schema, "part_2024", tc.columns...)); err != nil {
+					t.Fatal(err)
+				}
+				d.Reset()
+			}
+			if tc.remember != (TableName{}) {
+				d.RememberMembers(map[uint32]TableName{formerID: tc.remember, 999: {"other", "table"}})
+			}
+			member = FormerMember
+			m, err := d.Decode(relationMsg(formerID, "old", "part_2024", tc.columns...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Former == nil || m.Former.Table != tc.want || m.Former.Rel.ID != formerID {
+				t.Fatalf("Relation of the former partition: Former %+v, want table %v", m.Former, tc.want)
+			}
+			if _, err := d.Decode(beginMsg(lsn1, t1, xid1)); err != nil {
+				t.Fatal(err)
+			}
+			m, err = d.Decode(insertMsg(formerID, tc.row...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.skipped {
+				if m.Kind != KindSkip {
+					t.Fatalf("insert: %v, want it skipped", m.Kind)
+				}
+				return
+			}
+			if m.Kind != KindEvent {
+				t.Fatalf("insert: %v, want an event (never a skip)", m.Kind)
+			}
+			ev := m.Event
+			var hdrs []string
+			for _, h := range ev.Headers {
+				hdrs = append(hdrs, h.Key+"="+string(h.Value))
+			}
+			if got := (TableName{ev.Schema, ev.Table}); got != tc.want || string(ev.ID) != "f1" || string(ev.AggregateID) != tc.key || fmt.Sprint(hdrs) != tc.headers {
+				t.Errorf("event: table %v, id %q, key %q, headers %v; want %v, f1, %q, %s", got, ev.ID, ev.AggregateID, hdrs, tc.want, tc.key, tc.headers)
+			}
+			var code string
+			var ee *outbox.EventError
+			if errors.As(m.Failed, &ee) {
+				code = ee.Code
+			} else if m.Failed != nil {
+				t.Fatalf("Failed = %v, not an *outbox.EventError", m.Failed)
+			}
+			if code != tc.failed {
+				t.Fatalf("Failed = %v, want code %q", m.Failed, tc.failed)
+			}
+			if tc.failed != "" && (!strings.Contains(m.Failed.Error(), "old.part_2024") || !strings.Contains(m.Failed.Error(), "fit several")) {
+				t.Errorf("Failed = %v, want it to name the relation and why", m.Failed)
+			}
+		})
+	}
+}
+
+// TestDetachedPartitionPublishedOnItsOwn: a relation the decoder saw as a
+// partition that Membership now calls another table (detached, and listed
+// in the publication by name) may have rows of both kinds in the stream:
+// those committed before the WAL position read when it was announced fail
+// as unattributed (never skipped), later ones are skipped as another
+// table's. Unseen, or without a WAL reader, it is another table.
+func TestDetachedPartitionPublishedOnItsOwn(t *testing.T) {
+	const partID = 401
+	until := lsn1 + 0x1000
+	for _, tc := range []struct {
+		name        string
+		remember    bool
+		walEnd      bool
+		wantBefore  Kind
+		wantFailure bool
+	}{
+		{name: "seen, with a WAL reader", remember: true, walEnd: true, wantBefore: KindEvent, wantFailure: true},
+		{name: "never seen", walEnd: true, wantBefore: KindSkip},
+		{name: "no WAL reader", remember: true, wantBefore: KindSkip},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := New(defaultConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.SetMembership(func(context.Context, Relation) (Member, TableName, error) { return NotMember, TableName{}, nil })
+			if tc.remember {
+				d.RememberMembers(map[uint32]TableName{partID: {"public", "outbox_events"}})
+			}
+			if tc.walEnd {
+				d.SetWALEnd(func(context.Context) (pglogrepl.LSN, error) { return until, nil })
+			}
+			m, err := d.Decode(relationMsg(partID, "public", "outbox_2024", outboxColumns...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (m.Former != nil) != tc.wantFailure || (m.Former != nil && m.Former.Until != until) {
+				t.Fatalf("Former = %+v, want one with Until %s: %v", m.Former, until, tc.wantFailure)
+			}
+			for _, step := range []struct {
+				commit pglogrepl.LSN
+				want   Kind
+			}{{lsn1, tc.wantBefore}, {until - 1, tc.wantBefore}, {until, KindSkip}, {until + 0x500, KindSkip}} {
+				if _, err := d.Decode(beginMsg(step.commit, t1, xid1)); err != nil {
+					t.Fatal(err)
+				}
+				m, err := d.Decode(insertMsg(partID, row("r")...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.Kind != step.want {
+					t.Fatalf("insert committed at %s: %v, want %v", step.commit, m.Kind, step.want)
+				}
+				if m.Kind == KindEvent {
+					var ee *outbox.EventError
+					if !errors.As(m.Failed, &ee) || ee.Code != CodeUnattributed || !strings.Contains(ee.Error(), "before the detach") {
+						t.Fatalf("insert committed at %s: Failed = %v, want %s saying why", step.commit, m.Failed, CodeUnattributed)
+					}
+				}
+				if u, err := d.Decode(updateMsg(partID, 0, nil, row("r"))); err != nil || (u.Kind == KindUpdate) != (step.want == KindEvent) {
+					t.Fatalf("update committed at %s: %v, %v; want an outbox update only where inserts are events", step.commit, u.Kind, err)
+				}
+				if _, err := d.Decode(commitMsg(step.commit, step.commit+0x30, t1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package gaps_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -159,10 +160,28 @@ func TestPartitionMembership(t *testing.T) {
 	for _, n := range []string{"m.sub", "m.leaf", "m.other_default", "m.detached", "m.detached_listed", "m.dropped", "m.unrelated"} {
 		oids[n] = oid(n)
 	}
+	setup := replication.SetupConfig{Publication: "member_pub", Schema: "m", Table: "outbox_events"}
+	// replication.ReadPartitions: what the decoder remembers of each
+	// partition, every level, before some are detached or dropped.
+	partitions := func(names ...string) {
+		t.Helper()
+		got, err := replication.ReadPartitions(t.Context(), e.poolA, setup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[uint32]decoder.TableName{}
+		for _, n := range names {
+			want[oids[n]] = decoder.TableName{Schema: "m", Table: "outbox_events"}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("ReadPartitions = %v, want %v (%v)", got, want, names)
+		}
+	}
+	partitions("m.sub", "m.leaf", "m.other_default", "m.detached", "m.detached_listed", "m.dropped")
 	e.exec(t, e.poolA, `ALTER TABLE m.outbox_events DETACH PARTITION m.detached;
 		ALTER TABLE m.outbox_events DETACH PARTITION m.detached_listed;
 		DROP TABLE m.dropped`)
-	setup := replication.SetupConfig{Publication: "member_pub", Schema: "m", Table: "outbox_events"}
+	partitions("m.sub", "m.leaf", "m.other_default")
 	want := map[string]decoder.Member{
 		"m.sub":             decoder.IsMember,
 		"m.leaf":            decoder.IsMember, // a partition of a partition

@@ -143,6 +143,10 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		if err := h.producer.Produce(m, rec.done); err != nil {
 			return err
 		}
+	case decoder.KindRelation:
+		if msg.Former != nil {
+			h.relay.logFormer(msg.Former)
+		}
 	case decoder.KindUpdate:
 		return h.outboxUpdate(msg)
 	case decoder.KindNonTransactional:

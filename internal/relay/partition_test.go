@@ -6,9 +6,16 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -173,7 +180,7 @@ func TestPartitionedOutbox(t *testing.T) {
 			if len(recs) != total {
 				t.Fatalf("Kafka holds %d records, want %d (%d streamed before the stop)", len(recs), total, streamed)
 			}
-			if mode.existing != "" && !strings.Contains(e.logs.String(), "no longer a partition of the outbox table") {
+			if mode.existing != "" && !strings.Contains(e.logs.String(), "no longer a partition of an outbox table") {
 				t.Errorf("the dropped partition's rows were relayed without a log line saying why:\n%s", e.logs)
 			}
 		})
@@ -204,6 +211,184 @@ func checkKeyedOnce(t *testing.T, recs []sandbox.Record, sent map[string]int) {
 	for key, n := range sent {
 		if next[key] != n {
 			t.Errorf("key %q: %d of %d events in Kafka", key, next[key], n)
+		}
+	}
+}
+
+// formerPartitionsSQL makes three partitioned outbox tables, published
+// under their partitions' names: outbox_events (read without an event type
+// column), shipping.parcels_outbox (its key column is parcel_id, its
+// carrier column a header, its topic "parcels") and audit_outbox (the
+// columns of outbox_events, its topic "audit"); the publication also lists
+// the partition outbox_2026 by name.
+const formerPartitionsSQL = partitionedOutbox + `;
+CREATE TABLE outbox_2026 PARTITION OF outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+CREATE SCHEMA shipping;
+CREATE TABLE shipping.parcels_outbox (
+    id             uuid        NOT NULL DEFAULT gen_random_uuid(),
+    aggregate_type text        NOT NULL,
+    parcel_id      text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    carrier        text
+) PARTITION BY RANGE (created_at);
+CREATE TABLE shipping.parcels_2024 PARTITION OF shipping.parcels_outbox FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
+CREATE TABLE shipping.parcels_2025 PARTITION OF shipping.parcels_outbox FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+CREATE TABLE audit_outbox (LIKE outbox_events INCLUDING DEFAULTS) PARTITION BY RANGE (created_at);
+CREATE TABLE audit_2024 PARTITION OF audit_outbox FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
+CREATE TABLE audit_2025 PARTITION OF audit_outbox FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events, outbox_2026, shipping.parcels_outbox, audit_outbox WITH (publish = 'insert')`
+
+// TestFormerPartitionRows: rows the relay reads only after their partition
+// was detached or dropped go to the table the partition belonged to, with
+// that table's topic, key column and headers, or are dead-lettered as
+// unattributed_partition naming why; none is skipped. First the relay lags
+// (Kafka refuses, one event in flight at most) behind rows of partitions it
+// knew at start, which are then detached or dropped: each goes to its
+// table. Then the relay is stopped while rows go into partitions detached
+// and dropped before it starts again: the one whose columns only one
+// table has goes to it; the others, whose columns fit two tables, are
+// dead-lettered. A partition the publication lists by name, detached while
+// the relay lags, is published on its own afterwards: the rows the relay
+// reads of it before it learns of the detach are dead-lettered (written
+// before or after it, the catalog no longer says), later ones skipped.
+func TestFormerPartitionRows(t *testing.T) {
+	for _, eventType := range []string{"", "event_type"} {
+		t.Run(fmt.Sprintf("event type column %q", eventType), func(t *testing.T) {
+			formerPartitionRows(t, eventType)
+		})
+	}
+}
+
+// formerPartitionRows is TestFormerPartitionRows with the first table's
+// event type column eventType.
+func formerPartitionRows(t *testing.T, eventType string) {
+	e := newEnv(t)
+	e.exec(formerPartitionsSQL)
+	for _, topic := range []string{e.topic, "parcels", "audit"} {
+		if err := e.kafka.CreateTopic(t.Context(), topic, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parcels := decoder.TableName{Schema: "shipping", Table: "parcels_outbox"}
+	audit := decoder.TableName{Schema: "public", Table: "audit_outbox"}
+	store := e.withDeadLetters(func(c *relay.Config) {
+		c.Decoder.Columns.EventType = eventType // "": no event type column
+		pc := decoder.Config{Schema: parcels.Schema, Table: parcels.Table, Columns: decoder.DefaultColumns(),
+			HeaderColumns: map[string]string{"carrier": "x-carrier"}}
+		pc.Columns.AggregateID = "parcel_id"
+		ac := decoder.Config{Schema: audit.Schema, Table: audit.Table, Columns: decoder.DefaultColumns()}
+		c.Decoder.Also = []decoder.Config{pc, ac}
+		c.TableRoutes = map[decoder.TableName]relay.TableRoute{parcels: {Topic: "parcels"}, audit: {Topic: "audit"}}
+		c.MaxInFlightBytes = 1 // one event in flight: with Kafka down the relay reads no further
+	})
+	e.start()
+
+	// rows inserts n rows with keys prefix0..prefix<n-1> into table at created.
+	rows := func(table, keyColumn, prefix, created string, n int) {
+		t.Helper()
+		e.exec(`INSERT INTO `+table+` (aggregate_type, `+keyColumn+`, event_type, payload, created_at)
+			SELECT 'order', $1 || g, 'Placed', jsonb_build_object('seq', 0), $2::timestamptz FROM generate_series(0, $3 - 1) g`, prefix, created, n)
+	}
+	parcelRows := func(prefix, created string, n int) {
+		t.Helper()
+		e.exec(`INSERT INTO shipping.parcels_outbox (aggregate_type, parcel_id, event_type, payload, created_at, carrier)
+			SELECT 'parcel', $1 || g, 'Shipped', jsonb_build_object('seq', 0), $2::timestamptz, 'dhl' FROM generate_series(0, $3 - 1) g`, prefix, created, n)
+	}
+
+	// The relay lags behind rows of partitions it knew at start: the broker
+	// refuses every produce request until the partitions are gone.
+	testenv.RequireLocalKafka(t, e.kafka)
+	var broken atomic.Bool
+	broken.Store(true)
+	c := e.kafka.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !broken.Load() {
+			return nil, nil, false
+		}
+		return testenv.ProduceError(kreq.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition.Code), nil, true
+	})
+	rows("outbox_events", "aggregate_id", "filler", "2031-01-01", 1)
+	rows("outbox_events", "aggregate_id", "o24-", "2024-06-01", 3)
+	parcelRows("p24-", "2024-06-01", 3)
+	rows("audit_outbox", "aggregate_id", "a24-", "2024-06-01", 3)
+	rows("outbox_events", "aggregate_id", "l26-", "2026-06-01", 3)
+	e.exec(`ALTER TABLE outbox_events DETACH PARTITION outbox_2026`)
+	rows("outbox_2026", "aggregate_id", "x26-", "2026-06-01", 2) // not outbox rows, but read before the relay learns of the detach
+	e.exec(`ALTER TABLE outbox_events DETACH PARTITION outbox_2024;
+		ALTER TABLE shipping.parcels_outbox DETACH PARTITION shipping.parcels_2024; DROP TABLE shipping.parcels_2024;
+		ALTER TABLE audit_outbox DETACH PARTITION audit_2024; DROP TABLE audit_2024`)
+	broken.Store(false)
+	e.waitSlotConfirmed(e.currentLSN())
+	rows("outbox_2026", "aggregate_id", "y26-", "2026-06-01", 2) // another table's rows
+	e.waitSlotConfirmed(e.currentLSN())
+
+	// The relay stopped: rows of partitions detached and dropped before it
+	// starts again, which it never knew.
+	if err := e.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	rows("outbox_events", "aggregate_id", "o25-", "2025-06-01", 2)
+	parcelRows("p25-", "2025-06-01", 2)
+	rows("audit_outbox", "aggregate_id", "a25-", "2025-06-01", 2)
+	rows("outbox_2026", "aggregate_id", "z26-", "2026-06-01", 2)
+	e.exec(`ALTER TABLE outbox_events DETACH PARTITION outbox_2025; DROP TABLE outbox_2025;
+		ALTER TABLE shipping.parcels_outbox DETACH PARTITION shipping.parcels_2025; DROP TABLE shipping.parcels_2025;
+		ALTER TABLE audit_outbox DETACH PARTITION audit_2025; DROP TABLE audit_2025`)
+	e.start()
+	e.waitSlotConfirmed(e.currentLSN())
+
+	got := map[string]string{} // key: "topic" or "dead letter"
+	for _, r := range e.readAll(e.topic, "parcels", "audit") {
+		where := r.Topic
+		if r.Topic == "parcels" && r.Headers["x-carrier"] != "dhl" {
+			where += " without x-carrier"
+		}
+		if _, dup := got[string(r.Key)]; dup {
+			t.Errorf("key %q twice", r.Key)
+		}
+		got[string(r.Key)] = where
+	}
+	letters, err := store.List(t.Context(), deadletter.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range letters {
+		if l.ErrorCode != decoder.CodeUnattributed || !strings.Contains(l.ErrorMessage, "no longer a partition of an outbox table") && !strings.Contains(l.ErrorMessage, "before the detach") {
+			t.Errorf("dead letter of %s: %s: %s, want %s naming why", l.AggregateID, l.ErrorCode, l.ErrorMessage, decoder.CodeUnattributed)
+		}
+		got[l.AggregateID] = "dead letter"
+	}
+	want := map[string]string{"filler0": e.topic}
+	for i := range 3 {
+		want[fmt.Sprint("o24-", i)] = e.topic // remembered: outbox_events
+		want[fmt.Sprint("p24-", i)] = "parcels"
+		want[fmt.Sprint("a24-", i)] = "audit" // remembered: its columns fit outbox_events too
+	}
+	for i := range 3 {
+		want[fmt.Sprint("l26-", i)] = "dead letter" // detached while the relay lagged, published on its own since
+	}
+	for i := range 2 {
+		want[fmt.Sprint("x26-", i)] = "dead letter" // inserted after the detach, read before the relay learned of it
+		want[fmt.Sprint("o25-", i)] = "dead letter" // never seen; fits outbox_events and audit_outbox
+		want[fmt.Sprint("p25-", i)] = "parcels"     // never seen; only parcels_outbox has parcel_id
+		want[fmt.Sprint("a25-", i)] = "dead letter"
+	}
+	for key, w := range want {
+		if got[key] != w {
+			t.Errorf("row %s: %q, want %q", key, got[key], w)
+		}
+	}
+	for key, g := range got {
+		if _, ok := want[key]; !ok {
+			t.Errorf("unexpected row %s in %s", key, g)
+		}
+	}
+	for _, line := range []string{"dead-lettered as unattributed_partition", "detached now and published on its own", `"attributed_by":"remembered"`, `"attributed_by":"columns"`} {
+		if !strings.Contains(e.logs.String(), line) {
+			t.Errorf("no log line saying %q", line)
 		}
 	}
 }

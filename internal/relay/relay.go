@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -551,7 +552,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	if cfg.Decoder.Table != "" {
-		dec.SetMembership(r.membership(pool))
+		dec.SetMembership(r.membership(pool, dec))
+		dec.SetWALEnd(func(ctx context.Context) (pglogrepl.LSN, error) {
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return replication.CurrentWAL(qctx, pool)
+		})
+		parts, err := replication.ReadPartitions(ctx, pool, r.setupConfig())
+		if err != nil {
+			return err
+		}
+		dec.RememberMembers(parts)
 	}
 	if j := cfg.Decoder.JSON; cfg.Decoder.Table != "" && (j.Key != connectjson.Raw || j.Value != connectjson.Raw) {
 		notNull, err := outboxtable.NotNullColumns(ctx, pool, cfg.Decoder.Schema+"."+cfg.Decoder.Table)
@@ -700,18 +711,46 @@ func (r *Relay) heartbeat() time.Duration {
 // membership tells the decoder which relations announced under another name
 // than the outbox table's hold outbox rows: the partitions of a partitioned
 // outbox table whose publication publishes them under their own names. It
-// reads the catalog once per Relation message (replication.ReadMembership).
-func (r *Relay) membership(pool *pgxpool.Pool) decoder.Membership {
+// reads the catalog once per Relation message (replication.ReadMembership),
+// and each time lets dec remember every partition the catalog lists then
+// (replication.ReadPartitions), so that one detached or dropped before the
+// relay reads its rows still has its table.
+func (r *Relay) membership(pool *pgxpool.Pool, dec *decoder.Decoder) decoder.Membership {
 	setup := r.setupConfig()
 	return func(ctx context.Context, rel decoder.Relation) (decoder.Member, decoder.TableName, error) {
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		m, parent, err := replication.ReadMembership(qctx, pool, setup, rel)
-		if err == nil && m == decoder.FormerMember {
-			r.log.Warn().Str("relation", rel.Namespace+"."+rel.Name).Uint32("oid", rel.ID).
-				Msg("the stream announces a relation that is no longer a partition of the outbox table and that the publication does not publish on its own: " +
-					"its changes in the stream were written while it was one (detached or dropped since), so inserts the stream carries under its name are relayed as outbox events")
+		parts, err := replication.ReadPartitions(qctx, pool, setup)
+		if err != nil {
+			return decoder.NotMember, decoder.TableName{}, err
 		}
-		return m, parent, err
+		dec.RememberMembers(parts)
+		return replication.ReadMembership(qctx, pool, setup, rel)
+	}
+}
+
+// logFormer says how the rows of a former partition the stream announces
+// are relayed (decoder.Former).
+func (r *Relay) logFormer(f *decoder.Former) {
+	const what = "the stream announces a relation that is no longer a partition of an outbox table and that the publication does not publish on its own: " +
+		"its changes in the stream were written while it was one (detached or dropped since)"
+	log := r.log.Warn().Str("relation", f.Rel.Namespace+"."+f.Rel.Name).Uint32("oid", f.Rel.ID)
+	switch {
+	case f.Until != 0:
+		log.Str("table", f.Table.String()).Str("until", f.Until.String()).
+			Msg("the stream announces a relation the relay saw as a partition of an outbox table that is detached now and published on its own: " +
+				"its inserts committed before " + f.Until.String() + " may have been written before the detach, and are dead-lettered as unattributed_partition; later ones are skipped as another table's")
+	case f.Failed != nil:
+		fits := make([]string, len(f.Fits))
+		for i, t := range f.Fits {
+			fits[i] = t.String()
+		}
+		log.Err(f.Failed).Str("code", decoder.CodeUnattributed).Strs("fits", fits).
+			Msg(what + ", but the relay cannot tell which outbox table it belonged to: each insert the stream carries under its name is dead-lettered as unattributed_partition")
+	case f.Table == (decoder.TableName{}):
+		log.Msg(what + ", or a table removed from the publication since; it has no outbox table's columns, so it is another table and its inserts are skipped")
+	default:
+		log.Str("table", f.Table.String()).Str("attributed_by", f.By).
+			Msg(what + ", so inserts the stream carries under its name are relayed as outbox events of the table it belonged to")
 	}
 }

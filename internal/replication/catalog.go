@@ -177,6 +177,30 @@ func ReadMembership(ctx context.Context, db QueryRower, cfg SetupConfig, rel dec
 	return decoder.FormerMember, decoder.TableName{}, nil
 }
 
+// ReadPartitions returns, from the catalog as it is now, the outbox table
+// of cfg each partition (at any depth, pg_partition_tree) belongs to, by the
+// partition's OID: what decoder.RememberMembers keeps, so that rows of a
+// partition detached or dropped later are still attributed to its table.
+func ReadPartitions(ctx context.Context, db QueryRower, cfg SetupConfig) (map[uint32]decoder.TableName, error) {
+	var (
+		oids          []int64
+		schemas, tabs []string
+	)
+	err := db.QueryRow(ctx, `SELECT coalesce(array_agg(p.relid::int8 ORDER BY p.relid), '{}'),
+			coalesce(array_agg(n.nspname::text ORDER BY p.relid), '{}'), coalesce(array_agg(c.relname::text ORDER BY p.relid), '{}')
+		FROM unnest($1::text[]) t CROSS JOIN LATERAL pg_partition_tree(to_regclass(t)) p
+		JOIN pg_class c ON c.oid = to_regclass(t) JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE p.level > 0`, cfg.qualifiedTables()).Scan(&oids, &schemas, &tabs)
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of %s: %w", strings.Join(cfg.qualifiedTables(), ", "), err)
+	}
+	m := make(map[uint32]decoder.TableName, len(oids))
+	for i, oid := range oids {
+		m[uint32(oid)] = decoder.TableName{Schema: schemas[i], Table: tabs[i]}
+	}
+	return m, nil
+}
+
 // CurrentDatabase returns the name of the database db is connected to.
 func CurrentDatabase(ctx context.Context, db QueryRower) (string, error) {
 	var name string
