@@ -62,7 +62,18 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 		defer wc.Release()
 		check = wc.Conn()
 	}
-	if err := replication.CheckServer(ctx, check, r.setupConfig()); err != nil {
+	setup := r.setupConfig()
+	// A slot that exists resumes from a position before any table joins the
+	// publication now: the rows of a joining table are published from a
+	// snapshot (join.go). A slot yet to be created streams them all.
+	slot, err := replication.ReadSlot(ctx, pc.Conn(), r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if slot.Exists {
+		setup.JoinSnapshot = r.joinSnapshot
+	}
+	if err := replication.CheckServer(ctx, check, setup); err != nil {
 		return err
 	}
 	// Whether the slot is to be a failover slot: before Kafka is reached, so
