@@ -28,13 +28,27 @@ import (
 // rows committed before the restart with cdc_relay_snapshot: join, whatever
 // --snapshot says (never: the relay cannot tell which rows committed after its
 // checkpoint, so it publishes them all). A relay that may not change the
-// publication refuses first, saying what the change by hand would lose.
+// publication refuses first, saying what the change by hand would lose; when
+// the table is added by hand all the same, the relay stops (table_joined)
+// until it is removed again, and then joins it itself.
 func TestJoiningTable(t *testing.T) {
-	for _, mode := range []string{"initial", "never"} {
-		t.Run(mode, func(t *testing.T) {
+	tests := []struct {
+		name, mode string
+		// byHand: after the refusal, the table is added to the publication
+		// by hand; the relay must then stop (table_joined), and starts once
+		// the table is removed again, as its message says.
+		byHand bool
+	}{
+		{name: "initial", mode: "initial"},
+		{name: "never", mode: "never"},
+		{name: "by hand", mode: "initial", byHand: true},
+	}
+	for _, tt := range tests {
+		mode := tt.mode
+		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			f := newFixture(t, sharedPG, "join_"+mode, true)
+			f := newFixture(t, sharedPG, "join_"+tt.name, true)
 			conn := f.connect(ctx, t)
 			if _, err := conn.Exec(ctx, `CREATE SCHEMA billing; CREATE TABLE billing.outbox_events (LIKE public.outbox_events INCLUDING ALL)`); err != nil {
 				t.Fatal(err)
@@ -74,6 +88,28 @@ func TestJoiningTable(t *testing.T) {
 			code, exited := refused.Wait(60 * time.Second)
 			if out := refused.Output(); !exited || code != 1 || !strings.Contains(out, "are never streamed") {
 				t.Errorf("a relay that may not change the publication exited %v with code %d; want code 1 saying what a change by hand loses:\n%s", exited, code, relayproc.Tail(out, 10))
+			}
+
+			if tt.byHand {
+				// Added by hand: the stream never carries the rows committed
+				// before, and the relay cannot tell which those are.
+				if _, err := conn.Exec(ctx, `ALTER PUBLICATION cdc_relay_outbox ADD TABLE billing.outbox_events`); err != nil {
+					t.Fatal(err)
+				}
+				stopped := newRelay(t, append(joined, "--no-create-publication"))
+				stopped.Start()
+				code, exited := stopped.Wait(60 * time.Second)
+				out := stopped.Output()
+				for _, want := range []string{"table_joined", `ALTER PUBLICATION \"cdc_relay_outbox\" DROP TABLE \"billing\".\"outbox_events\";`, "cdc-relay replay --table billing.outbox_events --since"} {
+					if !exited || code != 1 || !strings.Contains(out, want) {
+						t.Fatalf("a relay reading a table added to the publication by hand exited %v with code %d; want code 1 and %s:\n%s", exited, code, want, relayproc.Tail(out, 10))
+					}
+				}
+				// As the message says: out of the publication again, then a
+				// relay that may change it.
+				if _, err := conn.Exec(ctx, `ALTER PUBLICATION cdc_relay_outbox DROP TABLE billing.outbox_events`); err != nil {
+					t.Fatal(err)
+				}
 			}
 
 			// The writer commits into both tables through the join.

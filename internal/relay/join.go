@@ -51,7 +51,20 @@ func (r *Relay) joinSnapshot(ctx context.Context, tx pgx.Tx, tables []decoder.Ta
 	if err != nil {
 		return fmt.Errorf("publish the rows of the joining outbox table (%d published before the failure, published again by the next start): %w", n, err)
 	}
+	r.joined = append(r.joined, names...)
 	r.log.Info().Strs("tables", names).Int("events", n).Dur("took", time.Since(began)).
 		Msg("join snapshot done: the table joined the publication, and the stream carries its rows committed after")
 	return nil
+}
+
+// tableNames are the outbox tables the relay reads, as schema.table; empty,
+// not nil, for a message outbox alone.
+func (r *Relay) tableNames() []string {
+	names := []string{}
+	for _, t := range r.setupConfig().PerTable() {
+		if t.Table != "" {
+			names = append(names, t.Schema+"."+t.Table)
+		}
+	}
+	return names
 }

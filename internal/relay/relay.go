@@ -480,6 +480,9 @@ type Relay struct {
 	// enableFailover: the slot lacks failover and was in use when the relay
 	// started; the stream switches it on before it first acquires the slot.
 	enableFailover bool
+	// joined are the outbox tables (schema.table) this start added to the
+	// publication, publishing their rows (join.go).
+	joined []string
 }
 
 // New returns a relay for cfg.
