@@ -254,8 +254,8 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		if cfg.JoinSnapshot != nil {
 			lost = fmt.Sprintf(" (the relay then publishes the rows already in it from a snapshot taken with the change, so none is lost). "+
 				"If you run the statement yourself instead, the rows committed into %s between the slot's position and the change are never streamed "+
-				"(Postgres decodes the WAL with the publication as it was when the rows were written): republish them afterwards with "+
-				"cdc-relay replay --table <table> --since <the stored checkpoint's time, shown by cdc-relay status>",
+				"(Postgres decodes the WAL with the publication as it was when the rows were written), so the relay's next start stops (table_joined) "+
+				"and says how to publish them",
 				strings.Join(missing, ", "))
 		}
 		return configErr("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s%s",
