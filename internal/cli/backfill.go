@@ -80,7 +80,7 @@ func (r *RunCmd) setJoin(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logg
 // acknowledged.
 type replayFunc func(ctx context.Context, db outboxtable.Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error)
 
-// outboxReplayer returns the replay the relay's backfill and initial snapshot
+// outboxReplayer returns the replay the relay's backfill, initial snapshot and join
 // share: rows read with outboxtable.Replay, recorded in the replay history of
 // the dead-letter tables (migration 005) over pool, produced through a
 // producer of cfg's sink configuration as the relay produces.
