@@ -20,13 +20,15 @@ CREATE TABLE IF NOT EXISTS public.cdc_relay_checkpoints (
     updated_at timestamptz NOT NULL DEFAULT now(),
     commit_time timestamptz,
     kafka_offsets jsonb,
-    oldest_unrelayed_at timestamptz
+    oldest_unrelayed_at timestamptz,
+    outbox_tables text[]
 );
 
 -- Added after the first version of this table: run this file again on an older table.
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS commit_time timestamptz;
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS kafka_offsets jsonb;
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS oldest_unrelayed_at timestamptz;
+ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS outbox_tables text[];
 
 COMMENT ON TABLE public.cdc_relay_checkpoints IS
     'cdc-relay checkpoints: per replication slot, the LSN up to which all events were acknowledged by Kafka. Written by the relay; do not edit while it runs.';
@@ -46,3 +48,5 @@ COMMENT ON COLUMN public.cdc_relay_checkpoints.kafka_offsets IS
     'Effectively-once delivery: per Kafka topic, its partition count and per partition the offset after the relay''s last record of an event at or before lsn, e.g. {"orders": {"partitions": 8, "next": {"0": 123}}}. NULL when none are stored (--delivery at-least-once).';
 COMMENT ON COLUMN public.cdc_relay_checkpoints.oldest_unrelayed_at IS
     'Commit time of the oldest transaction whose events the relay had read and Kafka had not acknowledged at this write; NULL when none waited. cdc-relay status reports its age while the relay runs.';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.outbox_tables IS
+    'The outbox tables (schema.table) the relay read at this write, whose rows the stream carried up to lsn. A table the relay reads later that it did not add to the publication itself stops it (table_joined); NULL when unknown (an older relay).';

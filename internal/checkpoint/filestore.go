@@ -38,6 +38,8 @@ type fileEntry struct {
 	KafkaOffsets *Offsets `json:"kafka_offsets,omitempty"`
 	// OldestUnrelayedAt is Checkpoint.OldestUnrelayed; absent when none waited.
 	OldestUnrelayedAt *time.Time `json:"oldest_unrelayed_at,omitempty"`
+	// OutboxTables is Checkpoint.Tables; absent when unknown.
+	OutboxTables *[]string `json:"outbox_tables,omitempty"`
 }
 
 // FileStore keeps checkpoints in a local JSON file, one entry per slot. Every Save
@@ -89,6 +91,9 @@ func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, erro
 	if e.OldestUnrelayedAt != nil {
 		c.OldestUnrelayed = *e.OldestUnrelayedAt
 	}
+	if e.OutboxTables != nil {
+		c.Tables = append([]string{}, *e.OutboxTables...)
+	}
 	return c, true, nil
 }
 
@@ -121,6 +126,10 @@ func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
 	if !c.OldestUnrelayed.IsZero() {
 		t := c.OldestUnrelayed.UTC()
 		e.OldestUnrelayedAt = &t
+	}
+	if c.Tables != nil {
+		tables := append([]string{}, c.Tables...)
+		e.OutboxTables = &tables
 	}
 	doc.Checkpoints[c.Slot] = e
 	data, err := json.MarshalIndent(doc, "", "  ")

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -91,6 +92,25 @@ func (o *Opening) Reposition(ctx context.Context, lsn pglogrepl.LSN, commitTime 
 		return fmt.Errorf("store the new position %s: %w", lsn, err)
 	}
 	o.stored, o.have = cp, true
+	return nil
+}
+
+// SaveTables stores the stored checkpoint again with the base's Tables when
+// they differ from the stored ones, keeping its position: the tables the
+// relay reads from now on, each covered by the publication from where the
+// stream resumes (the caller's gap checks passed). A table the relay has just
+// added to the publication then counts as read at once, not only from the
+// Committer's first save. A marker or a missing checkpoint is left alone.
+func (o *Opening) SaveTables(ctx context.Context) error {
+	if !o.have || o.stored.LSN == 0 || slices.Equal(o.stored.Tables, o.base.Tables) {
+		return nil
+	}
+	cp := o.stored
+	cp.Tables, cp.RelayName, cp.UpdatedAt = o.base.Tables, o.base.RelayName, time.Now()
+	if err := o.store.Save(ctx, cp); err != nil {
+		return fmt.Errorf("store the outbox tables the relay reads at %s: %w", cp.LSN, err)
+	}
+	o.stored = cp
 	return nil
 }
 

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -90,5 +91,67 @@ func TestOpening(t *testing.T) {
 	}
 	if got, _, _ = store.Load(ctx, "s"); got.LSN != point || !got.CommitTime.Equal(at) || got.SystemID != "sys1" || got.RelayName != "r" {
 		t.Errorf("Committer's save = %+v, want LSN %s, commit time %s of sys1 by r", got, point, at)
+	}
+}
+
+// TestOpeningSaveTables: SaveTables stores the stored checkpoint again, at
+// its position, with the tables the relay reads now, only when they differ;
+// it leaves a missing checkpoint and a snapshot marker alone.
+func TestOpeningSaveTables(t *testing.T) {
+	ctx := context.Background()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	stored := Checkpoint{Slot: "s", SystemID: "sys1", RelayName: "old", LSN: 0x5000, CommitTime: at, UpdatedAt: at,
+		Offsets: Offsets{"t": {Partitions: 1, Next: map[int32]int64{0: 3}}}, Tables: []string{"public.outbox_events"}}
+	tests := []struct {
+		name       string
+		stored     *Checkpoint
+		tables     []string
+		wantSaved  bool
+		wantTables []string
+	}{
+		{name: "a table joined", stored: &stored, tables: []string{"public.outbox_events", "billing.outbox_events"},
+			wantSaved: true, wantTables: []string{"public.outbox_events", "billing.outbox_events"}},
+		{name: "the same tables", stored: &stored, tables: []string{"public.outbox_events"}, wantTables: []string{"public.outbox_events"}},
+		{name: "no checkpoint", tables: []string{"public.outbox_events"}},
+		{name: "snapshot marker", stored: &Checkpoint{Slot: "s", SystemID: "sys1", UpdatedAt: at}, tables: []string{"public.outbox_events"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := NewFileStore(filepath.Join(t.TempDir(), "cp.json"))
+			if tt.stored != nil {
+				if err := store.Save(ctx, *tt.stored); err != nil {
+					t.Fatal(err)
+				}
+			}
+			op, err := Open(ctx, store, Checkpoint{Slot: "s", SystemID: "sys1", RelayName: "new", Tables: tt.tables})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := op.SaveTables(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got, have, err := store.Load(ctx, "s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !have {
+				if tt.stored != nil || tt.wantSaved {
+					t.Fatal("no checkpoint after SaveTables")
+				}
+				return
+			}
+			if saved := got.RelayName == "new"; saved != tt.wantSaved {
+				t.Fatalf("saved %v (%+v), want %v", saved, got, tt.wantSaved)
+			}
+			if got.LSN != tt.stored.LSN || !got.CommitTime.Equal(tt.stored.CommitTime) || len(got.Offsets) != len(tt.stored.Offsets) {
+				t.Errorf("checkpoint %+v, want the stored position %s, commit time and offsets kept", got, tt.stored.LSN)
+			}
+			if tt.stored.LSN != 0 && !slices.Equal(got.Tables, tt.wantTables) {
+				t.Errorf("tables %q, want %q", got.Tables, tt.wantTables)
+			}
+			if cp, _ := op.Stored(); !slices.Equal(cp.Tables, got.Tables) {
+				t.Errorf("Stored().Tables %q, want what the store holds, %q", cp.Tables, got.Tables)
+			}
+		})
 	}
 }

@@ -38,6 +38,13 @@ type Checkpoint struct {
 	// lets cdc-relay status tell, from the database alone, how long the
 	// oldest unrelayed outbox row has waited while the relay runs.
 	OldestUnrelayed time.Time
+	// Tables are the outbox tables (schema.table) the relay read when it
+	// saved: the publication covered each from the position the stream
+	// resumed at on, so the stream carried all their rows up to LSN. A
+	// table the relay reads later without joining it to the publication
+	// itself is a gap (internal/gaps, table_joined). Nil when unknown (saved
+	// by an older relay).
+	Tables []string
 }
 
 // DefaultTable is the checkpoint table TableStore uses when given no name.
@@ -59,7 +66,8 @@ func TableDDL(table string) string {
     updated_at timestamptz NOT NULL DEFAULT now(),
     commit_time timestamptz,
     kafka_offsets jsonb,
-    oldest_unrelayed_at timestamptz
+    oldest_unrelayed_at timestamptz,
+    outbox_tables text[]
 )`
 }
 
@@ -70,6 +78,7 @@ var addedColumns = []struct{ name, typ string }{
 	{"commit_time", "timestamptz"},
 	{"kafka_offsets", "jsonb"},
 	{"oldest_unrelayed_at", "timestamptz"},
+	{"outbox_tables", "text[]"},
 }
 
 // addColumnsDDL adds the columns named (of addedColumns) to a checkpoint table
@@ -178,9 +187,10 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	var lsn string
 	var commit, oldest *time.Time
 	var offsets []byte
+	var tables *[]string
 	err := s.pool.QueryRow(ctx,
-		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at FROM "+s.table+" WHERE slot_name = $1", slot,
-	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets, &oldest)
+		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at, outbox_tables FROM "+s.table+" WHERE slot_name = $1", slot,
+	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets, &oldest, &tables)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, false, nil
 	}
@@ -195,6 +205,9 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	}
 	if oldest != nil {
 		c.OldestUnrelayed = *oldest
+	}
+	if tables != nil {
+		c.Tables = append([]string{}, *tables...)
 	}
 	if c.Offsets, err = decodeOffsets(offsets); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("decode kafka_offsets of slot %q in %s: %w", slot, s.name, err)
@@ -222,8 +235,12 @@ func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
 	} else if enc != nil {
 		offsets = string(enc)
 	}
-	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at)
-VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz, $7::jsonb, $8::timestamptz)
+	var tables any // NULL: unknown
+	if c.Tables != nil {
+		tables = c.Tables
+	}
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at, outbox_tables)
+VALUES ($1, $2, $3::text::pg_lsn, $4, coalesce($5::timestamptz, now()), $6::timestamptz, $7::jsonb, $8::timestamptz, $9::text[])
 ON CONFLICT (slot_name) DO UPDATE SET
     system_id = excluded.system_id,
     lsn = excluded.lsn,
@@ -231,8 +248,9 @@ ON CONFLICT (slot_name) DO UPDATE SET
     updated_at = excluded.updated_at,
     commit_time = excluded.commit_time,
     kafka_offsets = excluded.kafka_offsets,
-    oldest_unrelayed_at = excluded.oldest_unrelayed_at`,
-		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit, offsets, oldest)
+    oldest_unrelayed_at = excluded.oldest_unrelayed_at,
+    outbox_tables = excluded.outbox_tables`,
+		c.Slot, c.SystemID, c.LSN.String(), c.RelayName, updated, commit, offsets, oldest, tables)
 	if err != nil {
 		return fmt.Errorf("save checkpoint of slot %q at %s to %s: %w", c.Slot, c.LSN, s.name, err)
 	}

@@ -98,6 +98,18 @@ func testStoreContract(t *testing.T, newStore func(t *testing.T) store) {
 			mustSave(t, ctx, s, c)
 			mustLoad(t, ctx, s, "orders", c, true)
 		}},
+		{"outbox tables round-trip; nil stays unknown, empty stays empty", func(t *testing.T, ctx context.Context, s store) {
+			c := cp("orders", 0xA00)
+			c.Tables = []string{"public.outbox_events", `bill'ing.outbox "events"`}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+			c.Tables = []string{}
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+			c.Tables = nil
+			mustSave(t, ctx, s, c)
+			mustLoad(t, ctx, s, "orders", c, true)
+		}},
 		{"two slots are independent", func(t *testing.T, ctx context.Context, s store) {
 			a, b := cp("orders", 0x100), cp("payments", 0x200)
 			b.SystemID, b.RelayName = "99", "relay-b"
@@ -163,7 +175,8 @@ func mustLoad(t *testing.T, ctx context.Context, s store, slot string, want Chec
 	}
 	if got.Slot != want.Slot || got.SystemID != want.SystemID || got.LSN != want.LSN ||
 		got.RelayName != want.RelayName || !got.UpdatedAt.Equal(want.UpdatedAt) || !got.CommitTime.Equal(want.CommitTime) ||
-		!got.OldestUnrelayed.Equal(want.OldestUnrelayed) || !reflect.DeepEqual(got.Offsets, want.Offsets) {
+		!got.OldestUnrelayed.Equal(want.OldestUnrelayed) || !reflect.DeepEqual(got.Offsets, want.Offsets) ||
+		!reflect.DeepEqual(got.Tables, want.Tables) {
 		t.Fatalf("Load(%q) = %+v, want %+v", slot, got, want)
 	}
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,7 +42,7 @@ func (r *RunCmd) setBackfill(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.
 	}
 	republish := r.outboxReplayer(cfg, pool, log, "backfill", "cdc-relay run "+cfg.RelayName+" (on-slot-loss=backfill)")
 	cfg.Backfill = func(ctx context.Context, since time.Time, kind string) (int, error) {
-		return republish(ctx, pool, since, outbox.Header{Key: replay.HeaderBackfill, Value: []byte(kind)})
+		return republish(ctx, pool, nil, since, outbox.Header{Key: replay.HeaderBackfill, Value: []byte(kind)})
 	}
 }
 
@@ -55,16 +56,31 @@ func (r *RunCmd) setSnapshot(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.
 	}
 	republish := r.outboxReplayer(cfg, pool, log, "snapshot", "cdc-relay run "+cfg.RelayName+" (snapshot=initial)")
 	cfg.Snapshot = func(ctx context.Context, tx pgx.Tx) (int, error) {
-		return republish(ctx, tx, time.Time{}, outbox.Header{Key: replay.HeaderSnapshot, Value: []byte("initial")})
+		return republish(ctx, tx, nil, time.Time{}, outbox.Header{Key: replay.HeaderSnapshot, Value: []byte("initial")})
 	}
 }
 
-// replayFunc republishes the outbox rows db reads that were created at or
-// after since (zero: all), in created_at, id order, each with header mark, and
-// returns how many Kafka acknowledged.
-type replayFunc func(ctx context.Context, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error)
+// setJoin installs in cfg the publishing of the rows of outbox tables that
+// join the publication of an existing slot (relay.Config.Join): every row tx
+// sees in them, through a replay recorded like a backfill's, marked with the
+// header replay.HeaderSnapshot: join. pool is the relay's (cfg.Pool).
+func (r *RunCmd) setJoin(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) {
+	if cfg.Decoder.Table == "" {
+		return // a message outbox alone: no table joins
+	}
+	republish := r.outboxReplayer(cfg, pool, log, "join", "cdc-relay run "+cfg.RelayName+" (a table joins the publication)")
+	cfg.Join = func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) (int, error) {
+		return republish(ctx, tx, tables, time.Time{}, outbox.Header{Key: replay.HeaderSnapshot, Value: []byte("join")})
+	}
+}
 
-// outboxReplayer returns the replay the relay's backfill and initial snapshot
+// replayFunc republishes the outbox rows db reads of the tables named (nil:
+// every outbox table) that were created at or after since (zero: all), in
+// created_at, id order, each with header mark, and returns how many Kafka
+// acknowledged.
+type replayFunc func(ctx context.Context, db outboxtable.Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error)
+
+// outboxReplayer returns the replay the relay's backfill, initial snapshot and join
 // share: rows read with outboxtable.Replay, recorded in the replay history of
 // the dead-letter tables (migration 005) over pool, produced through a
 // producer of cfg's sink configuration as the relay produces.
@@ -72,6 +88,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 	// Each table as the relay reads it: its own columns and topic where
 	// the configuration file gives it some (tables.go).
 	type tableReplay struct {
+		table       decoder.TableName
 		name, topic string
 		regex       route.Regex
 		cols        outboxtable.Columns
@@ -81,7 +98,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 		if d.Table == "" {
 			continue
 		}
-		t := tableReplay{name: d.Schema + "." + d.Table, topic: cfg.Topic, regex: cfg.TopicRegex,
+		t := tableReplay{table: decoder.TableName{Schema: d.Schema, Table: d.Table}, name: d.Schema + "." + d.Table, topic: cfg.Topic, regex: cfg.TopicRegex,
 			cols: outboxtable.Columns{Columns: d.Columns, CreatedAt: d.CreatedAtColumn, Headers: d.HeaderColumns,
 				ContentType: d.ContentType, Tracing: d.TracingColumn, Timestamp: d.TimestampColumn,
 				Partition: d.PartitionColumn, Envelope: d.EnvelopeColumns,
@@ -97,7 +114,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
 	wait := r.KafkaStartTimeout
 	m := cfg.Metrics
-	return func(ctx context.Context, db outboxtable.Querier, since time.Time, mark outbox.Header) (int, error) {
+	return func(ctx context.Context, db outboxtable.Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error) {
 		if err := store.Ensure(ctx); err != nil {
 			return 0, fmt.Errorf("open the replay history (--dlq-table %s): %w", dlqTable, err)
 		}
@@ -113,6 +130,9 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 		// of different tables have none between them.
 		published := 0
 		for _, t := range replays {
+			if tables != nil && !slices.Contains(tables, t.table) {
+				continue
+			}
 			table := t.name
 			res, err := outboxtable.Replay(ctx, db, store.History(), table, t.cols, p, outboxtable.ReplayOptions{
 				Since:      since,

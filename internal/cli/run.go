@@ -327,6 +327,7 @@ func (r *RunCmd) wire(cfg *relay.Config, pool, primary *pgxpool.Pool, log zerolo
 	}
 	r.setBackfill(cfg, pool, log)
 	r.setSnapshot(cfg, pool, log)
+	r.setJoin(cfg, pool, log)
 	return nil
 }
 

@@ -85,6 +85,9 @@ type Facts struct {
 	HaveStored      bool
 	SnapshotPending bool // the stored checkpoint is an unfinished initial snapshot's marker
 	RetakeSnapshot  bool // the relay takes an unfinished snapshot again (--snapshot initial)
+	// Joined are the outbox tables (schema.table) the relay added to the
+	// publication in this start, publishing the rows they held.
+	Joined []string
 
 	// PhaseSlot and PhaseWatch.
 	Slot replication.SlotState
@@ -248,6 +251,10 @@ type SlotFacts struct {
 	// RetakeSnapshot: with a SnapshotPending marker the caller drops the slot
 	// and takes the snapshot again (--snapshot initial) rather than refuse.
 	RetakeSnapshot bool
+	// Joined are the outbox tables (schema.table) the relay added to the
+	// publication in this start, publishing the rows they held
+	// (replication.JoinTables): the stream carries the rest of theirs.
+	Joined []string
 }
 
 // Slot reads the slot and judges it against the stored checkpoint before
@@ -268,7 +275,7 @@ func (c *Checker) Slot(ctx context.Context, db replication.QueryRower, sf SlotFa
 	f := &Facts{
 		Setup: c.setup, SystemID: sf.SystemID, Database: dbName,
 		Stored: sf.Stored, HaveStored: sf.HaveStored, SnapshotPending: sf.SnapshotPending,
-		RetakeSnapshot: sf.RetakeSnapshot, Slot: state,
+		RetakeSnapshot: sf.RetakeSnapshot, Joined: sf.Joined, Slot: state,
 	}
 	r := Judge(PhaseSlot, f)
 	return state, r, c.report(r, r.Failed == "", false)

@@ -2,10 +2,12 @@ package gaps
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
@@ -28,6 +30,9 @@ const (
 	SystemChanged
 	// WrongPlugin: the slot does not use pgoutput.
 	WrongPlugin
+	// TableJoined: the relay reads an outbox table it did not read at the
+	// stored checkpoint and did not add to the publication itself.
+	TableJoined
 )
 
 // String returns the kind in snake case, usable as a metric label.
@@ -43,6 +48,8 @@ func (k GapKind) String() string {
 		return "system_changed"
 	case WrongPlugin:
 		return "wrong_plugin"
+	case TableJoined:
+		return "table_joined"
 	default:
 		return fmt.Sprintf("gap_kind_%d", int(k))
 	}
@@ -209,6 +216,23 @@ func slotChecks() []Check {
 				slot, s.ConfirmedFlush, stored.LSN, savedAt(stored), stored.LSN, s.ConfirmedFlush,
 				sqlString(slot), replayHint(stored), updateSQL(slot, s.ConfirmedFlush)))
 		}},
+		{TableJoined.String(), func(f *Facts) Finding {
+			stored, s := f.Stored, f.Slot
+			if !f.HaveStored || f.SnapshotPending || stored.Tables == nil || !s.Exists || f.Setup.NoTable() {
+				return Finding{}
+			}
+			var unproven []string
+			for _, t := range f.Setup.PerTable() {
+				name := t.Schema + "." + t.Table
+				if !slices.Contains(stored.Tables, name) && !slices.Contains(f.Joined, name) {
+					unproven = append(unproven, name)
+				}
+			}
+			if len(unproven) == 0 {
+				return Finding{}
+			}
+			return fatal(tableJoinedGap(f, unproven))
+		}},
 		{"slot_behind", func(f *Facts) Finding {
 			stored, s := f.Stored, f.Slot
 			if !f.HaveStored || !s.Exists || s.ConfirmedFlush >= stored.LSN {
@@ -328,6 +352,43 @@ func gap(kind GapKind, slot string, stored checkpoint.Checkpoint, s replication.
 		SlotLSN:   s.ConfirmedFlush,
 		msg:       fmt.Sprintf("reconcile slot %q: %s: ", slot, kind) + fmt.Sprintf(format, args...),
 	}
+}
+
+// tableJoinedGap is the gap of outbox tables the relay reads now but did not
+// read at the stored checkpoint, and that were in the publication before this
+// start (the relay adds a table itself with the rows it holds: relay.joinSnapshot).
+// Postgres never streams a row committed while its table was outside the
+// publication, and the relay dropped the rows of tables it did not read: it
+// cannot prove that none of the rows the stream would have carried since the
+// checkpoint is missing.
+func tableJoinedGap(f *Facts, tables []string) *GapError {
+	stored, slot := f.Stored, f.Setup.Slot
+	list := strings.Join(tables, ", ")
+	var quoted []string
+	for _, t := range tables {
+		schema, table, _ := strings.Cut(t, ".")
+		quoted = append(quoted, pgx.Identifier{schema, table}.Sanitize())
+	}
+	at := stored.CommitTime
+	if at.IsZero() {
+		at = stored.UpdatedAt
+	}
+	since := at.UTC().Format(time.RFC3339)
+	replay := ""
+	for _, t := range tables {
+		replay += fmt.Sprintf("`cdc-relay replay --table %s --since %s` ", t, since)
+	}
+	return gap(TableJoined, slot, stored, f.Slot,
+		"the relay reads outbox table %s, which publication %q covers, but it did not read it at its stored checkpoint (LSN %s, saved %s): "+
+			"the table joined the publication, or the relay's table list, since, without the relay adding it to the publication. "+
+			"Rows committed into it before the relay reads it may be missing downstream: Postgres never streams the rows committed while a table is outside the publication "+
+			"(it decodes with the publication as it was), and the relay skipped those of a table it did not read; it cannot tell which. "+
+			"To publish them, remove the table from the publication (ALTER PUBLICATION %s DROP TABLE %s;) and restart the relay allowed to change the publication "+
+			setting.Token("CreatePublication")+": it adds the table back and publishes every row it holds (cdc_relay_snapshot: join; rows the stream carries too arrive twice). "+
+			"Or republish them yourself, less the duration of your longest write transaction (created_at is a transaction's start): %s"+
+			"and then accept the table with `UPDATE %s SET outbox_tables = NULL WHERE slot_name = %s;` (or remove outbox_tables from the slot's entry in the checkpoint file) and restart the relay",
+		list, f.Setup.Publication, stored.LSN, savedAt(stored),
+		pgx.Identifier{f.Setup.Publication}.Sanitize(), strings.Join(quoted, ", "), replay, checkpoint.DefaultTable, sqlString(slot))
 }
 
 func replayHint(stored checkpoint.Checkpoint) string {

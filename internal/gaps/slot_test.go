@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
@@ -239,7 +240,7 @@ func TestReconcile(t *testing.T) {
 func TestGapKindString(t *testing.T) {
 	for k, want := range map[GapKind]string{
 		SlotMissing: "slot_missing", SlotLost: "slot_lost", SlotAhead: "slot_ahead",
-		SystemChanged: "system_changed", WrongPlugin: "wrong_plugin", 0: "gap_kind_0",
+		SystemChanged: "system_changed", WrongPlugin: "wrong_plugin", TableJoined: "table_joined", 0: "gap_kind_0",
 	} {
 		if got := k.String(); got != want {
 			t.Errorf("GapKind(%d).String() = %q, want %q", int(k), got, want)
@@ -262,4 +263,70 @@ func startFrom(t *testing.T, stored checkpoint.Checkpoint, have bool, confirmed 
 		t.Fatal(err)
 	}
 	return op.StartFrom(confirmed)
+}
+
+// TestTableJoined: an outbox table the relay reads but did not read at the
+// stored checkpoint, and did not add to the publication in this start, stops
+// it (table_joined) with what may be missing and what to run; a table it read
+// then, or joined now, or a checkpoint that does not say (older relays), does not.
+func TestTableJoined(t *testing.T) {
+	const slot = "orders_outbox"
+	at, _ := time.Parse(time.RFC3339, "2026-12-04T10:00:00Z")
+	setup := replication.SetupConfig{Slot: slot, Publication: "cdc_relay_outbox", Schema: "public", Table: "outbox_events",
+		Also: []replication.TableSetup{{Name: decoder.TableName{Schema: "billing", Table: "outbox_events"}}}}
+	stored := func(tables ...string) checkpoint.Checkpoint {
+		return checkpoint.Checkpoint{Slot: slot, SystemID: "7", LSN: 0x1_0000, CommitTime: at, UpdatedAt: at, Tables: tables}
+	}
+	live := replication.SlotState{Exists: true, Plugin: "pgoutput", Database: "shop", ConfirmedFlush: 0x1_0000, WALStatus: "reserved"}
+	tests := []struct {
+		name    string
+		stored  checkpoint.Checkpoint
+		have    bool
+		pending bool
+		joined  []string
+		slot    replication.SlotState
+		want    string   // the check that fails, "" for none
+		msg     []string // substrings of its error
+	}{
+		{name: "both read at the checkpoint", stored: stored("public.outbox_events", "billing.outbox_events"), have: true, slot: live},
+		{name: "joined in this start", stored: stored("public.outbox_events"), have: true, joined: []string{"billing.outbox_events"}, slot: live},
+		{name: "older checkpoint without tables", stored: stored(), have: true, slot: live},
+		{name: "no checkpoint", slot: live},
+		{name: "snapshot marker: that check first", stored: checkpoint.Checkpoint{Slot: slot, Tables: []string{}}, have: true, pending: true, slot: live, want: "snapshot_incomplete"},
+		{
+			name: "not read at the checkpoint, not joined now", stored: stored("public.outbox_events"), have: true, slot: live,
+			want: "table_joined",
+			msg: []string{"reads outbox table billing.outbox_events", "LSN 0/10000", "may be missing downstream",
+				`ALTER PUBLICATION "cdc_relay_outbox" DROP TABLE "billing"."outbox_events";`,
+				"`cdc-relay replay --table billing.outbox_events --since 2026-12-04T10:00:00Z`",
+				"UPDATE public.cdc_relay_checkpoints SET outbox_tables = NULL WHERE slot_name = 'orders_outbox';"},
+		},
+		{
+			name: "none read at the checkpoint", stored: stored([]string{}...), have: true, slot: live,
+			want: "table_joined", msg: []string{"reads outbox table public.outbox_events, billing.outbox_events"},
+		},
+		{name: "slot missing: that gap first", stored: stored("public.outbox_events"), have: true, want: "slot_missing"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &Facts{Setup: setup, SystemID: "7", Database: "shop", Stored: tt.stored, HaveStored: tt.have,
+				SnapshotPending: tt.pending, Joined: tt.joined, Slot: tt.slot}
+			r := Judge(PhaseSlot, f)
+			if r.Failed != tt.want {
+				t.Fatalf("failed check %q (%v), want %q", r.Failed, r.Err, tt.want)
+			}
+			if tt.want == "" {
+				return
+			}
+			var gap *GapError
+			if tt.want == "table_joined" && (!errors.As(r.Err, &gap) || gap.Kind != TableJoined) {
+				t.Fatalf("error %v, want a table_joined *GapError", r.Err)
+			}
+			for _, m := range tt.msg {
+				if !strings.Contains(r.Err.Error(), m) {
+					t.Errorf("error does not contain %q:\n%s", m, r.Err)
+				}
+			}
+		})
+	}
 }

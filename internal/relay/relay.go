@@ -225,6 +225,12 @@ type Config struct {
 	// Kafka acknowledged every one. A slot that already exists takes no
 	// snapshot. See snapshot.go for restarts during the snapshot.
 	Snapshot func(ctx context.Context, tx pgx.Tx) (int, error)
+	// Join publishes every row tx sees in the outbox tables named, marked as
+	// snapshot rows and without a source position, and returns how many
+	// Kafka acknowledged. The relay calls it when it adds outbox tables to
+	// the publication of a slot that exists (a table joins: join.go), with
+	// the transaction that adds them, whatever Snapshot is.
+	Join func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) (int, error)
 
 	// BackfillMargin is subtracted from the stored commit time: it covers
 	// transactions that inserted their rows (created_at) that long before they
@@ -482,6 +488,9 @@ type Relay struct {
 	// enableFailover: the slot lacks failover and was in use when the relay
 	// started; the stream switches it on before it first acquires the slot.
 	enableFailover bool
+	// joined are the outbox tables (schema.table) this start added to the
+	// publication, publishing their rows (join.go).
+	joined []string
 }
 
 // New returns a relay for cfg.

@@ -62,7 +62,18 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 		defer wc.Release()
 		check = wc.Conn()
 	}
-	if err := replication.CheckServer(ctx, check, r.setupConfig()); err != nil {
+	setup := r.setupConfig()
+	// A slot that exists resumes from a position before any table joins the
+	// publication now: the rows of a joining table are published from a
+	// snapshot (join.go). A slot yet to be created streams them all.
+	slot, err := replication.ReadSlot(ctx, pc.Conn(), r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if slot.Exists {
+		setup.JoinSnapshot = r.joinSnapshot
+	}
+	if err := replication.CheckServer(ctx, check, setup); err != nil {
 		return err
 	}
 	if r.source.InRecovery {
@@ -204,7 +215,10 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if err := store.Ensure(ctx); err != nil {
 		return system, nil, 0, err
 	}
-	op, err := checkpoint.Open(ctx, store, checkpoint.Checkpoint{Slot: r.cfg.Slot, SystemID: system.SystemID, RelayName: r.cfg.RelayName})
+	// Every checkpoint names the tables the relay reads: each is covered by
+	// the publication from where the stream resumes on, once the gap checks
+	// (table_joined) passed.
+	op, err := checkpoint.Open(ctx, store, checkpoint.Checkpoint{Slot: r.cfg.Slot, SystemID: system.SystemID, RelayName: r.cfg.RelayName, Tables: r.tableNames()})
 	if err != nil {
 		return system, nil, 0, err
 	}
@@ -303,6 +317,7 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 	state, rep, err := r.gaps.Slot(ctx, conn, gaps.SlotFacts{
 		SystemID: systemID, Stored: stored, HaveStored: haveStored,
 		SnapshotPending: op.SnapshotPending(), RetakeSnapshot: r.cfg.Snapshot != nil,
+		Joined: r.joined,
 	})
 	if rep.Failed == gaps.CheckSnapshotIncomplete && err == nil {
 		return r.retakeSnapshot(ctx, conn, op, stored, state)
@@ -337,6 +352,10 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 	}
 	if r.cfg.Snapshot != nil {
 		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (the initial snapshot " + setting.Token("Snapshot") + " is taken only when the relay creates the slot)")
+	}
+	// A table joined in this start counts as read from now on (table_joined).
+	if err := op.SaveTables(ctx); err != nil {
+		return 0, err
 	}
 	return op.StartFrom(state.ConfirmedFlush), nil
 }

@@ -76,6 +76,12 @@ type SetupConfig struct {
 	// MessagesField. Table may then be empty: the relay reads no table and
 	// the publication it creates covers none.
 	Messages bool
+	// JoinSnapshot, set when the slot exists (the stream resumes from a
+	// position before any change made now), publishes the rows of outbox
+	// tables that join the publication (JoinTables). Nil when the slot is
+	// yet to be created: it streams every table of the publication from its
+	// creation, so a table may join with a plain ALTER PUBLICATION.
+	JoinSnapshot func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) error
 }
 
 // NoTable reports whether the relay reads no outbox table (a message outbox
@@ -227,6 +233,8 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		return nil
 	}
 	var covered, missing []string
+	var joining []decoder.TableName
+	per := cfg.PerTable()
 	for i, c := range covs {
 		switch {
 		case c.NoTable:
@@ -234,6 +242,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 			covered = append(covered, tables[i])
 		case c.TableOID != 0 && c.RelOID == 0 && !c.RootPublished:
 			missing = append(missing, tables[i])
+			joining = append(joining, decoder.TableName{Schema: per[i].Schema, Table: per[i].Table})
 		}
 	}
 	if len(covered) == 0 || len(missing) == 0 {
@@ -241,10 +250,79 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	}
 	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, strings.Join(missing, ", "))
 	if !cfg.CreatePublication {
-		return configErr("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s", cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, setting.Token("CreatePublication"))
+		lost := ""
+		if cfg.JoinSnapshot != nil {
+			lost = fmt.Sprintf(" (the relay then publishes the rows already in it from a snapshot taken with the change, so none is lost). "+
+				"If you run the statement yourself instead, the rows committed into %s between the slot's position and the change are never streamed "+
+				"(Postgres decodes the WAL with the publication as it was when the rows were written), so the relay's next start stops (table_joined) "+
+				"and says how to publish them",
+				strings.Join(missing, ", "))
+		}
+		return configErr("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s%s",
+			cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, setting.Token("CreatePublication"), lost)
+	}
+	if cfg.JoinSnapshot != nil {
+		return JoinTables(ctx, conn, cfg.Publication, joining, cfg.JoinSnapshot)
 	}
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return configErr("extend publication %q to outbox table %s: %v: run %s as the table owner", cfg.Publication, strings.Join(missing, ", "), err, alter)
+	}
+	return nil
+}
+
+// JoinLockTimeout bounds JoinTables' wait for the writers of the joining
+// tables: while it waits, their new inserts wait behind it.
+const JoinLockTimeout = 10 * time.Second
+
+// JoinTables adds tables to publication pub for a slot that resumes from a
+// position before the change, and calls read to publish the rows the tables
+// hold, inside the transaction that adds them, before it commits.
+//
+// Postgres decodes each change with the publication as it was when the change
+// was written, so the slot never streams the rows committed into a table
+// before it joined. To hand over without a gap or a duplicate, the
+// transaction locks the tables in SHARE mode first: the lock waits for every
+// transaction writing to them to end and holds back new writes until the
+// commit. Its snapshot (REPEATABLE READ, taken after the lock) so holds every
+// row committed before the commit and the slot streams every row committed
+// after it: a writer held back inserts once the change is committed and
+// decoded. Inserts into the joining tables wait while read publishes.
+//
+// Nothing is committed until read returned: when it fails or the relay dies,
+// the tables are not in the publication and the next start joins them again
+// (the rows read publishes may then be published twice, never lost).
+func JoinTables(ctx context.Context, conn *pgx.Conn, publication string, tables []decoder.TableName, read func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) error) error {
+	var quoted []string
+	for _, t := range tables {
+		quoted = append(quoted, pgx.Identifier{t.Schema, t.Table}.Sanitize())
+	}
+	list := strings.Join(quoted, ", ")
+	pub := pgx.Identifier{publication}.Sanitize()
+	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pub, list)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return fmt.Errorf("join outbox table %s to publication %q: %w", list, publication, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", JoinLockTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("join outbox table %s to publication %q: %w", list, publication, err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+list+" IN SHARE MODE"); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			return fmt.Errorf("join outbox table %s to publication %q: a transaction writing to it did not end within %s "+
+				"(see pg_locks and pg_stat_activity); restart the relay once it has: %w", list, publication, JoinLockTimeout, err)
+		}
+		return fmt.Errorf("join outbox table %s to publication %q: lock it: %w", list, publication, err)
+	}
+	if _, err := tx.Exec(ctx, alter); err != nil {
+		return configErr("extend publication %q to outbox table %s: %v: run %s; as the table owner", publication, list, err, alter)
+	}
+	if err := read(ctx, tx, tables); err != nil {
+		return fmt.Errorf("join outbox table %s to publication %q (not joined; the next start tries again): %w", list, publication, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("join outbox table %s to publication %q (not joined if the commit failed; the next start tries again): %w", list, publication, err)
 	}
 	return nil
 }

@@ -1,0 +1,147 @@
+package replication_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// TestJoinTables: JoinTables adds the table to the publication only once read
+// returned, with every row committed before in read's view and inserts held
+// back until the commit; a writer that does not end within the lock timeout,
+// or a failing read, leaves the publication as it was.
+func TestJoinTables(t *testing.T) {
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	url := p.URL("postgres")
+	connect := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	admin := connect()
+	if _, err := admin.Exec(ctx, `CREATE TABLE public.outbox_a (id int PRIMARY KEY); CREATE TABLE public.outbox_b (id int PRIMARY KEY);
+		CREATE PUBLICATION joins FOR TABLE public.outbox_a;
+		INSERT INTO public.outbox_b SELECT generate_series(1, 5)`); err != nil {
+		t.Fatal(err)
+	}
+	table := []decoder.TableName{{Schema: "public", Table: "outbox_b"}}
+	published := func() bool {
+		t.Helper()
+		var ok bool
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = 'joins' AND tablename = 'outbox_b')`).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	ids := func(ctx context.Context, q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}) ([]int, error) {
+		rows, err := q.Query(ctx, `SELECT id FROM public.outbox_b ORDER BY id`)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+
+	tests := []struct {
+		name string
+		// hold keeps a transaction that inserted into the table open during
+		// the join.
+		hold bool
+		// fail makes read return an error.
+		fail bool
+		want string // substring of the error; "" for a join
+	}{
+		{name: "a writer outlasts the lock timeout", hold: true, want: "did not end within"},
+		{name: "read fails", fail: true, want: "not joined; the next start tries again"},
+		{name: "joins"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.hold {
+				w := connect()
+				tx, err := w.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = tx.Rollback(context.Background()) }()
+				if _, err := tx.Exec(ctx, `INSERT INTO public.outbox_b VALUES (100)`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			writer := connect()
+			var seen []int
+			inserted := make(chan error, 1)
+			called := false
+			err := replication.JoinTables(ctx, connect(), "joins", table, func(ctx context.Context, tx pgx.Tx, got []decoder.TableName) error {
+				called = true
+				if len(got) != 1 || got[0] != table[0] {
+					t.Errorf("read got tables %v, want %v", got, table)
+				}
+				// An insert now waits for the commit: it is not in this view.
+				go func() {
+					_, err := writer.Exec(ctx, `INSERT INTO public.outbox_b VALUES (6)`)
+					inserted <- err
+				}()
+				var err error
+				if seen, err = ids(ctx, tx); err != nil {
+					return err
+				}
+				select {
+				case err := <-inserted:
+					t.Errorf("an insert into the joining table completed before the join committed (err %v)", err)
+				case <-time.After(200 * time.Millisecond):
+				}
+				if tt.fail {
+					return errors.New("kafka is away")
+				}
+				return nil
+			})
+			if called {
+				if err := <-inserted; err != nil {
+					t.Fatalf("the held-back insert: %v", err)
+				}
+				if _, err := admin.Exec(ctx, `DELETE FROM public.outbox_b WHERE id = 6`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tt.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("JoinTables error %v, want one containing %q", err, tt.want)
+				}
+				if published() {
+					t.Fatal("the table is in the publication after a failed join")
+				}
+				if tt.hold && called {
+					t.Error("read was called although the table could not be locked")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("JoinTables: %v", err)
+			}
+			if !published() {
+				t.Fatal("the table is not in the publication after the join")
+			}
+			if want := []int{1, 2, 3, 4, 5}; !slices.Equal(seen, want) {
+				t.Errorf("read saw rows %v, want %v (every row committed before, none held back)", seen, want)
+			}
+		})
+	}
+}
