@@ -841,8 +841,9 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 const CodeUnattributed = "unattributed_partition"
 
 // Former says how the rows of a former partition are read: a FormerMember,
-// or a relation the decoder saw as a partition, or a Lookalike, that
-// Membership now calls another table (Until set).
+// or a relation Membership now calls another table published on its own
+// (OnItsOwn): seen as a partition before, or a Lookalike (Until set), or
+// one with the columns reading an outbox table needs (skipped).
 type Former struct {
 	Rel Relation
 	// Table is the outbox table its rows are attributed to; zero when none.
@@ -860,6 +861,12 @@ type Former struct {
 	Failed error
 	// Fits lists the outbox tables whose columns it has.
 	Fits []TableName
+	// OnItsOwn: Membership calls it another table published on its own
+	// (NotMember or Lookalike). Without Until, it has the columns reading a
+	// table of Fits needs but neither was seen as a partition nor has
+	// exactly a table's columns: its inserts are skipped as another
+	// table's, which the caller says.
+	OnItsOwn bool
 	// Until is set for a relation Membership now calls another table
 	// published on its own that the decoder saw as a partition of Table
 	// (detached since), or that has exactly Table's columns (Lookalike): its
@@ -902,9 +909,27 @@ func (d *Decoder) listed(ctx context.Context, rel Relation, b []byte, lookalike 
 		return nil, nil, nil
 	}
 	t, seen := d.members[rel.ID]
+	f := &Former{Rel: rel, OnItsOwn: true, Fits: []TableName{t}}
 	if !seen {
+		f.Fits = nil
+		for _, u := range d.tables {
+			ok, err := d.fits(d.layouts[u], b)
+			if err != nil {
+				return nil, nil, err
+			}
+			if ok {
+				f.Fits = append(f.Fits, u)
+			}
+		}
 		if !lookalike || !slices.Contains(d.tables, like) {
-			return nil, nil, nil
+			if len(f.Fits) == 0 {
+				return nil, nil, nil
+			}
+			// Columns that differ from every outbox table's now prove
+			// nothing about the past (either table may have changed since
+			// a detach), but the relay must take it for another table; it
+			// says so, with the tables it could have belonged to.
+			return f, nil, nil
 		}
 		t = like
 	}
@@ -915,20 +940,9 @@ func (d *Decoder) listed(ctx context.Context, rel Relation, b []byte, lookalike 
 	if ok, err := d.fits(L, b); err != nil || !ok {
 		return nil, nil, err
 	}
-	f := &Former{Rel: rel, Table: t, By: "remembered"}
-	if !seen {
-		f.By = ""
-		for _, u := range d.tables {
-			ok, err := d.fits(d.layouts[u], b)
-			if err != nil {
-				return nil, nil, err
-			}
-			if ok {
-				f.Fits = append(f.Fits, u)
-			}
-		}
-	} else {
-		f.Fits = []TableName{t}
+	f.Table = t
+	if seen {
+		f.By = "remembered"
 	}
 	until, err := d.walEnd(ctx)
 	if err != nil {

@@ -411,15 +411,17 @@ func TestDetachedPartitionPublishedOnItsOwn(t *testing.T) {
 		columns     []string // of the Relation message; outboxColumns when nil
 		walEnd      bool
 		wantBefore  Kind
-		wantFailure bool
+		wantFailure bool // Former.Until set, inserts before it fail
 		wantWhy     string
+		wantSkipped bool // Former says the inserts are skipped
 	}{
 		{name: "seen, with a WAL reader", remember: true, walEnd: true, wantBefore: KindEvent, wantFailure: true, wantWhy: "before the detach"},
 		{name: "seen, and a lookalike", remember: true, member: Lookalike, like: outboxEvents, walEnd: true, wantBefore: KindEvent, wantFailure: true, wantWhy: "before the detach"},
-		{name: "never seen", walEnd: true, wantBefore: KindSkip},
+		{name: "never seen", walEnd: true, wantBefore: KindSkip, wantSkipped: true},
+		{name: "never seen, without the columns", columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "body"}, walEnd: true, wantBefore: KindSkip},
 		{name: "never seen, a lookalike", member: Lookalike, like: outboxEvents, walEnd: true, wantBefore: KindEvent, wantFailure: true,
 			wantWhy: "ALTER PUBLICATION ... DROP TABLE public.outbox_2024"},
-		{name: "a lookalike of a table not read", member: Lookalike, like: TableName{"public", "other_outbox"}, walEnd: true, wantBefore: KindSkip},
+		{name: "a lookalike of a table not read", member: Lookalike, like: TableName{"public", "other_outbox"}, walEnd: true, wantBefore: KindSkip, wantSkipped: true},
 		{name: "a lookalike without the columns when written", member: Lookalike, like: outboxEvents, columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "body"},
 			walEnd: true, wantBefore: KindSkip},
 		{name: "no WAL reader", remember: true, wantBefore: KindSkip},
@@ -445,8 +447,17 @@ func TestDetachedPartitionPublishedOnItsOwn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if (m.Former != nil) != tc.wantFailure || (m.Former != nil && (m.Former.Until != until || m.Former.Table != outboxEvents)) {
-				t.Fatalf("Former = %+v, want one with Until %s: %v", m.Former, until, tc.wantFailure)
+			switch f := m.Former; {
+			case tc.wantFailure:
+				if f == nil || f.Until != until || f.Table != outboxEvents || !f.OnItsOwn {
+					t.Fatalf("Former = %+v, want one of %s on its own with Until %s", f, outboxEvents, until)
+				}
+			case tc.wantSkipped:
+				if f == nil || f.Until != 0 || f.Failed != nil || !f.OnItsOwn || len(f.Fits) != 1 || f.Fits[0] != outboxEvents {
+					t.Fatalf("Former = %+v, want one on its own that fits %s, skipped", f, outboxEvents)
+				}
+			case f != nil:
+				t.Fatalf("Former = %+v, want none", f)
 			}
 			for _, step := range []struct {
 				commit pglogrepl.LSN

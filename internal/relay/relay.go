@@ -749,6 +749,15 @@ func (r *Relay) logFormer(f *decoder.Former) {
 		log.Str("table", f.Table.String()).Str("until", f.Until.String()).
 			Msg("the stream announces a relation the relay saw as a partition of an outbox table that is detached now and published on its own: " +
 				"its inserts committed before " + f.Until.String() + " may have been written before the detach, and are dead-lettered as unattributed_partition; later ones are skipped as another table's")
+	case f.OnItsOwn:
+		fits := make([]string, len(f.Fits))
+		for i, t := range f.Fits {
+			fits[i] = t.String()
+		}
+		log.Strs("fits", fits).Str("publication", r.cfg.Publication).
+			Msg("the stream announces a relation published on its own that has the columns reading an outbox table needs but not exactly that table's columns, and the relay never saw it as its partition: " +
+				"it is taken for another table and its inserts are skipped. If it was a partition detached while the relay was stopped and its columns or the table's changed since, " +
+				"the rows it got while it was one are not relayed: insert them into the outbox table again; if it is not an outbox partition, remove it from the publication to silence this")
 	case f.Failed != nil:
 		fits := make([]string, len(f.Fits))
 		for i, t := range f.Fits {
