@@ -644,10 +644,9 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 			if former, L, err = d.listed(ctx, rel, b, m == Lookalike, parent); err != nil {
 				return Message{}, err
 			}
+			// owner stays unset: a row that may be no outbox row has no
+			// table (no per-table failure policy, no source table).
 			isOutbox = L != nil
-			if former != nil {
-				owner = former.Table
-			}
 		}
 	}
 	if L == nil {
