@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -505,6 +506,10 @@ CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events, outbox_2025, outbox
 		if _, ok := want[key]; !ok {
 			t.Errorf("unexpected row %s in %s", key, g) // side-*, u25-*, v26-* are not outbox rows
 		}
+	}
+	// Every one of them failed in the second run, whose metrics e.m holds.
+	if v := testutil.ToFloat64(e.m.PermanentFailures.WithLabelValues(decoder.CodeUnattributed)); v != 10 {
+		t.Errorf("cdc_relay_permanent_failures_total{code=%q} = %v, want 10", decoder.CodeUnattributed, v)
 	}
 	for _, line := range []string{"dead-lettered as unattributed_partition", `ALTER PUBLICATION \"cdc_relay_outbox\" DROP TABLE \"public\".\"outbox_2025\";`,
 		`"relation":"public.side_events"`, "not exactly that table's columns"} {
