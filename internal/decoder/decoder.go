@@ -242,9 +242,9 @@ type Message struct {
 	// CodeUnattributed (Former.Failed). The caller applies the failure policy.
 	Failed error
 	// Former is set for a KindRelation of a former partition (FormerMember,
-	// or a partition the decoder saw that is detached now and published on
-	// its own): which table its rows are attributed to and why, for the
-	// caller to log.
+	// or a relation published on its own now that the decoder saw as a
+	// partition or that is a Lookalike): which table its rows are
+	// attributed to and why, for the caller to log.
 	Former *Former
 }
 
@@ -640,10 +640,12 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 				return Message{}, err
 			}
 			isOutbox, owner = L != nil, former.Table
-		case NotMember:
-			if former, L, err = d.listed(ctx, rel, b); err != nil {
+		case NotMember, Lookalike:
+			if former, L, err = d.listed(ctx, rel, b, m == Lookalike, parent); err != nil {
 				return Message{}, err
 			}
+			// owner stays unset: a row that may be no outbox row has no
+			// table (no per-table failure policy, no source table).
 			isOutbox = L != nil
 		}
 	}
@@ -838,15 +840,18 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 const CodeUnattributed = "unattributed_partition"
 
 // Former says how the rows of a former partition are read: a FormerMember,
-// or a relation the decoder saw as a partition that Membership now calls
-// another table (Until set).
+// or a relation Membership now calls another table published on its own
+// (OnItsOwn): seen as a partition before, or a Lookalike (Until set), or
+// one with the columns reading an outbox table needs (skipped).
 type Former struct {
 	Rel Relation
 	// Table is the outbox table its rows are attributed to; zero when none.
 	Table TableName
 	// By is how the table was found: "catalog" (Membership named it),
 	// "remembered" (seen as its partition before), "columns" (the only
-	// table whose columns it has), or "" when none was.
+	// table whose columns it has), or "" when none was (with Until: a
+	// Lookalike, its rows attributed to the table it has the columns of
+	// only to fail).
 	By string
 	// Failed is set when its columns fit several tables and the relay never
 	// saw which it belonged to, or with Until: each of its inserts (before
@@ -855,12 +860,18 @@ type Former struct {
 	Failed error
 	// Fits lists the outbox tables whose columns it has.
 	Fits []TableName
-	// Until is set for a relation the decoder saw as a partition of Table
-	// that Membership now calls another table (detached, and published on
-	// its own): its inserts committed before Until, the server's WAL
-	// position when the catalog was read, may have been written before the
-	// detach and fail with Failed; those committed later are another
-	// table's, skipped.
+	// OnItsOwn: Membership calls it another table published on its own
+	// (NotMember or Lookalike). Without Until, it has the columns reading a
+	// table of Fits needs but neither was seen as a partition nor has
+	// exactly a table's columns: its inserts are skipped as another
+	// table's, which the caller says.
+	OnItsOwn bool
+	// Until is set for a relation Membership now calls another table
+	// published on its own that the decoder saw as a partition of Table
+	// (detached since), or that has exactly Table's columns (Lookalike): its
+	// inserts committed before Until, the server's WAL position when the
+	// catalog was read, may have been written while it was a partition and
+	// fail with Failed; those committed later are another table's, skipped.
 	Until pglogrepl.LSN
 }
 
@@ -872,31 +883,85 @@ type WALEnd func(ctx context.Context) (pglogrepl.LSN, error)
 // on its own (Former.Until); nil: such a relation is another table.
 func (d *Decoder) SetWALEnd(f WALEnd) { d.walEnd = f }
 
-// listed judges a relation Membership calls another table: when the decoder
-// saw it as a partition of an outbox table and it still has that table's
-// columns, it was detached and is published on its own, so the stream may
-// hold rows it got before the detach (outbox rows) and after (not). Which
-// is which the catalog no longer says: the rows committed before the WAL
-// position read now fail as unattributed, later ones are skipped. It
-// returns nil and a nil layout for another table.
-func (d *Decoder) listed(ctx context.Context, rel Relation, b []byte) (*Former, *layout, error) {
-	t, seen := d.members[rel.ID]
-	if !seen || d.walEnd == nil {
+// listed judges a relation Membership calls another table published on its
+// own (NotMember, or Lookalike of table like). It may be a partition
+// detached since, so the stream may hold rows it got before the detach
+// (outbox rows) and after (not): when the decoder saw it as a partition of
+// an outbox table, or when the catalog says it has exactly the columns of
+// one (Lookalike: the relay may have seen it as a partition in an earlier
+// run only, its memory being per run) and it still has that table's
+// columns. Which row is which the catalog no longer says: the rows
+// committed before the WAL position read now fail as unattributed, later
+// ones are skipped. It returns nil and a nil layout for another table.
+//
+// Why not a durable memory of partitions (kept beside the checkpoint): it
+// would narrow the dead letters to the rows written before the detach, but
+// only for partitions the relay saw attached, so a partition attached and
+// detached while the relay was stopped would still need this floor; and it
+// would add a table (with its migration and grants) and a file format to
+// the checkpoint stores. Lookalike is the floor that cannot lose a row
+// silently: its cost, the rows of a genuinely separate table with an
+// outbox table's exact columns in the publication, is dead letters that
+// name why, and the warning says to drop the table from the publication.
+func (d *Decoder) listed(ctx context.Context, rel Relation, b []byte, lookalike bool, like TableName) (*Former, *layout, error) {
+	if d.walEnd == nil {
 		return nil, nil, nil
 	}
-	cols := d.layouts[t].columns
-	L := &layout{columns: cols}
+	t, seen := d.members[rel.ID]
+	f := &Former{Rel: rel, OnItsOwn: true, Fits: []TableName{t}}
+	if !seen {
+		f.Fits = nil
+		for _, u := range d.tables {
+			ok, err := d.fits(d.layouts[u], b)
+			if err != nil {
+				return nil, nil, err
+			}
+			if ok {
+				f.Fits = append(f.Fits, u)
+			}
+		}
+		if !lookalike || !slices.Contains(d.tables, like) {
+			if len(f.Fits) == 0 {
+				return nil, nil, nil
+			}
+			// Columns that differ from every outbox table's now prove
+			// nothing about the past (either table may have changed since
+			// a detach), but the relay must take it for another table; it
+			// says so, with the tables it could have belonged to.
+			return f, nil, nil
+		}
+		t = like
+	}
+	// The columns the Relation message announces are the relation's when
+	// the change was written; without the table's columns then, it was not
+	// its partition then.
+	L := &layout{columns: d.layouts[t].columns}
 	if ok, err := d.fits(L, b); err != nil || !ok {
 		return nil, nil, err
 	}
+	f.Table = t
+	if seen {
+		f.By = "remembered"
+	}
 	until, err := d.walEnd(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("relation %s.%s, a partition of %s detached since: %w", rel.Namespace, rel.Name, t, err)
+		if seen {
+			return nil, nil, fmt.Errorf("relation %s.%s, a partition of %s detached since: %w", rel.Namespace, rel.Name, t, err)
+		}
+		return nil, nil, fmt.Errorf("relation %s.%s, with the columns of %s: %w", rel.Namespace, rel.Name, t, err)
 	}
-	f := &Former{Rel: rel, Table: t, By: "remembered", Until: until, Fits: []TableName{t}}
+	f.Until = until
+	if seen {
+		f.Failed = &outbox.EventError{Code: CodeUnattributed, Err: fmt.Errorf(
+			"relation %s.%s (oid %d) was a partition of %s and is detached now, published on its own: the relay cannot tell whether this row, committed before %s, was written before the detach (an outbox row) or after (not one): "+
+				"replay the dead letter if it is an outbox row, purge it if not", rel.Namespace, rel.Name, rel.ID, t, until)}
+		return f, L, nil
+	}
 	f.Failed = &outbox.EventError{Code: CodeUnattributed, Err: fmt.Errorf(
-		"relation %s.%s (oid %d) was a partition of %s and is detached now, published on its own: the relay cannot tell whether this row, committed before %s, was written before the detach (an outbox row) or after (not one): "+
-			"replay the dead letter if it is an outbox row, purge it if not", rel.Namespace, rel.Name, rel.ID, t, until)}
+		"relation %s.%s (oid %d) is published on its own and has exactly the columns of %s without being its partition now, and the relay never saw it as one: "+
+			"it may be a partition detached while the relay was stopped or behind, so the relay cannot tell whether this row, committed before %s, was written while it was a partition (an outbox row) or not: "+
+			"replay the dead letter if it is an outbox row, purge it if not; if %s.%s is not an outbox partition, remove it from the publication (ALTER PUBLICATION ... DROP TABLE %s.%s)",
+		rel.Namespace, rel.Name, rel.ID, t, until, rel.Namespace, rel.Name, rel.Namespace, rel.Name)}
 	return f, L, nil
 }
 
@@ -1022,7 +1087,7 @@ type Member uint8
 const (
 	// NotMember: another table; its changes are skipped. A relation the
 	// decoder saw as a partition is one detached since and published on
-	// its own (see Former.Until).
+	// its own (see Former.Until), as a Lookalike is.
 	NotMember Member = iota
 	// IsMember: a partition of the outbox table, published under its own
 	// name; its inserts are outbox events.
@@ -1033,6 +1098,14 @@ const (
 	// its own). Its inserts are outbox events of the table it belonged to
 	// (see Former); without any table's columns it is another table, skipped.
 	FormerMember
+	// Lookalike: another table published on its own, as NotMember, that has
+	// exactly the columns of an outbox table (the TableName answered)
+	// without being its partition now: possibly a partition detached while
+	// the relay was stopped, or before a restart let it read the partition's
+	// rows, which the relay then never saw as one. Its inserts committed
+	// before the WAL position read when the stream announces it fail as
+	// unattributed, later ones are skipped (Former.Until).
+	Lookalike
 )
 
 // Membership answers, for a relation a Relation message announces under a

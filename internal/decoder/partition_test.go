@@ -388,44 +388,76 @@ func TestFormerPartitionAttribution(t *testing.T) {
 	}
 }
 
-// TestDetachedPartitionPublishedOnItsOwn: a relation the decoder saw as a
-// partition that Membership now calls another table (detached, and listed
-// in the publication by name) may have rows of both kinds in the stream:
-// those committed before the WAL position read when it was announced fail
-// as unattributed (never skipped), later ones are skipped as another
-// table's. Unseen, or without a WAL reader, it is another table.
+// TestDetachedPartitionPublishedOnItsOwn: a relation Membership calls
+// another table published on its own (detached, and listed in the
+// publication by name) may have rows of both kinds in the stream when the
+// decoder saw it as a partition, or when Membership says it has exactly an
+// outbox table's columns (Lookalike: a partition detached while the relay
+// was stopped, which this run never saw as one): those committed before
+// the WAL position read when it was announced fail as unattributed (never
+// skipped), later ones are skipped as another table's. Unseen and no
+// lookalike, a lookalike of a table the decoder does not read or whose
+// Relation message lacks its columns, or without a WAL reader, it is
+// another table.
 func TestDetachedPartitionPublishedOnItsOwn(t *testing.T) {
 	const partID = 401
 	until := lsn1 + 0x1000
+	outboxEvents := TableName{"public", "outbox_events"}
 	for _, tc := range []struct {
 		name        string
 		remember    bool
+		member      Member
+		like        TableName
+		columns     []string // of the Relation message; outboxColumns when nil
 		walEnd      bool
 		wantBefore  Kind
-		wantFailure bool
+		wantFailure bool // Former.Until set, inserts before it fail
+		wantWhy     string
+		wantSkipped bool // Former says the inserts are skipped
 	}{
-		{name: "seen, with a WAL reader", remember: true, walEnd: true, wantBefore: KindEvent, wantFailure: true},
-		{name: "never seen", walEnd: true, wantBefore: KindSkip},
+		{name: "seen, with a WAL reader", remember: true, walEnd: true, wantBefore: KindEvent, wantFailure: true, wantWhy: "before the detach"},
+		{name: "seen, and a lookalike", remember: true, member: Lookalike, like: outboxEvents, walEnd: true, wantBefore: KindEvent, wantFailure: true, wantWhy: "before the detach"},
+		{name: "never seen", walEnd: true, wantBefore: KindSkip, wantSkipped: true},
+		{name: "never seen, without the columns", columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "body"}, walEnd: true, wantBefore: KindSkip},
+		{name: "never seen, a lookalike", member: Lookalike, like: outboxEvents, walEnd: true, wantBefore: KindEvent, wantFailure: true,
+			wantWhy: "ALTER PUBLICATION ... DROP TABLE public.outbox_2024"},
+		{name: "a lookalike of a table not read", member: Lookalike, like: TableName{"public", "other_outbox"}, walEnd: true, wantBefore: KindSkip, wantSkipped: true},
+		{name: "a lookalike without the columns when written", member: Lookalike, like: outboxEvents, columns: []string{"id", "aggregate_type", "aggregate_id", "event_type", "body"},
+			walEnd: true, wantBefore: KindSkip},
 		{name: "no WAL reader", remember: true, wantBefore: KindSkip},
+		{name: "a lookalike, no WAL reader", member: Lookalike, like: outboxEvents, wantBefore: KindSkip},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := New(defaultConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
-			d.SetMembership(func(context.Context, Relation) (Member, TableName, error) { return NotMember, TableName{}, nil })
+			d.SetMembership(func(context.Context, Relation) (Member, TableName, error) { return tc.member, tc.like, nil })
 			if tc.remember {
-				d.RememberMembers(map[uint32]TableName{partID: {"public", "outbox_events"}})
+				d.RememberMembers(map[uint32]TableName{partID: outboxEvents})
 			}
 			if tc.walEnd {
 				d.SetWALEnd(func(context.Context) (pglogrepl.LSN, error) { return until, nil })
 			}
-			m, err := d.Decode(relationMsg(partID, "public", "outbox_2024", outboxColumns...))
+			columns := tc.columns
+			if columns == nil {
+				columns = outboxColumns
+			}
+			m, err := d.Decode(relationMsg(partID, "public", "outbox_2024", columns...))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if (m.Former != nil) != tc.wantFailure || (m.Former != nil && m.Former.Until != until) {
-				t.Fatalf("Former = %+v, want one with Until %s: %v", m.Former, until, tc.wantFailure)
+			switch f := m.Former; {
+			case tc.wantFailure:
+				if f == nil || f.Until != until || f.Table != outboxEvents || !f.OnItsOwn {
+					t.Fatalf("Former = %+v, want one of %s on its own with Until %s", f, outboxEvents, until)
+				}
+			case tc.wantSkipped:
+				if f == nil || f.Until != 0 || f.Failed != nil || !f.OnItsOwn || len(f.Fits) != 1 || f.Fits[0] != outboxEvents {
+					t.Fatalf("Former = %+v, want one on its own that fits %s, skipped", f, outboxEvents)
+				}
+			case f != nil:
+				t.Fatalf("Former = %+v, want none", f)
 			}
 			for _, step := range []struct {
 				commit pglogrepl.LSN
@@ -443,7 +475,7 @@ func TestDetachedPartitionPublishedOnItsOwn(t *testing.T) {
 				}
 				if m.Kind == KindEvent {
 					var ee *outbox.EventError
-					if !errors.As(m.Failed, &ee) || ee.Code != CodeUnattributed || !strings.Contains(ee.Error(), "before the detach") {
+					if !errors.As(m.Failed, &ee) || ee.Code != CodeUnattributed || !strings.Contains(ee.Error(), tc.wantWhy) || m.Event.Table != "" {
 						t.Fatalf("insert committed at %s: Failed = %v, want %s saying why", step.commit, m.Failed, CodeUnattributed)
 					}
 				}

@@ -148,7 +148,10 @@ func TestPartitionMembership(t *testing.T) {
 		CREATE TABLE m.detached_listed PARTITION OF m.outbox_events FOR VALUES FROM ('2022-01-01') TO ('2023-01-01');
 		CREATE TABLE m.dropped PARTITION OF m.outbox_events FOR VALUES FROM ('2021-01-01') TO ('2022-01-01');
 		CREATE TABLE m.unrelated (id int);
-		CREATE PUBLICATION member_pub FOR TABLE m.outbox_events, m.unrelated, m.detached_listed`)
+		CREATE TABLE m.twin (created_at timestamptz NOT NULL, payload jsonb, aggregate_id text, id uuid NOT NULL);
+		CREATE TABLE m.wider (LIKE m.outbox_events, note text);
+		CREATE TABLE m.retyped (id text, aggregate_id text, payload jsonb, created_at timestamptz);
+		CREATE PUBLICATION member_pub FOR TABLE m.outbox_events, m.unrelated, m.detached_listed, m.twin, m.wider, m.retyped`)
 	oid := func(name string) uint32 {
 		var o uint32
 		if err := e.poolA.QueryRow(t.Context(), "SELECT $1::regclass::oid", name).Scan(&o); err != nil {
@@ -157,7 +160,7 @@ func TestPartitionMembership(t *testing.T) {
 		return o
 	}
 	oids := map[string]uint32{}
-	for _, n := range []string{"m.sub", "m.leaf", "m.other_default", "m.detached", "m.detached_listed", "m.dropped", "m.unrelated"} {
+	for _, n := range []string{"m.sub", "m.leaf", "m.other_default", "m.detached", "m.detached_listed", "m.dropped", "m.unrelated", "m.twin", "m.wider", "m.retyped"} {
 		oids[n] = oid(n)
 	}
 	setup := replication.SetupConfig{Publication: "member_pub", Schema: "m", Table: "outbox_events"}
@@ -187,9 +190,12 @@ func TestPartitionMembership(t *testing.T) {
 		"m.leaf":            decoder.IsMember, // a partition of a partition
 		"m.other_default":   decoder.IsMember,
 		"m.detached":        decoder.FormerMember, // nothing publishes it now: its streamed changes predate the detach
-		"m.detached_listed": decoder.NotMember,    // published on its own: its inserts after the detach are not outbox rows
+		"m.detached_listed": decoder.Lookalike,    // published on its own, with the table's columns: maybe a partition once
 		"m.dropped":         decoder.FormerMember,
 		"m.unrelated":       decoder.NotMember,
+		"m.twin":            decoder.Lookalike, // the table's columns in another order: the catalog cannot tell it from a detached partition
+		"m.wider":           decoder.NotMember, // one column more than the table: never its partition as it is
+		"m.retyped":         decoder.NotMember, // a column of another type
 	}
 	for name, w := range want {
 		schema, table, _ := strings.Cut(name, ".")
@@ -200,7 +206,7 @@ func TestPartitionMembership(t *testing.T) {
 		if got != w {
 			t.Errorf("ReadMembership(%s) = %v, want %v", name, got, w)
 		}
-		if wantParent := (decoder.TableName{Schema: "m", Table: "outbox_events"}); got == decoder.IsMember && parent != wantParent {
+		if wantParent := (decoder.TableName{Schema: "m", Table: "outbox_events"}); (got == decoder.IsMember || got == decoder.Lookalike) && parent != wantParent {
 			t.Errorf("ReadMembership(%s) names parent %v, want %v", name, parent, wantParent)
 		}
 	}

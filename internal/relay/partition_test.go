@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -252,7 +253,9 @@ CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events, outbox_2026, shippi
 // dead-lettered. A partition the publication lists by name, detached while
 // the relay lags, is published on its own afterwards: the rows the relay
 // reads of it before it learns of the detach are dead-lettered (written
-// before or after it, the catalog no longer says), later ones skipped.
+// before or after it, the catalog no longer says), later ones skipped; after
+// the restart, its rows committed before the relay met it again are
+// dead-lettered too (TestFormerPartitionRowsAcrossRestart).
 func TestFormerPartitionRows(t *testing.T) {
 	for _, eventType := range []string{"", "event_type"} {
 		t.Run(fmt.Sprintf("event type column %q", eventType), func(t *testing.T) {
@@ -356,7 +359,7 @@ func formerPartitionRows(t *testing.T, eventType string) {
 		t.Fatal(err)
 	}
 	for _, l := range letters {
-		if l.ErrorCode != decoder.CodeUnattributed || !strings.Contains(l.ErrorMessage, "no longer a partition of an outbox table") && !strings.Contains(l.ErrorMessage, "before the detach") {
+		if l.ErrorCode != decoder.CodeUnattributed || !strings.Contains(l.ErrorMessage, "no longer a partition of an outbox table") && !strings.Contains(l.ErrorMessage, "cannot tell whether this row") {
 			t.Errorf("dead letter of %s: %s: %s, want %s naming why", l.AggregateID, l.ErrorCode, l.ErrorMessage, decoder.CodeUnattributed)
 		}
 		got[l.AggregateID] = "dead letter"
@@ -375,6 +378,11 @@ func formerPartitionRows(t *testing.T, eventType string) {
 		want[fmt.Sprint("o25-", i)] = "dead letter" // never seen; fits outbox_events and audit_outbox
 		want[fmt.Sprint("p25-", i)] = "parcels"     // never seen; only parcels_outbox has parcel_id
 		want[fmt.Sprint("a25-", i)] = "dead letter"
+		// Inserted into the detached outbox_2026 while the relay was
+		// stopped: the relay that starts again cannot tell it from a
+		// partition detached meanwhile (it has exactly the columns of
+		// outbox_events), so it dead-letters rather than skip.
+		want[fmt.Sprint("z26-", i)] = "dead letter"
 	}
 	for key, w := range want {
 		if got[key] != w {
@@ -387,6 +395,124 @@ func formerPartitionRows(t *testing.T, eventType string) {
 		}
 	}
 	for _, line := range []string{"dead-lettered as unattributed_partition", "detached now and published on its own", `"attributed_by":"remembered"`, `"attributed_by":"columns"`} {
+		if !strings.Contains(e.logs.String(), line) {
+			t.Errorf("no log line saying %q", line)
+		}
+	}
+}
+
+// TestFormerPartitionRowsAcrossRestart: a partition the publication lists
+// under its own name, detached while the relay was stopped or before a
+// restart let it read past its rows, is published on its own since, and the
+// relay that starts again never knew it as a partition. Its rows committed
+// before the relay met it again (those written while it was a partition
+// among them) are dead-lettered as unattributed_partition naming why; the
+// ones committed later are another table's, skipped; none is skipped
+// silently. A table of the publication whose columns are not exactly the
+// outbox table's was never its partition: its rows are skipped.
+//
+// Two ways to forget: outbox_2026 is detached while the relay lags (Kafka
+// refuses every produce request), and the relay is stopped before it
+// delivered its rows; outbox_2025 gets rows and is detached while the relay
+// is stopped (a clean stop, nothing in flight).
+func TestFormerPartitionRowsAcrossRestart(t *testing.T) {
+	e := newEnv(t)
+	e.exec(partitionedOutbox + `;
+CREATE TABLE outbox_2026 PARTITION OF outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+CREATE TABLE side_events (LIKE outbox_events INCLUDING DEFAULTS, note text);
+CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events, outbox_2025, outbox_2026, side_events WITH (publish = 'insert')`)
+	store := e.withDeadLetters(func(c *relay.Config) {
+		c.ShutdownTimeout = 2 * time.Second // the stop while Kafka refuses gives up this soon
+		c.MaxInFlightBytes = 1              // one event in flight: with Kafka down the relay reads no further
+	})
+	rows := func(table, prefix, created string, n int) {
+		t.Helper()
+		e.exec(`INSERT INTO `+table+` (aggregate_type, aggregate_id, event_type, payload, created_at)
+			SELECT 'order', $1 || g, 'Placed', jsonb_build_object('seq', 0), $2::timestamptz FROM generate_series(0, $3 - 1) g`, prefix, created, n)
+	}
+	testenv.RequireLocalKafka(t, e.kafka)
+	var broken atomic.Bool
+	c := e.kafka.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !broken.Load() {
+			return nil, nil, false
+		}
+		return testenv.ProduceError(kreq.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition.Code), nil, true
+	})
+
+	e.start()
+	rows("outbox_events", "live-", "2031-01-01", 1)
+	e.waitSlotConfirmed(e.currentLSN())
+
+	// The relay knows outbox_2026 as a partition but lags behind its rows
+	// (stuck on the filler), and stops before it read them.
+	broken.Store(true)
+	rows("outbox_events", "filler-", "2031-01-01", 1)
+	rows("outbox_events", "l26-", "2026-06-01", 3)
+	e.exec(`ALTER TABLE outbox_events DETACH PARTITION outbox_2026`)
+	rows("outbox_2026", "m26-", "2026-06-01", 2) // after the detach: not outbox rows, read before the relay can tell
+	if err := e.stop(); err != nil {
+		t.Logf("stop while Kafka refuses: %v", err)
+	}
+	broken.Store(false)
+
+	// The relay stopped cleanly: rows go into outbox_2025, which is
+	// detached before the relay starts again.
+	rows("outbox_events", "s25-", "2025-06-01", 3)
+	e.exec(`ALTER TABLE outbox_events DETACH PARTITION outbox_2025`)
+	rows("outbox_2025", "t25-", "2025-06-01", 2) // after the detach, read before the relay can tell
+	e.exec(`INSERT INTO side_events (aggregate_type, aggregate_id, event_type, payload, note)
+		SELECT 'order', 'side-' || g, 'Placed', '{}', 'not an outbox row' FROM generate_series(0, 1) g`)
+	e.start()
+	e.waitSlotConfirmed(e.currentLSN())
+	rows("outbox_2025", "u25-", "2025-06-01", 2) // another table's rows now
+	rows("outbox_2026", "v26-", "2026-06-01", 2)
+	rows("outbox_events", "live2-", "2031-01-01", 1)
+	e.waitSlotConfirmed(e.currentLSN())
+
+	got := map[string]string{}
+	for _, r := range e.readAll() {
+		if where, dup := got[string(r.Key)]; dup {
+			t.Errorf("key %q twice (%s and %s)", r.Key, where, r.Topic)
+		}
+		got[string(r.Key)] = r.Topic
+	}
+	letters, err := store.List(t.Context(), deadletter.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range letters {
+		if l.ErrorCode != decoder.CodeUnattributed || !strings.Contains(l.ErrorMessage, "cannot tell whether this row") {
+			t.Errorf("dead letter of %s: %s: %s, want %s naming why and what to do", l.AggregateID, l.ErrorCode, l.ErrorMessage, decoder.CodeUnattributed)
+		}
+		got[l.AggregateID] = "dead letter"
+	}
+	want := map[string]string{"live-0": e.topic, "filler-0": e.topic, "live2-0": e.topic}
+	for i := range 3 {
+		want[fmt.Sprint("l26-", i)] = "dead letter" // written while a partition, read only after a restart
+		want[fmt.Sprint("s25-", i)] = "dead letter" // written while a partition, detached while the relay was stopped
+	}
+	for i := range 2 {
+		want[fmt.Sprint("m26-", i)] = "dead letter" // after the detach, but committed before the relay met the table again
+		want[fmt.Sprint("t25-", i)] = "dead letter"
+	}
+	for key, w := range want {
+		if got[key] != w {
+			t.Errorf("row %s: %q, want %q", key, got[key], w)
+		}
+	}
+	for key, g := range got {
+		if _, ok := want[key]; !ok {
+			t.Errorf("unexpected row %s in %s", key, g) // side-*, u25-*, v26-* are not outbox rows
+		}
+	}
+	// Every one of them failed in the second run, whose metrics e.m holds.
+	if v := testutil.ToFloat64(e.m.PermanentFailures.WithLabelValues(decoder.CodeUnattributed)); v != 10 {
+		t.Errorf("cdc_relay_permanent_failures_total{code=%q} = %v, want 10", decoder.CodeUnattributed, v)
+	}
+	for _, line := range []string{"dead-lettered as unattributed_partition", `ALTER PUBLICATION \"cdc_relay_outbox\" DROP TABLE \"public\".\"outbox_2025\";`,
+		`"relation":"public.side_events"`, "not exactly that table's columns"} {
 		if !strings.Contains(e.logs.String(), line) {
 			t.Errorf("no log line saying %q", line)
 		}

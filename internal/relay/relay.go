@@ -745,10 +745,28 @@ func (r *Relay) logFormer(f *decoder.Former) {
 		"its changes in the stream were written while it was one (detached or dropped since)"
 	log := r.log.Warn().Str("relation", f.Rel.Namespace+"."+f.Rel.Name).Uint32("oid", f.Rel.ID)
 	switch {
+	case f.Until != 0 && f.By == "":
+		// A Lookalike: the relay cannot tell a partition detached while it
+		// was stopped from a table that never was one, so it says how to
+		// make it stop asking.
+		drop := fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s;", pgx.Identifier{r.cfg.Publication}.Sanitize(), pgx.Identifier{f.Rel.Namespace, f.Rel.Name}.Sanitize())
+		log.Str("table", f.Table.String()).Str("until", f.Until.String()).Str("publication", r.cfg.Publication).Str("sql", drop).
+			Msg("the stream announces a relation published on its own that has exactly the columns of an outbox table but is not its partition, and the relay never saw it as one: " +
+				"it may be a partition detached while the relay was stopped, so its inserts committed before " + f.Until.String() + " may be outbox rows, and are dead-lettered as unattributed_partition; later ones are skipped as another table's. " +
+				"Replay the dead letters that are outbox rows, purge the others; if the table is not an outbox partition, run " + drop)
 	case f.Until != 0:
 		log.Str("table", f.Table.String()).Str("until", f.Until.String()).
 			Msg("the stream announces a relation the relay saw as a partition of an outbox table that is detached now and published on its own: " +
 				"its inserts committed before " + f.Until.String() + " may have been written before the detach, and are dead-lettered as unattributed_partition; later ones are skipped as another table's")
+	case f.OnItsOwn:
+		fits := make([]string, len(f.Fits))
+		for i, t := range f.Fits {
+			fits[i] = t.String()
+		}
+		log.Strs("fits", fits).Str("publication", r.cfg.Publication).
+			Msg("the stream announces a relation published on its own that has the columns reading an outbox table needs but not exactly that table's columns, and the relay never saw it as its partition: " +
+				"it is taken for another table and its inserts are skipped. If it was a partition detached while the relay was stopped and its columns or the table's changed since, " +
+				"the rows it got while it was one are not relayed: insert them into the outbox table again; if it is not an outbox partition, remove it from the publication to silence this")
 	case f.Failed != nil:
 		fits := make([]string, len(f.Fits))
 		for i, t := range f.Fits {

@@ -144,7 +144,10 @@ func readCoverage(ctx context.Context, db QueryRower, cfg SetupConfig) (Coverage
 //   - otherwise, when the publication streams it on its own account (it or
 //     one of its ancestors is in pg_publication_tables): another table, or a
 //     detached partition the publication lists by name, whose inserts after
-//     the detach are not outbox rows: decoder.NotMember;
+//     the detach are not outbox rows: decoder.Lookalike, naming the first of
+//     cfg's tables whose columns (names and types, pg_attribute) it has
+//     exactly, no more, no fewer, as a partition has its table's; else
+//     decoder.NotMember;
 //   - otherwise Postgres streamed its change although nothing publishes it
 //     now, so when the change was written it was published through the
 //     outbox table: a partition detached or dropped since, whose changes the
@@ -155,22 +158,33 @@ func ReadMembership(ctx context.Context, db QueryRower, cfg SetupConfig, rel dec
 	var (
 		exists, published bool
 		parent            []string // schema and name of the outbox table rel is a partition of
+		like              []string // schema and name of the outbox table whose columns rel has
 	)
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $2::oid),
+	err := db.QueryRow(ctx, `WITH cols AS (SELECT a.attrelid, array_agg(a.attname::text || ' ' || a.atttypid::text ORDER BY a.attname) AS cols
+			FROM pg_attribute a WHERE a.attnum > 0 AND NOT a.attisdropped
+			AND (a.attrelid = $2::oid OR a.attrelid IN (SELECT to_regclass(t) FROM unnest($1::text[]) t))
+			GROUP BY a.attrelid)
+		SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $2::oid),
 		(SELECT ARRAY[n.nspname::text, c.relname::text] FROM pg_partition_ancestors($2::oid::regclass) a
 			JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE a.relid IN (SELECT to_regclass(t) FROM unnest($1::text[]) t) LIMIT 1),
 		EXISTS (SELECT 1 FROM pg_publication_tables t
 			JOIN pg_namespace n ON n.nspname = t.schemaname
 			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
-			WHERE t.pubname = $3 AND (c.oid = $2::oid OR c.oid IN (SELECT a.relid FROM pg_partition_ancestors($2::oid::regclass) a)))`,
-		cfg.qualifiedTables(), rel.ID, cfg.Publication).Scan(&exists, &parent, &published)
+			WHERE t.pubname = $3 AND (c.oid = $2::oid OR c.oid IN (SELECT a.relid FROM pg_partition_ancestors($2::oid::regclass) a))),
+		(SELECT ARRAY[n.nspname::text, c.relname::text] FROM unnest($1::text[]) WITH ORDINALITY u(t, i)
+			JOIN pg_class c ON c.oid = to_regclass(u.t) JOIN pg_namespace n ON n.oid = c.relnamespace
+			JOIN cols tc ON tc.attrelid = c.oid JOIN cols rc ON rc.attrelid = $2::oid
+			WHERE c.oid <> $2::oid AND tc.cols = rc.cols ORDER BY u.i LIMIT 1)`,
+		cfg.qualifiedTables(), rel.ID, cfg.Publication).Scan(&exists, &parent, &published, &like)
 	if err != nil {
 		return decoder.NotMember, decoder.TableName{}, fmt.Errorf("look up whether relation %q.%q (oid %d) is a partition of %s: %w", rel.Namespace, rel.Name, rel.ID, strings.Join(cfg.qualifiedTables(), ", "), err)
 	}
 	switch {
 	case len(parent) == 2:
 		return decoder.IsMember, decoder.TableName{Schema: parent[0], Table: parent[1]}, nil
+	case exists && published && len(like) == 2:
+		return decoder.Lookalike, decoder.TableName{Schema: like[0], Table: like[1]}, nil
 	case exists && published:
 		return decoder.NotMember, decoder.TableName{}, nil
 	}
