@@ -17,6 +17,10 @@
 -- Safe to run more than once (IF NOT EXISTS). Run as the role that should own the table;
 -- that owner (or a superuser) must also run 003_publication.sql.
 
+-- The IF NOT EXISTS below make a second run print "already exists, skipping" NOTICEs;
+-- they say nothing to act on, so this session shows warnings and errors only.
+SET client_min_messages = warning;
+
 CREATE TABLE IF NOT EXISTS public.outbox_events (
     id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
     aggregate_type text        NOT NULL,

@@ -12,6 +12,10 @@
 --
 -- Safe to run more than once (IF NOT EXISTS).
 
+-- The IF NOT EXISTS below make a second run print "already exists, skipping" NOTICEs;
+-- they say nothing to act on, so this session shows warnings and errors only.
+SET client_min_messages = warning;
+
 CREATE TABLE IF NOT EXISTS public.cdc_relay_checkpoints (
     slot_name  text        PRIMARY KEY,
     system_id  text        NOT NULL,

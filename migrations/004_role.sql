@@ -1,7 +1,8 @@
 -- 004_role.sql: a least-privilege login role for cdc-relay.
 --
--- Run with psql, as a superuser (in PostgreSQL 15 only a superuser may give a role the
--- REPLICATION attribute), connected to the database that holds the outbox, after 001-003.
+-- Run with psql, connected to the database that holds the outbox, after 001-003, as a
+-- superuser or, where there is none (managed services), as the provider's admin role
+-- (CREATEROLE, not a superuser): see "Managed services" below.
 -- Set the password with a psql variable so it never lands in this file or in the shell
 -- history of a SQL script:
 --
@@ -25,9 +26,16 @@
 -- 003_publication.sql creates it as the table owner, and the relay runs with
 -- --create-publication=false. It can neither write to nor delete from the outbox.
 --
--- Managed services: where no superuser is available, use the provider's replication grant
--- instead of the REPLICATION attribute (for example on Amazon RDS/Aurora:
--- GRANT rds_replication TO cdc_relay; with rds.logical_replication = 1).
+-- Managed services: the file only changes the attributes that differ from the ones below,
+-- so the provider's admin role (CREATEROLE, not a superuser) can run it: a new role has
+-- them all but LOGIN and REPLICATION. REPLICATION itself is what a superuser gives; so
+-- does, from PostgreSQL 16, a CREATEROLE role that has REPLICATION (Supabase's postgres),
+-- and so do Azure's and Cloud SQL's admin users. Where the provider has a replication role
+-- instead (Amazon RDS/Aurora: rds_replication, with rds.logical_replication = 1), name it
+-- and the file grants it rather than the attribute:
+--
+--   psql -v ON_ERROR_STOP=1 -v cdc_relay_replication_role=rds_replication \
+--        -v cdc_relay_password='<choose-a-secret>' -d <db> -f 004_role.sql
 --
 -- pg_hba.conf: the relay connects to the outbox database twice, once as a normal session
 -- and once as a logical replication session (replication=database). BOTH are matched by an
@@ -44,17 +52,46 @@
 -- Safe to run more than once: creates the role when it is missing, otherwise brings its
 -- attributes back to the ones below; GRANTs are idempotent.
 
+\if :{?cdc_relay_replication_role}
+SET cdc_relay.replication_role = :'cdc_relay_replication_role';
+\endif
+
+-- Exactly the attributes the relay needs, and no others: LOGIN, REPLICATION (or the
+-- provider's replication role), NOSUPERUSER, NOCREATEDB, NOCREATEROLE, NOBYPASSRLS.
+-- Only those that differ are altered: changing SUPERUSER (even to NOSUPERUSER), and
+-- before PostgreSQL 16 REPLICATION, needs a superuser.
 DO $$
+DECLARE
+    r pg_catalog.pg_roles%ROWTYPE;
+    replication_role text := nullif(current_setting('cdc_relay.replication_role', true), '');
+    change text := '';
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'cdc_relay') THEN
         CREATE ROLE cdc_relay;
         RAISE NOTICE 'created role cdc_relay';
     END IF;
+    SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = 'cdc_relay';
+    IF NOT r.rolcanlogin THEN change := change || ' LOGIN'; END IF;
+    IF replication_role IS NULL AND NOT r.rolreplication THEN change := change || ' REPLICATION'; END IF;
+    IF r.rolsuper THEN change := change || ' NOSUPERUSER'; END IF;
+    IF r.rolcreatedb THEN change := change || ' NOCREATEDB'; END IF;
+    IF r.rolcreaterole THEN change := change || ' NOCREATEROLE'; END IF;
+    IF r.rolbypassrls THEN change := change || ' NOBYPASSRLS'; END IF;
+    IF change <> '' THEN
+        BEGIN
+            EXECUTE 'ALTER ROLE cdc_relay WITH' || change;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE EXCEPTION 'cannot ALTER ROLE cdc_relay WITH% as role %: %', change, current_user, SQLERRM
+                USING HINT = 'run 004_role.sql as a superuser; where there is none, as the provider''s admin role, '
+                    'with -v cdc_relay_replication_role=<the provider''s replication role> (rds_replication on Amazon RDS and Aurora) '
+                    'when it may not give REPLICATION (before PostgreSQL 16 only a superuser may)';
+        END;
+    END IF;
+    IF replication_role IS NOT NULL AND NOT pg_catalog.pg_has_role('cdc_relay', replication_role, 'MEMBER') THEN
+        EXECUTE format('GRANT %I TO cdc_relay', replication_role);
+    END IF;
 END
 $$;
-
--- Exactly the attributes the relay needs, and no others.
-ALTER ROLE cdc_relay WITH LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
 
 \if :{?cdc_relay_password}
 ALTER ROLE cdc_relay WITH PASSWORD :'cdc_relay_password';

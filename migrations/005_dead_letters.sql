@@ -27,6 +27,10 @@
 -- marks 'replayed' letters 'completed' (the relay does this itself when its role owns
 -- the tables).
 
+-- The IF NOT EXISTS below make a second run print "already exists, skipping" NOTICEs;
+-- they say nothing to act on, so this session shows warnings and errors only.
+SET client_min_messages = warning;
+
 CREATE TABLE IF NOT EXISTS "public"."cdc_relay_dead_letters" (
     id                 bigserial   PRIMARY KEY,
     event_id           text        NOT NULL UNIQUE,
@@ -127,6 +131,9 @@ BEGIN
     END IF;
 END
 $cdc_relay$;
+
+-- What follows says something worth reading (a missing role).
+RESET client_min_messages;
 
 -- cdc_relay stores dead letters (INSERT ... ON CONFLICT (event_id) DO UPDATE) and reads the
 -- backlog; with --dlq-auto-retry it claims, marks and records transitions; the dlq

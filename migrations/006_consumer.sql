@@ -43,6 +43,10 @@
 -- version: it adds the state model's columns and history table, replaces the status
 -- CHECK, and marks 'reprocessed' letters 'completed' (consumer.Migrate does this too).
 
+-- The IF NOT EXISTS below make a second run print "already exists, skipping" NOTICEs;
+-- they say nothing to act on, so this session shows warnings and errors only.
+SET client_min_messages = warning;
+
 CREATE TABLE IF NOT EXISTS "public"."processed_messages" (
     consumer_name text        NOT NULL,
     message_id    text        NOT NULL,

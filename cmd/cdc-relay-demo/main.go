@@ -9,6 +9,10 @@
 //	go run ./cmd/cdc-relay-demo -events 0   # no sample events: prints a psql command
 //	                                        # to insert your own, runs until Ctrl-C
 //	go run ./cmd/cdc-relay-demo -events -1  # sample events until Ctrl-C
+//
+// It writes the demo database's URL to bin/demo-pg-url (-url-file) while it
+// runs, for README's walkthrough: psql "$(cat bin/demo-pg-url)". Ctrl-C
+// (SIGINT) or SIGTERM stops it cleanly, with exit status 0.
 package main
 
 import (
@@ -36,6 +40,9 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		err = nil // Ctrl-C before the relay streamed: the user's way to stop
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "cdc-relay-demo: %v\n", err)
@@ -48,6 +55,7 @@ func run(ctx context.Context, args []string) error {
 	events := fs.Int("events", 20, "sample outbox events to insert, then stop (0: none, wait for yours until Ctrl-C; -1: keep inserting until Ctrl-C)")
 	every := fs.Duration("every", 300*time.Millisecond, "pause between transactions")
 	verbose := fs.Bool("relay-logs", false, "show the relay's own log lines")
+	urlFile := fs.String("url-file", filepath.Join("bin", "demo-pg-url"), "write the demo database's URL to this file while the demo runs (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -85,6 +93,13 @@ func run(ctx context.Context, args []string) error {
 	brokers := strings.Join(kf.Brokers(), ",")
 	say("postgres: %s", url)
 	say("kafka:    %s", brokers)
+	if *urlFile != "" {
+		if err := writeURLFile(*urlFile, url); err != nil {
+			return err
+		}
+		defer os.Remove(*urlFile)
+		say("the postgres URL is in %s while the demo runs: psql \"$(cat %s)\"", *urlFile, *urlFile)
+	}
 
 	// The relay, exactly as `cdc-relay run` runs it.
 	relayCtx, stopRelay := context.WithCancel(context.Background())
@@ -292,6 +307,18 @@ func applyMigrations(ctx context.Context, url string) error {
 		if _, err := conn.Exec(ctx, string(sql)); err != nil {
 			return fmt.Errorf("apply migration %s: %w", f, err)
 		}
+	}
+	return nil
+}
+
+// writeURLFile writes url to path, creating its directory, so that another
+// terminal reads the demo's URL (its port changes every run).
+func writeURLFile(path, url string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("write the demo's URL to %s (-url-file): %w", path, err)
+	}
+	if err := os.WriteFile(path, []byte(url+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write the demo's URL to %s (-url-file): %w", path, err)
 	}
 	return nil
 }

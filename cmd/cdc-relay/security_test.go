@@ -332,6 +332,15 @@ func runCommand(ctx context.Context, t *testing.T, timeout time.Duration, args .
 // error, with the psql variables vars (name=value).
 func psqlFile(ctx context.Context, t *testing.T, dbURL, file string, vars ...string) {
 	t.Helper()
+	if out, err := psqlRun(ctx, t, dbURL, file, vars...); err != nil {
+		t.Fatalf("psql -f migrations/%s: %v\n%s", file, err, out)
+	}
+}
+
+// psqlRun runs migrations/<file> as psqlFile does and returns what psql
+// printed (stdout and stderr, where its NOTICEs go) and its error.
+func psqlRun(ctx context.Context, t *testing.T, dbURL, file string, vars ...string) (string, error) {
+	t.Helper()
 	args := []string{"-X", "-q", "-v", "ON_ERROR_STOP=1"}
 	for _, v := range vars {
 		args = append(args, "-v", v)
@@ -347,9 +356,8 @@ func psqlFile(ctx context.Context, t *testing.T, dbURL, file string, vars ...str
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("psql -f migrations/%s: %v\n%s", file, err, out)
-	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // queryRow runs sql with args on a fresh connection to dbURL and scans the

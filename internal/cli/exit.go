@@ -14,8 +14,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
-// Exit codes. status also exits ExitUsage when it finds a problem with the
-// slot (see StatusCmd).
+// Exit codes. status exits 3 (statusProblem) when it finds a problem with
+// the slot (see StatusCmd).
 const (
 	// ExitFailure is a runtime failure: a dependency refused or could not be
 	// reached, the relay halted.

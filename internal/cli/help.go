@@ -1,6 +1,10 @@
 package cli
 
-import "github.com/alecthomas/kong"
+import (
+	"fmt"
+
+	"github.com/alecthomas/kong"
+)
 
 // What --help shows beyond each flag's own help: the groups its flags are
 // listed in, and the examples at the top of the commands that have one.
@@ -79,10 +83,10 @@ func (*PruneCmd) Help() string {
 
 // Help shows an example above status's flags.
 func (*StatusCmd) Help() string {
-	return `Example: for a cron job or a probe; exits 2 when there is a problem, e.g. a lag above 256 MiB:
+	return fmt.Sprintf(`Example: for a cron job or a probe; exits %d when there is a problem, e.g. a lag above 256 MiB:
 
     cdc-relay status --pg-url postgres://relay@db:5432/app \
-      --max-lag-bytes 268435456`
+      --max-lag-bytes 268435456`, statusProblem)
 }
 
 // Help shows an example above dlq purge's flags.

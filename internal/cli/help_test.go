@@ -356,3 +356,21 @@ func splitExample(s string) ([]string, error) {
 	}
 	return words[1:], nil
 }
+
+// TestStatusHelpExitCode checks that every exit code status's help names
+// ("exits 3 on a problem") is the one status returns on a problem.
+func TestStatusHelpExitCode(t *testing.T) {
+	node := commands(helpModel(t))["status"]
+	if node == nil {
+		t.Fatal("no status command")
+	}
+	codes := regexp.MustCompile(`\bexits (\d+)`).FindAllStringSubmatch(node.Help+"\n"+node.Detail, -1)
+	if len(codes) == 0 {
+		t.Fatalf("status's help names no exit code (%q)", node.Help+"\n"+node.Detail)
+	}
+	for _, c := range codes {
+		if c[1] != fmt.Sprint(statusProblem) {
+			t.Errorf("status's help says %q; status exits %d on a problem", c[0], statusProblem)
+		}
+	}
+}

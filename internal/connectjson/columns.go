@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/jsonstr"
 	"github.com/cdc-relay/cdc-relay/internal/pgtext"
 )
 
@@ -167,15 +168,15 @@ func appendColumn(b []byte, c Column, v []byte) ([]byte, error) {
 	case oidTimestampTZ:
 		switch string(v) {
 		case "infinity", "-infinity":
-			return appendString(b, string(v)), nil
+			return jsonstr.Append(b, v), nil
 		}
 		t, err := pgtext.TimestampTZ(v)
 		if err != nil {
 			return bad(err)
 		}
-		return appendString(b, zonedTimestamp(t, c.precision())), nil
+		return jsonstr.Append(b, zonedTimestamp(t, c.precision())), nil
 	}
-	return appendString(b, string(v)), nil
+	return jsonstr.Append(b, v), nil
 }
 
 // zonedTimestamp formats t as Debezium's ZonedTimestamp does for a column of

@@ -15,6 +15,8 @@ import (
 	"bytes"
 	"fmt"
 	"strconv"
+
+	"github.com/cdc-relay/cdc-relay/internal/jsonstr"
 )
 
 // Encoding is how a record key or value is written.
@@ -276,7 +278,7 @@ func (e *Encoder) Value(p []byte, env [][]byte, routedBy, version []byte) ([]byt
 	b = append(b, pv...)
 	for i, f := range e.l.Envelope {
 		b = append(b, ',')
-		b = appendString(b, f.Alias)
+		b = jsonstr.Append(b, f.Alias)
 		b = append(b, ':')
 		var err error
 		if b, err = appendColumn(b, f.Column, env[i]); err != nil {

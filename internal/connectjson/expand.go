@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/cdc-relay/cdc-relay/internal/jsonstr"
 )
 
 // kind is a parsed JSON value's kind, with numbers told apart as Jackson's
@@ -305,7 +307,7 @@ func appendValue(b []byte, n *node, s *schema) ([]byte, error) {
 		if s.typ != "string" {
 			return nil, errMismatch
 		}
-		return appendString(b, n.s), nil
+		return jsonstr.Append(b, n.s), nil
 	case kBool:
 		if s.typ != "boolean" {
 			return nil, errMismatch
@@ -352,7 +354,7 @@ func appendValue(b []byte, n *node, s *schema) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, f.name)
+			b = jsonstr.Append(b, f.name)
 			b = append(b, ':')
 			var err error
 			if b, err = appendValue(b, n.member(f.name), f.s); err != nil {

@@ -4,6 +4,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/cdc-relay/cdc-relay/internal/jsonstr"
 )
 
 // schema is a Kafka Connect schema, as much of one as the outbox needs.
@@ -55,7 +57,7 @@ func (s *schema) equal(o *schema) bool {
 // member has its name last, under "field".
 func writeSchema(b []byte, s *schema, fieldName string) []byte {
 	b = append(b, `{"type":`...)
-	b = appendString(b, jsonTypeName(s.typ))
+	b = jsonstr.Append(b, jsonTypeName(s.typ))
 	switch s.typ {
 	case "struct":
 		b = append(b, `,"fields":[`...)
@@ -74,7 +76,7 @@ func writeSchema(b []byte, s *schema, fieldName string) []byte {
 	b = strconv.AppendBool(b, s.optional)
 	if s.name != "" {
 		b = append(b, `,"name":`...)
-		b = appendString(b, s.name)
+		b = jsonstr.Append(b, s.name)
 	}
 	if s.hasVer {
 		b = append(b, `,"version":`...)
@@ -82,7 +84,7 @@ func writeSchema(b []byte, s *schema, fieldName string) []byte {
 	}
 	if fieldName != "" {
 		b = append(b, `,"field":`...)
-		b = appendString(b, fieldName)
+		b = jsonstr.Append(b, fieldName)
 	}
 	return append(b, '}')
 }
@@ -97,41 +99,6 @@ func jsonTypeName(typ string) string {
 		return "double"
 	}
 	return typ
-}
-
-// appendString appends s as a JSON string escaped as Jackson escapes it:
-// quote, backslash and the control characters below U+0020 (\b \t \n \f \r
-// short, the rest \u00XX in upper-case hex); everything else as it is.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\b':
-			b = append(b, '\\', 'b')
-		case '\t':
-			b = append(b, '\\', 't')
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\f':
-			b = append(b, '\\', 'f')
-		case '\r':
-			b = append(b, '\\', 'r')
-		default:
-			const hex = "0123456789ABCDEF"
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // appendJavaDouble appends f as Java's Double.toString writes it (and so

@@ -9,7 +9,6 @@
 package relayproc
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -414,26 +413,13 @@ func (p *Process) Scrape(ctx context.Context) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("scrape %s metrics: status %s", p.opts.Name, resp.Status)
 	}
-	out := make(map[string]float64)
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[line[:i]] = v
-	}
-	if err := sc.Err(); err != nil {
+	samples, err := ParseMetrics(resp.Body)
+	if err != nil {
 		return nil, fmt.Errorf("scrape %s metrics: %w", p.opts.Name, err)
+	}
+	out := make(map[string]float64, len(samples))
+	for _, s := range samples {
+		out[s.Key()] = s.Value
 	}
 	return out, nil
 }

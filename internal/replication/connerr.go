@@ -78,6 +78,12 @@ func connectHint(pe *pgconn.PgError) string {
 	case "3D000": // invalid_catalog_name
 		return "the database named in " + url + " does not exist on this server: fix the URL or create the database"
 	case "42501": // insufficient_privilege
+		// A role without REPLICATION opening the replication connection: "must
+		// be superuser or replication role to start walsender" (13-15),
+		// "permission denied to start WAL sender" (16+).
+		if m := strings.ToLower(pe.Message); strings.Contains(m, "walsender") || strings.Contains(m, "wal sender") {
+			return "the user may not open a replication connection: grant it REPLICATION (ALTER ROLE <user> REPLICATION;, see migrations/004_role.sql), or fix the user in " + url
+		}
 		return "the user may not connect to this database: GRANT CONNECT ON DATABASE <db> TO <user>, or fix the user in " + url
 	case "53300": // too_many_connections
 		return "the server has no connection slot left: raise max_connections or close idle connections"

@@ -30,7 +30,7 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 	}})
 	testenv.RequireLocal(t, pg)
 	const password = "right-Pass-77"
-	if err := pg.Exec(ctx, "postgres", "CREATE ROLE pw_user LOGIN PASSWORD '"+password+"'; CREATE ROLE nobody_allowed LOGIN"); err != nil {
+	if err := pg.Exec(ctx, "postgres", "CREATE ROLE pw_user LOGIN PASSWORD '"+password+"'; CREATE ROLE nobody_allowed LOGIN; CREATE ROLE no_replication LOGIN"); err != nil {
 		t.Fatal(err)
 	}
 	base, err := url.Parse(pg.URL("postgres"))
@@ -56,6 +56,10 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 			[]string{`database "no_such_db" does not exist`, "does not exist on this server"}},
 		{"pg_hba.conf rejects", at(url.User("nobody_allowed"), "postgres"), "28000",
 			[]string{"pg_hba.conf", "check the user in the Postgres URL " + setting.Token("PGURL")}},
+		// The relay's replication connection as a role without REPLICATION:
+		// 42501 like a missing CONNECT, but CONNECT is not what to grant.
+		{"no REPLICATION", replicationURL(t, at(url.User("no_replication"), "postgres")), "42501",
+			[]string{"the user may not open a replication connection: grant it REPLICATION (ALTER ROLE <user> REPLICATION;", "migrations/004_role.sql"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,4 +94,18 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// replicationURL is raw with replication=database, as the relay's
+// replication connection opens it.
+func replicationURL(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("replication", "database")
+	u.RawQuery = q.Encode()
+	return u.String()
 }

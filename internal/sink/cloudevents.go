@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"unicode/utf8"
 
+	"github.com/cdc-relay/cdc-relay/internal/jsonstr"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -120,11 +121,11 @@ func (e *encoder) appendStructured(dst []byte, m *Message) []byte {
 		}
 	}
 	dst = append(dst, `{"specversion":"1.0","id":`...)
-	dst = appendJSONString(dst, ev.ID)
+	dst = jsonstr.Append(dst, ev.ID)
 	dst = append(dst, `,"source":`...)
 	dst = append(dst, e.ceSourceJSON...)
 	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, ev.EventType)
+	dst = jsonstr.Append(dst, ev.EventType)
 	if !ev.CommitTime.IsZero() {
 		dst = append(dst, `,"time":"`...)
 		dst = append(dst, e.timeBytes(ev.CommitTime)...) // digits, '-', ':', '.', 'T', 'Z': nothing to escape
@@ -132,14 +133,14 @@ func (e *encoder) appendStructured(dst []byte, m *Message) []byte {
 	}
 	if ct != nil {
 		dst = append(dst, `,"datacontenttype":`...)
-		dst = appendJSONString(dst, ct)
+		dst = jsonstr.Append(dst, ct)
 	}
 	if parent != nil {
 		dst = append(dst, `,"traceparent":`...)
-		dst = appendJSONString(dst, parent)
+		dst = jsonstr.Append(dst, parent)
 		if state != nil {
 			dst = append(dst, `,"tracestate":`...)
-			dst = appendJSONString(dst, state)
+			dst = jsonstr.Append(dst, state)
 		}
 	}
 	switch structuredData(ev, ct) {
@@ -148,7 +149,7 @@ func (e *encoder) appendStructured(dst []byte, m *Message) []byte {
 		dst = append(dst, ev.Payload...)
 	case ceDataString:
 		dst = append(dst, `,"data":`...)
-		dst = appendJSONString(dst, ev.Payload)
+		dst = jsonstr.Append(dst, ev.Payload)
 	case ceDataBase64:
 		dst = append(dst, `,"data_base64":"`...)
 		dst = base64.StdEncoding.AppendEncode(dst, ev.Payload)
@@ -167,50 +168,4 @@ func structuredOverhead(ev *outbox.Event, sourceLen int) int {
 		n += len(ev.Payload)/3 + 4
 	}
 	return n
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string (RFC 8259): '"', '\' and the
-// control characters escaped, everything else as it is, invalid UTF-8 as
-// U+FFFD (a JSON text is UTF-8). No HTML escapes.
-func appendJSONString(dst, s []byte) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRune(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/rs/zerolog"
@@ -251,45 +250,6 @@ func jsonQuote(t *testing.T, s string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSuffix(b.String(), "\n")
-}
-
-// TestAppendJSONString: every string, valid UTF-8 or not, becomes a JSON
-// string that decodes to it (invalid bytes as U+FFFD).
-func TestAppendJSONString(t *testing.T) {
-	for _, s := range jsonStringSeeds {
-		checkJSONString(t, []byte(s))
-	}
-}
-
-var jsonStringSeeds = []string{"", "plain", `"`, `\`, "\x00\x01\x1f\x7f", "\n\r\t\b\f", "</script>&", "ü€🦀", "\xff", "a\xc3", "\xed\xa0\x80", "\u2028\u2029", strings.Repeat("x", 300)}
-
-func FuzzAppendJSONString(f *testing.F) {
-	for _, s := range jsonStringSeeds {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, s []byte) { checkJSONString(t, s) })
-}
-
-func checkJSONString(t *testing.T, s []byte) {
-	t.Helper()
-	out := appendJSONString([]byte("prefix"), s)
-	if !bytes.HasPrefix(out, []byte("prefix")) {
-		t.Fatalf("appendJSONString(%q) lost what dst held", s)
-	}
-	out = out[len("prefix"):]
-	var got string
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("appendJSONString(%q) = %s: %v", s, out, err)
-	}
-	var want strings.Builder // each invalid byte as U+FFFD, as encoding/json does
-	for len(s) > 0 {
-		r, n := utf8.DecodeRune(s)
-		want.WriteRune(r)
-		s = s[n:]
-	}
-	if got != want.String() {
-		t.Fatalf("appendJSONString decodes to %q, want %q", got, want.String())
-	}
 }
 
 func TestIsJSONMediaType(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cdc-relay/cdc-relay/internal/jsonstr"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
@@ -180,7 +181,7 @@ func (e *encoder) configure(cfg *Config) {
 	e.tombstones = cfg.TombstoneOnEmptyPayload
 	if src := cfg.CloudEventsSource; src != "" && string(e.ceSource) != src {
 		e.ceSource = []byte(src)
-		e.ceSourceJSON = appendJSONString(nil, e.ceSource)
+		e.ceSourceJSON = jsonstr.Append(nil, e.ceSource)
 	}
 	e.ceStructured = e.ceSource != nil && cfg.CloudEventsMode == CloudEventsStructured
 }

@@ -1,6 +1,7 @@
 // Command bench measures cdc-relay side by side with its speed limit and with
 // the poller it replaces, in one run on one machine, and writes the results to
-// bench/results (<timestamp>.json, latest.json, latest.png).
+// bench/results (latest.json, latest.png and latest-<dimension>.png; an earlier run
+// is in git history under the same names).
 //
 //	make bench                                   # the full matrix
 //	make bench BENCHFLAGS=-quick                 # smoke check, under two minutes
@@ -215,21 +216,18 @@ func runBench(ctx context.Context, args []string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create results dir: %w", err)
 	}
-	stamp := start.Format("20060102-150405")
-	var written []string
-	for _, name := range []string{stamp, "latest"} {
-		if err := res.Save(filepath.Join(dir, name+".json")); err != nil {
-			return err
-		}
-		w, err := writeCharts(res, filepath.Join(dir, name))
-		if err != nil {
-			return err
-		}
-		written = append(written, w...)
+	// One copy only: latest.json (its "started" names the run) and its charts.
+	// An earlier run is in git history under the same names.
+	if err := res.Save(filepath.Join(dir, "latest.json")); err != nil {
+		return err
+	}
+	written, err := writeCharts(res, filepath.Join(dir, "latest"))
+	if err != nil {
+		return err
 	}
 	fmt.Println()
 	res.Print(os.Stdout)
-	fmt.Printf("\nwrote %s/{%s,latest}.json and %d charts; total %.0fs\n", dir, stamp, len(written), time.Since(start).Seconds())
+	fmt.Printf("\nwrote %s/latest.json and %d charts; total %.0fs\n", dir, len(written), time.Since(start).Seconds())
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/bench/internal/child"
 	"github.com/cdc-relay/cdc-relay/bench/internal/cpusplit"
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
@@ -132,46 +132,25 @@ func (r *relayProc) metrics(ctx context.Context, names ...string) (relayMetrics,
 	if resp.StatusCode != http.StatusOK {
 		return m, fmt.Errorf("scrape relay metrics: %s", resp.Status)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
+	samples, err := relayproc.ParseMetrics(resp.Body)
+	if err != nil {
+		return m, fmt.Errorf("read relay metrics: %w", err)
+	}
+	for _, s := range samples {
+		m.sums[s.Name] += s.Value
+		hist, ok := strings.CutSuffix(s.Name, "_bucket")
+		le, hasLE := s.Label("le")
+		if !ok || !hasLE {
 			continue
 		}
-		name := line
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name = line[:i]
-		}
-		rest, labels := line[len(name):], ""
-		if strings.HasPrefix(rest, "{") {
-			end := strings.LastIndexByte(rest, '}')
-			labels, rest = rest[1:end], rest[end+1:]
-		}
-		fields := strings.Fields(rest) // value [timestamp]
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
+		bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
 		if err != nil {
 			continue
 		}
-		m.sums[name] += v
-		if hist, ok := strings.CutSuffix(name, "_bucket"); ok {
-			if _, le, ok := strings.Cut(labels, `le="`); ok {
-				le, _, _ = strings.Cut(le, `"`)
-				bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
-				if err == nil {
-					if m.buckets[hist] == nil {
-						m.buckets[hist] = map[float64]float64{}
-					}
-					m.buckets[hist][bound] += v
-				}
-			}
+		if m.buckets[hist] == nil {
+			m.buckets[hist] = map[float64]float64{}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return m, fmt.Errorf("read relay metrics: %w", err)
+		m.buckets[hist][bound] += s.Value
 	}
 	return m, nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -28,7 +29,18 @@ cdc_relay_end_to_end_latency_seconds_count %d
 `, published, counts[0], counts[1], counts[2], counts[3], counts[3])
 }
 
+// TestRelayMetrics reads sums and a histogram's quantiles, with the
+// histogram untyped and, as the relay exposes it, typed.
 func TestRelayMetrics(t *testing.T) {
+	for _, typeLine := range []string{"", "# TYPE cdc_relay_end_to_end_latency_seconds histogram\n"} {
+		t.Run(fmt.Sprintf("typed=%v", typeLine != ""), func(t *testing.T) { testRelayMetrics(t, typeLine) })
+	}
+}
+
+func testRelayMetrics(t *testing.T, typeLine string) {
+	exposition := func(published int, counts [4]int) string {
+		return strings.Replace(exposition(published, counts), "cdc_relay_end_to_end_latency_seconds_bucket{le=\"0.001\"}", typeLine+"cdc_relay_end_to_end_latency_seconds_bucket{le=\"0.001\"}", 1)
+	}
 	body := exposition(10, [4]int{0, 0, 0, 0})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(w, body)
