@@ -1149,11 +1149,13 @@ func (d *Decoder) insert(b []byte) (Message, error) {
 			if _, ok := d.known[id]; !ok {
 				return Message{}, fmt.Errorf("insert into unknown relation %d: no relation message since the start or the last Reset", id)
 			}
+			d.index++ // see Event.Index: a skipped insert keeps its place
 			return Message{Kind: KindSkip}, nil
 		}
 		d.out = out
 	}
 	if out.until != 0 && d.commitLSN >= out.until {
+		d.index++                           // see Event.Index: a skipped insert keeps its place
 		return Message{Kind: KindSkip}, nil // written after the detach: another table's row
 	}
 	if b[4] != 'N' {

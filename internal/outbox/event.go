@@ -108,9 +108,14 @@ type Event struct {
 	// measured from it (from CommitTime without it).
 	CreatedAt time.Time
 
-	// Index is the event's position among the outbox events of its
-	// transaction, from 0: the decoder counts them as it decodes the
-	// transaction. With CommitLSN it is the event's place in the source; a
+	// Index is the event's position among the inserts and messages of its
+	// transaction that the stream carried, from 0: the decoder counts them as
+	// it decodes the transaction, the inserts it skips included (rows of a
+	// table the relay judges not an outbox's). So an event keeps its place
+	// when a row before it is judged otherwise on a later run (a former
+	// partition's row skipped on one run and dead-lettered on the next), and
+	// the reconciler still finds it in Kafka. With a publication of outbox
+	// tables only, it is the event's place among the outbox events. With CommitLSN it is the event's place in the source; a
 	// sink writes that place beside the event (see Origin.AppendPosition),
 	// with the Origin of the stream, which the decoder does not know. Events
 	// built elsewhere (replays, backfills) leave it 0 and carry no position.
