@@ -140,6 +140,11 @@ type Metrics struct {
 	// unknown (timeout, connection lost): the idempotent producer makes the
 	// broker drop the copy when the first attempt was appended.
 	UnknownFateResent prometheus.Counter
+	// OutOfOrderBehind counts batches the broker refused with
+	// OUT_OF_ORDER_SEQUENCE_NUMBER because a batch before them was not
+	// appended (it failed, or was refused and split): they are re-sent in
+	// order behind it; not a failure of their own.
+	OutOfOrderBehind prometheus.Counter
 	// DeliveryFallbacks counts, by reason, the times effectively-once delivery
 	// fell back to sending events it could not prove are in Kafka.
 	DeliveryFallbacks *prometheus.CounterVec
@@ -320,6 +325,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "unknown_fate_resent_total",
 			Help: "Events re-sent after a produce attempt whose outcome was unknown (timeout, connection lost); the idempotent producer lets the broker drop a copy.",
 		}),
+		OutOfOrderBehind: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "produce_out_of_order_behind_total",
+			Help: "Partition batches the broker answered OUT_OF_ORDER_SEQUENCE_NUMBER because a batch before them was not appended (failed, or refused and split); re-sent in order behind it, not counted as produce errors.",
+		}),
 		DeliveryFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "delivery_fallbacks_total",
 			Help: "Times effectively-once delivery fell back to at-least-once (sending events it could not prove are in Kafka), by reason.",
@@ -435,7 +444,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.ProduceLatency, m.EndToEndLatency, m.ReadLatency, m.QueueLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
-		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent,
+		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent, m.OutOfOrderBehind,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.Source, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
 		m.DeadLettersDead, m.Replays, m.ReplayHistoryEvents,

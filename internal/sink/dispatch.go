@@ -270,7 +270,7 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker, bytesOut ma
 			if room <= 0 {
 				continue
 			}
-			f := k.nextFlight(p, room, limit)
+			f := k.nextFlight(p, now, room, limit)
 			if f == nil {
 				continue
 			}
@@ -313,7 +313,13 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker, bytesOut ma
 // once none is in flight (and, within a resending pass, the next failed one),
 // else a new batch from the queue when p is open. A failed batch of unknown
 // fate from a session that is gone is looked up first (verify.go).
-func (k *Kafka) nextFlight(p *partition, room, limit int) *flight {
+func (k *Kafka) nextFlight(p *partition, now time.Time, room, limit int) *flight {
+	if p.confirmed && p.flying() == 0 && now.UnixMilli()-p.appendedTs >= k.cfg.ProducerIdle.Milliseconds() {
+		// The broker may have expired the producer on the partition meanwhile
+		// and would take any first sequence: as in a new session, one batch
+		// goes alone until Kafka acknowledges one.
+		p.confirmed = false
+	}
 	if (p.sess.gen != k.sess.gen || !p.confirmed) && p.flying() > 0 {
 		// Until the broker acknowledged a batch of this session on the
 		// partition, one at a time (see partition.confirmed).
@@ -468,6 +474,7 @@ func (k *Kafka) settle(p *partition, f *flight, r *request, answers *responseInd
 		f.state, f.offset, f.answered = appended, rp.BaseOffset, answeredAt
 		if b.gen == p.sess.gen && p.sess.gen == k.sess.gen {
 			p.confirmed = true
+			p.appendedTs = max(p.appendedTs, b.ts)
 		}
 		if p.firstFailed() == nil {
 			if p.failing {
@@ -503,6 +510,18 @@ func (k *Kafka) settle(p *partition, f *flight, r *request, answers *responseInd
 		f.state, f.err = rejected, &outbox.EventError{Code: Code(err), Err: err}
 		return true
 	}
+	if answered && code == kafka.OutOfOrderSequenceNumber && !p.settledBefore(f) {
+		// The broker's answer to a batch sent behind one it has not
+		// appended (failed, or refused and split): not a failure of its
+		// own. It goes again in order behind that one.
+		*ok = true // the broker answered: Kafka itself works
+		k.cfg.Metrics.OutOfOrderBehind.Inc()
+		k.log.Debug().Str("topic", p.topic).Int("partition", p.id).Int("events", n).Int32("sequence", b.pf.seq).
+			Msg("batch refused out of order behind one not appended; re-sending it in order behind that one")
+		f.state = failed
+		p.resending = false
+		return true
+	}
 	k.cfg.Metrics.ProduceErrors.WithLabelValues("transient").Inc()
 	k.cfg.Metrics.ProduceRetries.Inc()
 	if !p.failing {
@@ -512,11 +531,9 @@ func (k *Kafka) settle(p *partition, f *flight, r *request, answers *responseInd
 	if !r.unsent && unknownFate(r.err, code, answered) {
 		f.b.unknown, f.b.everUnknown = true, true
 	}
-	// Out of order is the broker's answer to a batch whose predecessor has
-	// not been appended (yet): only for the first batch not appended does it
-	// say that the session lost its sequence.
-	lost := sessionError(code) && (code != kafka.OutOfOrderSequenceNumber || p.settledBefore(f))
-	if lost && b.pf.id >= 0 && b.gen == k.sess.gen && !k.resetting {
+	// Out of order for the first batch not appended says that the session
+	// lost its sequence (behind another batch it did not, see above).
+	if sessionError(code) && b.pf.id >= 0 && b.gen == k.sess.gen && !k.resetting {
 		k.log.Warn().Err(err).Int64("producer_id", b.pf.id).
 			Msg("broker rejects the producer session; getting a new producer id, partitions restart their sequences")
 		k.resetting = true

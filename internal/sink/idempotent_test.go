@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +17,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
@@ -592,5 +594,128 @@ func TestIdempotentNoCoordinatorLookup(t *testing.T) {
 	}
 	if n := lookups.Load(); n != 0 {
 		t.Fatalf("%d FindCoordinator requests for a producer id", n)
+	}
+}
+
+// TestIdempotentRefusedFirstBatchKeepsOrder: a burst goes out as five
+// batches in flight to one partition, and the broker refuses the first as too
+// large (its two events fit only one at a time) while it takes the rest.
+//
+//   - producer forgotten: the partition was idle past ProducerIdle and the
+//     broker forgot the producer meanwhile, so it takes any first sequence
+//     (KIP-360). kfake keeps an idempotent producer's state as long as the log
+//     lives (no producer.id.expiration.ms), so the topic is recreated, as
+//     Kafka's producer state goes with the log, and another client writes a
+//     record (a log that never held one takes only sequence 0, KAFKA-15591).
+//     The producer must send the burst's first batch alone, else the second
+//     batch is appended before the refused one's halves and a key is
+//     reordered.
+//   - producer known: the batches behind the refused one come back
+//     OUT_OF_ORDER_SEQUENCE_NUMBER; they are re-sent in order behind its
+//     halves, counted as such, and are no produce failure.
+func TestIdempotentRefusedFirstBatchKeepsOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		forget bool
+	}{{"producer forgotten", true}, {"producer known", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const (
+				warm, burst = 10, 10
+				idle        = 200 * time.Millisecond
+				pad         = 2000 // an event with it fits max.message.bytes alone, not two
+				maxMessage  = "3000"
+			)
+			r := startIdem(t, true, 1, warm+burst, func(c *Config) {
+				c.BatchMaxEvents, c.MaxInFlight = 2, 5
+				// The burst goes out whole, once all of it is queued.
+				c.FlushEvents, c.Linger, c.QuietGap = burst, time.Second, time.Second
+				c.ProducerIdle = idle
+				if !tc.forget {
+					c.ProducerIdle = time.Hour
+				}
+			})
+			// Two keys: each batch holds an event of both.
+			r.evs = stream(2, warm+burst)
+			for i := warm; i < warm+2; i++ {
+				ev := r.evs[i]
+				var p payload
+				if err := json.Unmarshal(ev.Payload, &p); err != nil {
+					t.Fatal(err)
+				}
+				r.evs[i] = paddedEvent(p.Key, p.Seq, uint64(i), pad)
+			}
+			sendFrom(t, r.k, idemTopic, r.evs[:warm], nil, r.acks.ack)
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if n := r.acks.count(); n < warm {
+					return fmt.Errorf("%d of %d events acknowledged", n, warm)
+				}
+				return nil
+			})
+			warmed := time.Now()
+			ctx := t.Context()
+			if tc.forget {
+				if err := r.kf.RecreateTopic(ctx, idemTopic, 1); err != nil {
+					t.Fatal(err)
+				}
+				cl, err := kgo.NewClient(append(r.kf.ClientOpts(), kgo.SeedBrokers(r.kf.Brokers()...))...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = cl.ProduceSync(ctx, &kgo.Record{Topic: idemTopic, Value: []byte(`{"key":"other"}`)}).FirstErr()
+				cl.Close()
+				if err != nil {
+					t.Fatalf("write another producer's record: %v", err)
+				}
+				// The partition idles past ProducerIdle.
+				time.Sleep(time.Until(warmed.Add(2 * idle)))
+			}
+			if err := r.kf.SetTopicConfig(ctx, idemTopic, "max.message.bytes", maxMessage); err != nil {
+				t.Fatal(err)
+			}
+			sendFrom(t, r.k, idemTopic, r.evs[warm:], nil, r.acks.ack)
+			r.acks.wait(t, 10*time.Second)
+			r.acks.checkExactlyOnce(t, r.evs)
+
+			recs := testenv.MustReadAll(t, r.kf, idemTopic)
+			var got []string
+			for _, rec := range recs {
+				if id := rec.Headers[HeaderID]; id != "" {
+					got = append(got, id)
+				}
+			}
+			want := make([]string, 0, warm+burst)
+			from := 0
+			if tc.forget {
+				from = warm // the recreated topic holds the burst only
+			}
+			for _, ev := range r.evs[from:] {
+				want = append(want, string(ev.ID))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("Kafka holds, in order:\n%v\nwant (commit order):\n%v", got, want)
+			}
+			if n := testutil.ToFloat64(r.m.PermanentFailures.WithLabelValues("message_too_large")); n != 0 {
+				t.Errorf("%v events failed as too large; each fits alone", n)
+			}
+			if n := testutil.ToFloat64(r.m.ProduceBatches); n <= warm/2+burst/2 {
+				t.Errorf("%v batches acknowledged: the burst's first batch was not split, the fault did not happen", n)
+			}
+			if n := testutil.ToFloat64(r.m.ProduceErrors.WithLabelValues("transient")); n != 0 {
+				t.Errorf("produce_errors_total{transient} = %v, want 0: nothing failed", n)
+			}
+			if strings.Contains(r.logs.String(), "Kafka produce failing") {
+				t.Error(`"Kafka produce failing" logged; nothing failed`)
+			}
+			behind := testutil.ToFloat64(r.m.OutOfOrderBehind)
+			if tc.forget && behind != 0 {
+				t.Errorf("produce_out_of_order_behind_total = %v, want 0: the first batch went alone", behind)
+			}
+			logged := strings.Count(r.logs.String(), "refused out of order behind one not appended")
+			if !tc.forget && (behind == 0 || float64(logged) != behind) {
+				t.Errorf("produce_out_of_order_behind_total = %v, %d debug lines saying so; want as many, and some: batches went behind the refused one", behind, logged)
+			}
+		})
 	}
 }

@@ -139,6 +139,14 @@ type Config struct {
 	// per broker is in flight, whatever this says. Requests to one broker
 	// share one connection, written back to back (pipe.go).
 	MaxInFlight int
+	// ProducerIdle is how long a partition may go without a batch appended
+	// before the producer assumes the broker forgot it (Kafka drops an
+	// idempotent producer's state of a partition after
+	// producer.id.expiration.ms, one day by default, without a write from
+	// it): its next batch then goes alone, as in a new session, until Kafka
+	// acknowledges one (default DefaultProducerIdle). Keep it below the
+	// broker's producer.id.expiration.ms.
+	ProducerIdle time.Duration
 	// BreakerThreshold is how many produce requests in a row must fail before
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
@@ -156,6 +164,11 @@ const (
 	// Kafka keeps an idempotent producer's order: the broker remembers the
 	// last five batches of each producer and partition.
 	MaxInFlightLimit = 5
+	// DefaultProducerIdle is far below any producer.id.expiration.ms a
+	// broker is likely to run with (Kafka's default is a day, and it looks
+	// for expired producers every ten minutes): a partition idle this long
+	// costs one round trip before its batches are pipelined again.
+	DefaultProducerIdle = 10 * time.Second
 )
 
 func (c *Config) setDefaults() {
@@ -176,6 +189,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.ProducerIdle <= 0 {
+		c.ProducerIdle = DefaultProducerIdle
 	}
 	if c.BreakerThreshold <= 0 {
 		c.BreakerThreshold = 5

@@ -93,13 +93,21 @@ type partition struct {
 	// confirmed: a batch of the partition's session was acknowledged. Until
 	// then one batch at a time is in flight: a broker that does not know
 	// the producer on the partition yet may take any first sequence, so a
-	// later batch could land before a failed first one.
+	// later batch could land before a failed first one. A broker forgets a
+	// producer that did not write to a partition for a while
+	// (producer.id.expiration.ms), so a partition idle for
+	// Config.ProducerIdle is no longer confirmed (Kafka.nextFlight).
 	confirmed bool
 	verifying bool // a batch of unknown fate is being looked up (verify.go)
 	limit     int  // event limit while splitting a rejected batch
 	attempt   int
 	notBefore time.Time
 	failing   bool
+
+	// appendedTs is the timestamp (Unix ms) of the newest batch of the
+	// session acknowledged: a broker measures a producer's idleness on the
+	// partition from its last batch's timestamp.
+	appendedTs int64
 	// spares are delivered batches' slices (at most maxSpares), for the
 	// queue to reuse, so a queue taken whole as a batch is replaced without
 	// growing a new slice from nothing.
