@@ -116,7 +116,7 @@ func (e *Env) RunSchedule(ctx context.Context, plan Plan) ScheduleResult {
 	r := &schedRun{
 		env: e, plan: plan, opts: e.opts,
 		db: "chaos_" + name, slot: "chaos_" + name, topic: "outbox.chaos." + name,
-		st: &liveState{bMember: plan.BMember, buckets: slices.Clone(plan.Buckets), messages: plan.Messages},
+		st:  &liveState{bMember: plan.BMember, buckets: slices.Clone(plan.Buckets), messages: plan.Messages},
 		led: newLedger(), fallbacks: map[string]float64{}, runFallbacks: map[string]float64{},
 	}
 	defer r.teardown()

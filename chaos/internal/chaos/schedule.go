@@ -198,7 +198,7 @@ var planOps = []planOp{
 	},
 	{
 		name: "broker-stops-reading", weight: 2, ok: always,
-		doc: "the broker stops reading every connection open now, for good (new ones are served); payloads grow to 8 KiB for 1.5s so the relay's writes fill the socket buffers",
+		doc:  "the broker stops reading every connection open now, for good (new ones are served); payloads grow to 8 KiB for 1.5s so the relay's writes fill the socket buffers",
 		draw: func(_ *rand.Rand, _ *planState) Step { return Step{Down: 1500 * time.Millisecond} },
 	},
 	{
