@@ -122,8 +122,8 @@ func (e *Env) RunSchedule(ctx context.Context, plan Plan) ScheduleResult {
 	defer r.teardown()
 	e.opts.Logf("schedule %s", plan)
 	res.StepsRun, res.Err = r.execute(ctx)
-	res.Notes = r.notes
 	v, err := r.finish(ctx)
+	res.Notes = r.notes
 	res.Verdict = v
 	res.Err = errors.Join(res.Err, err)
 	res.DuplicatesReason = r.duplicatesReason()
