@@ -124,7 +124,7 @@ func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Re
 			v.Samples = append(v.Samples, kind+": "+fmt.Sprintf(format, args...))
 		}
 	}
-	seen := make(map[string]bool, len(committed))
+	seen := make(map[string]string, len(committed)) // id: where it first is
 	home := map[string]int32{}
 	lastSeq := map[string]int{}
 	for _, r := range recs {
@@ -147,12 +147,13 @@ func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Re
 			}
 			continue
 		}
-		if seen[id] {
+		if first, ok := seen[id]; ok {
 			v.Duplicated++
-			sample("duplicate", "event %s (%s, key %q seq %d, step %d) again at %s", id, ev.Where, ev.Key, ev.Seq, ev.Step, at)
+			sample("duplicate", "event %s (%s, key %q seq %d, step %d) at %s again at %s (source_position %s)",
+				id, ev.Where, ev.Key, ev.Seq, ev.Step, first, at, r.Headers["source_position"])
 			continue
 		}
-		seen[id] = true
+		seen[id] = at + " (source_position " + r.Headers["source_position"] + ")"
 		if agg, seq, ok := aggSeqOf(r.Value); key != ev.Key || !ok || agg != ev.Key || seq != ev.Seq {
 			v.Mismatched++
 			sample("mismatch", "event %s at %s has key %q value %.80q, want key %q seq %d", id, at, key, r.Value, ev.Key, ev.Seq)
@@ -164,7 +165,7 @@ func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Re
 		lastSeq[key] = max(lastSeq[key], ev.Seq)
 	}
 	for _, id := range slices.Sorted(maps.Keys(committed)) {
-		if seen[id] {
+		if _, ok := seen[id]; ok {
 			continue
 		}
 		ev := committed[id]
