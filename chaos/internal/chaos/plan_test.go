@@ -32,13 +32,15 @@ func TestNewPlanReproducible(t *testing.T) {
 // TestNewPlanPreconditions replays many plans' steps against the state they
 // need: a table joins only when out, leaves only when in; a partition is
 // detached only when attached (and another stays), dropped only when
-// detached and not dropped yet; no messages below 14.
+// detached and not dropped yet; no messages below 14, no standby below 16,
+// standby lag only on a standby.
 func TestNewPlanPreconditions(t *testing.T) {
 	seen := map[string]bool{}
-	for seed := uint64(1); seed <= 300; seed++ {
-		p := NewPlan(seed, PlanConfig{Steps: 15, PGMajor: 13})
-		if p.Messages {
-			t.Fatalf("seed %d: messages on PostgreSQL 13", seed)
+	for i := uint64(0); i < 600; i++ {
+		seed, major := i/2+1, []int{13, 16}[i%2]
+		p := NewPlan(seed, PlanConfig{Steps: 15, PGMajor: major})
+		if major < 14 && p.Messages || major < 16 && p.Source != "primary" {
+			t.Fatalf("seed %d: messages or a standby on PostgreSQL %d: %s", seed, major, p)
 		}
 		in, attached, detached := p.BMember, slices.Clone(p.Buckets), []int{}
 		for i, s := range p.Steps {
@@ -62,6 +64,10 @@ func TestNewPlanPreconditions(t *testing.T) {
 				if !s.Drop {
 					detached = append(detached, s.Bucket)
 				}
+			case "standby-lag":
+				if p.Source != "standby" {
+					bad = "lags a standby the relay does not read"
+				}
 			case "partition-drop":
 				if !slices.Contains(detached, s.Bucket) {
 					bad = "drops a partition not detached"
@@ -75,7 +81,7 @@ func TestNewPlanPreconditions(t *testing.T) {
 	}
 	for _, o := range planOps {
 		if !seen[o.name] {
-			t.Errorf("300 plans never drew %s", o.name)
+			t.Errorf("600 plans never drew %s", o.name)
 		}
 	}
 }

@@ -73,6 +73,8 @@ func (r *schedRun) apply(ctx context.Context, s Step) error {
 		r.st.pad.Store(0)
 		r.note("step broker-stops-reading: %d connections stuck", n)
 		return err
+	case "standby-lag":
+		return r.standbyLag(ctx, s)
 	case "pg-restart":
 		stopErr := r.env.pg.Stop(s.Mode)
 		// Start even after a failed stop: the cluster is shared.
@@ -153,15 +155,15 @@ func (r *schedRun) detach(ctx context.Context, s Step) error {
 func (r *schedRun) drain(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, r.url)
+	var target string
+	if err := queryRow(ctx, r.url, "SELECT pg_current_wal_lsn()::text", &target); err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, r.slotURL)
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var target string
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
-		return fmt.Errorf("drain: %w", err)
-	}
 	for {
 		var done bool
 		err := conn.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`,
@@ -176,4 +178,35 @@ func (r *schedRun) drain(ctx context.Context) error {
 			return fmt.Errorf("drain: the slot did not confirm %s within %v: %w", target, drainTimeout, err)
 		}
 	}
+}
+
+// queryRow scans one row of sql, run on a new connection to url, into dst.
+func queryRow(ctx context.Context, url, sql string, dst ...any) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, sql).Scan(dst...)
+}
+
+// standbyLag delays the standby's replay by s.Mode for s.Down: the slot
+// there sees the primary's commits that much later.
+func (r *schedRun) standbyLag(ctx context.Context, s Step) error {
+	set := func(sql string) error {
+		ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+		defer cancel()
+		if err := r.standby.Exec(ctx, "postgres", sql); err != nil {
+			return err
+		}
+		return r.standby.Exec(ctx, "postgres", "SELECT pg_reload_conf()")
+	}
+	if err := set(fmt.Sprintf("ALTER SYSTEM SET recovery_min_apply_delay = '%s'", s.Mode)); err != nil {
+		return err
+	}
+	serr := sleep(ctx, s.Down)
+	if err := set("ALTER SYSTEM RESET recovery_min_apply_delay"); err != nil {
+		return err
+	}
+	return serr
 }

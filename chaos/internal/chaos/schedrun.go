@@ -87,13 +87,17 @@ type schedRun struct {
 	opts Options
 
 	db, url, slot, topic string
-	kafka                *stallKafka
-	relay                *relayproc.Process
-	st                   *liveState
-	led                  *ledger
-	writers              []*schedWriter
-	stopWriters          chan struct{}
-	writersDone          chan error
+	// standby is the hot standby the relay decodes on (Plan.Source), and
+	// slotURL the database where its slot lives: the standby's or url.
+	standby     *sandbox.Postgres
+	slotURL     string
+	kafka       *stallKafka
+	relay       *relayproc.Process
+	st          *liveState
+	led         *ledger
+	writers     []*schedWriter
+	stopWriters chan struct{}
+	writersDone chan error
 
 	// fallbacks are the relay's delivery fallbacks, by reason, summed over
 	// its runs; runFallbacks are the current run's as last scraped.
@@ -217,6 +221,16 @@ func (r *schedRun) setup(ctx context.Context) error {
 			return fmt.Errorf("%.60s…: %w", sql, err)
 		}
 	}
+	r.slotURL = r.url
+	if r.plan.Source == "standby" {
+		r.standby, err = r.env.pg.StartStandby(ctx, sandbox.StandbyOptions{
+			Slot: r.slot + "_phys", Database: r.db, Settings: map[string]string{"hot_standby_feedback": "on"},
+		})
+		if err != nil {
+			return err
+		}
+		r.slotURL = r.standby.URL(r.db)
+	}
 	r.kafka, err = startStallKafka(r.topic)
 	return err
 }
@@ -228,7 +242,7 @@ func (r *schedRun) relayArgs() []string {
 		tables = append(tables, "public."+tableB)
 	}
 	args := []string{"run",
-		"--pg-url", r.url,
+		"--pg-url", r.slotURL,
 		"--kafka-brokers", strings.Join(r.kafka.brokers(), ","),
 		"--topic", r.topic,
 		"--slot", r.slot,
@@ -241,6 +255,9 @@ func (r *schedRun) relayArgs() []string {
 	}
 	if r.plan.Messages {
 		args = append(args, "--messages-prefix", messagePrefix)
+	}
+	if r.standby != nil {
+		args = append(args, "--primary-pg-url", r.url)
 	}
 	return args
 }
@@ -403,7 +420,7 @@ func (r *schedRun) diagnose(ctx context.Context) string {
 	}
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(qctx, r.url)
+	conn, err := pgx.Connect(qctx, r.slotURL)
 	if err != nil {
 		return state
 	}
@@ -430,6 +447,10 @@ func (r *schedRun) teardown() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if r.standby != nil {
+		_ = r.standby.Close()
+		_ = r.env.pg.Exec(ctx, "postgres", `SELECT pg_drop_replication_slot($1)`, r.slot+"_phys")
+	}
 	_ = r.env.pg.Exec(ctx, "postgres", `SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, r.slot)
 	_ = r.env.pg.Exec(ctx, "postgres", `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, r.slot)
 	_ = r.env.pg.Exec(ctx, "postgres", "DROP DATABASE IF EXISTS "+pgx.Identifier{r.db}.Sanitize()+" WITH (FORCE)")

@@ -39,6 +39,9 @@ type Plan struct {
 	// Messages says whether the writers emit logical decoding messages
 	// beside rows (--messages-prefix; PostgreSQL 14+).
 	Messages bool
+	// Source is where the relay decodes: "primary", or "standby" (a hot
+	// standby of it, PostgreSQL 16+, with --primary-pg-url).
+	Source string
 	// BMember says whether outbox_b is in the relay's --table list from the
 	// start.
 	BMember bool
@@ -92,8 +95,8 @@ func (p Plan) String() string {
 	for i, s := range p.Steps {
 		steps[i] = fmt.Sprintf("%d:%s", i+1, s)
 	}
-	return fmt.Sprintf("seed=%d schedule=[layout=%s delivery=%s messages=%v outbox_b=%v partitions=%v; %s]",
-		p.Seed, p.Layout, p.Delivery, p.Messages, p.BMember, p.Buckets, strings.Join(steps, "; "))
+	return fmt.Sprintf("seed=%d schedule=[source=%s layout=%s delivery=%s messages=%v outbox_b=%v partitions=%v; %s]",
+		p.Seed, p.Source, p.Layout, p.Delivery, p.Messages, p.BMember, p.Buckets, strings.Join(steps, "; "))
 }
 
 // planState is what the plan has done so far, for the preconditions.
@@ -202,6 +205,13 @@ var planOps = []planOp{
 		draw: func(_ *rand.Rand, _ *planState) Step { return Step{Down: 1500 * time.Millisecond} },
 	},
 	{
+		name: "standby-lag", weight: 3, ok: func(s *planState) bool { return s.plan.Source == "standby" },
+		doc: "with the relay decoding on a standby (16+): recovery_min_apply_delay 1-3s on the standby for 1-3s, then off",
+		draw: func(r *rand.Rand, _ *planState) Step {
+			return Step{Mode: fmt.Sprintf("%ds", 1+r.IntN(3)), Down: between(r, time.Second, 3*time.Second)}
+		},
+	},
+	{
 		name: "pg-restart", weight: 2, ok: always,
 		doc: "restart Postgres (pg_ctl -m fast or immediate)",
 		draw: func(r *rand.Rand, _ *planState) Step {
@@ -225,13 +235,20 @@ func NewPlan(seed uint64, cfg PlanConfig) Plan {
 		cfg.Steps = 8
 	}
 	r := rand.New(rand.NewPCG(seed, 0x5c4ed01e))
+	// Every draw is taken on every major, so a seed's steps differ between
+	// majors only where the major rules an operation out.
+	layout, messages, bMember, standby := r.IntN(2), r.IntN(5) != 0, r.IntN(2) == 0, r.IntN(3) == 0
 	p := Plan{
 		Seed:     seed,
-		Layout:   []string{"root", "listed"}[r.IntN(2)],
+		Source:   "primary",
+		Layout:   []string{"root", "listed"}[layout],
 		Delivery: "effectively-once",
-		Messages: cfg.PGMajor >= 14 && r.IntN(5) != 0,
-		BMember:  r.IntN(2) == 0,
+		Messages: cfg.PGMajor >= 14 && messages,
+		BMember:  bMember,
 		Buckets:  []int{1, 2},
+	}
+	if cfg.PGMajor >= 16 && standby {
+		p.Source = "standby"
 	}
 	if r.IntN(6) == 0 {
 		p.Delivery = "at-least-once"
