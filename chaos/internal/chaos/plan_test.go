@@ -132,9 +132,3 @@ func TestCheckLedger(t *testing.T) {
 		t.Errorf("duplicates: ok(true)=%v ok(false)=%v, want true, false", v.ok(true), v.ok(false))
 	}
 }
-
-func TestPrintPlans(t *testing.T) {
-	for _, s := range []uint64{1, 2, 3, 4, 5, 6, 7, 8} {
-		t.Log(NewPlan(s, PlanConfig{PGMajor: 15}))
-	}
-}

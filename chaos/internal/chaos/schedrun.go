@@ -379,7 +379,7 @@ func (r *schedRun) finish(ctx context.Context) (Verdict, error) {
 		return Verdict{}, werr
 	}
 	committed, aborted := r.led.snapshot()
-	deadline := time.Now().Add(r.opts.CatchUp)
+	deadline := time.Now().Add(r.catchUp())
 	var v Verdict
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -394,7 +394,7 @@ func (r *schedRun) finish(ctx context.Context) (Verdict, error) {
 		}
 	}
 	if v.Lost > 0 {
-		werr = errors.Join(werr, fmt.Errorf("%d events missing %v after the writers stopped: %s", v.Lost, r.opts.CatchUp, r.diagnose(ctx)))
+		werr = errors.Join(werr, fmt.Errorf("%d events missing %v after the writers stopped: %s", v.Lost, r.catchUp(), r.diagnose(ctx)))
 	}
 	if r.relay == nil || !r.relay.Running() {
 		return v, werr
@@ -411,6 +411,14 @@ func (r *schedRun) finish(ctx context.Context) (Verdict, error) {
 	}
 	return checkLedger(committed, aborted, recs), werr
 }
+
+// minScheduleCatchUp is the least catch-up time of a schedule: after the
+// broker stopped reading a connection, the relay notices by its request
+// timeout (30s), and the schedule may end right after that step.
+const minScheduleCatchUp = 45 * time.Second
+
+// catchUp is how long the relay gets to deliver after the writers stopped.
+func (r *schedRun) catchUp() time.Duration { return max(r.opts.CatchUp, minScheduleCatchUp) }
 
 // diagnose says where the relay and its slot stand.
 func (r *schedRun) diagnose(ctx context.Context) string {
