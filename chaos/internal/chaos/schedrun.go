@@ -434,9 +434,11 @@ func (r *schedRun) diagnose(ctx context.Context) string {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var confirmed, wal string
-	if err := conn.QueryRow(qctx, `SELECT coalesce(confirmed_flush_lsn::text, ''), pg_current_wal_lsn()::text
+	// On a standby the WAL end is what it replayed.
+	if err := conn.QueryRow(qctx, `SELECT coalesce(confirmed_flush_lsn::text, ''),
+		(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text
 		FROM pg_replication_slots WHERE slot_name = $1`, r.slot).Scan(&confirmed, &wal); err != nil {
-		return state
+		return fmt.Sprintf("%s, read slot: %v", state, err)
 	}
 	return fmt.Sprintf("%s, slot confirmed %s of WAL %s", state, confirmed, wal)
 }
