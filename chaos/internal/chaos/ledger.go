@@ -18,7 +18,8 @@ type ledgerEvent struct {
 	Key string // the aggregate id, the Kafka key
 	Seq int    // the key's events are numbered in commit order (gaps allowed)
 	// Where names the table, partition or "message" the event went to.
-	Where string
+	Where  string
+	bucket int // the partition's bucket of a row of outbox_p, else 0
 	// Step is the schedule step during which it was written (0: before
 	// the first).
 	Step int

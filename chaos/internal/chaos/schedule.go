@@ -56,7 +56,7 @@ type Step struct {
 	Wait time.Duration
 	Op   string
 	// Params are the operation's drawn parameters, printed with it.
-	Mode    string        // kill|term for relay stops, fast|immediate for Postgres
+	Mode    string        // kill|term for relay stops, fast|immediate for Postgres, the delay of standby-lag
 	Bucket  int           // the partition of partition operations
 	Down    time.Duration // how long something stays down
 	Lagging bool          // partition-detach: with the relay down, so it reads the rows after the detach

@@ -74,16 +74,19 @@ type writerTxn struct {
 // plan draws the next transaction over what st allows now. The caller holds
 // st.mu's read lock.
 func (w *schedWriter) plan() writerTxn {
-	var where []string
-	where = append(where, tableMain)
+	type target struct {
+		where  string
+		bucket int
+	}
+	where := []target{{where: tableMain}}
 	if w.st.bMember {
-		where = append(where, tableB)
+		where = append(where, target{where: tableB})
 	}
 	for _, b := range w.st.buckets {
-		where = append(where, partitionName(b))
+		where = append(where, target{partitionName(b), b})
 	}
 	if w.st.messages {
-		where = append(where, whereMsg, whereMsg)
+		where = append(where, target{where: whereMsg}, target{where: whereMsg})
 	}
 	t := writerTxn{marker: newUUIDv4(), rollback: w.rng.Float64() < 0.04}
 	if pad := w.st.pad.Load(); pad > 0 {
@@ -92,19 +95,19 @@ func (w *schedWriter) plan() writerTxn {
 	draw := func(n int) []ledgerEvent {
 		evs := make([]ledgerEvent, n)
 		for i := range evs {
-			wh := where[w.rng.IntN(len(where))]
+			tg := where[w.rng.IntN(len(where))]
 			// Rows of the main table and messages share aggregates: their
 			// order holds across both. Other tables are other sequences.
 			group := "a"
 			switch {
-			case wh == tableB:
+			case tg.where == tableB:
 				group = "b"
-			case strings.HasPrefix(wh, tableP):
+			case tg.bucket != 0:
 				group = "p"
 			}
 			key := fmt.Sprintf("w%d-%s%d", w.id, group, w.rng.IntN(w.aggs))
 			w.next[key]++
-			evs[i] = ledgerEvent{ID: newUUIDv4(), Key: key, Seq: w.next[key], Where: wh, Step: w.st.step}
+			evs[i] = ledgerEvent{ID: newUUIDv4(), Key: key, Seq: w.next[key], Where: tg.where, bucket: tg.bucket, Step: w.st.step}
 		}
 		return evs
 	}
@@ -115,7 +118,7 @@ func (w *schedWriter) plan() writerTxn {
 	return t
 }
 
-// queue adds the statements writing evs to b.
+// queueEvents adds the statements writing evs to b.
 func queueEvents(b *pgx.Batch, evs []ledgerEvent, pad string) {
 	for _, e := range evs {
 		payload := fmt.Sprintf(`{"agg":%q,"seq":%d}`, e.Key, e.Seq)
@@ -129,11 +132,9 @@ func queueEvents(b *pgx.Batch, evs []ledgerEvent, pad string) {
 				"payload": json.RawMessage(payload),
 			})
 			b.Queue("SELECT pg_logical_emit_message(true, $1, $2::text)", messagePrefix, string(env))
-		case strings.HasPrefix(e.Where, tableP+"_"):
-			var bucket int
-			fmt.Sscanf(strings.TrimPrefix(e.Where, tableP+"_"), "%d", &bucket)
+		case e.bucket != 0:
 			b.Queue("INSERT INTO public."+tableP+" (id, aggregate_type, aggregate_id, event_type, payload, bucket) VALUES ($1, 'chaos', $2, 'Numbered', $3, $4)",
-				e.ID, e.Key, payload, bucket)
+				e.ID, e.Key, payload, e.bucket)
 		default:
 			b.Queue("INSERT INTO public."+e.Where+" (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'chaos', $2, 'Numbered', $3)",
 				e.ID, e.Key, payload)

@@ -145,7 +145,12 @@ func (l *stallListener) stallAll() int {
 	defer l.mu.Unlock()
 	n := 0
 	for c := range l.conns {
-		c.stuckOnce.Do(func() { close(c.stuck); n++ })
+		c.stuckOnce.Do(func() {
+			close(c.stuck)
+			// Wake a read blocked now, before it takes what comes next.
+			_ = c.Conn.SetReadDeadline(time.Now())
+			n++
+		})
 	}
 	return n
 }
@@ -181,7 +186,16 @@ func (c *stallConn) Read(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	default:
 	}
-	return c.Conn.Read(b)
+	n, err := c.Conn.Read(b)
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		select {
+		case <-c.stuck: // woken by stallAll
+			<-c.closed
+			return 0, net.ErrClosed
+		default:
+		}
+	}
+	return n, err
 }
 
 func (c *stallConn) Close() error {
