@@ -24,7 +24,7 @@ func (f *scheduleFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.on, "schedule", false, "run seeded random schedules of operations (tables join and leave, partitions attached, detached and dropped, "+
 		"relay SIGKILL/SIGTERM, broker restarts and a broker that stops reading, Postgres restarts) while writers commit rows and messages, "+
 		"each checked against a ledger of every event; -seed N is the first seed (seeds N, N+1, …), -list lists the operations")
-	fs.IntVar(&f.seeds, "seeds", 10, "with -schedule: how many seeds to run (0 with -duration: as many as fit)")
+	fs.IntVar(&f.seeds, "seeds", 0, "with -schedule: how many seeds to run (default 10; with -duration, as many as fit unless this caps them)")
 	fs.DurationVar(&f.duration, "duration", 0, "with -schedule: start no new seed after this long (0: run -seeds seeds)")
 	fs.IntVar(&f.steps, "steps", 8, "with -schedule: operations per seed")
 }
@@ -47,20 +47,17 @@ func runSchedules(ctx context.Context, env *chaos.Env, f scheduleFlags, first ui
 	if first == 0 {
 		first = rand.Uint64N(1 << 32)
 	}
-	if f.seeds <= 0 && f.duration <= 0 {
-		return errors.New("-schedule: give -seeds N or -duration D")
+	if f.seeds < 0 || f.duration < 0 {
+		return errors.New("-schedule: -seeds and -duration cannot be negative")
+	}
+	if f.seeds == 0 && f.duration == 0 {
+		f.seeds = 10
 	}
 	start := time.Now()
 	var failed []chaos.ScheduleResult
 	seeds, steps := 0, 0
 	for seed := first; ctx.Err() == nil; seed++ {
-		if f.duration > 0 && time.Since(start) >= f.duration {
-			break
-		}
-		if f.duration <= 0 && seeds >= f.seeds {
-			break
-		}
-		if f.duration > 0 && f.seeds > 0 && seeds >= f.seeds {
+		if f.duration > 0 && time.Since(start) >= f.duration || f.seeds > 0 && seeds >= f.seeds {
 			break
 		}
 		res := env.RunSchedule(ctx, chaos.NewPlan(seed, chaos.PlanConfig{Steps: f.steps, PGMajor: env.PGMajor()}))
