@@ -56,7 +56,7 @@ func TestSchedule(t *testing.T) {
 					t.Logf("relay log (last 60 lines):\n%s", log)
 				}
 				// The last line names the seed and its schedule.
-				t.Errorf("%s\nrerun with %s=%d", res.Report(), EnvScheduleSeeds, seed)
+				t.Errorf("rerun with %s=%d\n%s", EnvScheduleSeeds, seed, res.Report())
 				return
 			}
 			t.Log(res.Report())
