@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -130,5 +131,34 @@ func TestCheckLedger(t *testing.T) {
 	}
 	if v := checkLedger(committed, aborted, []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a2), rec(1, 0, b1)}); !v.ok(true) || v.ok(false) {
 		t.Errorf("duplicates: ok(true)=%v ok(false)=%v, want true, false", v.ok(true), v.ok(false))
+	}
+}
+
+func TestScheduleResultReport(t *testing.T) {
+	plan := NewPlan(42, PlanConfig{PGMajor: 15})
+	for _, tc := range []struct {
+		name   string
+		res    ScheduleResult
+		failed bool
+	}{
+		{"clean", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 10}}, false},
+		{"lost", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 9, Lost: 1, LostBy: map[string]int{"outbox_b step 2": 1}}}, true},
+		{"duplicates", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 11, Duplicated: 1}}, true},
+		{"duplicates with a reason", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 11, Duplicated: 1}, DuplicatesReason: "--delivery at-least-once"}, false},
+		{"phantom", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 11, Phantoms: 1}}, true},
+		{"error", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 10}, Err: errors.New("step 3: relay exited")}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.res.Plan = plan
+			if tc.res.Failed() != tc.failed {
+				t.Fatalf("Failed() = %v, want %v", tc.res.Failed(), tc.failed)
+			}
+			lines := strings.Split(tc.res.Report(), "\n")
+			last := lines[len(lines)-1]
+			want := map[bool]string{true: "FAIL ", false: "ok "}[tc.failed] + plan.String()
+			if last != want {
+				t.Errorf("last line %q, want %q", last, want)
+			}
+		})
 	}
 }
