@@ -56,13 +56,6 @@ func (l *ledger) commit(evs, rolledBack []ledgerEvent) {
 // abort records evs as never committed.
 func (l *ledger) abort(evs []ledgerEvent) { l.commit(nil, evs) }
 
-// count returns how many events committed so far.
-func (l *ledger) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.committed)
-}
-
 // snapshot copies the ledger for a check.
 func (l *ledger) snapshot() (committed, aborted map[string]ledgerEvent) {
 	l.mu.Lock()
