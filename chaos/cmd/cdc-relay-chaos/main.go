@@ -6,8 +6,13 @@
 // chaos.Scenario.DuplicatesReason), injected fewer faults than planned or did
 // not run to the end.
 //
+// With -schedule it runs seeded random schedules of operations instead,
+// each checked against a ledger of every event tried (see schedule.go).
+//
 //	make chaos
 //	make chaos CHAOSFLAGS='-only sigkill|pg-restart -kills 50'
+//	make chaos CHAOSFLAGS='-schedule -duration 1h'
+//	make chaos CHAOSFLAGS='-schedule -seed 42 -seeds 1'
 package main
 
 import (
@@ -57,8 +62,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logs := fs.String("logs", "", "directory for each scenario's relay log (default: a new temporary directory)")
 	relayBin := fs.String("relay-bin", "", "cdc-relay binary to test (default: build ./cmd/cdc-relay)")
 	race := fs.Bool("race", false, "build the relay with the race detector")
+	var sf scheduleFlags
+	sf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if sf.on && *list {
+		listOps(stdout)
+		return nil
 	}
 	filter, err := regexp.Compile(*only)
 	if err != nil {
@@ -96,6 +107,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer env.Close()
+	if sf.on {
+		return runSchedules(ctx, env, sf, *seed, stdout)
+	}
 	var scenarios []chaos.Scenario
 	for _, s := range chaos.Scenarios(opts) {
 		if filter.MatchString(s.Name) {

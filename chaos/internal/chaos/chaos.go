@@ -17,7 +17,9 @@
 // restarts and leadership moves (kfake).
 //
 // cmd/cdc-relay-chaos runs every scenario and prints the table (make chaos);
-// chaos_test.go runs them all, smaller, in the test suite.
+// chaos_test.go runs them all, smaller, in the test suite. Schedules
+// (schedule.go) combine faults: a seed draws a sequence of operations, run
+// while writers commit, checked against a ledger of every event tried.
 package chaos
 
 import (

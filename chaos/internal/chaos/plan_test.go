@@ -1,0 +1,164 @@
+package chaos
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+)
+
+func TestNewPlanReproducible(t *testing.T) {
+	cfg := PlanConfig{Steps: 12, PGMajor: 15}
+	for seed := uint64(1); seed <= 50; seed++ {
+		a, b := NewPlan(seed, cfg), NewPlan(seed, cfg)
+		if a.String() != b.String() {
+			t.Fatalf("seed %d drew two plans:\n%s\n%s", seed, a, b)
+		}
+		if len(a.Steps) != 12 {
+			t.Fatalf("seed %d: %d steps, want 12", seed, len(a.Steps))
+		}
+		if !strings.HasPrefix(a.String(), fmt.Sprintf("seed=%d schedule=[", seed)) {
+			t.Fatalf("plan %q does not start with its seed", a)
+		}
+	}
+	if NewPlan(1, cfg).String() == NewPlan(2, cfg).String() {
+		t.Errorf("seeds 1 and 2 drew the same plan")
+	}
+}
+
+// TestNewPlanPreconditions replays many plans' steps against the state they
+// need: a table joins only when out, leaves only when in; a partition is
+// detached only when attached (and another stays), dropped only when
+// detached and not dropped yet; no messages below 14, no standby below 16,
+// standby lag only on a standby.
+func TestNewPlanPreconditions(t *testing.T) {
+	seen := map[string]bool{}
+	for i := uint64(0); i < 600; i++ {
+		seed, major := i/2+1, []int{13, 16}[i%2]
+		p := NewPlan(seed, PlanConfig{Steps: 15, PGMajor: major})
+		if major < 14 && p.Messages || major < 16 && p.Source != "primary" {
+			t.Fatalf("seed %d: messages or a standby on PostgreSQL %d: %s", seed, major, p)
+		}
+		in, attached, detached := p.BMember, slices.Clone(p.Buckets), []int{}
+		for i, s := range p.Steps {
+			seen[s.Op] = true
+			bad := ""
+			switch s.Op {
+			case "table-join":
+				bad, in = map[bool]string{true: "joins while in"}[in], true
+			case "table-leave":
+				bad, in = map[bool]string{false: "leaves while out"}[in], false
+			case "partition-attach":
+				if slices.Contains(attached, s.Bucket) || slices.Contains(detached, s.Bucket) {
+					bad = "attaches a bucket twice"
+				}
+				attached = append(attached, s.Bucket)
+			case "partition-detach":
+				if !slices.Contains(attached, s.Bucket) || len(attached) < 2 {
+					bad = "detaches a partition not attached, or the last one"
+				}
+				attached = slices.DeleteFunc(attached, func(b int) bool { return b == s.Bucket })
+				if !s.Drop {
+					detached = append(detached, s.Bucket)
+				}
+			case "standby-lag":
+				if p.Source != "standby" {
+					bad = "lags a standby the relay does not read"
+				}
+			case "partition-drop":
+				if !slices.Contains(detached, s.Bucket) {
+					bad = "drops a partition not detached"
+				}
+				detached = slices.DeleteFunc(detached, func(b int) bool { return b == s.Bucket })
+			}
+			if bad != "" {
+				t.Fatalf("seed %d step %d %s %s: %s", seed, i+1, s, bad, p)
+			}
+		}
+	}
+	for _, o := range planOps {
+		if !seen[o.name] {
+			t.Errorf("600 plans never drew %s", o.name)
+		}
+	}
+}
+
+func TestCheckLedger(t *testing.T) {
+	ev := func(id, key string, seq int) ledgerEvent {
+		return ledgerEvent{ID: id, Key: key, Seq: seq, Where: "outbox_p_3", Step: 2}
+	}
+	rec := func(part int32, off int64, e ledgerEvent) sandbox.Record {
+		return sandbox.Record{Partition: part, Offset: off, Key: []byte(e.Key),
+			Value:   []byte(fmt.Sprintf(`{"agg": %q, "seq": %d}`, e.Key, e.Seq)),
+			Headers: map[string]string{"id": e.ID}, Timestamp: time.Now()}
+	}
+	a1, a2, b1 := ev("a1", "k1", 1), ev("a2", "k1", 2), ev("b1", "k2", 1)
+	committed := map[string]ledgerEvent{"a1": a1, "a2": a2, "b1": b1}
+	aborted := map[string]ledgerEvent{"x": ev("x", "k1", 3)}
+	for _, tc := range []struct {
+		name string
+		recs []sandbox.Record
+		want Verdict // counts only
+	}{
+		{"all once in order", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1)}, Verdict{}},
+		{"lost", []sandbox.Record{rec(0, 0, a1), rec(1, 0, b1)}, Verdict{Lost: 1}},
+		{"duplicate", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a1), rec(1, 0, b1)}, Verdict{Duplicated: 1}},
+		{"reordered", []sandbox.Record{rec(0, 0, a2), rec(0, 1, a1), rec(1, 0, b1)}, Verdict{OrderViolations: 1}},
+		{"key on two partitions", []sandbox.Record{rec(0, 0, a1), rec(2, 0, a2), rec(1, 0, b1)}, Verdict{OrderViolations: 1}},
+		{"rolled back in Kafka", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1), rec(0, 2, aborted["x"])}, Verdict{Phantoms: 1}},
+		{"never written", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1), rec(3, 0, ev("zz", "k9", 1))}, Verdict{Phantoms: 1}},
+		{"altered value", []sandbox.Record{rec(0, 0, a1), rec(0, 1, ev("a2", "k1", 7)), rec(1, 0, b1)}, Verdict{Mismatched: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := checkLedger(committed, aborted, tc.recs)
+			got := [5]int{v.Lost, v.Duplicated, v.OrderViolations, v.Phantoms, v.Mismatched}
+			want := [5]int{tc.want.Lost, tc.want.Duplicated, tc.want.OrderViolations, tc.want.Phantoms, tc.want.Mismatched}
+			if got != want {
+				t.Fatalf("lost, duplicated, order, phantoms, mismatched = %v, want %v: %s %v", got, want, v, v.Samples)
+			}
+			clean := want == [5]int{}
+			if v.ok(false) != clean {
+				t.Errorf("ok(false) = %v with %s", v.ok(false), v)
+			}
+			if tc.name == "lost" && v.LostBy["outbox_p_3 step 2"] != 1 {
+				t.Errorf("lost_by %v does not name where and when", v.LostBy)
+			}
+		})
+	}
+	if v := checkLedger(committed, aborted, []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a2), rec(1, 0, b1)}); !v.ok(true) || v.ok(false) {
+		t.Errorf("duplicates: ok(true)=%v ok(false)=%v, want true, false", v.ok(true), v.ok(false))
+	}
+}
+
+func TestScheduleResultReport(t *testing.T) {
+	plan := NewPlan(42, PlanConfig{PGMajor: 15})
+	for _, tc := range []struct {
+		name   string
+		res    ScheduleResult
+		failed bool
+	}{
+		{"clean", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 10}}, false},
+		{"lost", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 9, Lost: 1, LostBy: map[string]int{"outbox_b step 2": 1}}}, true},
+		{"duplicates", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 11, Duplicated: 1}}, true},
+		{"duplicates with a reason", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 11, Duplicated: 1}, DuplicatesReason: "--delivery at-least-once"}, false},
+		{"phantom", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 11, Phantoms: 1}}, true},
+		{"error", ScheduleResult{Verdict: Verdict{Committed: 10, Records: 10}, Err: errors.New("step 3: relay exited")}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.res.Plan = plan
+			if tc.res.Failed() != tc.failed {
+				t.Fatalf("Failed() = %v, want %v", tc.res.Failed(), tc.failed)
+			}
+			lines := strings.Split(tc.res.Report(), "\n")
+			last := lines[len(lines)-1]
+			want := map[bool]string{true: "FAIL ", false: "ok "}[tc.failed] + plan.String()
+			if last != want {
+				t.Errorf("last line %q, want %q", last, want)
+			}
+		})
+	}
+}
