@@ -226,6 +226,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "status-interval 0s", set: map[string]string{"status-interval": "0s"}, want: []string{"--status-interval", "CDC_RELAY_STATUS_INTERVAL", "positive duration"}},
 		{name: "shutdown-timeout negative", set: map[string]string{"shutdown-timeout": "-1s"}, want: []string{"--shutdown-timeout", "CDC_RELAY_SHUTDOWN_TIMEOUT"}},
 		{name: "kafka-start-timeout 0", set: map[string]string{"kafka-start-timeout": "0s"}, want: []string{"--kafka-start-timeout", "CDC_RELAY_KAFKA_START_TIMEOUT"}},
+		{name: "request-timeout 0", set: map[string]string{"request-timeout": "0s"}, want: []string{"--request-timeout", "CDC_RELAY_REQUEST_TIMEOUT"}},
 		{name: "retry-base 0", set: map[string]string{"retry-base": "0s"}, want: []string{"--retry-base", "CDC_RELAY_RETRY_BASE"}},
 		{name: "retry-cap 0", set: map[string]string{"retry-cap": "0s"}, want: []string{"--retry-cap", "CDC_RELAY_RETRY_CAP"}},
 		{name: "status-interval not a duration", set: map[string]string{"status-interval": "fast"}, want: []string{"--status-interval", "fast"}},
