@@ -42,9 +42,14 @@ type pipe struct {
 	lastUsed time.Time
 }
 
-// openPipe starts a pipe to broker; limit bounds its requests in flight.
-func (k *Kafka) openPipe(broker int32, limit int, done chan<- *request) *pipe {
+// openPipe starts a pipe to broker carrying first; limit bounds its
+// requests in flight. first is queued before the pipe's connection is
+// tried: a pipe whose connection fails at once (a broker down refuses it)
+// hands it back with that error, where a send after the start could find
+// the pipe retired already, and the request would never come back.
+func (k *Kafka) openPipe(broker int32, limit int, done chan<- *request, first *request) *pipe {
 	pp := &pipe{k: k, broker: broker, done: done, queue: make(chan *request, limit), lastUsed: time.Now()}
+	pp.queue <- first
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()

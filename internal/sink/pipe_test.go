@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
@@ -118,4 +119,54 @@ func TestBrokerStopsReading(t *testing.T) {
 	if !strings.Contains(logs.String(), "Kafka produce recovered") {
 		t.Errorf("no \"Kafka produce recovered\" line once the broker read again")
 	}
+}
+
+// TestBrokerDownEveryRequestComesBack keeps the broker down while the
+// producer retries every few milliseconds: each attempt opens a pipe whose
+// connection is refused at once. Every request must come back from its
+// pipe, failed, to be retried: once the broker is back, every event is
+// acknowledged once and the producer stops retrying. A request handed to a
+// pipe that had already failed was lost, and its partition stalled for ever.
+func TestBrokerDownEveryRequestComesBack(t *testing.T) {
+	t.Parallel()
+	const topic = "outbox.events"
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{topic}})
+	testenv.RequireLocalKafka(t, kafka)
+	m := metrics.New(prometheus.NewRegistry())
+	k := openSink(t, Config{
+		Brokers: kafka.Brokers(), Topics: []string{topic}, Idempotent: true, Metrics: m,
+		Retry: backoff.Policy{Base: time.Millisecond, Cap: 2 * time.Millisecond}, RequestTimeout: 5 * time.Second,
+		BatchMaxEvents: 1, Logger: zerolog.Nop(),
+	})
+	evs := stream(16, 400)
+	acks := newAckLog(len(evs))
+	sendAll(t, k, topic, evs[:16], acks.ack)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if n := acks.count(); n < 16 {
+			return fmt.Errorf("%d of 16 events acknowledged before the outage", n)
+		}
+		return nil
+	})
+	kafka.Stop()
+	sendAll(t, k, topic, evs[16:], acks.ack)
+	// Many attempts, each on a pipe of its own that fails at once.
+	retries := m.ProduceRetries
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if n := testutil.ToFloat64(retries); n < 2000 {
+			return fmt.Errorf("%v attempts failed while the broker is down, want 2000", n)
+		}
+		return nil
+	})
+	if err := kafka.Start(); err != nil {
+		t.Fatalf("start the broker again: %v", err)
+	}
+	acks.wait(t, 30*time.Second)
+	acks.checkExactlyOnce(t, evs)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if k.Retrying() {
+			return errors.New("still retrying after everything was acknowledged")
+		}
+		return nil
+	})
+	t.Logf("%v failed attempts while the broker was down", testutil.ToFloat64(retries))
 }
