@@ -21,6 +21,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // clearEnv unsets every CDC_RELAY_* variable for the test (and restores them
@@ -709,6 +710,18 @@ func TestRelayConfig(t *testing.T) {
 			check: func(t *testing.T, cfg relay.Config) {
 				if cfg.Topic != "bench.{aggregate_type}" || cfg.StatusInterval != 250*time.Millisecond || cfg.Decoder.ContentType != "none" {
 					t.Errorf("Topic, StatusInterval, ContentType = %q, %v, %q", cfg.Topic, cfg.StatusInterval, cfg.Decoder.ContentType)
+				}
+			}},
+		{name: "request timeout", args: append(slices.Clone(base), "--request-timeout", "3s"),
+			check: func(t *testing.T, cfg relay.Config) {
+				if cfg.Sink.RequestTimeout != 3*time.Second {
+					t.Errorf("Sink.RequestTimeout = %v, want 3s", cfg.Sink.RequestTimeout)
+				}
+			}},
+		{name: "request timeout default", args: base,
+			check: func(t *testing.T, cfg relay.Config) {
+				if cfg.Sink.RequestTimeout != sink.DefaultRequestTimeout {
+					t.Errorf("Sink.RequestTimeout = %v, want %v", cfg.Sink.RequestTimeout, sink.DefaultRequestTimeout)
 				}
 			}},
 		{name: "invalid flag value", args: append(slices.Clone(base), "--status-interval", "0s"), wantErr: "status-interval"},
