@@ -201,6 +201,7 @@ var defaults = map[string]string{
 	"default_read_buffer_kib":        strconv.Itoa(relay.DefaultReadBuffer >> 10),
 	"default_shutdown_timeout":       shortDuration(relay.DefaultShutdownTimeout),
 	"default_kafka_start_timeout":    shortDuration(relay.DefaultKafkaStartWait),
+	"default_request_timeout":        shortDuration(sink.DefaultRequestTimeout),
 	"default_monitor_interval":       shortDuration(relay.DefaultMonitorInterval),
 	"default_backfill_margin":        shortDuration(relay.DefaultBackfillMargin),
 	"default_retry_base":             shortDuration(backoff.Default.Base),

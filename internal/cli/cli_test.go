@@ -21,6 +21,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
 // clearEnv unsets every CDC_RELAY_* variable for the test (and restores them
@@ -226,6 +227,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "status-interval 0s", set: map[string]string{"status-interval": "0s"}, want: []string{"--status-interval", "CDC_RELAY_STATUS_INTERVAL", "positive duration"}},
 		{name: "shutdown-timeout negative", set: map[string]string{"shutdown-timeout": "-1s"}, want: []string{"--shutdown-timeout", "CDC_RELAY_SHUTDOWN_TIMEOUT"}},
 		{name: "kafka-start-timeout 0", set: map[string]string{"kafka-start-timeout": "0s"}, want: []string{"--kafka-start-timeout", "CDC_RELAY_KAFKA_START_TIMEOUT"}},
+		{name: "request-timeout 0", set: map[string]string{"request-timeout": "0s"}, want: []string{"--request-timeout", "CDC_RELAY_REQUEST_TIMEOUT"}},
 		{name: "retry-base 0", set: map[string]string{"retry-base": "0s"}, want: []string{"--retry-base", "CDC_RELAY_RETRY_BASE"}},
 		{name: "retry-cap 0", set: map[string]string{"retry-cap": "0s"}, want: []string{"--retry-cap", "CDC_RELAY_RETRY_CAP"}},
 		{name: "status-interval not a duration", set: map[string]string{"status-interval": "fast"}, want: []string{"--status-interval", "fast"}},
@@ -708,6 +710,18 @@ func TestRelayConfig(t *testing.T) {
 			check: func(t *testing.T, cfg relay.Config) {
 				if cfg.Topic != "bench.{aggregate_type}" || cfg.StatusInterval != 250*time.Millisecond || cfg.Decoder.ContentType != "none" {
 					t.Errorf("Topic, StatusInterval, ContentType = %q, %v, %q", cfg.Topic, cfg.StatusInterval, cfg.Decoder.ContentType)
+				}
+			}},
+		{name: "request timeout", args: append(slices.Clone(base), "--request-timeout", "3s"),
+			check: func(t *testing.T, cfg relay.Config) {
+				if cfg.Sink.RequestTimeout != 3*time.Second {
+					t.Errorf("Sink.RequestTimeout = %v, want 3s", cfg.Sink.RequestTimeout)
+				}
+			}},
+		{name: "request timeout default", args: base,
+			check: func(t *testing.T, cfg relay.Config) {
+				if cfg.Sink.RequestTimeout != sink.DefaultRequestTimeout {
+					t.Errorf("Sink.RequestTimeout = %v, want %v", cfg.Sink.RequestTimeout, sink.DefaultRequestTimeout)
 				}
 			}},
 		{name: "invalid flag value", args: append(slices.Clone(base), "--status-interval", "0s"), wantErr: "status-interval"},

@@ -83,6 +83,7 @@ type RunCmd struct {
 	ReadBufferKiB       int           `group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
 	ShutdownTimeout     time.Duration `group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
 	KafkaStartTimeout   time.Duration `group:"kafka" default:"${default_kafka_start_timeout}" help:"How long to wait for Kafka at start before giving up."`
+	RequestTimeout      time.Duration `group:"kafka" name:"request-timeout" default:"${default_request_timeout}" help:"How long a produce request may take, being written and answered, before it fails and is retried (as Kafka's request.timeout.ms): a broker that stops reading or answering is noticed after this."`
 	RetryBase           time.Duration `group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
 	RetryCap            time.Duration `group:"delivery" default:"${default_retry_cap}" help:"Backoff cap."`
 	RelayName           string        `group:"operations" help:"Name of this relay in checkpoints and logs (default: host name)."`
@@ -153,7 +154,7 @@ func (r *RunCmd) Validate() error {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"status-interval", r.StatusInterval}, {"shutdown-timeout", r.ShutdownTimeout}, {"kafka-start-timeout", r.KafkaStartTimeout}, {"retry-base", r.RetryBase}, {"retry-cap", r.RetryCap}} {
+	}{{"status-interval", r.StatusInterval}, {"shutdown-timeout", r.ShutdownTimeout}, {"kafka-start-timeout", r.KafkaStartTimeout}, {"request-timeout", r.RequestTimeout}, {"retry-base", r.RetryBase}, {"retry-cap", r.RetryCap}} {
 		if d.v <= 0 {
 			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
 		}
@@ -256,6 +257,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			BatchMaxEvents: r.BatchMaxEvents,
 			BatchMaxBytes:  r.BatchMaxBytes,
 			MaxInFlight:    r.MaxInFlightRequests,
+			RequestTimeout: r.RequestTimeout,
 			Compression:    compression(r.Compression),
 			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
 			Transport:      transport,

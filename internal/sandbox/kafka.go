@@ -78,6 +78,11 @@ type KafkaOptions struct {
 	// broker still reads the next request while an answer is on its way.
 	Latency time.Duration
 
+	// SocketBuffer, when positive, is the size in bytes of the broker's
+	// socket receive and send buffers (the system may round it). Small
+	// buffers let a client's writes block soon after StopReading.
+	SocketBuffer int
+
 	// SASLUsers turns SASL authentication on: only these users can connect.
 	// A user name may appear once per mechanism. They are superusers, so no
 	// ACL stands in their way. The Kafka methods ReadAll, WaitForRecords,
@@ -119,6 +124,8 @@ type Kafka struct {
 	serverTLS   *tls.Config // with TLS: the listener's config
 	clientTLS   *tls.Config // with TLS: trusts the CA, presents the client certificate
 
+	gate *readGate // shut by StopReading
+
 	mu      sync.Mutex // guards cluster and closed
 	cluster *kfake.Cluster
 	closed  bool
@@ -142,7 +149,7 @@ func StartKafka(opts KafkaOptions) (*Kafka, error) {
 	if err := checkSASLUsers(opts.SASLUsers); err != nil {
 		return nil, err
 	}
-	k := &Kafka{opts: opts}
+	k := &Kafka{opts: opts, gate: newReadGate()}
 	if opts.TLS || opts.RequireClientCert {
 		if err := k.setupTLS(); err != nil {
 			k.Close()
@@ -298,15 +305,17 @@ func (k *Kafka) clusterOpts(port int) []kfake.Opt {
 	if !k.opts.NoAutoCreate {
 		opts = append(opts, kfake.AllowAutoTopicCreation())
 	}
-	if d := k.opts.Latency; d > 0 {
-		opts = append(opts, kfake.ListenFn(func(network, address string) (net.Listener, error) {
-			l, err := net.Listen(network, address)
-			if err != nil {
-				return nil, err
-			}
-			return delayListener{Listener: l, d: d}, nil
-		}))
-	}
+	opts = append(opts, kfake.ListenFn(func(network, address string) (net.Listener, error) {
+		l, err := k.listen(network, address)
+		if err != nil {
+			return nil, err
+		}
+		l = gateListener{Listener: l, g: k.gate}
+		if d := k.opts.Latency; d > 0 {
+			l = delayListener{Listener: l, d: d}
+		}
+		return l, nil
+	}))
 	if len(k.opts.BrokerConfigs) > 0 {
 		opts = append(opts, kfake.BrokerConfigs(k.opts.BrokerConfigs))
 	}

@@ -653,3 +653,46 @@ func TestKafkaLatency(t *testing.T) {
 		}
 	}
 }
+
+// TestKafkaStopReading stops a broker with 4 KiB socket buffers reading: a
+// client's write of 1 MiB blocks (its deadline passes with most of it
+// unwritten), and once the broker reads again the rest goes through.
+func TestKafkaStopReading(t *testing.T) {
+	t.Parallel()
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{SocketBuffer: 4096})
+	testenv.RequireLocalKafka(t, k)
+	if err := k.StopReading(); err != nil {
+		t.Fatal(err)
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	conn, err := d.Dial("tcp", k.Brokers()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// A frame the broker reads as one request of 1 MiB (and then refuses).
+	frame := make([]byte, 4+1<<20)
+	binary.BigEndian.PutUint32(frame, 1<<20)
+	if err := conn.SetWriteDeadline(time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := conn.Write(frame)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n > len(frame)/2 {
+		t.Fatalf("write to a broker that stopped reading: %d of %d bytes, %v; want a timeout with most of it unwritten", n, len(frame), err)
+	}
+	k.ResumeReading()
+	if err := conn.SetWriteDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := conn.Write(frame[n:]); err != nil {
+		t.Fatalf("write the rest once the broker reads again: %d of %d bytes: %v", m, len(frame)-n, err)
+	}
+}

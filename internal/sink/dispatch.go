@@ -127,11 +127,8 @@ func (k *Kafka) dispatch() {
 					continue
 				}
 				r.buf = x.buf
-				pp := pipes[r.broker]
-				if pp == nil || !pp.send(r) {
-					pp = k.openPipe(r.broker, k.cfg.MaxInFlight, done)
-					pipes[r.broker] = pp
-					pp.send(r)
+				if pp := pipes[r.broker]; pp == nil || !pp.send(r) {
+					pipes[r.broker] = k.openPipe(r.broker, k.cfg.MaxInFlight, done, r)
 				}
 			}
 			markBusy(parts, byBroker, bytesOut, limit)

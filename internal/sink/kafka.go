@@ -108,7 +108,8 @@ type Config struct {
 	// with a null value, a Kafka tombstone (--tombstone-on-empty-payload);
 	// otherwise its value is empty, never null.
 	TombstoneOnEmptyPayload bool
-	// RequestTimeout bounds one produce attempt.
+	// RequestTimeout bounds one produce attempt, from when the request is
+	// sent: its writing and its answer (DefaultRequestTimeout when 0).
 	RequestTimeout time.Duration
 	Retry          backoff.Policy
 	// Transport carries TLS/SASL settings; nil means plain TCP. Open copies
@@ -156,6 +157,8 @@ type Config struct {
 // Defaults of Config that the command line offers as flags, stated once.
 const (
 	DefaultBatchMaxEvents = 10000
+	// DefaultRequestTimeout is Kafka's producers' request.timeout.ms.
+	DefaultRequestTimeout = 30 * time.Second
 	// DefaultBatchMaxBytes is under Kafka's default message.max.bytes (1 MB).
 	DefaultBatchMaxBytes = 900 << 10
 	// DefaultMaxInFlight is Kafka's own clients' default with idempotence.
@@ -185,7 +188,7 @@ func (c *Config) setDefaults() {
 		c.MaxRequestBytes = c.BatchMaxBytes
 	}
 	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = 30 * time.Second
+		c.RequestTimeout = DefaultRequestTimeout
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = DefaultMaxInFlight

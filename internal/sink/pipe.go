@@ -42,9 +42,14 @@ type pipe struct {
 	lastUsed time.Time
 }
 
-// openPipe starts a pipe to broker; limit bounds its requests in flight.
-func (k *Kafka) openPipe(broker int32, limit int, done chan<- *request) *pipe {
+// openPipe starts a pipe to broker carrying first; limit bounds its
+// requests in flight. first is queued before the pipe's connection is
+// tried: a pipe whose connection fails at once (a broker down refuses it)
+// hands it back with that error, where a send after the start could find
+// the pipe retired already, and the request would never come back.
+func (k *Kafka) openPipe(broker int32, limit int, done chan<- *request, first *request) *pipe {
 	pp := &pipe{k: k, broker: broker, done: done, queue: make(chan *request, limit), lastUsed: time.Now()}
+	pp.queue <- first
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
@@ -128,17 +133,36 @@ func (x *pipeExchange) Required(versions map[protocol.ApiKey]int16) bool {
 	return true
 }
 
-// deadliner is the connection's read deadline, which bounds each answer.
-type deadliner interface{ SetReadDeadline(time.Time) error }
+// deadliner is the connection's deadlines: the read deadline bounds each
+// answer, the write deadline each request's writing.
+type deadliner interface {
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
+
+// errWaitedTooLong ends a request that waited in the pipe's queue for the
+// request timeout while earlier ones were being written: the connection does
+// not take what is written to it.
+var errWaitedTooLong = errors.New("produce request waited the request timeout to be written")
 
 // RawExchange serves the pipe until its queue closes (idle, or the producer
 // closing) or the connection fails. Every request taken from the queue is
 // handed back on done: answered, or with the error that ended it. An error
 // makes kafka-go close the connection.
+//
+// Every request fails at the request timeout from when it was sent, whether
+// it is still being written or its answer is awaited: a broker that stops
+// reading (wedged, or a network black hole) fills the socket buffers and
+// would otherwise block the writer for ever, with the reader waiting for an
+// answer to a request never written.
 func (x *pipeExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
 	pp := x.pp
+	d, _ := rw.(deadliner)
 	written := make(chan *request, cap(pp.queue))
-	broken := make(chan struct{}) // the reader failed
+	var (
+		brokenMu sync.Mutex            // orders the reader's failure and the writer's next write
+		broken   = make(chan struct{}) // the reader failed
+	)
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
@@ -147,7 +171,14 @@ func (x *pipeExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
 			if rerr == nil {
 				rerr = pp.answer(rw, r)
 				if rerr != nil {
+					brokenMu.Lock()
 					close(broken)
+					if d != nil {
+						// Ends a write blocked on a connection that no longer
+						// answers.
+						_ = d.SetWriteDeadline(time.Now())
+					}
+					brokenMu.Unlock()
 				}
 			}
 			if rerr != nil {
@@ -160,8 +191,10 @@ func (x *pipeExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
 	defer func() {
 		close(written)
 		<-readerDone
-		if d, ok := rw.(deadliner); ok && werr == nil {
-			_ = d.SetReadDeadline(time.Time{}) // the connection goes back to kafka-go's pool
+		if d != nil && werr == nil {
+			// The connection goes back to kafka-go's pool.
+			_ = d.SetReadDeadline(time.Time{})
+			_ = d.SetWriteDeadline(time.Time{})
 		}
 	}()
 	for werr == nil {
@@ -170,14 +203,10 @@ func (x *pipeExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
 			if !ok {
 				return nil, nil
 			}
-			if err := r.x.write(rw, pp.version); err != nil {
-				// Part of it may have been written: its fate is unknown.
-				r.err = fmt.Errorf("produce to broker %d: %w", pp.broker, err)
-				pp.done <- r
-				werr = err
-				break
+			werr = pp.write(rw, d, r, &brokenMu, broken)
+			if werr == nil {
+				written <- r
 			}
-			written <- r
 		case <-broken:
 			werr = errors.New("produce connection broken")
 		case <-pp.k.ctx.Done():
@@ -191,6 +220,40 @@ func (x *pipeExchange) RawExchange(rw io.ReadWriter) (protocol.Message, error) {
 	}
 	pp.mu.Unlock()
 	return nil, werr
+}
+
+// write writes r within the request timeout from when r was sent. On an
+// error r has been handed back on done: unsent when nothing of it was
+// written, else of unknown fate; the connection is then of no further use.
+func (pp *pipe) write(rw io.ReadWriter, d deadliner, r *request, brokenMu *sync.Mutex, broken <-chan struct{}) error {
+	deadline := r.start.Add(pp.k.cfg.RequestTimeout)
+	brokenMu.Lock()
+	var err error
+	select {
+	case <-broken:
+		err = errors.New("produce connection broken")
+	default:
+		if !time.Now().Before(deadline) {
+			err = fmt.Errorf("%w (%v)", errWaitedTooLong, pp.k.cfg.RequestTimeout)
+		} else if d != nil {
+			if derr := d.SetWriteDeadline(deadline); derr != nil {
+				err = fmt.Errorf("set write deadline: %w", derr)
+			}
+		}
+	}
+	brokenMu.Unlock()
+	if err != nil {
+		r.err, r.unsent = fmt.Errorf("produce to broker %d: %w", pp.broker, err), true
+		pp.done <- r
+		return err
+	}
+	if err := r.x.write(rw, pp.version); err != nil {
+		// Part of it may have been written: its fate is unknown.
+		r.err = fmt.Errorf("produce to broker %d: %w", pp.broker, err)
+		pp.done <- r
+		return err
+	}
+	return nil
 }
 
 // answer reads r's answer, within the request timeout from when r was sent.

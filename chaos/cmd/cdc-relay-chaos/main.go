@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -122,7 +123,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	start := time.Now()
 	var results []chaos.Result
-	failed := 0
+	var failed []string
 	for _, s := range scenarios {
 		if ctx.Err() != nil {
 			break
@@ -130,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		res := env.Run(ctx, s)
 		results = append(results, res)
 		if res.Failed() {
-			failed++
+			failed = append(failed, s.Name)
 			for _, line := range res.Samples {
 				fmt.Fprintf(stderr, "  %s: %s\n", s.Name, line)
 			}
@@ -144,9 +145,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if failed > 0 {
-		fmt.Fprintf(stdout, "\nFAILED: %d of %d scenarios (lost events, order violations, unexplained duplicates, missing faults or errors above)\n", failed, len(results))
-		return fmt.Errorf("%d of %d %w", failed, len(results), errFailed)
+	if len(failed) > 0 {
+		fmt.Fprintf(stdout, "\nFAILED: %d of %d scenarios (lost events, order violations, unexplained duplicates, missing faults or errors above)\n", len(failed), len(results))
+		seed := env.Options().Seed
+		only := make([]string, len(failed))
+		for i, name := range failed {
+			only[i] = regexp.QuoteMeta(name)
+		}
+		// main prints it last.
+		return fmt.Errorf("%d of %d %w: %s; rerun: make chaos CHAOSFLAGS=\"-seed %d -only '^(%s)$'\"",
+			len(failed), len(results), errFailed, chaos.FailureLine(seed, failed...), seed, strings.Join(only, "|"))
 	}
 	fmt.Fprintln(stdout, "\nOK: nothing lost, per-key order kept, no unexplained duplicates in every scenario")
 	return nil

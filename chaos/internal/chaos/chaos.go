@@ -140,6 +140,12 @@ func (r Result) Failed() bool {
 		r.UnexplainedDuplicates()
 }
 
+// FailureLine says which scenarios of a run failed and the seed that replays
+// them, for the last line a failure prints.
+func FailureLine(seed uint64, scenarios ...string) string {
+	return fmt.Sprintf("FAILED chaos scenario %s, seed %d", strings.Join(scenarios, ", "), seed)
+}
+
 // UnexplainedDuplicates reports whether the scenario delivered duplicates
 // though it has no reason to: with the default effectively-once delivery and
 // a fault the guarantee covers, every event is in Kafka once.

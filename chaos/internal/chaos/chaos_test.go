@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,6 +93,22 @@ func TestScenarios(t *testing.T) {
 	t.Logf("seed %d (rerun with %s=%d)", env.Options().Seed, EnvSeed, env.Options().Seed)
 	for _, s := range chaos.Scenarios(env.Options()) {
 		t.Run(s.Name, func(t *testing.T) {
+			// Registered first, so it runs last: a failure's last line names
+			// the scenario and the seed that replays it.
+			t.Cleanup(func() {
+				if t.Failed() {
+					seed := env.Options().Seed
+					t.Logf("%s; rerun: %s=%d go -C chaos test -run 'TestScenarios/^%s$' ./internal/chaos",
+						chaos.FailureLine(seed, s.Name), EnvSeed, seed, regexp.QuoteMeta(s.Name))
+				}
+			})
+			// A panic fails the scenario instead of the whole run, so that
+			// line still comes.
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("panic: %v\n%s", p, debug.Stack())
+				}
+			}()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			res := env.Run(ctx, s)

@@ -469,14 +469,18 @@ func kafkaReset(ctx context.Context, r *run) error {
 		if err := r.kafka.proxy.add(toxic{Name: "reset", Type: "reset_peer", Stream: "downstream", Attributes: map[string]any{"timeout": 0}}); err != nil {
 			return err
 		}
+		// reset_peer resets a connection when an answer passes it: keep it
+		// on until the relay saw a reset (a busy machine may pass no answer
+		// in the first 300ms), at most recoverTimeout.
 		serr := sleep(ctx, 300*time.Millisecond)
+		took := serr == nil && r.waitMetricAbove(ctx, metricRetries, before, recoverTimeout)
 		if err := r.kafka.proxy.remove(context.Background(), "reset"); err != nil {
 			return err
 		}
 		if serr != nil {
 			return serr
 		}
-		if !r.waitMetricAbove(ctx, metricRetries, before, recoverTimeout) {
+		if !took {
 			r.note("reset %d: the relay retried nothing", i)
 			continue
 		}

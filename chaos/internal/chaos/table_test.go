@@ -84,3 +84,18 @@ func TestRelayArgsOverride(t *testing.T) {
 		t.Errorf("args %q repeat a replaced flag", got)
 	}
 }
+
+func TestFailureLine(t *testing.T) {
+	for _, tt := range []struct {
+		seed      uint64
+		scenarios []string
+		want      string
+	}{
+		{42, []string{"kafka-restart"}, "FAILED chaos scenario kafka-restart, seed 42"},
+		{7, []string{"sigkill-loop", "pg-net-cut"}, "FAILED chaos scenario sigkill-loop, pg-net-cut, seed 7"},
+	} {
+		if got := FailureLine(tt.seed, tt.scenarios...); got != tt.want {
+			t.Errorf("FailureLine(%d, %q) = %q, want %q", tt.seed, tt.scenarios, got, tt.want)
+		}
+	}
+}
