@@ -250,6 +250,9 @@ func (r *schedRun) relayArgs() []string {
 		"--log-format", "json",
 		"--status-interval", "200ms",
 		"--retry-cap", "1s",
+		// A broker that stops reading is noticed at the request timeout:
+		// short here, so a seed with that step fits in CI's time.
+		"--request-timeout", scheduleRequestTimeout.String(),
 		"--relay-name", "chaos",
 		"--delivery", r.plan.Delivery,
 	}
@@ -412,10 +415,14 @@ func (r *schedRun) finish(ctx context.Context) (Verdict, error) {
 	return checkLedger(committed, aborted, recs), werr
 }
 
+// scheduleRequestTimeout is the relay's --request-timeout in a schedule.
+const scheduleRequestTimeout = 5 * time.Second
+
 // minScheduleCatchUp is the least catch-up time of a schedule: after the
 // broker stopped reading a connection, the relay notices by its request
-// timeout (30s), and the schedule may end right after that step.
-const minScheduleCatchUp = 45 * time.Second
+// timeout, and the schedule may end right after that step; then it retries
+// with backoff and the broker takes the backlog.
+const minScheduleCatchUp = scheduleRequestTimeout + 25*time.Second
 
 // catchUp is how long the relay gets to deliver after the writers stopped.
 func (r *schedRun) catchUp() time.Duration { return max(r.opts.CatchUp, minScheduleCatchUp) }
