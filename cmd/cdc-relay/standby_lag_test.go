@@ -7,9 +7,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +21,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
-	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/verify"
 )
@@ -296,75 +293,9 @@ func testPromoteStandby(t *testing.T, killed bool) {
 		t.Errorf("the relay reported slot_ahead:\n%s", relayproc.Tail(r.Logs(), 20))
 	}
 
-	// The promoted server's outbox is the truth: every row of it in Kafka.
-	rows, err := sconn.Query(ctx, "SELECT id::text FROM outbox_events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	var recs []sandbox.Record
-	testenv.Eventually(t, 60*time.Second, func() error {
-		recs = f.read(ctx, t)
-		got := map[string]bool{}
-		for _, rec := range recs {
-			got[rec.Headers["id"]] = true
-		}
-		missing := 0
-		for id := range want {
-			if !got[id] {
-				missing++
-			}
-		}
-		if missing > 0 {
-			return fmt.Errorf("%d of %d rows of the promoted server not in Kafka yet (%d records)", missing, len(want), len(recs))
-		}
-		return nil
-	})
-	first := map[string]int{} // id → timeline of its first copy
-	last := map[string]int{}
-	dups := 0
-	for _, rec := range recs {
-		id := rec.Headers["id"]
-		if !want[id] {
-			t.Errorf("Kafka has event %s (%s), which the promoted server does not have", id, rec.Value)
-		}
-		parts := strings.Split(rec.Headers[sink.HeaderSource], ":") // system:timeline:slot:lsn:index
-		if len(parts) != 5 {
-			t.Fatalf("event %s: source position %q, want system:timeline:slot:lsn:index", id, rec.Headers[sink.HeaderSource])
-		}
-		timeline, err := strconv.Atoi(parts[1])
-		if err != nil {
-			t.Fatalf("event %s: source position %q: %v", id, rec.Headers[sink.HeaderSource], err)
-		}
-		if prev, seen := first[id]; seen {
-			dups++
-			if timeline <= prev {
-				t.Errorf("event %s sent twice on timeline %d (first on %d): a duplicate the guarantee does not allow", id, timeline, prev)
-			}
-			continue
-		}
-		first[id] = timeline
-		var p struct {
-			Key string `json:"key"`
-			Seq int    `json:"seq"`
-		}
-		if err := json.Unmarshal(rec.Value, &p); err != nil {
-			t.Fatalf("payload %s: %v", rec.Value, err)
-		}
-		if prev, ok := last[p.Key]; ok && p.Seq <= prev {
-			t.Errorf("key %s: seq %d after %d", p.Key, p.Seq, prev)
-		}
-		last[p.Key] = p.Seq
-	}
+	rowsOn, recs, dups := checkPromoted(ctx, t, sconn, f)
 	t.Logf("rows on the promoted server %d, records %d, duplicates %d (each re-sent from the new timeline), committed inserts %d (%d after the promotion)",
-		len(want), len(recs), dups, committed.Load(), committed.Load()-before)
+		rowsOn, recs, dups, committed.Load(), committed.Load()-before)
 	requireRunning(t, r, "after the promotion")
 	r.Stop(15 * time.Second)
 }
