@@ -7,6 +7,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -269,7 +270,7 @@ func EmitHeartbeat(ctx context.Context, db QueryRower) error {
 }
 
 // PublishedTables returns the tables publication pub streams the changes
-// of (pg_publication_tables), as schema.table in name order, each partition
+// of (pg_publication_tables), as schema.table sorted, each partition
 // as its partitioned root (pg_partition_root): whether the publication lists
 // a partitioned table's root (publish_via_partition_root) or its leaves, the
 // root's rows are streamed. at is a WAL position at or past the commit of
@@ -285,8 +286,7 @@ func PublishedTables(ctx context.Context, db *pgx.Conn, pub string) (tables []st
 		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
 		JOIN pg_catalog.pg_class rc ON rc.oid = coalesce(pg_partition_root(c.oid), c.oid)
 		JOIN pg_catalog.pg_namespace rn ON rn.oid = rc.relnamespace
-		WHERE t.pubname = $1
-		ORDER BY name`, pub)
+		WHERE t.pubname = $1`, pub)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list the tables publication %q streams: %w", pub, err)
 	}
@@ -302,6 +302,7 @@ func PublishedTables(ctx context.Context, db *pgx.Conn, pub string) (tables []st
 	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("list the tables publication %q streams: %w", pub, err)
 	}
+	slices.Sort(tables)
 	// Read after the list: every change it saw committed before this.
 	var text string
 	if err := db.QueryRow(ctx, "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text").Scan(&text); err != nil {
