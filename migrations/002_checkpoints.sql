@@ -53,4 +53,4 @@ COMMENT ON COLUMN public.cdc_relay_checkpoints.kafka_offsets IS
 COMMENT ON COLUMN public.cdc_relay_checkpoints.oldest_unrelayed_at IS
     'Commit time of the oldest transaction whose events the relay had read and Kafka had not acknowledged at this write; NULL when none waited. cdc-relay status reports its age while the relay runs.';
 COMMENT ON COLUMN public.cdc_relay_checkpoints.outbox_tables IS
-    'The outbox tables (schema.table) the relay read at this write, whose rows the stream carried up to lsn. A table the relay reads later that it did not add to the publication itself stops it (table_joined); NULL when unknown (an older relay).';
+    'The tables (schema.table, a partition as its root) the publication covered from lsn on, read or not by the relay: the stream resumed from lsn carries every row committed into them after it. An outbox table the relay reads later that is not named here and that it did not add to the publication itself stops it (table_joined); NULL when unknown (an older relay).';

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -41,9 +42,14 @@ func TestJoiningTable(t *testing.T) {
 		// kill: the relay is killed (-9) after the join rather than stopped;
 		// its restart sends nothing twice all the same.
 		kill bool
+		// rejoin: then the table leaves the relay's list while it stays in
+		// the publication, and comes back: the relay starts (no
+		// table_joined: the stream from its checkpoint carries the table's
+		// rows), and every row committed after that checkpoint arrives.
+		rejoin bool
 	}{
 		{name: "initial", mode: "initial"},
-		{name: "never", mode: "never", kill: true},
+		{name: "never", mode: "never", kill: true, rejoin: true},
 		{name: "by hand", mode: "initial", byHand: true},
 	}
 	for _, tt := range tests {
@@ -202,8 +208,68 @@ func TestJoiningTable(t *testing.T) {
 				t.Errorf("the restart took a join snapshot again")
 			}
 			r.Stop(10 * time.Second)
+			if tt.rejoin {
+				rejoin(ctx, t, f.brokers, conn, w, common, joined)
+			}
 		})
 	}
+}
+
+// rejoin runs the relay without billing.outbox_events in its list (the
+// table stays in the publication), then with it again. The rows committed
+// into it while the relay did not read it are skipped: the relay's
+// checkpoint moves past them (a clean stop after public rows committed
+// later). Every row committed after that checkpoint arrives once the table
+// is back, and the relay starts: the publication covered the table at its
+// checkpoint, so nothing it promises is missing.
+func rejoin(ctx context.Context, t *testing.T, brokers []string, conn *pgx.Conn, w *joinWriter, common, joined []string) {
+	t.Helper()
+	write := func(schema string, n int) []string {
+		t.Helper()
+		var ids []string
+		for range n {
+			if err := w.write(ctx, conn, schema); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, w.ids[schema][len(w.ids[schema])-1])
+		}
+		return ids
+	}
+	left := newRelay(t, common)
+	left.Start()
+	left.WaitReady(30 * time.Second)
+	skipped := write("billing", 5)
+	write("public", 5)
+	waitTopic(ctx, t, brokers, "outbox.public", len(w.ids["public"]))
+	left.Stop(10 * time.Second)
+
+	write("billing", 5)
+	back := newRelay(t, joined)
+	back.Start()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if back.Exited() || back.Readyz() == http.StatusOK {
+			return nil
+		}
+		return fmt.Errorf("the relay is neither ready nor exited")
+	})
+	requireRunning(t, back, "when the table came back to its list")
+	write("billing", 5)
+	write("public", 1)
+	var want []string
+	for _, id := range w.ids["billing"] {
+		if !slices.Contains(skipped, id) {
+			want = append(want, id)
+		}
+	}
+	for schema, ids := range map[string][]string{"public": w.ids["public"], "billing": want} {
+		recs := waitTopic(ctx, t, brokers, "outbox."+schema, len(ids))
+		checkOrderedOnce(t, recs, ids, nil)
+	}
+	if back.HasLog("joins publication") {
+		t.Errorf("the relay joined the table again, though it stayed in the publication")
+	}
+	requireRunning(t, back, "after the table came back")
+	back.Stop(10 * time.Second)
 }
 
 // joinWriter commits one-row transactions into the outbox tables of several

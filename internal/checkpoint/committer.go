@@ -77,7 +77,11 @@ type Committer struct {
 	tracker *Tracker
 	store   Saver
 	base    Checkpoint
-	offsets func(pglogrepl.LSN) Offsets
+	// covered replaces base.Tables in a save at or past coveredAt
+	// (Opening.CoverTables).
+	covered   []string
+	coveredAt pglogrepl.LSN
+	offsets   func(pglogrepl.LSN) Offsets
 	// commitTime is the CommitTime of the persisted checkpoint (Base's at
 	// first), which Persist stores again when the watermark has not moved.
 	commitTime time.Time
@@ -277,6 +281,9 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 	}
 	cp := c.base
 	cp.LSN, cp.CommitTime = w, at
+	if c.covered != nil && w >= c.coveredAt {
+		cp.Tables = c.covered
+	}
 	cp.UpdatedAt = time.Now()
 	cp.Offsets = nil // never Base's: offsets are only valid for the LSN they were taken at
 	cp.OldestUnrelayed, _ = c.tracker.OldestPending()

@@ -33,9 +33,13 @@ type Store interface {
 // An Opening is used by one goroutine, before Committer is called.
 type Opening struct {
 	store  Store
-	base   Checkpoint // slot, system id and relay name of every write
+	base   Checkpoint // slot, system id, relay name and Tables of every write
 	stored Checkpoint // what the store holds for the slot now
 	have   bool
+	// covered are the tables the publication covered at coveredAt
+	// (CoverTables): the Tables of a write at or past coveredAt.
+	covered   []string
+	coveredAt pglogrepl.LSN
 }
 
 // Open loads the stored checkpoint of base.Slot. base names the slot, the
@@ -95,23 +99,69 @@ func (o *Opening) Reposition(ctx context.Context, lsn pglogrepl.LSN, commitTime 
 	return nil
 }
 
-// SaveTables stores the stored checkpoint again with the base's Tables when
-// they differ from the stored ones, keeping its position: the tables the
-// relay reads from now on, each covered by the publication from where the
-// stream resumes (the caller's gap checks passed). A table the relay has just
-// added to the publication then counts as read at once, not only from the
-// Committer's first save. A marker or a missing checkpoint is left alone.
+// CoverTables sets the Tables of the writes from now on, from what the
+// publication covers now: published (replication.PublishedTables, read at
+// WAL position at), joined (the outbox tables this start added to the
+// publication, publishing the rows they held) and reads (the outbox tables
+// the relay reads: covered now, and since the stored checkpoint or joined,
+// as the caller's gap checks found). A write at or past at names every
+// published table. One before it, such as the stored checkpoint's own
+// position, names only the tables read, joined, or published and named by
+// the stored checkpoint: a table added to the publication since (by hand)
+// was not covered there, and the stream from there misses its rows
+// committed before the change. A table that leaves the relay's list stays
+// named while the publication keeps it, so it may come back without
+// table_joined.
+func (o *Opening) CoverTables(published []string, at pglogrepl.LSN, joined, reads []string) {
+	// The tables read are named as the relay reads them, even a partition
+	// (published is by root).
+	covered := slices.Clone(reads)
+	var before []string
+	for _, t := range published {
+		if slices.Contains(reads, t) {
+			continue
+		}
+		covered = append(covered, t)
+		if slices.Contains(o.stored.Tables, t) || slices.Contains(joined, t) {
+			before = append(before, t)
+		}
+	}
+	before = append(slices.Clone(reads), before...)
+	slices.Sort(before)
+	slices.Sort(covered)
+	o.base.Tables = slices.Compact(before)
+	o.covered, o.coveredAt = slices.Compact(covered), at
+}
+
+// SaveTables stores the stored checkpoint again with the Tables covered at
+// its position (CoverTables, else the base's) when they differ from the
+// stored ones, keeping its position: the caller's gap checks passed, and a
+// table the relay has just added to the publication then counts at once,
+// not only from the Committer's first save. A marker or a missing checkpoint
+// is left alone.
 func (o *Opening) SaveTables(ctx context.Context) error {
-	if !o.have || o.stored.LSN == 0 || slices.Equal(o.stored.Tables, o.base.Tables) {
+	if !o.have || o.stored.LSN == 0 {
+		return nil
+	}
+	tables := o.tablesAt(o.stored.LSN)
+	if slices.Equal(o.stored.Tables, tables) {
 		return nil
 	}
 	cp := o.stored
-	cp.Tables, cp.RelayName, cp.UpdatedAt = o.base.Tables, o.base.RelayName, time.Now()
+	cp.Tables, cp.RelayName, cp.UpdatedAt = tables, o.base.RelayName, time.Now()
 	if err := o.store.Save(ctx, cp); err != nil {
-		return fmt.Errorf("store the outbox tables the relay reads at %s: %w", cp.LSN, err)
+		return fmt.Errorf("store the tables the publication covers at %s: %w", cp.LSN, err)
 	}
 	o.stored = cp
 	return nil
+}
+
+// tablesAt are the Tables of a write at lsn.
+func (o *Opening) tablesAt(lsn pglogrepl.LSN) []string {
+	if o.covered != nil && lsn >= o.coveredAt {
+		return o.covered
+	}
+	return o.base.Tables
 }
 
 // StartFrom returns where streaming starts from a slot confirmed up to
@@ -136,5 +186,7 @@ func (o *Opening) Committer(start pglogrepl.LSN, cfg CommitterConfig) *Committer
 	if o.have && o.stored.LSN == start {
 		cfg.Base.CommitTime = o.stored.CommitTime
 	}
-	return NewCommitter(cfg)
+	c := NewCommitter(cfg)
+	c.covered, c.coveredAt = o.covered, o.coveredAt
+	return c
 }

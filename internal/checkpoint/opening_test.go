@@ -155,3 +155,115 @@ func TestOpeningSaveTables(t *testing.T) {
 		})
 	}
 }
+
+// TestOpeningCoverTables: after CoverTables, the stored checkpoint and every
+// save before the position the publication was read at name the tables read,
+// joined, or published and named by the stored checkpoint; saves from that
+// position on name every published table. So a table that left the relay's
+// list stays named while the publication keeps it, and one added to the
+// publication by hand is never named at a position before the change.
+func TestOpeningCoverTables(t *testing.T) {
+	ctx := context.Background()
+	const read = 0x6000 // where the publication was read
+	stored := func(tables []string) *Checkpoint {
+		return &Checkpoint{Slot: "s", SystemID: "sys1", RelayName: "old", LSN: 0x5000, UpdatedAt: time.Now(), Tables: tables}
+	}
+	tests := []struct {
+		name                 string
+		stored               *Checkpoint
+		published            []string
+		joined, reads        []string
+		wantStored, wantThen []string // at the stored position, and at read
+	}{
+		{
+			name:   "a table left the relay's list, the publication kept it; another was added by hand",
+			stored: stored([]string{"public.outbox_b", "public.outbox_events"}), published: []string{"public.by_hand", "public.outbox_b", "public.outbox_events"},
+			reads:      []string{"public.outbox_events"},
+			wantStored: []string{"public.outbox_b", "public.outbox_events"}, wantThen: []string{"public.by_hand", "public.outbox_b", "public.outbox_events"},
+		},
+		{
+			name:   "it comes back",
+			stored: stored([]string{"public.outbox_b", "public.outbox_events"}), published: []string{"public.outbox_b", "public.outbox_events"},
+			reads:      []string{"public.outbox_events", "public.outbox_b"},
+			wantStored: []string{"public.outbox_b", "public.outbox_events"}, wantThen: []string{"public.outbox_b", "public.outbox_events"},
+		},
+		{
+			name:   "a table left the publication",
+			stored: stored([]string{"public.outbox_b", "public.outbox_events"}), published: []string{"public.outbox_events"},
+			reads:      []string{"public.outbox_events"},
+			wantStored: []string{"public.outbox_events"}, wantThen: []string{"public.outbox_events"},
+		},
+		{
+			name:   "a table joined by the relay",
+			stored: stored([]string{"public.outbox_events"}), published: []string{"billing.outbox_events", "public.outbox_events"},
+			joined: []string{"billing.outbox_events"}, reads: []string{"public.outbox_events", "billing.outbox_events"},
+			wantStored: []string{"billing.outbox_events", "public.outbox_events"}, wantThen: []string{"billing.outbox_events", "public.outbox_events"},
+		},
+		{
+			name:   "an older checkpoint names none: the tables read",
+			stored: stored(nil), published: []string{"public.by_hand", "public.outbox_events"},
+			reads:      []string{"public.outbox_events"},
+			wantStored: []string{"public.outbox_events"}, wantThen: []string{"public.by_hand", "public.outbox_events"},
+		},
+		{
+			name:   "a partition read, published by its root",
+			stored: stored([]string{"public.outbox_p_1"}), published: []string{"public.outbox_p"},
+			reads:      []string{"public.outbox_p_1"},
+			wantStored: []string{"public.outbox_p_1"}, wantThen: []string{"public.outbox_p", "public.outbox_p_1"},
+		},
+		{
+			name: "no checkpoint", published: []string{"public.by_hand", "public.outbox_events"},
+			reads:    []string{"public.outbox_events"},
+			wantThen: []string{"public.by_hand", "public.outbox_events"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := NewFileStore(filepath.Join(t.TempDir(), "cp.json"))
+			if tt.stored != nil {
+				if err := store.Save(ctx, *tt.stored); err != nil {
+					t.Fatal(err)
+				}
+			}
+			op, err := Open(ctx, store, Checkpoint{Slot: "s", SystemID: "sys1", RelayName: "new", Tables: tt.reads})
+			if err != nil {
+				t.Fatal(err)
+			}
+			op.CoverTables(tt.published, read, tt.joined, tt.reads)
+			if err := op.SaveTables(ctx); err != nil {
+				t.Fatal(err)
+			}
+			load := func() Checkpoint {
+				t.Helper()
+				got, _, err := store.Load(ctx, "s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			if tt.stored != nil {
+				if got := load(); got.LSN != tt.stored.LSN || !slices.Equal(got.Tables, tt.wantStored) {
+					t.Errorf("stored checkpoint at %s names %q, want %s naming %q", got.LSN, got.Tables, tt.stored.LSN, tt.wantStored)
+				}
+			}
+			c := op.Committer(op.StartFrom(0x5000), CommitterConfig{})
+			tr := c.Tracker()
+			for _, tc := range []struct {
+				end  pglogrepl.LSN
+				want []string
+			}{{read - 0x10, tt.reads}, {read, tt.wantThen}} {
+				if tt.stored != nil && tc.end < read {
+					tc.want = tt.wantStored
+				}
+				seq := tr.Begin()
+				tr.Commit(seq, tc.end, time.Now())
+				if _, err := c.Save(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := load(); got.LSN != tc.end || !slices.Equal(got.Tables, tc.want) {
+					t.Errorf("save at %s names %q (at %s), want %q", tc.end, got.Tables, got.LSN, tc.want)
+				}
+			}
+		})
+	}
+}

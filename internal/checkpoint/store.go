@@ -38,12 +38,13 @@ type Checkpoint struct {
 	// lets cdc-relay status tell, from the database alone, how long the
 	// oldest unrelayed outbox row has waited while the relay runs.
 	OldestUnrelayed time.Time
-	// Tables are the outbox tables (schema.table) the relay read when it
-	// saved: the publication covered each from the position the stream
-	// resumed at on, so the stream carried all their rows up to LSN. A
-	// table the relay reads later without joining it to the publication
-	// itself is a gap (internal/gaps, table_joined). Nil when unknown (saved
-	// by an older relay).
+	// Tables are the tables (schema.table, a partition as its root) the
+	// publication covered from LSN on: the stream resumed from LSN carries
+	// every row committed into them after it, whether the relay read them
+	// then or not. An outbox table the relay reads later that is not among
+	// them and that it did not add to the publication itself is a gap
+	// (internal/gaps, table_joined). Nil when unknown (saved by an older
+	// relay).
 	Tables []string
 }
 

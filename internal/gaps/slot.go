@@ -30,8 +30,8 @@ const (
 	SystemChanged
 	// WrongPlugin: the slot does not use pgoutput.
 	WrongPlugin
-	// TableJoined: the relay reads an outbox table it did not read at the
-	// stored checkpoint and did not add to the publication itself.
+	// TableJoined: the relay reads an outbox table the publication did not
+	// cover at the stored checkpoint, and it did not add it itself.
 	TableJoined
 )
 
@@ -354,13 +354,14 @@ func gap(kind GapKind, slot string, stored checkpoint.Checkpoint, s replication.
 	}
 }
 
-// tableJoinedGap is the gap of outbox tables the relay reads now but did not
-// read at the stored checkpoint, and that were in the publication before this
-// start (the relay adds a table itself with the rows it holds: relay.joinSnapshot).
-// Postgres never streams a row committed while its table was outside the
-// publication, and the relay dropped the rows of tables it did not read: it
-// cannot prove that none of the rows the stream would have carried since the
-// checkpoint is missing.
+// tableJoinedGap is the gap of outbox tables the relay reads now that the
+// publication did not cover at the stored checkpoint (Checkpoint.Tables),
+// and that joined the publication before this start (the relay adds a table
+// itself with the rows it holds: relay.joinSnapshot). Postgres never streams
+// a row committed while its table was outside the publication: the relay
+// cannot prove that none of the rows committed since the checkpoint is
+// missing. A table that only left the relay's list and came back, staying in
+// the publication, is named by the checkpoint: the stream carries its rows.
 func tableJoinedGap(f *Facts, tables []string) *GapError {
 	stored, slot := f.Stored, f.Setup.Slot
 	list := strings.Join(tables, ", ")
@@ -379,10 +380,10 @@ func tableJoinedGap(f *Facts, tables []string) *GapError {
 		replay += fmt.Sprintf("`cdc-relay replay --table %s --since %s` ", t, since)
 	}
 	return gap(TableJoined, slot, stored, f.Slot,
-		"the relay reads outbox table %s, which publication %q covers, but it did not read it at its stored checkpoint (LSN %s, saved %s): "+
-			"the table joined the publication, or the relay's table list, since, without the relay adding it to the publication. "+
-			"Rows committed into it before the relay reads it may be missing downstream: Postgres never streams the rows committed while a table is outside the publication "+
-			"(it decodes with the publication as it was), and the relay skipped those of a table it did not read; it cannot tell which. "+
+		"the relay reads outbox table %s, which publication %q covers, but the publication did not cover it at the relay's stored checkpoint (LSN %s, saved %s): "+
+			"the table was added to the publication since, without the relay adding it (ALTER PUBLICATION … ADD TABLE by hand). "+
+			"Rows committed into it after the checkpoint and before that change may be missing downstream: Postgres never streams the rows committed while a table is outside the publication "+
+			"(it decodes with the publication as it was), and the relay cannot tell which. "+
 			"To publish them, remove the table from the publication (ALTER PUBLICATION %s DROP TABLE %s;) and restart the relay allowed to change the publication "+
 			setting.Token("CreatePublication")+": it adds the table back and publishes every row it holds (cdc_relay_snapshot: join; rows the stream carries too arrive twice). "+
 			"Or republish them yourself, less the duration of your longest write transaction (created_at is a transaction's start): %s"+

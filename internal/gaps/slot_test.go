@@ -265,10 +265,11 @@ func startFrom(t *testing.T, stored checkpoint.Checkpoint, have bool, confirmed 
 	return op.StartFrom(confirmed)
 }
 
-// TestTableJoined: an outbox table the relay reads but did not read at the
-// stored checkpoint, and did not add to the publication in this start, stops
-// it (table_joined) with what may be missing and what to run; a table it read
-// then, or joined now, or a checkpoint that does not say (older relays), does not.
+// TestTableJoined: an outbox table the relay reads that the publication did
+// not cover at the stored checkpoint, and that the relay did not add to the
+// publication in this start, stops it (table_joined) with what may be missing
+// and what to run; a table covered then (read by the relay or not), or joined
+// now, or a checkpoint that does not say (older relays), does not.
 func TestTableJoined(t *testing.T) {
 	const slot = "orders_outbox"
 	at, _ := time.Parse(time.RFC3339, "2026-12-04T10:00:00Z")
@@ -288,21 +289,22 @@ func TestTableJoined(t *testing.T) {
 		want    string   // the check that fails, "" for none
 		msg     []string // substrings of its error
 	}{
-		{name: "both read at the checkpoint", stored: stored("public.outbox_events", "billing.outbox_events"), have: true, slot: live},
+		{name: "both covered at the checkpoint", stored: stored("billing.outbox_events", "public.outbox_events"), have: true, slot: live},
+		{name: "covered at the checkpoint beside others", stored: stored("billing.outbox_events", "public.other", "public.outbox_events"), have: true, slot: live},
 		{name: "joined in this start", stored: stored("public.outbox_events"), have: true, joined: []string{"billing.outbox_events"}, slot: live},
 		{name: "older checkpoint without tables", stored: stored(), have: true, slot: live},
 		{name: "no checkpoint", slot: live},
 		{name: "snapshot marker: that check first", stored: checkpoint.Checkpoint{Slot: slot, Tables: []string{}}, have: true, pending: true, slot: live, want: "snapshot_incomplete"},
 		{
-			name: "not read at the checkpoint, not joined now", stored: stored("public.outbox_events"), have: true, slot: live,
+			name: "not covered at the checkpoint, not joined now", stored: stored("public.outbox_events"), have: true, slot: live,
 			want: "table_joined",
-			msg: []string{"reads outbox table billing.outbox_events", "LSN 0/10000", "may be missing downstream",
+			msg: []string{"reads outbox table billing.outbox_events", "did not cover it at the relay's stored checkpoint (LSN 0/10000", "by hand", "may be missing downstream",
 				`ALTER PUBLICATION "cdc_relay_outbox" DROP TABLE "billing"."outbox_events";`,
 				"`cdc-relay replay --table billing.outbox_events --since 2026-12-04T10:00:00Z`",
 				"UPDATE public.cdc_relay_checkpoints SET outbox_tables = NULL WHERE slot_name = 'orders_outbox';"},
 		},
 		{
-			name: "none read at the checkpoint", stored: stored([]string{}...), have: true, slot: live,
+			name: "none covered at the checkpoint", stored: stored([]string{}...), have: true, slot: live,
 			want: "table_joined", msg: []string{"reads outbox table public.outbox_events, billing.outbox_events"},
 		},
 		{name: "slot missing: that gap first", stored: stored("public.outbox_events"), have: true, want: "slot_missing"},

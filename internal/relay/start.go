@@ -215,15 +215,28 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	if err := store.Ensure(ctx); err != nil {
 		return system, nil, 0, err
 	}
-	// Every checkpoint names the tables the relay reads: each is covered by
-	// the publication from where the stream resumes on, once the gap checks
-	// (table_joined) passed.
+	// Until the publication is read below (CoverTables), checkpoints (a
+	// snapshot's marker and position, a backfill's) name the tables the
+	// relay reads: covered from where the stream resumes on.
 	op, err := checkpoint.Open(ctx, store, checkpoint.Checkpoint{Slot: r.cfg.Slot, SystemID: system.SystemID, RelayName: r.cfg.RelayName, Tables: r.tableNames()})
 	if err != nil {
 		return system, nil, 0, err
 	}
 	start, err := r.reconcile(ctx, conn, op, system.SystemID)
 	if err != nil {
+		return system, op, start, err
+	}
+	// Every checkpoint names the tables the publication covers at its
+	// position (table_joined): the stored one too, now that the gap checks
+	// passed or a snapshot or backfill published what they found missing,
+	// so a table joined in this start counts at once. Read once per start,
+	// never per checkpoint.
+	published, at, err := replication.PublishedTables(ctx, conn, r.cfg.Publication)
+	if err != nil {
+		return system, op, start, err
+	}
+	op.CoverTables(published, at, r.joined, r.tableNames())
+	if err := op.SaveTables(ctx); err != nil {
 		return system, op, start, err
 	}
 	if err := r.checkFailover(ctx, conn); err != nil {
@@ -352,10 +365,6 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 	}
 	if r.cfg.Snapshot != nil {
 		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (the initial snapshot " + setting.Token("Snapshot") + " is taken only when the relay creates the slot)")
-	}
-	// A table joined in this start counts as read from now on (table_joined).
-	if err := op.SaveTables(ctx); err != nil {
-		return 0, err
 	}
 	return op.StartFrom(state.ConfirmedFlush), nil
 }

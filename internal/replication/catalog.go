@@ -7,10 +7,12 @@ package replication
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 )
@@ -265,4 +267,49 @@ func EmitHeartbeat(ctx context.Context, db QueryRower) error {
 		return fmt.Errorf("write heartbeat: %w", err)
 	}
 	return nil
+}
+
+// PublishedTables returns the tables publication pub streams the changes
+// of (pg_publication_tables), as schema.table sorted, each partition
+// as its partitioned root (pg_partition_root): whether the publication lists
+// a partitioned table's root (publish_via_partition_root) or its leaves, the
+// root's rows are streamed. at is a WAL position at or past the commit of
+// every publication change the answer sees (the insert position on a
+// primary, which async commits do not pass; the replayed one on a standby):
+// a transaction committed after it is decoded with every table returned
+// published, as long as none leaves the publication. One query over the
+// publication's tables: for starts, not for every checkpoint.
+func PublishedTables(ctx context.Context, db *pgx.Conn, pub string) (tables []string, at pglogrepl.LSN, err error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT rn.nspname || '.' || rc.relname AS name
+		FROM pg_catalog.pg_publication_tables t
+		JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname
+		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+		JOIN pg_catalog.pg_class rc ON rc.oid = coalesce(pg_partition_root(c.oid), c.oid)
+		JOIN pg_catalog.pg_namespace rn ON rn.oid = rc.relnamespace
+		WHERE t.pubname = $1`, pub)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list the tables publication %q streams: %w", pub, err)
+	}
+	tables = []string{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, 0, fmt.Errorf("list the tables publication %q streams: %w", pub, err)
+		}
+		tables = append(tables, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("list the tables publication %q streams: %w", pub, err)
+	}
+	slices.Sort(tables)
+	// Read after the list: every change it saw committed before this.
+	var text string
+	if err := db.QueryRow(ctx, "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text").Scan(&text); err != nil {
+		return nil, 0, fmt.Errorf("read the WAL position after listing the tables of publication %q: %w", pub, err)
+	}
+	if at, err = pglogrepl.ParseLSN(text); err != nil {
+		return nil, 0, fmt.Errorf("parse the WAL position %q: %w", text, err)
+	}
+	return tables, at, nil
 }
