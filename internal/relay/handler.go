@@ -130,6 +130,7 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		if h.gate != nil {
 			at, present, err := h.gate.Check(ctx, m)
 			if err != nil {
+				h.abandon(rec, m, err)
 				return err
 			}
 			if present {
@@ -314,6 +315,22 @@ func (tc *tableCounter) get(m *metrics.Metrics, ev *outbox.Event, result string)
 	return tc.c
 }
 
+// abandon gives up on an event counted in flight that never reached the
+// sink (the gate failed, for instance Postgres went away while it stored a
+// topic's offsets: the stream ends and reconnects).
+// Its transaction gets no commit on this stream, so counting the event as
+// done cannot move the watermark past it; left counted, it would never be
+// acknowledged, and the reconnect, which waits until every event in flight
+// is, would wait forever (and its bytes would bound reading ever after).
+func (h *handler) abandon(rec *pending, m sink.Message, err error) {
+	if h.spans != nil {
+		h.spans.End(m, rec.span, sink.Stored{}, err, false)
+	}
+	h.untrack(rec)
+	h.dec.Recycle(m.Event)
+	h.release(rec)
+}
+
 // release clears rec and keeps it for a later event.
 func (h *handler) release(rec *pending) {
 	rec.seq, rec.size, rec.span = 0, 0, nil
@@ -331,6 +348,12 @@ func inFlightBytes(ev *outbox.Event) int64 {
 // letter is stored.
 func (h *handler) ack(rec *pending, ev *outbox.Event) {
 	h.lastAckCommit.Store(ev.CommitTime.UnixNano())
+	h.untrack(rec)
+}
+
+// untrack counts the event of record rec out of the tracker and the bytes
+// in flight.
+func (h *handler) untrack(rec *pending) {
 	h.tracker.Ack(rec.seq, 1)
 	size := rec.size
 	before := h.inFlight.Add(-size) + size

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -516,5 +517,92 @@ CREATE PUBLICATION cdc_relay_outbox FOR TABLE outbox_events, outbox_2025, outbox
 		if !strings.Contains(e.logs.String(), line) {
 			t.Errorf("no log line saying %q", line)
 		}
+	}
+}
+
+// TestFormerPartitionRememberedAcrossReconnect: the relay's memory of which
+// table each partition belongs to lasts the run, reconnects included.
+// The relay lags behind rows of a partition it knew at start (Kafka refuses
+// every produce request), the partition is detached and dropped, then
+// Postgres restarts: the relay reconnects (its decoder forgets every
+// relation the old connection announced) and reads the rows on the new
+// connection, where the catalog no longer knows the partition. Its
+// columns fit two outbox tables, so only the memory attributes them: they
+// go to outbox_events' topic (attributed_by remembered), none is
+// dead-lettered. (The chaos schedule of seed 30 dead-lettered such rows;
+// there the relay had been SIGKILLed, whose memory goes with the process,
+// not reconnected.)
+func TestFormerPartitionRememberedAcrossReconnect(t *testing.T) {
+	testenv.RequireLocal(t, pg)
+	e := newEnv(t)
+	e.exec(formerPartitionsSQL)
+	audit := decoder.TableName{Schema: "public", Table: "audit_outbox"}
+	if err := e.kafka.CreateTopic(t.Context(), "audit", 4); err != nil {
+		t.Fatal(err)
+	}
+	store := e.withDeadLetters(func(c *relay.Config) {
+		c.Decoder.Also = []decoder.Config{{Schema: audit.Schema, Table: audit.Table, Columns: decoder.DefaultColumns()}}
+		c.TableRoutes = map[decoder.TableName]relay.TableRoute{audit: {Topic: "audit"}}
+		c.MaxInFlightBytes = 1 // one event in flight: with Kafka down the relay reads no further
+	})
+	e.start()
+
+	testenv.RequireLocalKafka(t, e.kafka)
+	var broken atomic.Bool
+	broken.Store(true)
+	c := e.kafka.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !broken.Load() {
+			return nil, nil, false
+		}
+		return testenv.ProduceError(kreq.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition.Code), nil, true
+	})
+	rows := func(prefix, created string, n int) {
+		t.Helper()
+		e.exec(`INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at)
+			SELECT 'order', $1 || g, 'Placed', jsonb_build_object('seq', 0), $2::timestamptz FROM generate_series(0, $3 - 1) g`, prefix, created, n)
+	}
+	rows("filler", "2031-01-01", 1)
+	rows("o24-", "2024-06-01", 3)
+	e.exec(`ALTER TABLE outbox_events DETACH PARTITION outbox_2024; DROP TABLE outbox_2024`)
+
+	if err := pg.Restart("fast"); err != nil {
+		t.Fatalf("restart postgres: %v", err)
+	}
+	e.pool.Reset() // drop the pool's dead connections
+	// The relay drops the old connection once it notices; it reconnects
+	// only after Kafka acknowledged what it sent, so the rows are read on
+	// the new connection.
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !strings.Contains(e.logs.String(), "replication failed; reconnecting with backoff") {
+			return errors.New("the relay did not notice the restart")
+		}
+		return nil
+	})
+	broken.Store(false)
+	e.waitSlotConfirmed(e.currentLSN())
+	if n := testutil.ToFloat64(e.m.Reconnects); n < 1 {
+		t.Errorf("replication_reconnects_total = %v, want the relay reconnected", n)
+	}
+
+	got := map[string]string{}
+	for _, r := range e.readAll(e.topic, "audit") {
+		got[string(r.Key)] = r.Topic
+	}
+	letters, err := store.List(t.Context(), deadletter.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range letters {
+		t.Errorf("row %s dead-lettered: %s: %s", l.AggregateID, l.ErrorCode, l.ErrorMessage)
+	}
+	for _, key := range []string{"filler0", "o24-0", "o24-1", "o24-2"} {
+		if got[key] != e.topic {
+			t.Errorf("row %s in %q, want %q", key, got[key], e.topic)
+		}
+	}
+	if !strings.Contains(e.logs.String(), `"attributed_by":"remembered"`) {
+		t.Errorf("no log line saying the former partition was attributed_by remembered")
 	}
 }

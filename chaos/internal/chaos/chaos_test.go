@@ -22,6 +22,10 @@ import (
 // replay a failed run (the seed is logged).
 const EnvSeed = "CDC_RELAY_CHAOS_SEED"
 
+// EnvLogDir names the environment variable of a directory that keeps the
+// relay logs of the run (by default they are removed with the temp dir).
+const EnvLogDir = "CDC_RELAY_CHAOS_LOG_DIR"
+
 // env is the package's chaos environment: one Postgres cluster, the built
 // relay.
 var env *chaos.Env
@@ -70,7 +74,15 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
 		return 1
 	}
-	opts, err := testOptions(bin, dir)
+	logDir := dir
+	if d := os.Getenv(EnvLogDir); d != "" {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %s: %v\n", EnvLogDir, err)
+			return 1
+		}
+		logDir = d
+	}
+	opts, err := testOptions(bin, logDir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
 		return 1

@@ -76,6 +76,13 @@ type Verdict struct {
 	OrderViolations int
 	// LostBy counts the lost events by where and step ("outbox_p_3 step 4").
 	LostBy map[string]int
+	// DeadLettered: committed, never in Kafka, in the relay's dead letter
+	// table with a code docs/guarantee.md names for the event's situation
+	// (deadLetterAllowed); DeadLetteredBy counts them by code. BadDeadLetters:
+	// dead letters of no committed event, or with a code the situation does
+	// not allow (a failure).
+	DeadLettered, BadDeadLetters int
+	DeadLetteredBy               map[string]int
 	// Samples are the first problems of each kind.
 	Samples []string
 }
@@ -83,7 +90,7 @@ type Verdict struct {
 // ok reports whether nothing was lost, reordered, invented or altered, and
 // duplicates only when allowed.
 func (v Verdict) ok(duplicatesAllowed bool) bool {
-	return v.Lost == 0 && v.Phantoms == 0 && v.Mismatched == 0 && v.OrderViolations == 0 &&
+	return v.Lost == 0 && v.BadDeadLetters == 0 && v.Phantoms == 0 && v.Mismatched == 0 && v.OrderViolations == 0 &&
 		(v.Duplicated == 0 || duplicatesAllowed)
 }
 
@@ -98,16 +105,35 @@ func (v Verdict) String() string {
 		}
 		s += " lost_by=[" + strings.Join(parts, ", ") + "]"
 	}
+	if v.DeadLettered > 0 || v.BadDeadLetters > 0 {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(v.DeadLetteredBy)) {
+			parts = append(parts, fmt.Sprintf("%s: %d", k, v.DeadLetteredBy[k]))
+		}
+		s += fmt.Sprintf(" dead_lettered=%d [%s] bad_dead_letters=%d", v.DeadLettered, strings.Join(parts, ", "), v.BadDeadLetters)
+	}
 	return s
 }
 
 // maxSamples bounds the samples of each kind.
 const maxSamples = 5
 
-// checkLedger checks the records of the schedule's topic (any order) against
-// the ledger.
-func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Record) Verdict {
-	v := Verdict{Committed: len(committed), Aborted: len(aborted), Records: len(records), LostBy: map[string]int{}}
+// deadLetter is a row of the relay's dead letter table.
+type deadLetter struct {
+	EventID, Code string
+}
+
+// deadLetterAllowed says whether an event the relay dead-lettered with code
+// instead of publishing it is what docs/guarantee.md promises for its
+// situation ("" when allowed, else why not).
+type deadLetterAllowed func(ev ledgerEvent, code string) string
+
+// checkLedger checks the records of the schedule's topic (any order) and
+// the relay's dead letters against the ledger: a committed event missing
+// from Kafka is dead-lettered when a dead letter allowed for it holds it,
+// else lost.
+func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Record, dead []deadLetter, allowed deadLetterAllowed) Verdict {
+	v := Verdict{Committed: len(committed), Aborted: len(aborted), Records: len(records), LostBy: map[string]int{}, DeadLetteredBy: map[string]int{}}
 	recs := slices.Clone(records)
 	slices.SortStableFunc(recs, func(a, b sandbox.Record) int {
 		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
@@ -158,11 +184,29 @@ func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Re
 		}
 		lastSeq[key] = max(lastSeq[key], ev.Seq)
 	}
+	codes := map[string]string{}
+	for _, d := range dead {
+		codes[d.EventID] = d.Code
+		if _, ok := committed[d.EventID]; !ok {
+			v.BadDeadLetters++
+			sample("dead letter", "event %q dead-lettered with code %s was never committed", d.EventID, d.Code)
+		}
+	}
 	for _, id := range slices.Sorted(maps.Keys(committed)) {
 		if _, ok := seen[id]; ok {
 			continue
 		}
 		ev := committed[id]
+		if code, ok := codes[id]; ok {
+			if why := allowed(ev, code); why != "" {
+				v.BadDeadLetters++
+				sample("dead letter", "event %s (%s, key %q seq %d, step %d) dead-lettered with code %s: %s", id, ev.Where, ev.Key, ev.Seq, ev.Step, code, why)
+				continue
+			}
+			v.DeadLettered++
+			v.DeadLetteredBy[code]++
+			continue
+		}
 		v.Lost++
 		v.LostBy[fmt.Sprintf("%s step %d", ev.Where, ev.Step)]++
 		sample("lost", "event %s (%s, key %q seq %d, step %d)", id, ev.Where, ev.Key, ev.Seq, ev.Step)

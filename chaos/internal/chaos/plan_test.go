@@ -89,7 +89,7 @@ func TestNewPlanPreconditions(t *testing.T) {
 
 func TestCheckLedger(t *testing.T) {
 	ev := func(id, key string, seq int) ledgerEvent {
-		return ledgerEvent{ID: id, Key: key, Seq: seq, Where: "outbox_p_3", Step: 2}
+		return ledgerEvent{ID: id, Key: key, Seq: seq, Where: "outbox_p_3", bucket: 3, Step: 2}
 	}
 	rec := func(part int32, off int64, e ledgerEvent) sandbox.Record {
 		return sandbox.Record{Partition: part, Offset: off, Key: []byte(e.Key),
@@ -99,28 +99,36 @@ func TestCheckLedger(t *testing.T) {
 	a1, a2, b1 := ev("a1", "k1", 1), ev("a2", "k1", 2), ev("b1", "k2", 1)
 	committed := map[string]ledgerEvent{"a1": a1, "a2": a2, "b1": b1}
 	aborted := map[string]ledgerEvent{"x": ev("x", "k1", 3)}
+	// The schedule detaches outbox_p_3 at step 3: a row of step 2 may be
+	// dead-lettered as unattributed_partition, nothing else.
+	allowed := (&schedRun{plan: Plan{Steps: []Step{{Op: "broker-restart"}, {Op: "pg-restart"}, {Op: "partition-detach", Bucket: 3}}}}).deadLetterAllowed
 	for _, tc := range []struct {
 		name string
 		recs []sandbox.Record
+		dead []deadLetter
 		want Verdict // counts only
 	}{
-		{"all once in order", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1)}, Verdict{}},
-		{"lost", []sandbox.Record{rec(0, 0, a1), rec(1, 0, b1)}, Verdict{Lost: 1}},
-		{"duplicate", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a1), rec(1, 0, b1)}, Verdict{Duplicated: 1}},
-		{"reordered", []sandbox.Record{rec(0, 0, a2), rec(0, 1, a1), rec(1, 0, b1)}, Verdict{OrderViolations: 1}},
-		{"key on two partitions", []sandbox.Record{rec(0, 0, a1), rec(2, 0, a2), rec(1, 0, b1)}, Verdict{OrderViolations: 1}},
-		{"rolled back in Kafka", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1), rec(0, 2, aborted["x"])}, Verdict{Phantoms: 1}},
-		{"never written", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1), rec(3, 0, ev("zz", "k9", 1))}, Verdict{Phantoms: 1}},
-		{"altered value", []sandbox.Record{rec(0, 0, a1), rec(0, 1, ev("a2", "k1", 7)), rec(1, 0, b1)}, Verdict{Mismatched: 1}},
+		{"all once in order", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1)}, nil, Verdict{}},
+		{"lost", []sandbox.Record{rec(0, 0, a1), rec(1, 0, b1)}, nil, Verdict{Lost: 1}},
+		{"duplicate", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a1), rec(1, 0, b1)}, nil, Verdict{Duplicated: 1}},
+		{"reordered", []sandbox.Record{rec(0, 0, a2), rec(0, 1, a1), rec(1, 0, b1)}, nil, Verdict{OrderViolations: 1}},
+		{"key on two partitions", []sandbox.Record{rec(0, 0, a1), rec(2, 0, a2), rec(1, 0, b1)}, nil, Verdict{OrderViolations: 1}},
+		{"rolled back in Kafka", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1), rec(0, 2, aborted["x"])}, nil, Verdict{Phantoms: 1}},
+		{"never written", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1), rec(3, 0, ev("zz", "k9", 1))}, nil, Verdict{Phantoms: 1}},
+		{"altered value", []sandbox.Record{rec(0, 0, a1), rec(0, 1, ev("a2", "k1", 7)), rec(1, 0, b1)}, nil, Verdict{Mismatched: 1}},
+		{"dead-lettered as unattributed", []sandbox.Record{rec(0, 0, a1), rec(1, 0, b1)}, []deadLetter{{"a2", "unattributed_partition"}}, Verdict{DeadLettered: 1}},
+		{"dead-lettered and in Kafka", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1)}, []deadLetter{{"a2", "unattributed_partition"}}, Verdict{}},
+		{"dead-lettered with another code", []sandbox.Record{rec(0, 0, a1), rec(1, 0, b1)}, []deadLetter{{"a2", "oversized"}}, Verdict{BadDeadLetters: 1}},
+		{"dead letter never committed", []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(1, 0, b1)}, []deadLetter{{"x", "unattributed_partition"}}, Verdict{BadDeadLetters: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := checkLedger(committed, aborted, tc.recs)
-			got := [5]int{v.Lost, v.Duplicated, v.OrderViolations, v.Phantoms, v.Mismatched}
-			want := [5]int{tc.want.Lost, tc.want.Duplicated, tc.want.OrderViolations, tc.want.Phantoms, tc.want.Mismatched}
+			v := checkLedger(committed, aborted, tc.recs, tc.dead, allowed)
+			got := [7]int{v.Lost, v.Duplicated, v.OrderViolations, v.Phantoms, v.Mismatched, v.DeadLettered, v.BadDeadLetters}
+			want := [7]int{tc.want.Lost, tc.want.Duplicated, tc.want.OrderViolations, tc.want.Phantoms, tc.want.Mismatched, tc.want.DeadLettered, tc.want.BadDeadLetters}
 			if got != want {
-				t.Fatalf("lost, duplicated, order, phantoms, mismatched = %v, want %v: %s %v", got, want, v, v.Samples)
+				t.Fatalf("lost, duplicated, order, phantoms, mismatched, dead-lettered, bad dead letters = %v, want %v: %s %v", got, want, v, v.Samples)
 			}
-			clean := want == [5]int{}
+			clean := want == [7]int{} || want == [7]int{5: 1}
 			if v.ok(false) != clean {
 				t.Errorf("ok(false) = %v with %s", v.ok(false), v)
 			}
@@ -129,7 +137,23 @@ func TestCheckLedger(t *testing.T) {
 			}
 		})
 	}
-	if v := checkLedger(committed, aborted, []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a2), rec(1, 0, b1)}); !v.ok(true) || v.ok(false) {
+	for _, tc := range []struct {
+		ev   ledgerEvent
+		code string
+		ok   bool
+	}{
+		{ledgerEvent{bucket: 3, Step: 2}, "unattributed_partition", true},
+		{ledgerEvent{bucket: 3, Step: 3}, "unattributed_partition", true},
+		{ledgerEvent{bucket: 3, Step: 4}, "unattributed_partition", false},
+		{ledgerEvent{bucket: 2, Step: 1}, "unattributed_partition", false},
+		{ledgerEvent{Step: 1}, "unattributed_partition", false},
+		{ledgerEvent{bucket: 3, Step: 2}, "kafka_rejected", false},
+	} {
+		if why := allowed(tc.ev, tc.code); (why == "") != tc.ok {
+			t.Errorf("dead letter %s of bucket %d, step %d: allowed %v (%s), want %v", tc.code, tc.ev.bucket, tc.ev.Step, why == "", why, tc.ok)
+		}
+	}
+	if v := checkLedger(committed, aborted, []sandbox.Record{rec(0, 0, a1), rec(0, 1, a2), rec(0, 2, a2), rec(1, 0, b1)}, nil, allowed); !v.ok(true) || v.ok(false) {
 		t.Errorf("duplicates: ok(true)=%v ok(false)=%v, want true, false", v.ok(true), v.ok(false))
 	}
 }

@@ -391,7 +391,11 @@ func (r *schedRun) finish(ctx context.Context) (Verdict, error) {
 		if err != nil {
 			return v, errors.Join(werr, fmt.Errorf("read topic %s: %w", r.topic, err))
 		}
-		v = checkLedger(committed, aborted, recs)
+		dead, err := r.deadLetters(ctx)
+		if err != nil {
+			return v, errors.Join(werr, err)
+		}
+		v = checkLedger(committed, aborted, recs, dead, r.deadLetterAllowed)
 		if v.Lost == 0 || time.Now().After(deadline) || sleep(ctx, 500*time.Millisecond) != nil {
 			break
 		}
@@ -412,7 +416,56 @@ func (r *schedRun) finish(ctx context.Context) (Verdict, error) {
 	if err != nil {
 		return v, errors.Join(werr, fmt.Errorf("read topic %s: %w", r.topic, err))
 	}
-	return checkLedger(committed, aborted, recs), werr
+	dead, err := r.deadLetters(ctx)
+	if err != nil {
+		return v, errors.Join(werr, err)
+	}
+	return checkLedger(committed, aborted, recs, dead, r.deadLetterAllowed), werr
+}
+
+// deadLetters reads the relay's dead letters in the schedule's database
+// (the primary's, where a relay on a standby writes them too).
+func (r *schedRun) deadLetters(ctx context.Context) ([]deadLetter, error) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(qctx, r.url)
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letters: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(qctx, `SELECT event_id, error_code FROM public.cdc_relay_dead_letters`)
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letters: %w", err)
+	}
+	dead, err := pgx.CollectRows(rows, pgx.RowToStructByPos[deadLetter])
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letters: %w", err)
+	}
+	return dead, nil
+}
+
+// codeUnattributed is the dead letter code of a former partition's row the
+// relay cannot attribute (decoder.CodeUnattributed).
+const codeUnattributed = "unattributed_partition"
+
+// deadLetterAllowed is the schedule's deadLetterAllowed: docs/guarantee.md
+// ("Rows of a former partition are never skipped silently") lets the relay
+// dead-letter as unattributed_partition only a row of a partition detached
+// or dropped before it read the row; here, one a step at or after the
+// row's detached or dropped. No other dead letter is promised.
+func (r *schedRun) deadLetterAllowed(ev ledgerEvent, code string) string {
+	if code != codeUnattributed {
+		return "no dead letter code is allowed for a schedule's rows but " + codeUnattributed + " of a former partition"
+	}
+	if ev.bucket == 0 {
+		return "not a row of a partition"
+	}
+	for i, s := range r.plan.Steps {
+		if (s.Op == "partition-detach" || s.Op == "partition-drop") && s.Bucket == ev.bucket && i+1 >= ev.Step {
+			return ""
+		}
+	}
+	return fmt.Sprintf("no step detached or dropped %s after the row was written", partitionName(ev.bucket))
 }
 
 // scheduleRequestTimeout is the relay's --request-timeout in a schedule.
