@@ -88,6 +88,11 @@ func TestJoiningTable(t *testing.T) {
 			// While the relay is stopped, both tables get rows: the stream
 			// carries public's from the checkpoint, never billing's.
 			write("billing", 20)
+			// One transaction of five rows of one key: the join snapshot
+			// keeps their order.
+			if err := w.writeTxn(ctx, conn, "billing", 5); err != nil {
+				t.Fatal(err)
+			}
 			write("public", 20)
 			before := len(w.ids["billing"])
 
@@ -272,13 +277,15 @@ func rejoin(ctx context.Context, t *testing.T, brokers []string, conn *pgx.Conn,
 	back.Stop(10 * time.Second)
 }
 
-// joinWriter commits one-row transactions into the outbox tables of several
-// schemas, over four keys per schema whose payloads count up. Safe for one
-// writer at a time and concurrent count calls.
+// joinWriter commits one-row transactions (writeTxn: several rows of one
+// key) into the outbox tables of several schemas, over four keys per schema
+// whose payloads count up. Safe for one writer at a time and concurrent
+// count calls.
 type joinWriter struct {
-	mu  sync.Mutex
-	seq map[string]int
-	ids map[string][]string // schema → ids in commit order
+	mu   sync.Mutex
+	seq  map[string]int
+	ids  map[string][]string // schema → ids in commit order
+	txns int                 // writeTxn's transactions, for their ids
 }
 
 func (w *joinWriter) write(ctx context.Context, conn *pgx.Conn, schema string) error {
@@ -297,6 +304,42 @@ func (w *joinWriter) write(ctx context.Context, conn *pgx.Conn, schema string) e
 	defer w.mu.Unlock()
 	w.seq[key] = seq
 	w.ids[schema] = append(w.ids[schema], id)
+	return nil
+}
+
+// writeTxn commits n rows of one key into schema's outbox table in one
+// transaction, a statement each, with ids that fall as they are inserted:
+// the rows share created_at (now()), so only the order they were inserted
+// in keeps the key's order.
+func (w *joinWriter) writeTxn(ctx context.Context, conn *pgx.Conn, schema string, n int) error {
+	w.mu.Lock()
+	key := fmt.Sprintf("%s-%d", schema, len(w.ids[schema])%4)
+	seq := w.seq[key]
+	w.txns++
+	txn := w.txns
+	w.mu.Unlock()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("%08x-%04x-4000-8000-000000000000", 0xffffffff-i, txn)
+		payload, _ := json.Marshal(map[string]int{"seq": seq + 1 + i})
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.outbox_events (id, aggregate_type, aggregate_id, event_type, payload)
+		VALUES ($1, 'order', $2, 'Counted', $3::jsonb)`, schema), id, key, string(payload)); err != nil {
+			return fmt.Errorf("insert into %s.outbox_events: %w", schema, err)
+		}
+		ids = append(ids, id)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit into %s.outbox_events: %w", schema, err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seq[key] = seq + n
+	w.ids[schema] = append(w.ids[schema], ids...)
 	return nil
 }
 

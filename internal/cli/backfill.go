@@ -76,7 +76,8 @@ func (r *RunCmd) setJoin(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logg
 
 // replayFunc republishes the outbox rows db reads of the tables named (nil:
 // every outbox table) that were created at or after since (zero: all), in
-// created_at, id order, each with header mark, and returns how many Kafka
+// the order outboxtable.Replay reads them (created_at, then as each transaction
+// inserted them), each with header mark, and returns how many Kafka
 // acknowledged.
 type replayFunc func(ctx context.Context, db outboxtable.Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error)
 

@@ -124,7 +124,8 @@ type Querier interface {
 var _ Querier = (*pgxpool.Pool)(nil)
 
 // Replay publishes rows still present in the outbox table again, for
-// consumers that rebuild their state, ordered by created_at then id: each as the
+// consumers that rebuild their state, ordered by created_at then as each
+// transaction inserted its rows (cursor): each as the
 // relay publishes it (key aggregate_id, value payload, the same "id" header and
 // header columns) plus the header replay.HeaderReplay, to the topic o.Topic
 // renders. commit_lsn is 0/0 (unknown) and commit_time carries created_at,
@@ -204,9 +205,23 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 	return r.Finish(ctx, r.Flush(ctx))
 }
 
-// cursor is the (created_at, id) of the last row of a page.
+// cursor is the place of the last row of a page in the replay's order:
+// created_at, then the command of its transaction that inserted it (cmin),
+// then its place in the table (ctid), then id.
+//
+// created_at defaults to now(), the start of the inserting transaction, so
+// the rows of one transaction share it: an aggregate's events written in one
+// transaction come in the order they were inserted only through cmin (one
+// per statement) and ctid (the rows of one statement, in the order it wrote
+// them), never through id, a random UUID as often as not. A join or initial
+// snapshot feeds these rows in front of the stream, which carries them in
+// that order. cmin is what Postgres keeps of the insert until a later
+// UPDATE or DELETE of the row, even one rolled back, overwrites it (outbox
+// rows are inserted only).
 type cursor struct {
 	createdAt time.Time
+	cmin      int64
+	ctid      string
 	id        string
 }
 
@@ -345,8 +360,10 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	if c.EventType != "" {
 		eventType = quoteColumn(c.EventType)
 	}
+	// cid has no ordering operators: cmin is compared as a number.
+	const cmin = "cmin::text::int8"
 	sel := []string{id + "::text", quoteColumn(c.AggregateType) + "::text", quoteColumn(c.AggregateID) + "::text",
-		eventType + "::text", quoteColumn(c.Payload) + "::text", created}
+		eventType + "::text", quoteColumn(c.Payload) + "::text", created, cmin, "ctid::text"}
 	for _, h := range headerCols {
 		sel = append(sel, quoteColumn(h)+"::text")
 	}
@@ -390,13 +407,13 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		add(id+"::text = ANY($?::text[])", q.o.IDs)
 	}
 	if after != nil {
-		add("("+created+", "+id+"::text) > ($?::timestamptz, $?::text)", after.createdAt, after.id)
+		add("("+created+", "+cmin+", ctid, "+id+"::text) > ($?::timestamptz, $?::int8, $?::tid, $?::text)", after.createdAt, after.cmin, after.ctid, after.id)
 	}
 	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + q.table
 	if len(conds) > 0 {
 		sql += " WHERE " + strings.Join(conds, " AND ")
 	}
-	sql += fmt.Sprintf(" ORDER BY %s, %s::text LIMIT %d", created, id, limit)
+	sql += fmt.Sprintf(" ORDER BY %s, %s, ctid, %s::text LIMIT %d", created, cmin, id, limit)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, cursor{}, outboxErr(err, q.name)
@@ -407,8 +424,10 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	for rows.Next() {
 		vals := make([]*string, 5+len(headerCols))
 		var createdAt time.Time
+		var rowCmin int64
+		var ctid string
 		var trace, ts, part *string
-		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
+		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt, &rowCmin, &ctid}
 		for i := range headerCols {
 			dest = append(dest, &vals[5+i])
 		}
@@ -476,7 +495,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 			ev.HasTargetPartition = true
 		}
 		out = append(out, ev)
-		last = cursor{createdAt: createdAt, id: string(ev.ID)}
+		last = cursor{createdAt: createdAt, cmin: rowCmin, ctid: ctid, id: string(ev.ID)}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, cursor{}, outboxErr(err, q.name)

@@ -256,3 +256,53 @@ SELECT 'order', i::text, 'Placed', '{}', now() - interval '6 days' FROM generate
 		t.Errorf("prune by a missing column: %v", err)
 	}
 }
+
+// TestReplayTransactionOrder: the rows one transaction inserts share their
+// created_at (now() is the transaction's start), so a replay orders them as
+// they were inserted, statement by statement and row by row within one, not
+// by id: a join snapshot (or initial one) feeds them in front of the stream,
+// and an aggregate's events stay in the order they were written. The ids
+// here fall as the rows are inserted; pages of two cut between them.
+func TestReplayTransactionOrder(t *testing.T) {
+	ctx := t.Context()
+	pool := newPool(t, "cdc_relay_outboxtable_txorder")
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{})
+	s := newStore(t, pool)
+	p := newPublisher(t, kafka)
+	table := outboxTable(t, pool)
+	id := func(i int) string { return fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xffffffff-i) }
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var want []string
+	for i := range 4 { // a statement each
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'order', 'K', 'Numbered', '{}')`, id(i)); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id(i))
+	}
+	// Three rows in one statement.
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregate_type, aggregate_id, event_type, payload) VALUES
+($1, 'order', 'K', 'Numbered', '{}'), ($2, 'order', 'K', 'Numbered', '{}'), ($3, 'order', 'K', 'Numbered', '{}')`, id(4), id(5), id(6)); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, id(4), id(5), id(6))
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := outboxtable.Replay(ctx, pool, s.History(), table, outboxtable.Columns{Columns: decoder.DefaultColumns()}, p,
+		outboxtable.ReplayOptions{Topic: "txorder", BatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, "replay", res, replay.Counts{Selected: len(want), Published: len(want)})
+	var got []string // one key: one partition, read in offset order
+	for _, r := range testenv.MustReadAll(t, kafka, "txorder") {
+		got = append(got, r.Headers["id"])
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("one transaction's rows in Kafka in order\n%v\nwant the order they were inserted\n%v", got, want)
+	}
+}
