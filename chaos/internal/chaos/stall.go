@@ -187,13 +187,15 @@ func (c *stallConn) Read(b []byte) (int, error) {
 	default:
 	}
 	n, err := c.Conn.Read(b)
-	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
-		select {
-		case <-c.stuck: // woken by stallAll
-			<-c.closed
-			return 0, net.ErrClosed
-		default:
-		}
+	select {
+	case <-c.stuck:
+		// Woken by stallAll, or a read already under way when it stalled
+		// the connection (the broker may have reset the deadline stallAll
+		// set): what it got was read after the stall, so the broker never
+		// sees it.
+		<-c.closed
+		return 0, net.ErrClosed
+	default:
 	}
 	return n, err
 }
