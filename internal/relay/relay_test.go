@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -215,8 +216,19 @@ func (e *env) stop() error {
 
 func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()
-	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
-		e.t.Fatalf("exec %q: %v", sql, err)
+	for attempt := 1; ; attempt++ {
+		_, err := e.pool.Exec(context.Background(), sql, args...)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "40P01" && attempt < 5 {
+			// The DDL of a partition test can deadlock with the relay's
+			// catalog reads; Postgres rolled the statements back: again,
+			// as any client does.
+			continue
+		}
+		if err != nil {
+			e.t.Fatalf("exec %q: %v", sql, err)
+		}
+		return
 	}
 }
 
