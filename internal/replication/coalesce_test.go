@@ -74,6 +74,7 @@ func TestCoalescingWaitsForAChunk(t *testing.T) {
 	}()
 	got := make([]byte, want.Len())
 	largest, reads := 0, 0
+	chunkReads := -1 // socket reads before the tail, which waits only 10 ms
 	for n := 0; n < len(got); {
 		m, err := c.Read(got[n:])
 		if err != nil {
@@ -86,8 +87,11 @@ func TestCoalescingWaitsForAChunk(t *testing.T) {
 		if c.lowatError != nil {
 			t.Fatal(c.lowatError)
 		}
-		if n+m >= len(got)-maxLowat {
-			c.window = 10 * time.Millisecond // the tail is less than a chunk
+		if n+m >= len(got)-maxLowat && chunkReads < 0 {
+			// The tail is less than a chunk: it may come in as many reads as
+			// writes on a busy machine, so only the reads before it count.
+			c.window = 10 * time.Millisecond
+			chunkReads = reads
 		}
 		n += m
 	}
@@ -97,8 +101,9 @@ func TestCoalescingWaitsForAChunk(t *testing.T) {
 	if largest < maxLowat {
 		t.Errorf("largest socket read took %d bytes, want at least the %d-byte chunk (SO_RCVLOWAT not applied?)", largest, maxLowat)
 	}
-	if reads > writes/4 {
-		t.Errorf("%d socket reads for %d writes: reads were not coalesced", reads, writes)
+	// An eager reader wakes per write: about 24 reads before the tail.
+	if chunkReads > writes/4 {
+		t.Errorf("%d socket reads for the %d writes before the tail (%d in all): reads were not coalesced", chunkReads, writes, reads)
 	}
 }
 
