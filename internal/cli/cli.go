@@ -30,8 +30,9 @@ const EnvPrefix = "CDC_RELAY"
 
 // CLI is the command tree.
 type CLI struct {
-	ConfigFile     string `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
-	DebeziumConfig string `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these flags; flags, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
+	ConfigFile     string   `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
+	Set            []string `name:"set" sep:"none" env:"-" placeholder:"KEY=VALUE" help:"Set one setting by its key (--set source.slot=orders, --set kafka.brokers=k1:9092,k2:9092), over the environment and the files; repeat it for several. docs/configuration.md lists every key."`
+	DebeziumConfig string   `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these flags; flags, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka, each once in the Kafka log (at least once with --delivery at-least-once)."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
@@ -139,8 +140,12 @@ func envName(flag string) string {
 	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
-// flagError names a flag and its environment variable.
+// flagError names a setting by its key, flag and environment variable (a
+// command argument, which has no key, by its flag and variable).
 func flagError(flag, problem string) error {
+	if key := keyOfFlag(flag); key != "" {
+		return fmt.Errorf("%s: --%s (%s) %s", key, flag, envName(flag), problem)
+	}
 	return fmt.Errorf("--%s (%s) %s", flag, envName(flag), problem)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
 	"regexp"
@@ -40,6 +41,10 @@ type configFile struct {
 	// used records the keys Resolve supplied a value for, so errors about
 	// those flags can point at the file.
 	used map[string]bool
+	// written is the key as the file wrote it, by flag: the flag name, or
+	// the setting's key (source.slot) in the sectioned form.
+	written map[string]string
+	byKey   map[string]string // setting key → flag (modelKeys)
 }
 
 var _ kong.Resolver = (*configFile)(nil)
@@ -66,7 +71,8 @@ func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
 	if err != nil {
 		return nil, &configError{path: path, msg: fmt.Sprintf("cannot be read (check --config / %s): %v", envName(configFlag), err)}
 	}
-	cf := &configFile{path: path, values: map[string]*yaml.Node{}, lines: map[string]int{}, used: map[string]bool{}}
+	byKey, _ := modelKeys(app)
+	cf := &configFile{path: path, values: map[string]*yaml.Node{}, lines: map[string]int{}, used: map[string]bool{}, written: map[string]string{}, byKey: byKey}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
@@ -84,17 +90,23 @@ func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
 		return cf, nil
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, &configError{path: path, line: root.Line, msg: "want a mapping of flag names (without the dashes) to values, e.g. \"pg-url: postgres://relay@db:5432/app\""}
+		return nil, &configError{path: path, line: root.Line, msg: "want a mapping of sections (source: {slot: …}) or of flag names without the dashes (pg-url: postgres://relay@db:5432/app) to values"}
 	}
 	known := knownKeys(app)
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
-			return nil, &configError{path: path, line: k.Line, msg: "a key must be a flag name such as pg-url"}
+			return nil, &configError{path: path, line: k.Line, msg: "a key must be a section such as source, or a flag name such as pg-url"}
 		}
 		key := k.Value
-		if prev, dup := cf.lines[key]; dup {
-			return nil, &configError{path: path, line: k.Line, msg: fmt.Sprintf("key %q is set twice (first on line %d)", key, prev)}
+		if v.Kind == yaml.MappingNode && cf.isSection(key) { // a section; a flag of the same name (delivery, format) takes a scalar
+			if err := cf.section(key, v); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if key == "tables" {
+			key = "table" // the list's key in the sectioned form
 		}
 		switch {
 		case key == configFlag:
@@ -103,14 +115,78 @@ func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
 			return nil, &configError{path: path, line: k.Line, msg: fmt.Sprintf("key %q: write flag names without the dashes, e.g. %q", key, strings.TrimLeft(key, "-"))}
 		case !known[key]:
 			msg := fmt.Sprintf("unknown key %q", key)
-			if s := closest(key, known); s != "" {
+			if s := closest(key, cf.keyNames(known)); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
 			}
-			return nil, &configError{path: path, line: k.Line, msg: msg + "; keys are the flag names of cdc-relay's commands without the dashes (see cdc-relay <command> --help)"}
+			return nil, &configError{path: path, line: k.Line, msg: msg + "; keys are the settings' keys by section (source: {slot: …}, see docs/configuration.md) or the flag names of cdc-relay's commands without the dashes (see cdc-relay <command> --help)"}
 		}
-		cf.values[key], cf.lines[key] = v, k.Line
+		if err := cf.set(key, k.Value, v, k.Line); err != nil {
+			return nil, err
+		}
 	}
 	return cf, nil
+}
+
+// set records the file's value v for flag, written as key on line.
+func (cf *configFile) set(flag, key string, v *yaml.Node, line int) error {
+	if prev, dup := cf.lines[flag]; dup {
+		if cf.written[flag] == key {
+			return &configError{path: cf.path, line: line, msg: fmt.Sprintf("key %q is set twice (first on line %d)", key, prev)}
+		}
+		return &configError{path: cf.path, line: line, msg: fmt.Sprintf("key %q sets what %q (line %d) already sets: keep one", key, cf.written[flag], prev)}
+	}
+	cf.values[flag], cf.lines[flag], cf.written[flag] = v, line, key
+	return nil
+}
+
+// isSection reports whether prefix is a section of the model: some key
+// begins with prefix and a dot.
+func (cf *configFile) isSection(prefix string) bool {
+	for k := range cf.byKey {
+		if strings.HasPrefix(k, prefix+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// section reads the mapping v of section prefix (source, kafka.tls …).
+func (cf *configFile) section(prefix string, v *yaml.Node) error {
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		k, val := v.Content[i], v.Content[i+1]
+		key := prefix + "." + k.Value
+		if flag, ok := cf.byKey[key]; ok {
+			if err := cf.set(flag, key, val, k.Line); err != nil {
+				return err
+			}
+			continue
+		}
+		if val.Kind == yaml.MappingNode && cf.isSection(key) {
+			if err := cf.section(key, val); err != nil {
+				return err
+			}
+			continue
+		}
+		msg := fmt.Sprintf("unknown key %q", key)
+		if s := closest(key, cf.keyNames(nil)); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		return &configError{path: cf.path, line: k.Line, msg: msg + "; docs/configuration.md lists every key"}
+	}
+	return nil
+}
+
+// keyNames returns the model's keys and the names in flags, the names a
+// file may use.
+func (cf *configFile) keyNames(flags map[string]bool) map[string]bool {
+	out := maps.Clone(flags)
+	if out == nil {
+		out = map[string]bool{}
+	}
+	for k := range cf.byKey {
+		out[k] = true
+	}
+	return out
 }
 
 var yamlErrorLine = regexp.MustCompile(`^(?:yaml: )?(?:line (\d+): )?`)
@@ -150,7 +226,7 @@ func knownKeys(app *kong.Application) map[string]bool {
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		for _, f := range n.Flags {
-			if f.Name != "help" && f.Name != configFlag && f.Name != debeziumFlag {
+			if f.Name != "help" && f.Name != configFlag && f.Name != debeziumFlag && f.Name != setFlag {
 				known[f.Name] = true
 			}
 		}
@@ -248,7 +324,8 @@ func (cf *configFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (a
 type tableEntry struct {
 	name      string
 	line      int
-	overrides map[string]*yaml.Node // key → value, without name
+	overrides map[string]*yaml.Node // flag → value, without name
+	written   map[string]string     // flag → the key as the entry wrote it
 }
 
 // tableEntries reads the table key: a name, a list of names, or a list
@@ -264,27 +341,53 @@ func (cf *configFile) tableEntries() ([]tableEntry, error) {
 		case yaml.ScalarNode:
 			out = append(out, tableEntry{name: item.Value, line: item.Line})
 		case yaml.MappingNode:
-			e := tableEntry{line: item.Line, overrides: map[string]*yaml.Node{}}
-			for i := 0; i+1 < len(item.Content); i += 2 {
-				k, val := item.Content[i].Value, item.Content[i+1]
-				if k == "name" {
-					if val.Kind != yaml.ScalarNode {
-						return nil, &configError{path: cf.path, line: val.Line, msg: "table: an entry's name is schema.table, one value"}
-					}
-					e.name = val.Value
-					continue
-				}
-				e.overrides[k] = val
+			e := tableEntry{line: item.Line, overrides: map[string]*yaml.Node{}, written: map[string]string{}}
+			if err := cf.entryKeys(&e, "", item); err != nil {
+				return nil, err
 			}
 			if e.name == "" {
 				return nil, &configError{path: cf.path, line: item.Line, msg: "table: an entry written as a mapping needs name: schema.table"}
 			}
 			out = append(out, e)
 		default:
-			return nil, &configError{path: cf.path, line: item.Line, msg: "table: want a list of schema.table names, or of mappings {name: schema.table, <flag>: <value>, …}"}
+			return nil, &configError{path: cf.path, line: item.Line, msg: "tables: want a list of schema.table names, or of mappings {name: schema.table, <key of section outbox>: <value>, …}"}
 		}
 	}
 	return out, nil
+}
+
+// entryKeys reads the keys of a table entry's mapping v into e, by flag:
+// name, the keys of section outbox without "outbox." (topic, columns:
+// {aggregate_id: …}), or flag names as before (column-aggregate-id).
+// prefix is the path of v within the entry ("" at its top).
+func (cf *configFile) entryKeys(e *tableEntry, prefix string, v *yaml.Node) error {
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		k, val := v.Content[i].Value, v.Content[i+1]
+		path := prefix + k
+		if path == "name" {
+			if val.Kind != yaml.ScalarNode {
+				return &configError{path: cf.path, line: val.Line, msg: "table: an entry's name is schema.table, one value"}
+			}
+			e.name = val.Value
+			continue
+		}
+		flag, ok := cf.byKey[sectionOutbox+path]
+		switch {
+		case ok:
+		case val.Kind == yaml.MappingNode && cf.isSection(sectionOutbox+path):
+			if err := cf.entryKeys(e, path+".", val); err != nil {
+				return err
+			}
+			continue
+		default:
+			flag = path // a flag name, or a key forTable refuses by name
+		}
+		if _, dup := e.written[flag]; dup {
+			return &configError{path: cf.path, line: val.Line, msg: fmt.Sprintf("table: key %q sets what %q already sets: keep one", path, e.written[flag])}
+		}
+		e.overrides[flag], e.written[flag] = val, path
+	}
+	return nil
 }
 
 // tables returns the file's table entries (nil without a file).
@@ -383,6 +486,7 @@ type configLoader struct {
 	loaded   bool
 	file     *configFile   // nil: no file
 	debezium *debeziumFile // nil: no --debezium-config (debezium_cmd.go)
+	sets     *sets         // nil: no --set
 	stderr   io.Writer     // warnings
 }
 
@@ -404,15 +508,86 @@ func (l *configLoader) beforeResolve(ctx *kong.Context) error {
 	if err := l.loadDebezium(ctx); err != nil {
 		return err
 	}
-	path, _ := ctx.FlagValue(flag).(string)
-	if path == "" {
+	if path, _ := ctx.FlagValue(flag).(string); path != "" {
+		cf, err := loadConfigFile(kong.ExpandPath(path), ctx.Model)
+		if err != nil {
+			return err
+		}
+		l.file = cf
+		ctx.AddResolver(cf)
+	}
+	return l.loadSets(ctx)
+}
+
+// setFlag is the name of the global flag that sets a setting by its key.
+const setFlag = "set"
+
+// sets are the --set key=value overlays, by flag: a kong.Resolver added
+// after the files, so it wins over them, and that does not step aside for
+// an environment variable, so it wins over those too. A flag given by name
+// on the command line wins over it (kong resolves only unset flags).
+type sets struct {
+	values map[string]*yaml.Node
+	keys   map[string]string // flag → key
+}
+
+var _ kong.Resolver = (*sets)(nil)
+
+// loadSets reads the --set flags of ctx and adds them as a resolver.
+func (l *configLoader) loadSets(ctx *kong.Context) error {
+	var given []string
+	for _, f := range ctx.Model.Flags {
+		if f.Name == setFlag {
+			given, _ = ctx.FlagValue(f).([]string)
+		}
+	}
+	if len(given) == 0 {
 		return nil
 	}
-	cf, err := loadConfigFile(kong.ExpandPath(path), ctx.Model)
-	if err != nil {
-		return err
+	byKey, _ := modelKeys(ctx.Model)
+	s := &sets{values: map[string]*yaml.Node{}, keys: map[string]string{}}
+	for _, kv := range given {
+		key, text, ok := strings.Cut(kv, "=")
+		flag, known := byKey[key]
+		switch {
+		case !ok:
+			return fmt.Errorf("--set %s: want KEY=VALUE, e.g. --set source.slot=orders", kv)
+		case !known:
+			msg := fmt.Sprintf("--set %s: unknown key %q", kv, key)
+			names := map[string]bool{}
+			for k := range byKey {
+				names[k] = true
+			}
+			if c := closest(key, names); c != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", c)
+			}
+			return errors.New(msg + "; docs/configuration.md lists every key")
+		case s.keys[flag] != "":
+			return fmt.Errorf("--set %s: %s is set twice", kv, key)
+		}
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(text), &doc); err != nil || len(doc.Content) == 0 {
+			doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.ScalarNode, Tag: "!!str", Value: text}}}
+		}
+		s.values[flag], s.keys[flag] = doc.Content[0], key
 	}
-	l.file = cf
-	ctx.AddResolver(cf)
+	l.sets = s
+	ctx.AddResolver(s)
 	return nil
+}
+
+// Validate is part of kong.Resolver; the keys were checked when loaded.
+func (s *sets) Validate(*kong.Application) error { return nil }
+
+// Resolve returns the --set value of flag, or nil when there is none.
+func (s *sets) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
+	v, ok := s.values[flag.Name]
+	if !ok {
+		return nil, nil
+	}
+	val, err := yamlValue(v, flag.Target.Type())
+	if err != nil {
+		return nil, fmt.Errorf("--set %s: %w", s.keys[flag.Name], err)
+	}
+	return val, nil
 }

@@ -40,6 +40,7 @@ const (
 	sourceFlag    = "flag"
 	sourceEnv     = "env"
 	sourceFile    = "file"
+	sourceSet     = "set"
 	sourceDefault = "default"
 )
 

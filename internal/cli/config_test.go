@@ -102,6 +102,21 @@ func TestConfigPrecedence(t *testing.T) {
 		{"brokers file sequence", "kafka-brokers", "kafka-brokers: [a:9092, b:9092]", "", nil, func(r *RunCmd) any { return r.KafkaBrokers }, []string{"a:9092", "b:9092"}, sourceFile},
 		{"brokers file comma string", "kafka-brokers", "kafka-brokers: a:9092,b:9092", "", nil, func(r *RunCmd) any { return r.KafkaBrokers }, []string{"a:9092", "b:9092"}, sourceFile},
 		{"null value is unset", "topic", "topic:", "", nil, func(r *RunCmd) any { return r.Topic }, "outbox.events", sourceDefault},
+
+		// The sectioned form of the file, and --set key=value over the
+		// environment and the files, under the flags.
+		{"string by key", "topic", "outbox:\n  topic: from.file", "", nil, func(r *RunCmd) any { return r.Topic }, "from.file", sourceFile},
+		{"string set over env and file", "topic", "topic: from.file", "from.env", []string{"--set", "outbox.topic=from.set"}, func(r *RunCmd) any { return r.Topic }, "from.set", sourceSet},
+		{"string flag over set", "topic", "", "", []string{"--set", "outbox.topic=from.set", "--topic", "from.flag"}, func(r *RunCmd) any { return r.Topic }, "from.flag", sourceFlag},
+		{"list by key", "header-columns", "outbox:\n  header_columns: [a, b=x-b]", "", nil, func(r *RunCmd) any { return r.HeaderColumns }, []string{"a", "b=x-b"}, sourceFile},
+		{"list set", "header-columns", "", "c", []string{"--set", "outbox.header_columns=[a, b=x-b]"}, func(r *RunCmd) any { return r.HeaderColumns }, []string{"a", "b=x-b"}, sourceSet},
+		{"list set comma string", "header-columns", "", "", []string{"--set", "outbox.header_columns=a,b=x-b"}, func(r *RunCmd) any { return r.HeaderColumns }, []string{"a", "b=x-b"}, sourceSet},
+		{"duration set over env", "status-interval", "", "2s", []string{"--set", "source.status_interval=3s"}, func(r *RunCmd) any { return r.StatusInterval }, 3 * time.Second, sourceSet},
+		{"duration nested section", "retry-base", "delivery:\n  retry:\n    base: 50ms", "", nil, func(r *RunCmd) any { return r.RetryBase }, 50 * time.Millisecond, sourceFile},
+		{"bool by key", "create-slot", "source:\n  create_slot: false", "", nil, func(r *RunCmd) any { return r.CreateSlot }, false, sourceFile},
+		{"bool set over env", "create-slot", "", "true", []string{"--set", "source.create_slot=false"}, func(r *RunCmd) any { return r.CreateSlot }, false, sourceSet},
+		{"brokers by key", "kafka-brokers", "kafka:\n  brokers: [a:9092, b:9092]", "", nil, func(r *RunCmd) any { return r.KafkaBrokers }, []string{"a:9092", "b:9092"}, sourceFile},
+		{"table list by key", "table", "tables: [a.one, b.two]", "", nil, func(r *RunCmd) any { return r.Table }, []string{"a.one", "b.two"}, sourceFile},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -262,7 +277,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad YAML, two values on one line", base + "slot: s\ntopic: a b: c\n", nil,
 			[]string{"not valid YAML", "line 4"}},
 		{"not a mapping", "- pg-url\n", nil,
-			[]string{"line 1", "want a mapping of flag names"}},
+			[]string{"line 1", "want a mapping of"}},
 		{"missing file", "", nil,
 			[]string{"missing.yaml", "cannot be read", "--config / CDC_RELAY_CONFIG", "no such file"}},
 		{"duration without unit", base + "status-interval: 5\n", nil,
@@ -541,8 +556,8 @@ table:
 
 	for _, tc := range []struct{ name, entry, want string }{
 		{"not per table", "    kafka-brokers: other:9092\n", "line 6: table shipping.parcels_outbox: kafka-brokers: cannot be set per table"},
-		{"bad policy", "    on-error: retry\n", `line 6: table shipping.parcels_outbox: on-error: "retry": want dlq or halt`},
-		{"bad topic", "    topic: \"bad topic\"\n", "table shipping.parcels_outbox: --topic"},
+		{"bad policy", "    on-error: retry\n", `line 6: table shipping.parcels_outbox: on-error: "retry": want one of dlq, halt`},
+		{"bad topic", "    topic: \"bad topic\"\n", "table shipping.parcels_outbox: outbox.topic: --topic"},
 		{"no name", "", "needs name: schema.table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

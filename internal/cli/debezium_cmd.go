@@ -95,6 +95,9 @@ func (l *configLoader) loadDebezium(ctx *kong.Context) error {
 
 // resolvedSource is config print's source of a flag a resolver set.
 func (l *configLoader) resolvedSource(flag string) string {
+	if l != nil && l.sets != nil && l.sets.values[flag] != nil {
+		return sourceSet
+	}
 	if l == nil || l.file != nil && l.file.used[flag] || l.debezium == nil || !l.debezium.used[flag] {
 		return sourceFile
 	}

@@ -34,11 +34,11 @@ import (
 
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
-	PGURL       string   `name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
-	PGURLFile   string   `name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
-	Slot        string   `default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
-	Publication string   `default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
-	Table       []string `default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`
+	PGURL       string   `key:"source.pg_url" name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	PGURLFile   string   `key:"source.pg_url_file" name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
+	Slot        string   `key:"source.slot" default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
+	Publication string   `key:"source.publication" default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
+	Table       []string `key:"tables" default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`
 }
 
 // defaultTable is --table's default where --messages-prefix may leave it
@@ -48,7 +48,7 @@ const defaultTable = "public.outbox_events"
 // messagesFlag is the message outbox (run, replay): with it, --table is
 // optional, and without --table no table is read.
 type messagesFlag struct {
-	MessagesPrefix string `name:"messages-prefix" help:"Also publish transactional logical decoding messages with this prefix (pg_logical_emit_message(true, PREFIX, <JSON envelope>), e.g. migrations' outbox_emit) as outbox events: the message outbox, PostgreSQL 14+ (docs/message-outbox.md). --table is then optional: without it the relay reads no table." placeholder:"PREFIX"`
+	MessagesPrefix string `key:"messages.prefix" name:"messages-prefix" help:"Also publish transactional logical decoding messages with this prefix (pg_logical_emit_message(true, PREFIX, <JSON envelope>), e.g. migrations' outbox_emit) as outbox events: the message outbox, PostgreSQL 14+ (docs/message-outbox.md). --table is then optional: without it the relay reads no table." placeholder:"PREFIX"`
 }
 
 // resolveTable sets an unset --table: its default, unless --messages-prefix
@@ -160,10 +160,10 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // relay's topic (run, replay).
 type KafkaFlags struct {
 	kafkaBrokerFlags `embed:"" group:"kafka"`
-	Topic            string `default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}, and over the source table: {schema}, {table} (several --table); with --topic-regex also over its groups: $${name}, $${1} or $$1."`
+	Topic            string `key:"outbox.topic" default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}, and over the source table: {schema}, {table} (several --table); with --topic-regex also over its groups: $${name}, $${1} or $$1."`
 	// TopicRegex is Debezium's route.topic.regex (Kafka Connect's RegexRouter).
-	TopicRegex      string `group:"routing" help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
-	TopicRegexField string `default:"aggregate_type" group:"routing" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
+	TopicRegex      string `key:"outbox.topic_regex" group:"routing" help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
+	TopicRegexField string `key:"outbox.topic_regex_field" default:"aggregate_type" group:"routing" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
 
 	KafkaSecurityFlags `embed:"" group:"kafka"` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
 }
@@ -189,7 +189,7 @@ func (f *KafkaFlags) validateTopic() error {
 // kafkaBrokerFlags is --kafka-brokers, apart from KafkaFlags for dlq replay,
 // which has no --topic (a dead letter goes back to the topic stored with it).
 type kafkaBrokerFlags struct {
-	KafkaBrokers []string `name:"kafka-brokers" sep:"," help:"Required${kafka_brokers_note=}. Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
+	KafkaBrokers []string `key:"kafka.brokers" name:"kafka-brokers" sep:"," help:"Required${kafka_brokers_note=}. Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
 }
 
 // checkBrokers trims the brokers and checks each is host:port, as "run" does.
@@ -221,11 +221,11 @@ func checkBrokers(in []string, requiredHint string) ([]string, error) {
 // outboxColumnFlags are the outbox's column names, as the relay decodes them
 // (run) and replay reads them.
 type outboxColumnFlags struct {
-	ColumnID            string `default:"id" help:"Outbox column holding the event id (header 'id')."`
-	ColumnAggregateType string `default:"aggregate_type" help:"Outbox column holding the aggregate type."`
-	ColumnAggregateID   string `default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
-	ColumnEventType     string `default:"event_type" help:"Outbox column holding the event type; empty when the table has none (a Debezium outbox table may not): the event_type header is then empty and the topic cannot route by it."`
-	ColumnPayload       string `default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
+	ColumnID            string `key:"outbox.columns.id" default:"id" help:"Outbox column holding the event id (header 'id')."`
+	ColumnAggregateType string `key:"outbox.columns.aggregate_type" default:"aggregate_type" help:"Outbox column holding the aggregate type."`
+	ColumnAggregateID   string `key:"outbox.columns.aggregate_id" default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
+	ColumnEventType     string `key:"outbox.columns.event_type" default:"event_type" help:"Outbox column holding the event type; empty when the table has none (a Debezium outbox table may not): the event_type header is then empty and the topic cannot route by it."`
+	ColumnPayload       string `key:"outbox.columns.payload" default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
 }
 
 func (f *outboxColumnFlags) columns() decoder.Columns {
@@ -238,12 +238,12 @@ func (f *outboxColumnFlags) columns() decoder.Columns {
 // createdAtFlag is the outbox's insert-time column (run's backfill, replay's
 // time filters, prune).
 type createdAtFlag struct {
-	ColumnCreatedAt string `default:"created_at" help:"Outbox column holding the insert time${created_at_note=}."`
+	ColumnCreatedAt string `key:"outbox.columns.created_at" default:"created_at" help:"Outbox column holding the insert time${created_at_note=}."`
 }
 
 // headerColumnFlags map extra outbox columns to Kafka headers (run, replay).
 type headerColumnFlags struct {
-	HeaderColumns []string `sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
+	HeaderColumns []string `key:"outbox.header_columns" sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
 }
 
 func (f *headerColumnFlags) headerColumns() (map[string]string, error) {
@@ -284,26 +284,26 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 // payloadFormatFlags say what the relay derives from the payload column's type
 // and the tracing column (run, replay; see docs/kafka.md#formats).
 type payloadFormatFlags struct {
-	ContentType   string `default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
-	ColumnTracing string `default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
+	ContentType   string `key:"outbox.content_type" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
+	ColumnTracing string `key:"outbox.columns.tracing" default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
 	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
-	EnvelopeColumns []string `help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
+	EnvelopeColumns []string `key:"outbox.envelope_columns" help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
 	// ColumnPartition is Debezium's table.fields.additional.placement col:partition.
-	ColumnPartition string `help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
-	ColumnTimestamp string `help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
+	ColumnPartition string `key:"outbox.columns.partition" help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
+	ColumnTimestamp string `key:"outbox.columns.timestamp" help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
 	// The JSON encodings are Kafka Connect's JsonConverter (key.converter,
 	// value.converter and their schemas.enable) and the Event Router's
 	// table.expand.json.payload, table.json.payload.null.behavior,
 	// table.json.payload.empty.array.behavior and
 	// table.field.event.schema.version.
-	KeyEncoding         string `default:"raw" enum:"raw,json,json-with-schema" help:"Record key: raw (the aggregate id column's bytes), json (as Kafka Connect's JsonConverter with schemas.enable=false: a JSON string for a text key), or json-with-schema ({\"schema\": …, \"payload\": …}, schemas.enable=true)."`
-	ValueEncoding       string `default:"raw" enum:"raw,json,json-with-schema" help:"Record value: raw (the payload column's bytes, or the envelope of --envelope-columns), json or json-with-schema: as Debezium's Outbox Event Router through JsonConverter writes it (a json/jsonb payload is then a JSON string unless --expand-json-payload; envelope columns typed as Debezium types them)."`
-	ExpandJSONPayload   bool   `name:"expand-json-payload" help:"With --value-encoding json or json-with-schema: write a JSON object payload as the JSON it holds, with an inferred schema (Debezium's table.expand.json.payload); one it cannot type stays a string."`
-	JSONNullFields      string `name:"json-null-fields" default:"ignore" enum:"ignore,optional-bytes" help:"Null members of an expanded payload: ignore (left out of the schema and the value) or optional-bytes (kept, typed optional bytes)."`
-	JSONEmptyArrays     string `name:"json-empty-arrays" default:"ignore" enum:"ignore,optional-string" help:"Empty arrays of an expanded payload: ignore (left out) or optional-string (kept, typed arrays of optional strings)."`
-	JSONSchemaName      string `name:"json-schema-name" help:"With --value-encoding json-with-schema and --envelope-columns: the envelope schema is named <NAME>.<routed-by value>.Value (default: <schema>.<table> of the outbox; Debezium's is <topic.prefix>.<schema>.<table>)." placeholder:"NAME"`
-	ColumnSchemaVersion string `help:"Integer outbox column holding the envelope schema's version (--value-encoding json-with-schema with --envelope-columns only)." placeholder:"COLUMN"`
+	KeyEncoding         string `key:"outbox.key_encoding" default:"raw" enum:"raw,json,json-with-schema" help:"Record key: raw (the aggregate id column's bytes), json (as Kafka Connect's JsonConverter with schemas.enable=false: a JSON string for a text key), or json-with-schema ({\"schema\": …, \"payload\": …}, schemas.enable=true)."`
+	ValueEncoding       string `key:"outbox.value_encoding" default:"raw" enum:"raw,json,json-with-schema" help:"Record value: raw (the payload column's bytes, or the envelope of --envelope-columns), json or json-with-schema: as Debezium's Outbox Event Router through JsonConverter writes it (a json/jsonb payload is then a JSON string unless --expand-json-payload; envelope columns typed as Debezium types them)."`
+	ExpandJSONPayload   bool   `key:"format.expand_json_payload" name:"expand-json-payload" help:"With --value-encoding json or json-with-schema: write a JSON object payload as the JSON it holds, with an inferred schema (Debezium's table.expand.json.payload); one it cannot type stays a string."`
+	JSONNullFields      string `key:"format.json_null_fields" name:"json-null-fields" default:"ignore" enum:"ignore,optional-bytes" help:"Null members of an expanded payload: ignore (left out of the schema and the value) or optional-bytes (kept, typed optional bytes)."`
+	JSONEmptyArrays     string `key:"format.json_empty_arrays" name:"json-empty-arrays" default:"ignore" enum:"ignore,optional-string" help:"Empty arrays of an expanded payload: ignore (left out) or optional-string (kept, typed arrays of optional strings)."`
+	JSONSchemaName      string `key:"format.json_schema_name" name:"json-schema-name" help:"With --value-encoding json-with-schema and --envelope-columns: the envelope schema is named <NAME>.<routed-by value>.Value (default: <schema>.<table> of the outbox; Debezium's is <topic.prefix>.<schema>.<table>)." placeholder:"NAME"`
+	ColumnSchemaVersion string `key:"outbox.columns.schema_version" help:"Integer outbox column holding the envelope schema's version (--value-encoding json-with-schema with --envelope-columns only)." placeholder:"COLUMN"`
 }
 
 // jsonOptions returns the JSON encoding of these flags for an outbox table
@@ -382,11 +382,11 @@ func (f *payloadFormatFlags) envelope() ([]decoder.EnvelopeColumn, error) {
 
 // formatFlags choose the record format (run, replay, dlq replay).
 type formatFlags struct {
-	Format            string `default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also a CloudEvent of the Kafka protocol binding, in --cloudevents-mode (binary: ce_specversion, ce_id, ce_source, ce_type, ce_time headers, content-type from --content-type, the value unchanged)."`
-	CloudEventsMode   string `name:"cloudevents-mode" default:"binary" enum:"binary,structured" help:"Content mode of --format cloudevents: binary (attributes as ce_ headers, the value the payload) or structured (the value the whole event as JSON, content-type application/cloudevents+json, the payload its data; the native headers stay)."`
-	CloudEventsSource string `name:"cloudevents-source" help:"CloudEvents source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
+	Format            string `key:"format.kind" default:"native" enum:"native,cloudevents" help:"Record format: native (headers id, event_type, …), or cloudevents: also a CloudEvent of the Kafka protocol binding, in --cloudevents-mode (binary: ce_specversion, ce_id, ce_source, ce_type, ce_time headers, content-type from --content-type, the value unchanged)."`
+	CloudEventsMode   string `key:"format.cloudevents_mode" name:"cloudevents-mode" default:"binary" enum:"binary,structured" help:"Content mode of --format cloudevents: binary (attributes as ce_ headers, the value the payload) or structured (the value the whole event as JSON, content-type application/cloudevents+json, the payload its data; the native headers stay)."`
+	CloudEventsSource string `key:"format.cloudevents_source" name:"cloudevents-source" help:"CloudEvents source of --format cloudevents (default: /cdc-relay/<database>/<schema.table> of the outbox${cloudevents_source_note=})." placeholder:"URI-REF"`
 	// TombstoneOnEmptyPayload is Debezium's route.tombstone.on.empty.payload.
-	TombstoneOnEmptyPayload bool `help:"Send a NULL or empty payload as a null value (a Kafka tombstone, which log compaction acts on) instead of an empty value."`
+	TombstoneOnEmptyPayload bool `key:"format.tombstone_on_empty_payload" help:"Send a NULL or empty payload as a null value (a Kafka tombstone, which log compaction acts on) instead of an empty value."`
 }
 
 // validate checks the flags that need no database: --cloudevents-mode.
@@ -468,13 +468,13 @@ func (f *formatFlags) ceSource(pgURL, table string) (string, error) {
 
 // checkpointTableFlag names the checkpoint table (run, status).
 type checkpointTableFlag struct {
-	CheckpointTable string `default:"public.cdc_relay_checkpoints" help:"Checkpoint table${checkpoint_table_note=}."`
+	CheckpointTable string `key:"delivery.checkpoint.table" default:"public.cdc_relay_checkpoints" help:"Checkpoint table${checkpoint_table_note=}."`
 }
 
 // dlqStoreFlags name the dead-letter table (every command that reads or writes
 // it; only the dlq commands and replay validate it).
 type dlqStoreFlags struct {
-	DLQTable string `name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table${dlq_table_note=, schema-qualified (its history: <table>_replays, <table>_replay_events)}."`
+	DLQTable string `key:"dead_letters.table" name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table${dlq_table_note=, schema-qualified (its history: <table>_replays, <table>_replay_events)}."`
 }
 
 func (f *dlqStoreFlags) validate() error {
@@ -554,11 +554,16 @@ func checkStatusFlag(status string) error {
 
 // publishFlags pace a replay and say who runs it.
 type publishFlags struct {
-	DryRun            bool          `help:"Publish nothing: show and record what would be published."`
-	Rate              float64       `default:"50" help:"Most events published per second (0: unlimited)."`
-	BatchSize         int           `default:"100" help:"Events published at once (and the rate limiter's burst)."`
-	Actor             string        `help:"Who runs the replay, for the history (default: the OS user)."`
-	KafkaStartTimeout time.Duration `default:"${default_kafka_start_timeout}" group:"kafka" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
+	DryRun         bool    `help:"Publish nothing: show and record what would be published."`
+	Rate           float64 `default:"50" help:"Most events published per second (0: unlimited)."`
+	BatchSize      int     `default:"100" help:"Events published at once (and the rate limiter's burst)."`
+	Actor          string  `help:"Who runs the replay, for the history (default: the OS user)."`
+	kafkaStartFlag `embed:""`
+}
+
+// kafkaStartFlag bounds the wait for Kafka (run, replay, dlq replay).
+type kafkaStartFlag struct {
+	KafkaStartTimeout time.Duration `key:"kafka.start_timeout" default:"${default_kafka_start_timeout}" group:"kafka" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
 }
 
 func (f *publishFlags) validate() error {

@@ -27,17 +27,17 @@ import (
 // The file flags are strings, not kong paths, which would turn an empty
 // value (a variable set to "") into the working directory.
 type KafkaSecurityFlags struct {
-	KafkaTLS                   bool   `name:"kafka-tls" help:"Connect to Kafka over TLS (1.2 or later), verifying the brokers' certificates against the system's CAs or --kafka-tls-ca-file. Implied by every other --kafka-tls-* flag."`
-	KafkaTLSCAFile             string `name:"kafka-tls-ca-file" help:"PEM file of the CA certificates that signed the brokers' certificates (default: the system's CAs)." placeholder:"FILE"`
-	KafkaTLSCertFile           string `name:"kafka-tls-cert-file" help:"PEM client certificate, for brokers that require one (with --kafka-tls-key-file)." placeholder:"FILE"`
-	KafkaTLSKeyFile            string `name:"kafka-tls-key-file" help:"PEM private key of --kafka-tls-cert-file." placeholder:"FILE"`
-	KafkaTLSServerName         string `name:"kafka-tls-server-name" help:"Name the brokers' certificates must be issued for (default: the host of each broker address)." placeholder:"NAME"`
-	KafkaTLSInsecureSkipVerify bool   `name:"kafka-tls-insecure-skip-verify" help:"INSECURE, for tests only: accept any broker certificate, so anyone on the network path can read and change the traffic and take the SASL credentials."`
+	KafkaTLS                   bool   `key:"kafka.tls.enabled" name:"kafka-tls" help:"Connect to Kafka over TLS (1.2 or later), verifying the brokers' certificates against the system's CAs or --kafka-tls-ca-file. Implied by every other --kafka-tls-* flag."`
+	KafkaTLSCAFile             string `key:"kafka.tls.ca_file" name:"kafka-tls-ca-file" help:"PEM file of the CA certificates that signed the brokers' certificates (default: the system's CAs)." placeholder:"FILE"`
+	KafkaTLSCertFile           string `key:"kafka.tls.cert_file" name:"kafka-tls-cert-file" help:"PEM client certificate, for brokers that require one (with --kafka-tls-key-file)." placeholder:"FILE"`
+	KafkaTLSKeyFile            string `key:"kafka.tls.key_file" name:"kafka-tls-key-file" help:"PEM private key of --kafka-tls-cert-file." placeholder:"FILE"`
+	KafkaTLSServerName         string `key:"kafka.tls.server_name" name:"kafka-tls-server-name" help:"Name the brokers' certificates must be issued for (default: the host of each broker address)." placeholder:"NAME"`
+	KafkaTLSInsecureSkipVerify bool   `key:"kafka.tls.insecure_skip_verify" name:"kafka-tls-insecure-skip-verify" help:"INSECURE, for tests only: accept any broker certificate, so anyone on the network path can read and change the traffic and take the SASL credentials."`
 
-	KafkaSASLMechanism    string `name:"kafka-sasl-mechanism" default:"none" enum:"none,plain,scram-sha-256,scram-sha-512" help:"SASL mechanism to log in to Kafka with: none, plain (sends the password itself: use it with TLS only), scram-sha-256 or scram-sha-512."`
-	KafkaSASLUsername     string `name:"kafka-sasl-username" help:"SASL user name." placeholder:"USER"`
-	KafkaSASLPassword     string `name:"kafka-sasl-password" help:"SASL password. Prefer the environment variable or --kafka-sasl-password-file: other users of the host can see a command line." placeholder:"PASSWORD"`
-	KafkaSASLPasswordFile string `name:"kafka-sasl-password-file" help:"Read --kafka-sasl-password from this file instead (e.g. a mounted secret); a trailing newline is ignored." placeholder:"FILE"`
+	KafkaSASLMechanism    string `key:"kafka.sasl.mechanism" name:"kafka-sasl-mechanism" default:"none" enum:"none,plain,scram-sha-256,scram-sha-512" help:"SASL mechanism to log in to Kafka with: none, plain (sends the password itself: use it with TLS only), scram-sha-256 or scram-sha-512."`
+	KafkaSASLUsername     string `key:"kafka.sasl.username" name:"kafka-sasl-username" help:"SASL user name." placeholder:"USER"`
+	KafkaSASLPassword     string `key:"kafka.sasl.password" name:"kafka-sasl-password" help:"SASL password. Prefer the environment variable or --kafka-sasl-password-file: other users of the host can see a command line." placeholder:"PASSWORD"`
+	KafkaSASLPasswordFile string `key:"kafka.sasl.password_file" name:"kafka-sasl-password-file" help:"Read --kafka-sasl-password from this file instead (e.g. a mounted secret); a trailing newline is ignored." placeholder:"FILE"`
 
 	sec *kafkaSecurity `kong:"-"` // set by resolveKafkaSecurity
 }

@@ -202,7 +202,7 @@ func visibleFlags(flags []*kong.Flag) []*kong.Flag {
 
 // signature identifies a flag by everything the reference shows of it.
 func signature(f *kong.Flag) string {
-	return strings.Join([]string{f.Name, f.Help, f.Default, strings.Join(f.Envs, ","), f.Tag.Get("nofile")}, "\x00")
+	return strings.Join([]string{f.Name, f.Help, f.Default, strings.Join(f.Envs, ","), f.Tag.Get("nofile"), f.Tag.Get("key")}, "\x00")
 }
 
 func flagName(f *kong.Flag) string {
@@ -231,11 +231,16 @@ func envCell(f *kong.Flag) string {
 	return strings.Join(parts, ", ")
 }
 
-// keyCell is the flag's key in the --config file: its name, except for the
-// flags that name the files themselves and those tagged nofile (config.go).
+// keyCell is the flag's key in the --config file: the setting's key (its
+// flag name is accepted too), a command argument's flag name, and none for
+// the flags that name the files themselves and those tagged nofile
+// (config.go).
 func keyCell(f *kong.Flag) string {
-	if f.Name == configFlag || f.Name == debeziumFlag || f.Tag.Has("nofile") {
+	if f.Name == configFlag || f.Name == debeziumFlag || f.Name == setFlag || f.Tag.Has("nofile") {
 		return "—"
+	}
+	if k := f.Tag.Get("key"); k != "" {
+		return "`" + k + "`"
 	}
 	return "`" + f.Name + "`"
 }

@@ -49,8 +49,8 @@ func TestReferenceCoversEveryFlag(t *testing.T) {
 	ref := b.String()
 	for _, want := range []string{
 		"### `cdc-relay run`", "### `cdc-relay dlq replay`", "### `cdc-relay config print`",
-		"`--pg-url=URL` | `CDC_RELAY_PG_URL` | `pg-url` |",
-		"`--[no-]create-slot` | `CDC_RELAY_CREATE_SLOT` | `create-slot` | `true` |",
+		"`--pg-url=URL` | `CDC_RELAY_PG_URL` | `source.pg_url` |",
+		"`--[no-]create-slot` | `CDC_RELAY_CREATE_SLOT` | `source.create_slot` | `true` |",
 		"| `--config=FILE` | `CDC_RELAY_CONFIG` | — |",
 	} {
 		if !strings.Contains(ref, want) {

@@ -13,6 +13,8 @@ package cli
 
 import (
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -21,17 +23,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 )
-
-// perTableKeys are the flags an entry of the table list may set for its
-// table: how its rows are read, where its events go and what a permanent
-// failure of one does. The rest (Kafka, the slot, the sink's formats) is
-// the relay's, one for all tables.
-var perTableKeys = []string{
-	"topic", "topic-regex", "topic-regex-field",
-	"column-id", "column-aggregate-type", "column-aggregate-id", "column-event-type", "column-payload",
-	"column-created-at", "column-tracing", "column-timestamp", "column-partition", "column-schema-version",
-	"header-columns", "envelope-columns", "content-type", "key-encoding", "value-encoding", "on-error",
-}
 
 // BeforeApply keeps the configuration file's table entries, whose
 // overrides Validate checks and config applies.
@@ -52,97 +43,48 @@ func (r *RunCmd) forTable(name string) (*RunCmd, error) {
 	}
 	e := r.tableEntries[i]
 	rr := *r
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range e.overrides {
-			if !yield(k) {
-				return
-			}
+	decls := declarations(reflect.TypeOf(r))
+	byFlag := map[string]decl{}
+	var allowed []string
+	for k, d := range decls {
+		if strings.HasPrefix(k, sectionOutbox) {
+			byFlag[d.flag] = d
+			allowed = append(allowed, strings.TrimPrefix(k, sectionOutbox))
 		}
-	}) {
+	}
+	slices.Sort(allowed)
+	for _, k := range slices.Sorted(maps.Keys(e.overrides)) {
 		v := e.overrides[k]
 		bad := func(msg string) error {
-			return &configError{path: r.configPath, line: v.Line, msg: fmt.Sprintf("table %s: %s: %s", name, k, msg)}
+			return &configError{path: r.configPath, line: v.Line, msg: fmt.Sprintf("table %s: %s: %s", name, e.written[k], msg)}
 		}
-		one := func() (string, error) {
-			if v.Kind != yaml.ScalarNode {
-				return "", bad("want one value")
-			}
-			return v.Value, nil
-		}
-		list := func() ([]string, error) {
-			switch v.Kind {
-			case yaml.ScalarNode:
-				return strings.Split(v.Value, ","), nil
-			case yaml.SequenceNode:
-				var out []string
-				for _, item := range v.Content {
-					if item.Kind != yaml.ScalarNode {
-						return nil, bad("want a list of values")
-					}
-					out = append(out, item.Value)
-				}
-				return out, nil
-			}
-			return nil, bad("want a list: a YAML sequence or a comma-separated string")
+		d, ok := byFlag[k]
+		if !ok {
+			return nil, bad("cannot be set per table; an entry of the tables list may set " + strings.Join(allowed, ", ") + " (the keys of section outbox)")
 		}
 		var (
-			s   string
-			l   []string
-			err error
+			text  string
+			items []string
 		)
-		switch k {
-		case "header-columns", "envelope-columns":
-			l, err = list()
-		default:
-			s, err = one()
-		}
-		if err != nil {
-			return nil, err
-		}
-		switch k {
-		case "topic":
-			rr.Topic = s
-		case "topic-regex":
-			rr.TopicRegex = s
-		case "topic-regex-field":
-			rr.TopicRegexField = s
-		case "column-id":
-			rr.ColumnID = s
-		case "column-aggregate-type":
-			rr.ColumnAggregateType = s
-		case "column-aggregate-id":
-			rr.ColumnAggregateID = s
-		case "column-event-type":
-			rr.ColumnEventType = s
-		case "column-payload":
-			rr.ColumnPayload = s
-		case "column-created-at":
-			rr.ColumnCreatedAt = s
-		case "column-tracing":
-			rr.ColumnTracing = s
-		case "column-timestamp":
-			rr.ColumnTimestamp = s
-		case "column-partition":
-			rr.ColumnPartition = s
-		case "column-schema-version":
-			rr.ColumnSchemaVersion = s
-		case "header-columns":
-			rr.HeaderColumns = l
-		case "envelope-columns":
-			rr.EnvelopeColumns = l
-		case "content-type":
-			rr.ContentType = s
-		case "key-encoding":
-			rr.KeyEncoding = s
-		case "value-encoding":
-			rr.ValueEncoding = s
-		case "on-error":
-			if s != "dlq" && s != "halt" {
-				return nil, bad(fmt.Sprintf("%q: want dlq or halt", s))
+		switch {
+		case d.typ.Kind() == reflect.Slice && v.Kind == yaml.ScalarNode:
+			items = strings.Split(v.Value, ",")
+		case d.typ.Kind() == reflect.Slice && v.Kind == yaml.SequenceNode:
+			for _, item := range v.Content {
+				if item.Kind != yaml.ScalarNode {
+					return nil, bad("want a list of values")
+				}
+				items = append(items, item.Value)
 			}
-			rr.OnError = s
+		case d.typ.Kind() == reflect.Slice:
+			return nil, bad("want a list: a YAML sequence or a comma-separated string")
+		case v.Kind != yaml.ScalarNode:
+			return nil, bad("want one value")
 		default:
-			return nil, bad("cannot be set per table; an entry of the table list may set " + strings.Join(perTableKeys, ", "))
+			text = v.Value
+		}
+		if err := d.setValue(reflect.ValueOf(&rr), text, items); err != nil {
+			return nil, bad(err.Error())
 		}
 	}
 	return &rr, nil
