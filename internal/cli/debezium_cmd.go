@@ -109,6 +109,19 @@ type ConfigFromDebeziumCmd struct {
 	File string `arg:"" type:"path" help:"Kafka Connect connector configuration: the JSON POSTed to Connect ({\"name\": …, \"config\": {…}} or the config object) or a .properties file."`
 }
 
+// sectionNode returns the mapping of section name in m, added at its end
+// when m has none yet.
+func sectionNode(m *yaml.Node, name string) *yaml.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == name && m.Content[i+1].Kind == yaml.MappingNode {
+			return m.Content[i+1]
+		}
+	}
+	sec := &yaml.Node{Kind: yaml.MappingNode}
+	m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: name}, sec)
+	return sec
+}
+
 // Run prints the native YAML equivalent of the file, loadable by --config.
 func (c *ConfigFromDebeziumCmd) Run(env Env) error {
 	getenv := os.LookupEnv
@@ -125,12 +138,20 @@ func (c *ConfigFromDebeziumCmd) Run(env Env) error {
 	return writeDebeziumYAML(env.Stdout, c.File, d.mapping)
 }
 
-// writeDebeziumYAML writes m as a --config file, each key commented with the
-// Debezium property it came from.
+// writeDebeziumYAML writes m as a --config file by keys, in sections (source:
+// {slot: …}), each key commented with the Debezium property it came from.
 func writeDebeziumYAML(w io.Writer, from string, m *debeziumMapping) error {
 	root := &yaml.Node{Kind: yaml.MappingNode}
 	for _, s := range m.Settings {
-		k := &yaml.Node{Kind: yaml.ScalarNode, Value: s.Flag, LineComment: "from " + s.Property}
+		parent, name := root, s.Flag // a flag without a key keeps its name
+		if key := keyOfFlag(s.Flag); key != "" {
+			path := strings.Split(key, ".")
+			for _, sec := range path[:len(path)-1] {
+				parent = sectionNode(parent, sec)
+			}
+			name = path[len(path)-1]
+		}
+		k := &yaml.Node{Kind: yaml.ScalarNode, Value: name, LineComment: "from " + s.Property}
 		var v *yaml.Node
 		switch x := s.Value.(type) {
 		case bool:
@@ -148,7 +169,7 @@ func writeDebeziumYAML(w io.Writer, from string, m *debeziumMapping) error {
 		default:
 			return errors.New("write configuration: unexpected value type")
 		}
-		root.Content = append(root.Content, k, v)
+		parent.Content = append(parent.Content, k, v)
 	}
 	doc := &yaml.Node{Kind: yaml.DocumentNode, HeadComment: "cdc-relay configuration translated from the Debezium connector config " + from + "\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", Content: []*yaml.Node{root}}
 	enc := yaml.NewEncoder(w)
