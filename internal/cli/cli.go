@@ -30,6 +30,8 @@ const EnvPrefix = "CDC_RELAY"
 
 // CLI is the command tree.
 type CLI struct {
+	HelpAll helpAllFlag `name:"help-all" env:"-" help:"Show every flag, not only the common ones."`
+
 	ConfigFile     string `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
 	DebeziumConfig string `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these flags; flags, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
@@ -98,6 +100,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.Name("cdc-relay"),
 		kong.Description(description),
 		kong.ExplicitGroups(helpGroups),
+		kong.Help(printHelp),
 		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),

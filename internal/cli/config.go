@@ -150,7 +150,7 @@ func knownKeys(app *kong.Application) map[string]bool {
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		for _, f := range n.Flags {
-			if f.Name != "help" && f.Name != configFlag && f.Name != debeziumFlag {
+			if !isHelpFlag(f) && f.Name != configFlag && f.Name != debeziumFlag {
 				known[f.Name] = true
 			}
 		}
