@@ -30,9 +30,11 @@ const EnvPrefix = "CDC_RELAY"
 
 // CLI is the command tree.
 type CLI struct {
-	ConfigFile     string   `name:"config" help:"YAML file of flag values, keyed by flag name without the dashes (pg-url: ..., kafka-brokers: [a:9092, b:9092]); flags and environment variables override it. See cdc-relay config print." placeholder:"FILE"`
+	HelpAll helpAllFlag `name:"help-all" env:"-" help:"Show every flag, not only the common ones."`
+
+	ConfigFile     string   `name:"config" help:"YAML file of settings by key, in sections (source: {slot: …}, kafka: {brokers: [a:9092]}), or by flag name without the dashes (pg-url: …); the environment, --set and flags override it. See cdc-relay config print." placeholder:"FILE"`
 	Set            []string `name:"set" sep:"none" env:"-" placeholder:"KEY=VALUE" help:"Set one setting by its key (--set source.slot=orders, --set kafka.brokers=k1:9092,k2:9092), over the environment and the files; repeat it for several. docs/configuration.md lists every key."`
-	DebeziumConfig string   `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these flags; flags, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
+	DebeziumConfig string   `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these settings; flags, --set, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka, each once in the Kafka log (at least once with --delivery at-least-once)."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
@@ -99,6 +101,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.Name("cdc-relay"),
 		kong.Description(description),
 		kong.ExplicitGroups(helpGroups),
+		kong.Help(printHelp),
 		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),

@@ -109,11 +109,18 @@ func TestHelp(t *testing.T) {
 			"Usage: cdc-relay run",
 			"--pg-url=URL", "($CDC_RELAY_PG_URL)",
 			"($CDC_RELAY_KAFKA_BROKERS)", "($CDC_RELAY_TOPIC)",
+			"--help-all",
+		}},
+		{[]string{"run", "--help-all"}, []string{
+			"Usage: cdc-relay run",
+			"--pg-url=URL", "($CDC_RELAY_PG_URL)",
+			"($CDC_RELAY_KAFKA_BROKERS)", "($CDC_RELAY_TOPIC)",
 			"--[no-]create-slot", "($CDC_RELAY_CREATE_SLOT)",
 			"($CDC_RELAY_MAX_IN_FLIGHT_MIB)",
 		}},
 		// --help wins over missing required configuration.
 		{[]string{"run", "--kafka-brokers", "nope", "--help"}, []string{"Usage: cdc-relay run"}},
+		{[]string{"run", "--kafka-brokers", "nope", "--help-all"}, []string{"Usage: cdc-relay run"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

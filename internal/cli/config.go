@@ -226,7 +226,7 @@ func knownKeys(app *kong.Application) map[string]bool {
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		for _, f := range n.Flags {
-			if f.Name != "help" && f.Name != configFlag && f.Name != debeziumFlag && f.Name != setFlag {
+			if !isHelpFlag(f) && f.Name != configFlag && f.Name != debeziumFlag && f.Name != setFlag {
 				known[f.Name] = true
 			}
 		}

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"fmt"
+	"go/doc/comment"
+	"slices"
+	"strings"
 
 	"github.com/alecthomas/kong"
 )
@@ -15,7 +18,7 @@ const description = "Relays committed outbox INSERTs from Postgres logical repli
 
 // helpGroups are the groups a command's flags are listed in, by the key of
 // their group tag. A command lists its groups in the order of their first
-// flag in its struct; flags without a group (--help, --config,
+// flag in its struct; flags without a group (--help, --help-all, --config,
 // --debezium-config) come first, under "Flags:". A group tag naming no
 // group here is a mistake TestRunHelpGroups catches for run.
 var helpGroups = []kong.Group{
@@ -28,6 +31,111 @@ var helpGroups = []kong.Group{
 	{Key: "replay", Title: "Replaying:", Description: "A dry run, the pace, and who the replay history records."},
 	{Key: "output", Title: "Output:", Description: "What the command prints."},
 }
+
+// shortHelp names, per command ("dlq replay"), the flags its --help lists:
+// the required ones and those most deployments set, its own or those every
+// command takes (--config); --help and --help-all are always listed. The
+// others are only not listed: every command accepts all its flags as
+// before, and --help-all and docs/configuration.md list them. A command not
+// named here lists all its flags.
+var shortHelp = map[string][]string{
+	"": {}, // cdc-relay --help: the commands; each lists the flags every command takes
+	"run": {
+		"config",
+		"pg-url", "pg-url-file", "table", "slot", "publication",
+		"kafka-brokers", "kafka-tls", "kafka-sasl-mechanism", "kafka-sasl-username", "kafka-sasl-password-file",
+		"topic",
+		"delivery",
+		"metrics-addr", "metrics-token-file",
+	},
+	"config print": {"config", "json"},
+	"replay": {
+		"config", "pg-url", "kafka-brokers",
+		"since", "until", "aggregate-id", "id", "dry-run", "rate",
+	},
+	"dlq replay": {
+		"config", "pg-url", "kafka-brokers",
+		"error-code", "since", "event-id", "dry-run", "rate",
+	},
+	"dlq list": {
+		"config", "pg-url",
+		"error-code", "since", "until", "aggregate-id", "event-type", "status", "limit", "json",
+	},
+	"dlq history": {"config", "pg-url", "replay", "event-id", "limit", "json"},
+	"dlq show":    {"config", "pg-url", "pg-url-file", "dlq-table", "event-id", "json"},
+	"dlq purge":   {"config", "pg-url", "pg-url-file", "dlq-table", "older-than", "status"},
+	"status":      {"config", "pg-url", "pg-url-file", "slot", "publication", "table", "max-lag-bytes", "json"},
+}
+
+// helpAllFlag is --help-all: --help listing every flag of the command.
+type helpAllFlag bool
+
+// BeforeReset prints the full help and exits, as kong's --help does. Kong
+// calls it only when --help-all is on the command line.
+func (helpAllFlag) BeforeReset(ctx *kong.Context) error {
+	if err := ctx.PrintUsage(false); err != nil {
+		return err
+	}
+	ctx.Kong.Exit(0)
+	return nil
+}
+
+// helpAllName is --help-all's name.
+const helpAllName = "help-all"
+
+// isHelpFlag reports whether f is --help or --help-all, which are neither
+// settings nor config file keys.
+func isHelpFlag(f *kong.Flag) bool { return f.Name == "help" || f.Name == helpAllName }
+
+// printHelp is the kong.HelpPrinter of --help and --help-all: kong's own,
+// over the flags shortHelp names for the command unless --help-all was
+// given, with a last line saying how many more there are and where. It
+// lists the others by leaving them out of the model's flag lists while it
+// prints; parsing, config print and the docs read the model unchanged.
+func printHelp(options kong.HelpOptions, ctx *kong.Context) error {
+	node := ctx.Selected()
+	if node == nil {
+		node = ctx.Model.Node
+	}
+	shown, ok := shortHelp[commandPath(node)]
+	if !ok || helpAllGiven(ctx) {
+		return kong.DefaultHelpPrinter(options, ctx)
+	}
+	more := 0
+	for n := node; n != nil; n = n.Parent {
+		all := n.Flags
+		n.Flags = nil
+		for _, f := range all {
+			switch {
+			case f.Hidden || isHelpFlag(f) || slices.Contains(shown, f.Name):
+				n.Flags = append(n.Flags, f)
+			default:
+				more++
+			}
+		}
+		defer func() { n.Flags = all }()
+	}
+	if err := kong.DefaultHelpPrinter(options, ctx); err != nil {
+		return err
+	}
+	var p comment.Printer // wraps at 80 columns
+	note := fmt.Sprintf("%d more flags: see %s --help-all or docs/configuration.md.", more, node.FullPath())
+	_, err := fmt.Fprintf(ctx.Stdout, "\n%s", p.Text(new(comment.Parser).Parse(note)))
+	return err
+}
+
+// helpAllGiven reports whether --help-all is on the command line.
+func helpAllGiven(ctx *kong.Context) bool {
+	for _, p := range ctx.Path {
+		if p.Flag != nil && p.Flag.Name == helpAllName {
+			return true
+		}
+	}
+	return false
+}
+
+// commandPath is n's path below the application: "dlq replay".
+func commandPath(n *kong.Node) string { return strings.Join(strings.Fields(n.Path()), " ") }
 
 // Help is the example and notes --help shows above run's flags (kong's
 // HelpProvider). TestHelpExamplesParse parses its example.
@@ -95,6 +203,12 @@ func (*DLQPurgeCmd) Help() string {
 
     cdc-relay dlq purge --pg-url postgres://relay@db:5432/app \
       --older-than 30d --status completed`
+}
+
+// Help says, above config print's own flags, that it takes run's: its --help
+// lists only its own.
+func (*ConfigPrintCmd) Help() string {
+	return `It accepts every flag of run, as run does (from the command line, the environment, --config or --debezium-config): cdc-relay run --help-all lists them.`
 }
 
 // Help shows an example above config from-debezium's argument.

@@ -34,7 +34,7 @@ func commands(app *kong.Application) map[string]*kong.Node {
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		if n.Type == kong.CommandNode && len(n.Children) == 0 {
-			out[cmdPath(n)] = n
+			out[commandPath(n)] = n
 		}
 		for _, c := range n.Children {
 			walk(c)
@@ -43,9 +43,6 @@ func commands(app *kong.Application) map[string]*kong.Node {
 	walk(app.Node)
 	return out
 }
-
-// cmdPath is n's path below the application: "dlq replay".
-func cmdPath(n *kong.Node) string { return strings.Join(strings.Fields(n.Path()), " ") }
 
 // ownFlags are n's flags without --help.
 func ownFlags(n *kong.Node) []*kong.Flag {
@@ -173,8 +170,8 @@ func TestRequiredMarkers(t *testing.T) {
 	}
 	for _, n := range cmds {
 		for _, f := range ownFlags(n) {
-			if f.Name == "kafka-brokers" && !slices.Contains([]string{"run", "config print"}, cmdPath(n)) && !strings.HasPrefix(f.Help, "Required unless --dry-run.") {
-				t.Errorf("%s --kafka-brokers: help %q, want it to start \"Required unless --dry-run.\"", cmdPath(n), f.Help)
+			if f.Name == "kafka-brokers" && !slices.Contains([]string{"run", "config print"}, commandPath(n)) && !strings.HasPrefix(f.Help, "Required unless --dry-run.") {
+				t.Errorf("%s --kafka-brokers: help %q, want it to start \"Required unless --dry-run.\"", commandPath(n), f.Help)
 			}
 		}
 	}
@@ -372,5 +369,207 @@ func TestStatusHelpExitCode(t *testing.T) {
 		if c[1] != fmt.Sprint(statusProblem) {
 			t.Errorf("status's help says %q; status exits %d on a problem", c[0], statusProblem)
 		}
+	}
+}
+
+// everyCommand returns every command of app by its path, the application
+// itself ("") and the commands with subcommands ("dlq") included.
+func everyCommand(app *kong.Application) map[string]*kong.Node {
+	out := map[string]*kong.Node{}
+	var walk func(n *kong.Node)
+	walk = func(n *kong.Node) {
+		out[commandPath(n)] = n
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(app.Node)
+	return out
+}
+
+// modelFlags are the names of the flags n takes, its own and those every
+// command takes, as kong's model has them (hidden ones left out, as kong's
+// help leaves them out).
+func modelFlags(n *kong.Node) []string {
+	var out []string
+	for _, level := range n.AllFlags(true) {
+		for _, f := range level {
+			out = append(out, f.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+var helpRow = regexp.MustCompile(`(?m)^(?:  |      )(?:-[a-zA-Z], )?--(?:\[no-\])?([a-z0-9][a-z0-9-]*)`)
+
+// listedFlags returns the names of the flags a help text lists: the rows
+// after its "Flags:" heading (the examples above it have flags too),
+// indented as kong indents a row, deeper than it wraps a row's help.
+func listedFlags(t *testing.T, help string) []string {
+	t.Helper()
+	_, rows, ok := strings.Cut(help, "\nFlags:\n")
+	if !ok {
+		t.Fatalf("no \"Flags:\" heading in:\n%s", help)
+	}
+	var out []string
+	for _, m := range helpRow.FindAllStringSubmatch(rows, -1) {
+		out = append(out, m[1])
+	}
+	slices.Sort(out)
+	return out
+}
+
+// helpOf runs "cdc-relay <path> <flag>" and returns what it printed.
+func helpOf(t *testing.T, path, flag string) string {
+	t.Helper()
+	clearEnv(t)
+	err, out, errOut := run(t, canceled(), append(strings.Fields(path), flag)...)
+	if err != nil || errOut != "" {
+		t.Fatalf("cdc-relay %s %s: err %v, stderr %q", path, flag, err, errOut)
+	}
+	return out
+}
+
+// TestHelpFitsScreen checks the length of each command's --help at the 80
+// columns kong wraps to when its output is not a terminal: run's, with the
+// flags most deployments set, within 120 lines, every other within 60.
+func TestHelpFitsScreen(t *testing.T) {
+	t.Setenv("COLUMNS", "80") // kong's width: $COLUMNS, else the terminal's, else 80
+	tests := []struct {
+		cmd      string
+		maxLines int
+	}{
+		{"", 60},
+		{"run", 120},
+		{"version", 60},
+		{"dlq", 60},
+		{"dlq list", 60},
+		{"dlq show", 60},
+		{"dlq replay", 60},
+		{"dlq purge", 60},
+		{"dlq history", 60},
+		{"replay", 60},
+		{"prune", 60},
+		{"status", 60},
+		{"config", 60},
+		{"config print", 60},
+		{"config from-debezium", 60},
+	}
+	cmds := everyCommand(helpModel(t))
+	for _, tt := range tests {
+		t.Run("cdc-relay "+tt.cmd, func(t *testing.T) {
+			if cmds[tt.cmd] == nil {
+				t.Fatalf("no command %q", tt.cmd)
+			}
+			lines := strings.Count(helpOf(t, tt.cmd, "--help"), "\n")
+			t.Logf("%d lines", lines)
+			if lines > tt.maxLines {
+				t.Errorf("cdc-relay %s --help is %d lines, want at most %d: list fewer flags in shortHelp", tt.cmd, lines, tt.maxLines)
+			}
+		})
+		delete(cmds, tt.cmd)
+	}
+	for path := range cmds {
+		t.Errorf("command %q: give its --help a bound in this test", path)
+	}
+}
+
+// TestShortHelp checks that each command's --help lists exactly the flags
+// shortHelp names for it (every flag when it has no entry), --help and
+// --help-all, among them every flag it requires, and that it says how many
+// more there are and where they are.
+func TestShortHelp(t *testing.T) {
+	t.Setenv("COLUMNS", "80")
+	cmds := everyCommand(helpModel(t))
+	for path := range shortHelp {
+		if cmds[path] == nil {
+			t.Errorf("shortHelp names the command %q, which does not exist", path)
+		}
+	}
+	for path, n := range cmds {
+		t.Run("cdc-relay "+path, func(t *testing.T) {
+			all := modelFlags(n)
+			want := all
+			if shown, ok := shortHelp[path]; ok {
+				for _, name := range shown {
+					if !slices.Contains(all, name) {
+						t.Errorf("shortHelp[%q] names --%s, which the command does not take", path, name)
+					}
+				}
+				want = slices.DeleteFunc(slices.Clone(all), func(name string) bool {
+					return name != "help" && name != helpAllName && !slices.Contains(shown, name)
+				})
+			}
+			for _, f := range ownFlags(n) {
+				// config print takes run's flags, marks and all, and requires none.
+				if requiredHelp.MatchString(f.Help) && path != "config print" && !slices.Contains(want, f.Name) {
+					t.Errorf("--%s is required, but --help does not list it: add it to shortHelp[%q]", f.Name, path)
+				}
+			}
+			out := helpOf(t, path, "--help")
+			if got := listedFlags(t, out); !slices.Equal(got, want) {
+				t.Errorf("--help lists %q, want %q", got, want)
+			}
+			flat := strings.Join(strings.Fields(out), " ")
+			switch more := len(all) - len(want); {
+			case more == 0 && strings.Contains(flat, "more flags"):
+				t.Errorf("--help lists every flag but says there are more:\n%s", out)
+			case more > 0:
+				for _, w := range []string{fmt.Sprintf("%d more flags", more), n.FullPath() + " --help-all", "docs/configuration.md"} {
+					if !strings.Contains(flat, w) {
+						t.Errorf("--help lists %d of %d flags, and does not say %q:\n%s", len(want), len(all), w, out)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHelpAllListsEveryFlag checks that each command's --help-all lists
+// every flag of the command in kong's model and is kong's own help, as
+// --help was before it listed only the common flags.
+func TestHelpAllListsEveryFlag(t *testing.T) {
+	t.Setenv("COLUMNS", "80")
+	clearEnv(t)
+	var kongs strings.Builder
+	var c CLI
+	kctx, err := parse(&c, []string{"version"}, &kongs, io.Discard, func(int) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, n := range everyCommand(kctx.Model) {
+		t.Run("cdc-relay "+path, func(t *testing.T) {
+			out := helpOf(t, path, "--help-all")
+			if got, want := listedFlags(t, out), modelFlags(n); !slices.Equal(got, want) {
+				t.Errorf("--help-all lists %q, want every flag of the model: %q", got, want)
+			}
+			kongs.Reset()
+			trace, err := kong.Trace(kctx.Kong, strings.Fields(path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := kong.DefaultHelpPrinter(kong.HelpOptions{ValueFormatter: kong.DefaultHelpValueFormatter}, trace); err != nil {
+				t.Fatal(err)
+			}
+			if out != kongs.String() {
+				t.Errorf("--help-all is not kong's help of the command:\n%s\nkong's:\n%s", out, kongs.String())
+			}
+		})
+	}
+}
+
+// TestHelpAllIsNoSetting checks that --help-all, like --help, is neither an
+// environment variable nor a key of the config file.
+func TestHelpAllIsNoSetting(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(envName(helpAllName), "true")
+	err, out, _ := run(t, canceled(), "version")
+	if err != nil || strings.Contains(out, "Usage:") {
+		t.Errorf("version with %s=true: err %v, printed %q; want the version", envName(helpAllName), err, out)
+	}
+	file := writeFile(t, t.TempDir(), "relay.yaml", "help-all: true\n")
+	if _, err := parseArgs(t, "version", "--config", file); err == nil || !strings.Contains(err.Error(), `unknown key "help-all"`) {
+		t.Errorf("a config file with help-all: err %v, want unknown key", err)
 	}
 }

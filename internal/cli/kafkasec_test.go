@@ -208,12 +208,13 @@ func TestKafkaSecurityFlags(t *testing.T) {
 }
 
 // TestKafkaSecurityHelp: every command that talks to Kafka lists the flags
-// with their environment variables, warns about skipping verification, and
-// shows no password even when one is set.
+// with their environment variables in --help-all, warns about skipping
+// verification, and shows no password even when one is set (--help lists
+// some of these flags; TestShortHelp checks which).
 func TestKafkaSecurityHelp(t *testing.T) {
 	clearEnv(t)
 	t.Setenv("CDC_RELAY_KAFKA_SASL_PASSWORD", secret)
-	for _, args := range [][]string{{"run", "--help"}, {"replay", "--help"}, {"dlq", "replay", "--help"}} {
+	for _, args := range [][]string{{"run", "--help-all"}, {"replay", "--help-all"}, {"dlq", "replay", "--help-all"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			err, out, errOut := run(t, canceled(), append(args, "--kafka-sasl-password", secret)...)
 			if err != nil {

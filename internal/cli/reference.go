@@ -188,11 +188,12 @@ func (r *refWriter) table(flags []*kong.Flag) {
 	r.printf("\n")
 }
 
-// visibleFlags drops --help and hidden flags, which --help does not show either.
+// visibleFlags drops --help, --help-all and hidden flags, which --help-all
+// does not show either.
 func visibleFlags(flags []*kong.Flag) []*kong.Flag {
 	var out []*kong.Flag
 	for _, f := range flags {
-		if f.Hidden || f.Name == "help" {
+		if f.Hidden || isHelpFlag(f) {
 			continue
 		}
 		out = append(out, f)
