@@ -261,8 +261,8 @@ func TestStatus(t *testing.T) {
 			},
 		},
 		{
-			name: "slot lost, json",
-			setup: func(t *testing.T) { loseSlot(t, p, "st_slot") },
+			name:     "slot lost, json",
+			setup:    func(t *testing.T) { loseSlot(t, p, "st_slot") },
 			args:     []string{"--json"},
 			wantCode: statusProblem,
 			check: func(t *testing.T, st Status, out string) {
