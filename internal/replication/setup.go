@@ -692,16 +692,16 @@ func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication
 		if err != nil {
 			return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
 		}
-		var begin *pglogrepl.BeginMessage
+		var begin *decoder.Message
 		for _, data := range datas {
-			msg, err := pglogrepl.Parse(data)
+			msg, err := decoder.Boundary(data)
 			if err != nil {
-				return time.Time{}, false, fmt.Errorf("peek slot %q: decode a message: %w", slot, err)
+				return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
 			}
-			switch msg := msg.(type) {
-			case *pglogrepl.BeginMessage:
-				begin = msg
-			case *pglogrepl.CommitMessage:
+			switch msg.Kind {
+			case decoder.KindBegin:
+				begin = &msg
+			case decoder.KindCommit:
 				begin = nil // an empty transaction (14 and older)
 			default:
 				if begin != nil {
