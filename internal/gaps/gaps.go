@@ -44,8 +44,10 @@ const (
 	// Warn: the relay goes on, but the operator should know (events will be
 	// delivered again, WAL is at risk).
 	Warn
-	// Alert: something was already lost and cannot be streamed again; the
-	// relay goes on and logs at error level with the way to recover it.
+	// Alert: something was already lost and cannot be streamed again, or
+	// will be unless an operator acts now (wal_status unreserved); the relay
+	// goes on and logs at error level with the way to recover or prevent
+	// it. Status reports it as a problem.
 	Alert
 	// Repair: the caller repairs what the check found, as it is configured
 	// to (a retaken initial snapshot), and logs what it does. Ends the round
