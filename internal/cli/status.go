@@ -14,8 +14,10 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // StatusCmd is "cdc-relay status": the relay's state read from the database
@@ -120,8 +122,13 @@ const (
 	statusProblem = 3 // not 2: that is a usage error (ExitUsage), for every command
 )
 
-// Validate checks the Postgres flags (reading --pg-url-file).
-func (c *StatusCmd) Validate() error { return requirePG(&c.PGFlags) }
+// Validate checks the Postgres flags (reading --pg-url-file) and --table.
+func (c *StatusCmd) Validate() error {
+	if err := requirePG(&c.PGFlags); err != nil {
+		return err
+	}
+	return checkTables(c.Table)
+}
 
 // Run prints the status, and returns an ExitError with statusProblem when it
 // found a problem.
@@ -162,13 +169,12 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		return st, err
 	}
 	st.ServerWALEnd = end.String()
+	// The slot before the checkpoint (gaps.Probe).
 	slot, err := replication.ReadSlot(ctx, pool, c.Slot)
 	if err != nil {
 		return st, err
 	}
-	if !slot.Exists {
-		st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q does not exist", c.Slot))
-	} else {
+	if slot.Exists {
 		st.SlotExists, st.Active, st.ActivePID, st.WALStatus = true, slot.Active, slot.ActivePID, slot.WALStatus
 		st.ConfirmedLSN = slot.ConfirmedFlush.String()
 		st.LagBytes, st.RetainedWALBytes = slot.LagBytes, slot.RetainedWALBytes
@@ -177,15 +183,7 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		if !slot.InactiveSince.IsZero() {
 			st.InactiveSince = &slot.InactiveSince
 		}
-		if invalid, reason := slot.Invalidated(); invalid {
-			st.InvalidatedReason = reason
-			st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q was invalidated (%s, wal_status %s): it can never be streamed again; the relay refuses to start until its recovery steps are followed", c.Slot, reason, slot.WALStatus))
-		} else if st.WALStatus == "unreserved" {
-			st.Problems = append(st.Problems, fmt.Sprintf("replication slot %q needs more WAL than max_slot_wal_keep_size keeps (wal_status unreserved): the next checkpoint loses it unless the relay catches up", c.Slot))
-		}
-		if c.MaxLagBytes > 0 && st.LagBytes > c.MaxLagBytes {
-			st.Problems = append(st.Problems, fmt.Sprintf("slot lag %d bytes exceeds --max-lag-bytes %d", st.LagBytes, c.MaxLagBytes))
-		}
+		_, st.InvalidatedReason = slot.Invalidated()
 	}
 	cp, haveCP, err := checkpoint.NewTableStore(pool, c.CheckpointTable).Load(ctx, c.Slot)
 	haveCP = haveCP && err == nil
@@ -193,10 +191,30 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 		st.Checkpoint = &StatusCheckpoint{LSN: cp.LSN.String(), UpdatedAt: cp.UpdatedAt, AgeSeconds: time.Since(cp.UpdatedAt).Seconds(),
 			RelayName: cp.RelayName, KafkaOffsets: cp.Offsets}
 	}
-	c.oldestUnrelayed(ctx, pool, &st, slot.Exists && slot.Active, cp, haveCP)
-	if err := c.failover(ctx, pool, &st); err != nil {
+	probe := gaps.Probe{Setup: c.setup(), Slot: slot, Stored: cp, HaveStored: haveCP, MaxLagBytes: c.MaxLagBytes}
+	if probe.Database, err = replication.CurrentDatabase(ctx, pool); err != nil {
 		return st, err
 	}
+	for _, t := range probe.Setup.PerTable() {
+		cov, err := replication.ReadCoverage(ctx, pool, t)
+		if err != nil {
+			return st, err
+		}
+		probe.Coverage = append(probe.Coverage, cov)
+	}
+	if probe.Failover, err = c.failover(ctx, pool, &st); err != nil {
+		return st, err
+	}
+	// The relay's own checks judge: status's problems are their verdicts,
+	// with the settings named as the run command names them.
+	r := gaps.JudgeStatus(probe)
+	for _, p := range r.Problems {
+		st.Problems = append(st.Problems, nameSettings(p))
+	}
+	for _, w := range r.Warnings {
+		st.Warnings = append(st.Warnings, nameSettings(w))
+	}
+	c.oldestUnrelayed(ctx, pool, &st, slot.Exists && slot.Active, cp, haveCP)
 	store := deadletter.NewStore(pool, c.DLQTable)
 	if codes, err := store.Summary(ctx, deadletter.Filter{}); err == nil {
 		d := &StatusDLQ{ByCode: map[string]int64{}}
@@ -218,27 +236,39 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 	return st, nil
 }
 
-// failover reads the slot's failover state and has the relay's own checks
-// (gaps, PhaseFailover, as with --slot-failover auto) judge it: their
-// warnings become st.Warnings.
-func (c *StatusCmd) failover(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
+// failover reads the slot's failover state into st (gaps.JudgeStatus
+// judges it).
+func (c *StatusCmd) failover(ctx context.Context, pool *pgxpool.Pool, st *Status) (replication.FailoverState, error) {
 	s, err := replication.ReadFailover(ctx, pool, c.Slot)
 	if err != nil {
-		return err
+		return s, err
 	}
 	st.Failover = &StatusFailover{
 		ServerVersion: replication.VersionName(s.ServerVersion), Supported: s.Supported(),
 		SlotFailover: s.SlotFailover, SlotSynced: s.SlotSynced, SynchronizedStandbySlots: s.StandbySlots,
 	}
-	r := gaps.Judge(gaps.PhaseFailover, &gaps.Facts{
-		Setup: replication.SetupConfig{Slot: c.Slot}, Failover: s, FailoverMode: replication.FailoverAuto,
-	})
-	for _, f := range r.Findings {
-		if f.Verdict >= gaps.Warn {
-			st.Warnings = append(st.Warnings, f.Msg)
+	return s, nil
+}
+
+// setup names the slot, the publication and the outbox tables (--table,
+// checked by Validate) for the gap checks.
+func (c *StatusCmd) setup() replication.SetupConfig {
+	cfg := replication.SetupConfig{Slot: c.Slot, Publication: c.Publication}
+	for i, t := range c.Table {
+		schema, table, _ := splitTable(t)
+		if i == 0 {
+			cfg.Schema, cfg.Table = schema, table
+			continue
 		}
+		cfg.Also = append(cfg.Also, replication.TableSetup{Name: decoder.TableName{Schema: schema, Table: table}})
 	}
-	return nil
+	return cfg
+}
+
+// nameSettings names the settings a verdict of the gap checks names
+// (setting.Token) as the run command's flags, as its log lines do.
+func nameSettings(msg string) string {
+	return setting.ReplaceTokens(msg, func(field string) (string, bool) { return flagText(runFlags, field) })
 }
 
 // peekTimeout bounds decoding the slot for the oldest unrelayed row.

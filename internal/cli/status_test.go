@@ -12,9 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/gaps"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -49,9 +53,19 @@ func TestStatus(t *testing.T) {
 		"orders":   {Partitions: 8, Next: map[int32]int64{0: 123, 1: 456, 7: 9}},
 		"payments": {Partitions: 1, Next: map[int32]int64{0: 42}},
 	}
+	// saveCheckpoint stores a checkpoint at the slot's position: one behind
+	// it is a gap (slot_ahead), which status reports.
 	saveCheckpoint := func(o checkpoint.Offsets) func(t *testing.T) {
 		return func(t *testing.T) {
-			if err := ckStore.Save(ctx, checkpoint.Checkpoint{Slot: "st_slot", SystemID: "1", LSN: 0x100, RelayName: "r", Offsets: o}); err != nil {
+			var lsn string
+			if err := pool(t, url).QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'st_slot'").Scan(&lsn); err != nil {
+				t.Fatal(err)
+			}
+			at, err := pglogrepl.ParseLSN(lsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ckStore.Save(ctx, checkpoint.Checkpoint{Slot: "st_slot", SystemID: "1", LSN: at, RelayName: "r", Offsets: o}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -158,7 +172,7 @@ func TestStatus(t *testing.T) {
 			args:     []string{"--max-lag-bytes", "1000"},
 			wantCode: statusProblem,
 			check: func(t *testing.T, _ Status, out string) {
-				if !strings.Contains(out, "PROBLEM") || !strings.Contains(out, "--max-lag-bytes") {
+				if !regexp.MustCompile(`(?m)^PROBLEM +replication slot "st_slot" lags \d+ bytes behind the server's WAL end, more than the limit of 1000 bytes`).MatchString(out) {
 					t.Errorf("output lacks the lag problem:\n%s", out)
 				}
 			},
@@ -184,7 +198,7 @@ func TestStatus(t *testing.T) {
 			name:  "checkpoint without offsets, text",
 			setup: saveCheckpoint(nil),
 			check: func(t *testing.T, _ Status, out string) {
-				wantLines(t, out, `stored checkpoint\s+0/100 \(.* ago, by r\)`,
+				wantLines(t, out, `stored checkpoint\s+[0-9A-F]+/[0-9A-F]+ \(.* ago, by r\)`,
 					`kafka offsets\s+none stored \(at-least-once delivery, or no checkpoint with offsets yet\)`)
 			},
 		},
@@ -247,29 +261,12 @@ func TestStatus(t *testing.T) {
 			},
 		},
 		{
-			name: "slot lost, json",
-			setup: func(t *testing.T) {
-				setKeep("1MB")
-				for i := 0; i < 20; i++ {
-					var status string
-					for _, sql := range []string{"INSERT INTO w SELECT repeat('x', 1000) FROM generate_series(1, 2000)", "SELECT pg_switch_wal()", "CHECKPOINT"} {
-						if _, err := p.Exec(ctx, sql); err != nil {
-							t.Fatalf("%s: %v", sql, err)
-						}
-					}
-					if err := p.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'st_slot'").Scan(&status); err != nil {
-						t.Fatal(err)
-					}
-					if status == "lost" {
-						return
-					}
-				}
-				t.Fatal("the slot was not lost after 20 WAL switches and checkpoints")
-			},
+			name:     "slot lost, json",
+			setup:    func(t *testing.T) { loseSlot(t, p, "st_slot") },
 			args:     []string{"--json"},
 			wantCode: statusProblem,
 			check: func(t *testing.T, st Status, out string) {
-				if st.WALStatus != "lost" || st.InvalidatedReason != "wal_removed" || len(st.Problems) != 1 || !strings.Contains(st.Problems[0], "invalidated (wal_removed") {
+				if st.WALStatus != "lost" || st.InvalidatedReason != "wal_removed" || len(st.Problems) != 1 || !strings.Contains(st.Problems[0], `slot_lost: replication slot "st_slot" is invalidated (wal_status 'lost'`) {
 					t.Errorf("status %+v: want a lost slot, invalidated for wal_removed, as the one problem\n%s", st, out)
 				}
 				if version >= 170000 && st.InvalidationReason != "wal_removed" {
@@ -363,4 +360,150 @@ func pool(t *testing.T, url string) *pgxpool.Pool {
 	}
 	t.Cleanup(p.Close)
 	return p
+}
+
+// TestStatusSameWordsAsStartUp: each problem status reports is the verdict
+// the relay's start-up check (internal/gaps) gives on the same database, in
+// the same words, as the run command prints it (settings named as flags).
+func TestStatusSameWordsAsStartUp(t *testing.T) {
+	pg := testenv.NewPostgres(t, sandbox.PGOptions{})
+	testenv.RequireLocal(t, pg) // loses a slot through ALTER SYSTEM
+	ctx := t.Context()
+	url, err := pg.CreateDatabase(ctx, "words_db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Exec(ctx, "words_db", "CREATE TABLE covered (v int); CREATE TABLE uncovered (v int); CREATE PUBLICATION words_pub FOR TABLE covered"); err != nil {
+		t.Fatal(err)
+	}
+	p := pool(t, url)
+	store := checkpoint.NewTableStore(p, "")
+	if err := store.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	createSlot := func(t *testing.T, slot string) {
+		t.Helper()
+		if _, err := p.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = p.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+		})
+	}
+	// save stores a checkpoint for slot at lsn, or at the slot's confirmed
+	// position when lsn is "".
+	save := func(t *testing.T, slot, lsn string) {
+		t.Helper()
+		if lsn == "" {
+			if err := p.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&lsn); err != nil {
+				t.Fatal(err)
+			}
+		}
+		at, err := pglogrepl.ParseLSN(lsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Save(ctx, checkpoint.Checkpoint{Slot: slot, LSN: at, RelayName: "r"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setup := func(slot, table string) replication.SetupConfig {
+		schema, name, _ := strings.Cut(table, ".")
+		return replication.SetupConfig{Slot: slot, Publication: "words_pub", Schema: schema, Table: name}
+	}
+	// slotVerdict is the start-up check of the slot against its stored checkpoint.
+	slotVerdict := func(t *testing.T, slot, table string) error {
+		stored, have, err := store.Load(ctx, slot)
+		if err != nil || !have {
+			t.Fatalf("load the checkpoint of %s: %v (stored %t)", slot, err, have)
+		}
+		_, r, err := gaps.New(gaps.Config{Setup: setup(slot, table), Logger: zerolog.Nop()}).
+			Slot(ctx, p, gaps.SlotFacts{Stored: stored, HaveStored: have})
+		if err == nil {
+			t.Fatalf("the start-up check passed slot %s (findings %+v)", slot, r.Findings)
+		}
+		return err
+	}
+	tests := []struct {
+		name, slot, table string
+		setup             func(t *testing.T)
+		startUp           func(t *testing.T) error // the start-up check's verdict
+	}{
+		{
+			name: "table not covered", slot: "words_uncovered", table: "public.uncovered",
+			setup: func(t *testing.T) { createSlot(t, "words_uncovered") },
+			startUp: func(t *testing.T) error {
+				return gaps.New(gaps.Config{Setup: setup("words_uncovered", "public.uncovered"), Logger: zerolog.Nop()}).Publication(ctx, p)
+			},
+		},
+		{
+			name: "slot missing", slot: "words_missing", table: "public.covered",
+			setup:   func(t *testing.T) { save(t, "words_missing", "0/1000") },
+			startUp: func(t *testing.T) error { return slotVerdict(t, "words_missing", "public.covered") },
+		},
+		{
+			name: "slot past the checkpoint", slot: "words_ahead", table: "public.covered",
+			setup: func(t *testing.T) {
+				createSlot(t, "words_ahead")
+				save(t, "words_ahead", "0/100")
+			},
+			startUp: func(t *testing.T) error { return slotVerdict(t, "words_ahead", "public.covered") },
+		},
+		{
+			name: "slot lost", slot: "words_lost", table: "public.covered",
+			setup: func(t *testing.T) {
+				createSlot(t, "words_lost")
+				save(t, "words_lost", "")
+				loseSlot(t, p, "words_lost")
+			},
+			startUp: func(t *testing.T) error { return slotVerdict(t, "words_lost", "public.covered") },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.setup(t)
+			want := nameFlags(tt.startUp(t), runFlags).Error()
+			var out, errb bytes.Buffer
+			err := Run(ctx, []string{"status", "--json", "--pg-url", url, "--slot", tt.slot, "--publication", "words_pub", "--table", tt.table},
+				Env{Stdout: &out, Stderr: &errb, Version: "test"})
+			var exit *ExitError
+			if !errors.As(err, &exit) || exit.Code != statusProblem {
+				t.Fatalf("status error %v, want exit code %d\n%s", err, statusProblem, out.String())
+			}
+			var st Status
+			if err := json.Unmarshal(out.Bytes(), &st); err != nil {
+				t.Fatalf("status --json output: %v\n%s", err, out.String())
+			}
+			if !slices.Contains(st.Problems, want) {
+				t.Errorf("status problems\n%s\nlack the start-up check's verdict\n%s", strings.Join(st.Problems, "\n"), want)
+			}
+		})
+	}
+}
+
+// loseSlot makes Postgres invalidate slot for removed WAL
+// (max_slot_wal_keep_size 1MB, and WAL written past it).
+func loseSlot(t *testing.T, p *pgxpool.Pool, slot string) {
+	t.Helper()
+	ctx := t.Context()
+	for _, sql := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()", "CREATE TABLE IF NOT EXISTS lose_wal (v text)"} {
+		if _, err := p.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for i := 0; i < 20; i++ {
+		var status string
+		for _, sql := range []string{"INSERT INTO lose_wal SELECT repeat('x', 1000) FROM generate_series(1, 2000)", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := p.Exec(ctx, sql); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+		if err := p.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			return
+		}
+	}
+	t.Fatalf("slot %s was not lost after 20 WAL switches and checkpoints", slot)
 }

@@ -506,10 +506,8 @@ func (d *Decoder) DecodeContext(ctx context.Context, walData []byte) (Message, e
 		err = skipOrigin(body)
 	case 'M':
 		m, err = d.message(body)
-	case 'S', 'E', 'c', 'A':
-		return Message{}, fmt.Errorf("decode pgoutput message: unexpected streaming message %q: the relay uses proto_version 1, which never streams", typ)
 	default:
-		return Message{}, fmt.Errorf("decode pgoutput message: unknown message type %q", typ)
+		return Message{}, unsupported(typ)
 	}
 	if err != nil {
 		return Message{}, fmt.Errorf("decode pgoutput %s message: %w", messageName(typ), err)
@@ -543,37 +541,31 @@ func messageName(typ byte) string {
 	return fmt.Sprintf("%q", typ)
 }
 
-// begin decodes Begin: Int64 final LSN, Int64 commit time, Int32 xid.
+// begin decodes Begin (beginFields) and starts the transaction.
 func (d *Decoder) begin(b []byte) (Message, error) {
-	if len(b) != 20 {
-		return Message{}, lengthError(20, len(b))
+	m, err := beginFields(b)
+	if err != nil {
+		return Message{}, err
 	}
 	if d.inTxn {
 		return Message{}, fmt.Errorf("transaction %d has no commit: the stream restarted without Reset", d.xid)
 	}
 	d.inTxn = true
-	d.commitLSN = pglogrepl.LSN(be64(b))
-	d.commitTime = pgTime(int64(be64(b[8:])))
-	d.xid = be32(b[16:])
+	d.commitLSN, d.commitTime, d.xid = m.CommitLSN, m.CommitTime, m.XID
 	d.index = 0
-	return Message{Kind: KindBegin, XID: d.xid, CommitLSN: d.commitLSN, CommitTime: d.commitTime}, nil
+	return m, nil
 }
 
-// commit decodes Commit: Int8 flags, Int64 commit LSN, Int64 end LSN, Int64 commit time.
+// commit decodes Commit (commitFields) and ends the transaction.
 func (d *Decoder) commit(b []byte) (Message, error) {
-	if len(b) != 25 {
-		return Message{}, lengthError(25, len(b))
+	m, err := commitFields(b)
+	if err != nil {
+		return Message{}, err
 	}
 	if !d.inTxn {
 		return Message{}, errors.New("commit outside a transaction")
 	}
-	m := Message{
-		Kind:       KindCommit,
-		XID:        d.xid,
-		CommitLSN:  pglogrepl.LSN(be64(b[1:])),
-		EndLSN:     pglogrepl.LSN(be64(b[9:])),
-		CommitTime: pgTime(int64(be64(b[17:]))),
-	}
+	m.XID = d.xid
 	d.endTxn()
 	return m, nil
 }

@@ -3,7 +3,10 @@
 // publication's coverage of the outbox table, the database's identity and the
 // slot's WAL status lives here, as a list of checks the relay runs at start
 // (Checker.Publication, Checker.Slot) and every monitor interval
-// (Checker.Watch).
+// (Checker.Watch), and `cdc-relay status` runs over what it reads
+// (JudgeStatus). A judgment that more than one phase makes is one function
+// listed in each, so that the start-up, the monitor and status give the same
+// verdict in the same words.
 //
 // It is its own package, not part of checkpoint or replication, because a gap
 // is a disagreement between them: the checkpoint package owns what was
@@ -41,8 +44,10 @@ const (
 	// Warn: the relay goes on, but the operator should know (events will be
 	// delivered again, WAL is at risk).
 	Warn
-	// Alert: something was already lost and cannot be streamed again; the
-	// relay goes on and logs at error level with the way to recover it.
+	// Alert: something was already lost and cannot be streamed again, or
+	// will be unless an operator acts now (wal_status unreserved); the relay
+	// goes on and logs at error level with the way to recover or prevent
+	// it. Status reports it as a problem.
 	Alert
 	// Repair: the caller repairs what the check found, as it is configured
 	// to (a retaken initial snapshot), and logs what it does. Ends the round
@@ -72,6 +77,12 @@ const (
 	// the first (replication.SetupConfig.Also): PhaseWatch's checks of the
 	// table. The slot and the publication are judged once, with the first.
 	PhaseWatchTable
+	// PhaseStatus: in `cdc-relay status` (JudgeStatus), the slot against the
+	// stored checkpoint with the start-up's judgments, and its lag.
+	PhaseStatus
+	// PhaseStatusTable: in `cdc-relay status`, for each outbox table, the
+	// start-up's judgments of the publication's coverage.
+	PhaseStatusTable
 )
 
 // Facts are what the checks of one phase judge, read once per round.
@@ -101,6 +112,9 @@ type Facts struct {
 
 	// PhaseWatch: what the previous rounds saw.
 	Prev Previous
+
+	// PhaseStatus: a slot lag (LagBytes) above it is a problem; 0: none is.
+	MaxLagBytes int64
 }
 
 // Previous is what the watch remembers between rounds.
@@ -149,6 +163,10 @@ func Checks(phase Phase) []Check {
 		return watchChecks()
 	case PhaseFailover:
 		return failoverChecks()
+	case PhaseStatus:
+		return statusChecks()
+	case PhaseStatusTable:
+		return statusTableChecks()
 	case PhaseWatchTable:
 		var cs []Check
 		for _, c := range watchChecks() {

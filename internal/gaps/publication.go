@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
@@ -54,21 +55,7 @@ func publicationChecks() []Check {
 			return fatal(&replication.ConfigError{Err: setting.Errorf("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore",
 				f.Setup.Publication, pubIdent(f))})
 		}},
-		{CheckTableCovered, func(f *Facts) Finding {
-			if f.Coverage.NoTable {
-				return Finding{} // a message outbox alone: no table to check
-			}
-			if f.Coverage.Covered {
-				return Finding{}
-			}
-			table := f.Setup.QualifiedTable()
-			if f.Coverage.Partitioned {
-				return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover partitions %s of the partitioned outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s; (it then publishes every partition, those created or attached later too)",
-					f.Setup.Publication, strings.Join(f.Coverage.Uncovered, ", "), table, pubIdent(f), table)})
-			}
-			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover the outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s;",
-				f.Setup.Publication, table, pubIdent(f), table)})
-		}},
+		{CheckTableCovered, judgeTableCovered(false)},
 		{CheckPartitionsListed, func(f *Facts) Finding {
 			if f.Coverage.NoTable {
 				return Finding{} // a message outbox alone: no table to check
@@ -83,6 +70,50 @@ func publicationChecks() []Check {
 				Fields: map[string]any{"table": table}}
 		}},
 	}
+}
+
+// PartialCoverage judges a publication that exists and covers some of the
+// outbox tables but not others (tables added to the relay's list since):
+// covs are the coverages of cfg.PerTable(), in order. It returns the tables
+// the relay adds to the publication, when it may change it
+// (cfg.CreatePublication), or the *replication.ConfigError naming the
+// statement to run; nothing when every table is covered, or none is (the
+// publication checks then say what is missing). replication.CheckServer asks
+// it (SetupConfig.PartialCoverage) and makes the change.
+func PartialCoverage(cfg replication.SetupConfig, covs []replication.Coverage) ([]decoder.TableName, error) {
+	var covered, missing []string
+	var joining []decoder.TableName
+	for i, t := range cfg.PerTable() {
+		if i >= len(covs) {
+			break
+		}
+		c := covs[i]
+		switch {
+		case c.NoTable:
+		case c.Covered || c.PubAllTables:
+			covered = append(covered, t.QualifiedTable())
+		case c.TableOID != 0 && c.RelOID == 0 && !c.RootPublished:
+			missing = append(missing, t.QualifiedTable())
+			joining = append(joining, decoder.TableName{Schema: t.Schema, Table: t.Table})
+		}
+	}
+	if len(covered) == 0 || len(missing) == 0 {
+		return nil, nil
+	}
+	if cfg.CreatePublication {
+		return joining, nil
+	}
+	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(missing, ", "))
+	lost := ""
+	if cfg.JoinSnapshot != nil {
+		lost = fmt.Sprintf(" (the relay then publishes the rows already in it from a snapshot taken with the change, so none is lost). "+
+			"If you run the statement yourself instead, the rows committed into %s between the slot's position and the change are never streamed "+
+			"(Postgres decodes the WAL with the publication as it was when the rows were written), so the relay's next start stops (table_joined) "+
+			"and says how to publish them",
+			strings.Join(missing, ", "))
+	}
+	return nil, &replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s%s",
+		cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, setting.Token("CreatePublication"), lost)}
 }
 
 // A partitioned outbox table is covered when every leaf partition is: the
@@ -112,22 +143,14 @@ func watchChecks() []Check {
 			if st == was || (was == "" && st == "reserved") {
 				return Finding{}
 			}
-			v, msg := Info, "replication slot wal_status changed"
-			fields := map[string]any{"wal_status": st, "was": was}
-			if f.Slot.SafeWALSize != nil {
-				fields["safe_wal_size"] = *f.Slot.SafeWALSize
+			if st == "unreserved" {
+				return judgeUnreserved(f)
 			}
-			switch st {
-			case "unreserved":
-				v = Alert
-				msg = fmt.Sprintf("replication slot %q has wal_status 'unreserved': it needs more WAL than max_slot_wal_keep_size (%d bytes) keeps, "+
-					"and Postgres removes that WAL at its next checkpoint unless the relay catches up first; the slot is then lost and the relay stops. "+
-					"Buy time now if pg_wal's disk allows: ALTER SYSTEM SET max_slot_wal_keep_size = '<larger>'; SELECT pg_reload_conf();",
-					f.Setup.Slot, f.Slot.WALKeepSize)
-			case "lost", "missing":
+			v := Info
+			if st == "lost" || st == "missing" {
 				v = Alert
 			}
-			return Finding{Verdict: v, Msg: msg, Fields: fields}
+			return Finding{Verdict: v, Msg: "replication slot wal_status changed", Fields: walFields(f)}
 		}},
 		{SlotLost.String(), func(f *Facts) Finding {
 			invalid, reason := f.Slot.Invalidated()
@@ -164,21 +187,7 @@ func watchChecks() []Check {
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q stopped publishing inserts while the relay was streaming; Postgres will never stream the inserts committed since, not even after a restart: run ALTER PUBLICATION %s SET (publish = 'insert'); and restart the relay; %s",
 				f.Setup.Publication, pubIdent(f), replaySince(f))})
 		}},
-		{CheckTableCovered, func(f *Facts) Finding {
-			if f.Coverage.NoTable {
-				return Finding{} // a message outbox alone: no table to check
-			}
-			if f.Coverage.Covered {
-				return Finding{}
-			}
-			table := f.Setup.QualifiedTable()
-			if f.Coverage.Partitioned {
-				return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover partitions %s of the partitioned outbox table %s (created, attached or removed from it while the relay was streaming); Postgres will never stream the inserts into them committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; (it then publishes every partition, later ones too) and restart the relay; %s",
-					f.Setup.Publication, strings.Join(f.Coverage.Uncovered, ", "), table, pubIdent(f), table, replaySince(f))})
-			}
-			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("publication %q no longer covers the outbox table %s; Postgres will never stream the inserts committed since, not even after a restart: run ALTER PUBLICATION %s ADD TABLE %s; and restart the relay; %s",
-				f.Setup.Publication, table, pubIdent(f), table, replaySince(f))})
-		}},
+		{CheckTableCovered, judgeTableCovered(true)},
 		{CheckTableRecreated, func(f *Facts) Finding {
 			if f.Coverage.NoTable {
 				return Finding{} // a message outbox alone: no table to check
@@ -206,6 +215,37 @@ func watchChecks() []Check {
 					table, f.Setup.Publication, replaySince(f)),
 				Fields: map[string]any{"table": table}}
 		}},
+	}
+}
+
+// judgeTableCovered is the one judgment of whether the publication streams
+// the inserts into every relation holding the outbox table's rows, at start
+// and in status (streaming false) and every monitor interval (streaming
+// true). While streaming, the table was covered at start: what was not
+// streamed since is lost to the slot, and the message says how to republish it.
+func judgeTableCovered(streaming bool) func(f *Facts) Finding {
+	return func(f *Facts) Finding {
+		c := f.Coverage
+		if c.NoTable || c.Covered {
+			return Finding{} // a message outbox alone has no table to check
+		}
+		table := f.Setup.QualifiedTable()
+		fix := fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s;", pubIdent(f), table)
+		what := fmt.Sprintf("does not cover the outbox table %s", table)
+		if c.Partitioned {
+			what = fmt.Sprintf("does not cover partitions %s of the partitioned outbox table %s", strings.Join(c.Uncovered, ", "), table)
+			fix += " (it then publishes every partition, those created or attached later too)"
+		}
+		msg := fmt.Sprintf("publication %q %s: %s", f.Setup.Publication, what, fix)
+		if streaming {
+			when := " (created, attached or removed from it while the relay was streaming)"
+			if !c.Partitioned {
+				what, when = "no longer covers the outbox table "+table, ""
+			}
+			msg = fmt.Sprintf("publication %q %s%s; Postgres will never stream the inserts committed since, not even after a restart: %s and restart the relay; %s",
+				f.Setup.Publication, what, when, fix, replaySince(f))
+		}
+		return fatal(&replication.ConfigError{Msg: msg})
 	}
 }
 

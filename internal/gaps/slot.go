@@ -78,6 +78,9 @@ const (
 	CheckSnapshotIncomplete = "snapshot_incomplete"
 	// CheckSlotDatabase: the slot belongs to another database.
 	CheckSlotDatabase = "slot_other_database"
+	// CheckWALUnreserved: the slot has wal_status unreserved (at start and
+	// in status; the watch says it as a change of CheckWALStatus).
+	CheckWALUnreserved = "wal_unreserved"
 )
 
 // slotChecks compare the stored checkpoint of the slot with the slot itself at
@@ -96,13 +99,7 @@ const (
 // configuration errors.
 func slotChecks() []Check {
 	return []Check{
-		{CheckSlotDatabase, func(f *Facts) Finding {
-			s, slot := f.Slot, f.Setup.Slot
-			if !s.Exists || s.Database == f.Database {
-				return Finding{}
-			}
-			return fatal(&replication.ConfigError{Err: setting.Errorf("Slot", "replication slot %q belongs to database %q, not %q: choose another slot or connect to %q", slot, s.Database, f.Database, s.Database)})
-		}},
+		{CheckSlotDatabase, judgeSlotDatabase},
 		{CheckSnapshotIncomplete, func(f *Facts) Finding {
 			if !f.SnapshotPending {
 				return Finding{}
@@ -127,16 +124,7 @@ func slotChecks() []Check {
 					"SELECT pid, application_name, client_addr FROM pg_stat_replication WHERE pid = %d;",
 				f.Setup.Slot, s.ActivePID, s.ActivePID))
 		}},
-		{"wal_unreserved", func(f *Facts) Finding {
-			s := f.Slot
-			if !s.Exists || s.WALStatus != "unreserved" {
-				return Finding{}
-			}
-			return warn(fmt.Sprintf(
-				"replication slot %q has wal_status 'unreserved' at %s: Postgres will remove WAL it still needs "+
-					"at the next checkpoint unless the relay catches up; raise max_slot_wal_keep_size if this recurs",
-				f.Setup.Slot, s.ConfirmedFlush))
-		}},
+		{CheckWALUnreserved, judgeUnreserved},
 		{"no_system_id", func(f *Facts) Finding {
 			if !f.HaveStored || f.Stored.SystemID != "" {
 				return Finding{}
@@ -161,61 +149,10 @@ func slotChecks() []Check {
 				slot, stored.LSN, savedAt(stored), stored.SystemID, f.SystemID,
 				slotDesc(s), dropSlotSQL(slot), deleteSQL(slot), replayHint(stored)))
 		}},
-		{SlotMissing.String(), func(f *Facts) Finding {
-			stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
-			if !f.HaveStored || s.Exists {
-				return Finding{}
-			}
-			return fatal(gap(SlotMissing, slot, stored, s,
-				"replication slot %q does not exist, but the checkpoint store has LSN %s for it (saved %s): "+
-					"the slot was dropped, or the relay points at another database. "+
-					"Events committed after %s until a new slot is created cannot be streamed and would be missing downstream. "+
-					"To accept that gap, delete the checkpoint with %s and restart the relay, which creates a new slot "+
-					"and streams from then on. To recover the events, %s",
-				slot, stored.LSN, savedAt(stored), stored.LSN, deleteSQL(slot), replayHint(stored)))
-		}},
-		{WrongPlugin.String(), func(f *Facts) Finding {
-			s := f.Slot
-			if !s.Exists || s.Plugin == "pgoutput" {
-				return Finding{}
-			}
-			storedAt, lost := lostAfter(f)
-			slot := f.Setup.Slot
-			return fatal(gap(WrongPlugin, slot, f.Stored, s,
-				"replication slot %q uses output plugin %q, but the relay needs \"pgoutput\" (the slot is at %s, %s). "+
-					"It probably belongs to another application: give the relay its own slot name. "+
-					"If the slot is abandoned, drop it with %s%s and restart the relay, which creates a pgoutput slot. %s",
-				slot, s.Plugin, s.ConfirmedFlush, storedAt, dropSlotSQL(slot), deleteIf(f.HaveStored, slot), lost))
-		}},
-		{SlotLost.String(), func(f *Facts) Finding {
-			s := f.Slot
-			invalid, reason := s.Invalidated()
-			if !invalid {
-				return Finding{}
-			}
-			storedAt, lost := lostAfter(f)
-			slot := f.Setup.Slot
-			return fatal(gap(SlotLost, slot, f.Stored, s,
-				"replication slot %q is invalidated (%s; confirmed at %s, %s): %s. %s "+
-					"To continue, drop the slot with %s%s and restart the relay, which creates a new one. %s",
-				slot, invalidDesc(s, reason), s.ConfirmedFlush, storedAt, invalidCause(reason), lost,
-				dropSlotSQL(slot), deleteIf(f.HaveStored, slot), invalidPrevent(reason)))
-		}},
-		{SlotAhead.String(), func(f *Facts) Finding {
-			stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
-			if !f.HaveStored || !s.Exists || s.ConfirmedFlush <= stored.LSN {
-				return Finding{}
-			}
-			return fatal(gap(SlotAhead, slot, stored, s,
-				"replication slot %q has confirmed up to %s, past the stored checkpoint %s (saved %s). "+
-					"The relay writes its checkpoint before it confirms the slot, so another consumer advanced the slot "+
-					"(a second relay or tool using the same slot name, pg_replication_slot_advance) or it was dropped and recreated; "+
-					"events committed between %s and %s may never have reached Kafka. "+
-					"Find out who uses the slot (SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s;). "+
-					"To recover the events, %s; then accept the slot's position with %s and restart the relay",
-				slot, s.ConfirmedFlush, stored.LSN, savedAt(stored), stored.LSN, s.ConfirmedFlush,
-				sqlString(slot), replayHint(stored), updateSQL(slot, s.ConfirmedFlush)))
-		}},
+		{SlotMissing.String(), judgeSlotMissing},
+		{WrongPlugin.String(), judgeWrongPlugin},
+		{SlotLost.String(), judgeSlotLost},
+		{SlotAhead.String(), judgeSlotAhead},
 		{TableJoined.String(), func(f *Facts) Finding {
 			stored, s := f.Stored, f.Slot
 			if !f.HaveStored || f.SnapshotPending || stored.Tables == nil || !s.Exists || f.Setup.NoTable() {
@@ -254,6 +191,110 @@ func slotChecks() []Check {
 				f.Setup.Slot, s.ConfirmedFlush))
 		}},
 	}
+}
+
+// The judgments of the slot that more than one phase makes (the start-up,
+// status; the watch for wal_status unreserved): one function each, so that
+// every caller gives the same verdict in the same words.
+
+// judgeSlotDatabase: the slot belongs to another database.
+func judgeSlotDatabase(f *Facts) Finding {
+	s, slot := f.Slot, f.Setup.Slot
+	if !s.Exists || s.Database == f.Database {
+		return Finding{}
+	}
+	return fatal(&replication.ConfigError{Err: setting.Errorf("Slot", "replication slot %q belongs to database %q, not %q: choose another slot or connect to %q", slot, s.Database, f.Database, s.Database)})
+}
+
+// judgeUnreserved: the slot needs more WAL than max_slot_wal_keep_size
+// keeps; the next checkpoint loses it unless the relay catches up.
+func judgeUnreserved(f *Facts) Finding {
+	if !f.Slot.Exists || f.Slot.WALStatus != "unreserved" {
+		return Finding{}
+	}
+	return Finding{Verdict: Alert, Msg: unreservedMsg(f), Fields: walFields(f)}
+}
+
+// unreservedMsg explains wal_status unreserved and what buys time.
+func unreservedMsg(f *Facts) string {
+	return fmt.Sprintf("replication slot %q has wal_status 'unreserved': it needs more WAL than max_slot_wal_keep_size (%d bytes) keeps, "+
+		"and Postgres removes that WAL at its next checkpoint unless the relay catches up first; the slot is then lost and the relay stops. "+
+		"Buy time now if pg_wal's disk allows: ALTER SYSTEM SET max_slot_wal_keep_size = '<larger>'; SELECT pg_reload_conf();",
+		f.Setup.Slot, f.Slot.WALKeepSize)
+}
+
+// walFields are the log fields of a wal_status finding.
+func walFields(f *Facts) map[string]any {
+	fields := map[string]any{"wal_status": walStatus(f.Slot), "was": f.Prev.WALStatus}
+	if f.Slot.SafeWALSize != nil {
+		fields["safe_wal_size"] = *f.Slot.SafeWALSize
+	}
+	return fields
+}
+
+// judgeSlotMissing: a checkpoint is stored, but the slot does not exist.
+func judgeSlotMissing(f *Facts) Finding {
+	stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
+	if !f.HaveStored || s.Exists {
+		return Finding{}
+	}
+	return fatal(gap(SlotMissing, slot, stored, s,
+		"replication slot %q does not exist, but the checkpoint store has LSN %s for it (saved %s): "+
+			"the slot was dropped, or the relay points at another database. "+
+			"Events committed after %s until a new slot is created cannot be streamed and would be missing downstream. "+
+			"To accept that gap, delete the checkpoint with %s and restart the relay, which creates a new slot "+
+			"and streams from then on. To recover the events, %s",
+		slot, stored.LSN, savedAt(stored), stored.LSN, deleteSQL(slot), replayHint(stored)))
+}
+
+// judgeWrongPlugin: the slot does not use pgoutput.
+func judgeWrongPlugin(f *Facts) Finding {
+	s := f.Slot
+	if !s.Exists || s.Plugin == "pgoutput" {
+		return Finding{}
+	}
+	storedAt, lost := lostAfter(f)
+	slot := f.Setup.Slot
+	return fatal(gap(WrongPlugin, slot, f.Stored, s,
+		"replication slot %q uses output plugin %q, but the relay needs \"pgoutput\" (the slot is at %s, %s). "+
+			"It probably belongs to another application: give the relay its own slot name. "+
+			"If the slot is abandoned, drop it with %s%s and restart the relay, which creates a pgoutput slot. %s",
+		slot, s.Plugin, s.ConfirmedFlush, storedAt, dropSlotSQL(slot), deleteIf(f.HaveStored, slot), lost))
+}
+
+// judgeSlotLost: Postgres invalidated the slot (before streaming: the watch
+// says it with the words of invalidatedWhileStreaming).
+func judgeSlotLost(f *Facts) Finding {
+	s := f.Slot
+	invalid, reason := s.Invalidated()
+	if !invalid {
+		return Finding{}
+	}
+	storedAt, lost := lostAfter(f)
+	slot := f.Setup.Slot
+	return fatal(gap(SlotLost, slot, f.Stored, s,
+		"replication slot %q is invalidated (%s; confirmed at %s, %s): %s. %s "+
+			"To continue, drop the slot with %s%s and restart the relay, which creates a new one. %s",
+		slot, invalidDesc(s, reason), s.ConfirmedFlush, storedAt, invalidCause(reason), lost,
+		dropSlotSQL(slot), deleteIf(f.HaveStored, slot), invalidPrevent(reason)))
+}
+
+// judgeSlotAhead: the slot confirmed past the stored checkpoint. The marker
+// of an initial snapshot (SnapshotPending, LSN 0/0) is no position.
+func judgeSlotAhead(f *Facts) Finding {
+	stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
+	if !f.HaveStored || f.SnapshotPending || !s.Exists || s.ConfirmedFlush <= stored.LSN {
+		return Finding{}
+	}
+	return fatal(gap(SlotAhead, slot, stored, s,
+		"replication slot %q has confirmed up to %s, past the stored checkpoint %s (saved %s). "+
+			"The relay writes its checkpoint before it confirms the slot, so another consumer advanced the slot "+
+			"(a second relay or tool using the same slot name, pg_replication_slot_advance) or it was dropped and recreated; "+
+			"events committed between %s and %s may never have reached Kafka. "+
+			"Find out who uses the slot (SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s;). "+
+			"To recover the events, %s; then accept the slot's position with %s and restart the relay",
+		slot, s.ConfirmedFlush, stored.LSN, savedAt(stored), stored.LSN, s.ConfirmedFlush,
+		sqlString(slot), replayHint(stored), updateSQL(slot, s.ConfirmedFlush)))
 }
 
 // Reconcile runs the slot checks over a slot's state without reading or

@@ -300,6 +300,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 		CreatePublication: r.cfg.CreatePublication,
 		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
 		Messages:          d.MessagePrefix != "",
+		PartialCoverage:   gaps.PartialCoverage,
 	}
 }
 

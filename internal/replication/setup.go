@@ -82,6 +82,13 @@ type SetupConfig struct {
 	// yet to be created: it streams every table of the publication from its
 	// creation, so a table may join with a plain ALTER PUBLICATION.
 	JoinSnapshot func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) error
+	// PartialCoverage judges an existing publication that covers some of
+	// the outbox tables and not others, given the Coverage of each table of
+	// PerTable (gaps.PartialCoverage, the one owner of that judgment): it
+	// returns the tables CheckServer adds to it, or the error to stop with.
+	// Nil leaves such a publication as it is: the gap checks
+	// (gaps.Checker.Publication) then refuse the uncovered table.
+	PartialCoverage func(cfg SetupConfig, covs []Coverage) ([]decoder.TableName, error)
 }
 
 // NoTable reports whether the relay reads no outbox table (a message outbox
@@ -192,11 +199,11 @@ func checkTable(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 
 // checkPublication creates the publication when it is missing and that is
 // allowed, for every outbox table; when one of them is partitioned, one that
-// publishes through the root. An existing publication that covers some of
-// the tables but not others (tables added to the relay's list since) is
-// extended when the relay may create its publication, and otherwise the
-// error names the statement to run. A publication that covers none of them
-// is left to the gap checks (internal/gaps), which say what is missing.
+// publishes through the root. Of an existing publication that covers some of
+// the tables but not others (tables added to the relay's list since), the
+// gap checks judge what to do (cfg.PartialCoverage): it extends the
+// publication to the tables they return. A publication that covers none of
+// them is left to the gap checks (internal/gaps), which say what is missing.
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
 	ops := "insert"
@@ -232,38 +239,21 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 		}
 		return nil
 	}
-	var covered, missing []string
-	var joining []decoder.TableName
-	per := cfg.PerTable()
-	for i, c := range covs {
-		switch {
-		case c.NoTable:
-		case c.Covered || c.PubAllTables:
-			covered = append(covered, tables[i])
-		case c.TableOID != 0 && c.RelOID == 0 && !c.RootPublished:
-			missing = append(missing, tables[i])
-			joining = append(joining, decoder.TableName{Schema: per[i].Schema, Table: per[i].Table})
-		}
-	}
-	if len(covered) == 0 || len(missing) == 0 {
+	if cfg.PartialCoverage == nil {
 		return nil
 	}
-	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, strings.Join(missing, ", "))
-	if !cfg.CreatePublication {
-		lost := ""
-		if cfg.JoinSnapshot != nil {
-			lost = fmt.Sprintf(" (the relay then publishes the rows already in it from a snapshot taken with the change, so none is lost). "+
-				"If you run the statement yourself instead, the rows committed into %s between the slot's position and the change are never streamed "+
-				"(Postgres decodes the WAL with the publication as it was when the rows were written), so the relay's next start stops (table_joined) "+
-				"and says how to publish them",
-				strings.Join(missing, ", "))
-		}
-		return configErr("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s%s",
-			cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, setting.Token("CreatePublication"), lost)
+	joining, err := cfg.PartialCoverage(cfg, covs)
+	if err != nil || len(joining) == 0 {
+		return err
 	}
 	if cfg.JoinSnapshot != nil {
 		return JoinTables(ctx, conn, cfg.Publication, joining, cfg.JoinSnapshot)
 	}
+	var missing []string
+	for _, t := range joining {
+		missing = append(missing, pgx.Identifier{t.Schema, t.Table}.Sanitize())
+	}
+	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, strings.Join(missing, ", "))
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return configErr("extend publication %q to outbox table %s: %v: run %s as the table owner", cfg.Publication, strings.Join(missing, ", "), err, alter)
 	}
@@ -702,16 +692,16 @@ func PeekOldestCommit(ctx context.Context, pool *pgxpool.Pool, slot, publication
 		if err != nil {
 			return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
 		}
-		var begin *pglogrepl.BeginMessage
+		var begin *decoder.Message
 		for _, data := range datas {
-			msg, err := pglogrepl.Parse(data)
+			msg, err := decoder.Boundary(data)
 			if err != nil {
-				return time.Time{}, false, fmt.Errorf("peek slot %q: decode a message: %w", slot, err)
+				return time.Time{}, false, fmt.Errorf("peek slot %q: %w", slot, err)
 			}
-			switch msg := msg.(type) {
-			case *pglogrepl.BeginMessage:
-				begin = msg
-			case *pglogrepl.CommitMessage:
+			switch msg.Kind {
+			case decoder.KindBegin:
+				begin = &msg
+			case decoder.KindCommit:
 				begin = nil // an empty transaction (14 and older)
 			default:
 				if begin != nil {
