@@ -27,7 +27,7 @@ type StatusCmd struct {
 
 	checkpointTableFlag `embed:"" group:"postgres"`
 	dlqStoreFlags       `embed:"" group:"postgres" set:"dlq_table_note="`
-	MaxLagBytes         int64 `key:"status.max_lag_bytes" group:"output" default:"1073741824" help:"Exit 2 when the slot's lag (server WAL end - confirmed) exceeds this many bytes (0 disables)."`
+	MaxLagBytes         int64 `key:"status.max_lag_bytes" group:"output" default:"1073741824" help:"Exit 3 (a problem) when the slot's lag (server WAL end - confirmed) exceeds this many bytes (0 disables)."`
 	JSON                bool  `group:"output" name:"json" help:"Print JSON."`
 }
 
