@@ -28,7 +28,7 @@ const compatSurfaceFile = "testdata/compat-surface.txt"
 const compatSurfaceRows = 367
 
 // none is the surface file's "no value" cell.
-const none = "—"
+const surfaceNone = "—"
 
 // surfaceRow is one row of the surface file (its header explains the
 // columns).
@@ -38,22 +38,26 @@ type surfaceRow struct {
 	flag     string // "--pg-url", "--no-create-slot"
 	env      string // "" for none
 	key      string // "" for none
-	kind     string // string, int, float, duration, bool, list
+	kind     string // string, int, float, duration, bool, list, numbers
 	def      string // "" for none or required
 	sample   string // "" for a negation, which takes no value
 	with     []compatSetting
 	setting  string // the setting that must hold want after parsing
 	want     string // the sample, or the reaches column's value
 	negation bool
+	// otherEnv and otherKey are the variable and key of the flag's name
+	// when the row has none but another row has them (dlq's --topic, run's
+	// CDC_RELAY_TOPIC and topic): they must not reach this setting.
+	otherEnv, otherKey string
 }
 
 // compatSetting is one flag=value of a with column or of a command's base.
 type compatSetting struct{ flag, value string }
 
-// family is the setting a flag belongs to for batching: a *-file flag is one
+// settingFamily is the setting a flag belongs to for batching: a *-file flag is one
 // setting with the flag it reads (--pg-url-file and --pg-url may not both be
 // set).
-func family(flag string) string { return strings.TrimSuffix(flag, "-file") }
+func settingFamily(flag string) string { return strings.TrimSuffix(flag, "-file") }
 
 func (r surfaceRow) name() string { return r.command + "/" + r.flag }
 
@@ -79,7 +83,7 @@ func loadSurface(t *testing.T) []surfaceRow {
 			t.Fatalf("%s:%d: %d columns, want 9: %q", compatSurfaceFile, n, len(cells), line)
 		}
 		for i := range cells {
-			if cells[i] = strings.TrimSpace(cells[i]); cells[i] == none {
+			if cells[i] = strings.TrimSpace(cells[i]); cells[i] == surfaceNone {
 				cells[i] = ""
 			}
 		}
@@ -117,6 +121,19 @@ func loadSurface(t *testing.T) []surfaceRow {
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
+	}
+	envs, keys := map[string]bool{}, map[string]bool{}
+	for _, r := range rows {
+		envs[r.env], keys[r.key] = true, true
+	}
+	for i, r := range rows {
+		name := strings.TrimPrefix(r.flag, "--")
+		if env := "CDC_RELAY_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_")); r.env == "" && !r.negation && envs[env] {
+			rows[i].otherEnv = env
+		}
+		if r.key == "" && !r.negation && keys[name] {
+			rows[i].otherKey = name
+		}
 	}
 	if len(rows) != compatSurfaceRows {
 		t.Fatalf("%s has %d rows, want %d: it is frozen", compatSurfaceFile, len(rows), compatSurfaceRows)
@@ -198,10 +215,16 @@ func compatParse(args []string) (map[string]any, error) {
 
 // The ways a row's sample is given.
 const (
-	viaFlag = "flag"
-	viaEnv  = "env"
-	viaFile = "file"
+	viaFlag       = "flag"
+	viaEnv        = "env"
+	viaFile       = "file"                     // a list as a YAML sequence
+	viaFileString = "file, list as one string" // a list comma-separated
+	viaOtherEnv   = "another command's env"    // must not reach the setting
+	viaOtherKey   = "another command's key"    // must not reach the setting
 )
+
+// compatModes are the ways to check, in order.
+var compatModes = []string{viaFlag, viaEnv, viaFile, viaFileString, viaOtherEnv, viaOtherKey}
 
 // takes reports whether row r can be given via mode.
 func (r surfaceRow) takes(mode string) bool {
@@ -210,19 +233,22 @@ func (r surfaceRow) takes(mode string) bool {
 		return r.env != ""
 	case viaFile:
 		return r.key != ""
+	case viaFileString:
+		return r.key != "" && r.kind == "list"
+	case viaOtherEnv:
+		return r.otherEnv != ""
+	case viaOtherKey:
+		return r.otherKey != ""
 	}
 	return true
 }
 
-// batch is rows of one command that can be given together: each setting is
-// given once, so each row's value can only have come from its own flag,
-// variable or key. A row's with settings are given on the command line,
-// unless a row under test in the batch gives the same value.
-type batch struct {
-	rows    []surfaceRow
-	tested  map[string]string // family → the setting under test
-	samples map[string]string // setting under test → its sample
-	context map[string]string // with settings by flag
+// refused reports whether mode gives a name the row must not take.
+func refusedMode(mode string) bool { return mode == viaOtherEnv || mode == viaOtherKey }
+
+// inFile reports whether mode gives the sample in the --config file.
+func inFileMode(mode string) bool {
+	return mode == viaFile || mode == viaFileString || mode == viaOtherKey
 }
 
 // value is the value r gives its setting, as with columns write it.
@@ -233,22 +259,55 @@ func (r surfaceRow) value() string {
 	return r.sample
 }
 
-// fits reports whether r can join b.
-func (b *batch) fits(r surfaceRow) bool {
-	if _, ok := b.tested[family(r.setting)]; ok {
+// surfaceItem is one row given one way.
+type surfaceItem struct {
+	r    surfaceRow
+	mode string
+}
+
+// surfaceBatch is items of one command that one parse can check: each setting is
+// given once, whichever way, so each value can only have come from its own
+// flag, variable or key. A row's with settings are given on the command
+// line, unless an item of the batch gives the same value.
+type surfaceBatch struct {
+	items   []surfaceItem
+	tested  map[string]string // family → the setting under test
+	samples map[string]string // setting under test → the value it is given (not refused)
+	context map[string]string // with settings by flag
+	file    bool              // some item is in the --config file
+}
+
+func newSurfaceBatch(items []surfaceItem) *surfaceBatch {
+	b := &surfaceBatch{tested: map[string]string{}, samples: map[string]string{}, context: map[string]string{}}
+	for _, it := range items {
+		b.add(it)
+	}
+	return b
+}
+
+// fits reports whether it can join b.
+func (b *surfaceBatch) fits(it surfaceItem) bool {
+	r := it.r
+	if _, ok := b.tested[settingFamily(r.setting)]; ok {
+		return false
+	}
+	// The --config row and the items in the file both set the file.
+	if _, ok := b.tested["config"]; ok && inFileMode(it.mode) || r.setting == "config" && b.file {
 		return false
 	}
 	for flag, v := range b.context {
-		if family(flag) == family(r.setting) && (flag != r.setting || v != r.value()) {
+		if settingFamily(flag) == settingFamily(r.setting) && (refusedMode(it.mode) || flag != r.setting || v != r.value()) {
 			return false
 		}
 	}
 	for _, w := range r.with {
-		if s, ok := b.tested[family(w.flag)]; ok && (s != w.flag || b.samples[s] != w.value) {
-			return false
+		if s, ok := b.tested[settingFamily(w.flag)]; ok {
+			if v, gives := b.samples[s]; !gives || s != w.flag || v != w.value {
+				return false
+			}
 		}
 		for flag, v := range b.context {
-			if family(flag) == family(w.flag) && (flag != w.flag || v != w.value) {
+			if settingFamily(flag) == settingFamily(w.flag) && (flag != w.flag || v != w.value) {
 				return false
 			}
 		}
@@ -256,40 +315,51 @@ func (b *batch) fits(r surfaceRow) bool {
 	return true
 }
 
-func (b *batch) add(r surfaceRow) {
-	b.rows = append(b.rows, r)
-	b.tested[family(r.setting)] = r.setting
-	b.samples[r.setting] = r.value()
-	for _, w := range r.with {
+func (b *surfaceBatch) add(it surfaceItem) {
+	b.items = append(b.items, it)
+	b.tested[settingFamily(it.r.setting)] = it.r.setting
+	if !refusedMode(it.mode) {
+		b.samples[it.r.setting] = it.r.value()
+	}
+	for _, w := range it.r.with {
 		b.context[w.flag] = w.value
 	}
+	b.file = b.file || inFileMode(it.mode)
 }
 
-func newBatch(rows []surfaceRow) *batch {
-	b := &batch{tested: map[string]string{}, samples: map[string]string{}, context: map[string]string{}}
-	for _, r := range rows {
-		b.add(r)
+// given reports whether flag is set by an item or a with setting of b.
+func (b *surfaceBatch) given(flag string) bool {
+	if _, ok := b.tested[settingFamily(flag)]; ok {
+		return true
 	}
-	return b
+	for f := range b.context {
+		if settingFamily(f) == settingFamily(flag) {
+			return true
+		}
+	}
+	return false
 }
 
-// batches groups rows (of one command) into batches, first fit.
-func batches(rows []surfaceRow) []*batch {
-	var out []*batch
+// surfaceBatches groups items (of one command) into batches, first fit: a row's
+// ways each land in another batch, and a command takes about as many
+// parses as its busiest setting has items (--pg-url and --pg-url-file:
+// six).
+func surfaceBatches(items []surfaceItem) []*surfaceBatch {
+	var out []*surfaceBatch
 next:
-	for _, r := range rows {
+	for _, it := range items {
 		for _, b := range out {
-			if b.fits(r) {
-				b.add(r)
+			if b.fits(it) {
+				b.add(it)
 				continue next
 			}
 		}
-		out = append(out, newBatch([]surfaceRow{r}))
+		out = append(out, newSurfaceBatch([]surfaceItem{it}))
 	}
 	return out
 }
 
-// compatResult is what a parse made of one row's sample.
+// compatResult is what a parse made of one item.
 type compatResult struct {
 	args  []string // the command line
 	input string   // how the sample was given, for messages
@@ -298,13 +368,25 @@ type compatResult struct {
 	err   error    // the parse's error
 }
 
-// surfaceRun parses batches of rows and records each row's result.
+// compatParsed is one successful parse: the settings it gave and what every
+// setting was after it, so that the defaults are read where nothing was
+// given.
+type compatParsed struct {
+	args     []string
+	values   map[string]any
+	given    func(flag string) bool
+	debezium bool // --debezium-config was given: many settings are not defaults
+	base     bool // the command was given its base alone
+}
+
+// surfaceRun parses batches and records each item's result.
 type surfaceRun struct {
 	t       *testing.T
 	files   map[string]string
 	parses  int
-	splits  int // batches parsed again in halves because they failed
-	results map[string]map[string]compatResult
+	splits  int                                // batches parsed again in halves because they failed
+	results map[string]map[string]compatResult // row name → mode → result
+	parsed  map[string][]compatParsed          // command → its successful parses
 }
 
 // file resolves @NAME to a written file's path.
@@ -318,26 +400,15 @@ func (s *surfaceRun) file(v string) string {
 	return v
 }
 
-// parseBatch gives rows of command together via mode, records each row's
-// result, and when the parse fails parses each half again, so a failure is
-// pinned on the rows that cause it.
-func (s *surfaceRun) parseBatch(command, mode string, rows []surfaceRow) {
+// parseBatch gives items of command together, records each one's result,
+// and when the parse fails parses each half again, so that a failure is
+// pinned on the items that cause it.
+func (s *surfaceRun) parseBatch(command string, items []surfaceItem) {
 	s.t.Helper()
-	b := newBatch(rows)
+	b := newSurfaceBatch(items)
 	args := strings.Fields(command)
-	given := func(flag string) bool { // by a row or a with setting
-		if _, ok := b.tested[family(flag)]; ok {
-			return true
-		}
-		for f := range b.context {
-			if family(f) == family(flag) {
-				return true
-			}
-		}
-		return false
-	}
 	for _, base := range compatBase[command].settings {
-		if !given(base.flag) {
+		if !b.given(base.flag) {
 			args = append(args, "--"+base.flag+"="+s.file(base.value))
 		}
 	}
@@ -346,12 +417,12 @@ func (s *surfaceRun) parseBatch(command, mode string, rows []surfaceRow) {
 			args = append(args, "--"+flag+"="+s.file(b.context[flag]))
 		}
 	}
-	inputs := make([]string, len(rows))
+	inputs := make([]string, len(items))
 	var unset []string
 	fileKeys := map[string]any{}
-	for i, r := range rows {
-		sample := s.file(r.sample)
-		switch mode {
+	for i, it := range items {
+		r, sample := it.r, s.file(it.r.sample)
+		switch it.mode {
 		case viaFlag:
 			switch {
 			case r.negation:
@@ -362,26 +433,36 @@ func (s *surfaceRun) parseBatch(command, mode string, rows []surfaceRow) {
 				args = append(args, r.flag+"="+sample)
 			}
 			inputs[i] = args[len(args)-1]
-		case viaEnv:
-			s.t.Setenv(r.env, sample) // restored when the test ends
-			unset = append(unset, r.env)
-			inputs[i] = r.env + "=" + sample
-		case viaFile:
-			v, err := yamlSample(r.kind, sample)
+		case viaEnv, viaOtherEnv:
+			env := r.env
+			if it.mode == viaOtherEnv {
+				env = r.otherEnv
+			}
+			s.t.Setenv(env, sample) // restored when the test ends
+			unset = append(unset, env)
+			inputs[i] = env + "=" + sample
+		case viaFile, viaFileString, viaOtherKey:
+			key, kind := r.key, r.kind
+			switch it.mode {
+			case viaOtherKey:
+				key = r.otherKey
+			case viaFileString:
+				kind = "string"
+			}
+			v, err := compatYAMLValue(kind, sample)
 			if err != nil {
 				s.t.Fatalf("%s:%d: %v", compatSurfaceFile, r.line, err)
 			}
-			fileKeys[r.key] = v
-			inputs[i] = fmt.Sprintf("key %s: %s in the --config file", r.key, sample)
+			fileKeys[key] = v
+			inputs[i] = fmt.Sprintf("key %s: %s in the --config file", key, sample)
 		}
 	}
-	if mode == viaFile {
+	if len(fileKeys) > 0 {
 		data, err := yaml.Marshal(fileKeys)
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		path := writeFile(s.t, s.t.TempDir(), "relay.yaml", string(data))
-		args = append(args, "--config="+path)
+		args = append(args, "--config="+writeFile(s.t, s.t.TempDir(), "relay.yaml", string(data)))
 	}
 	for _, p := range compatBase[command].positional {
 		args = append(args, s.file(p))
@@ -393,28 +474,71 @@ func (s *surfaceRun) parseBatch(command, mode string, rows []surfaceRow) {
 			s.t.Fatal(err)
 		}
 	}
-	if err != nil && len(rows) > 1 {
+	if err != nil && len(items) > 1 {
 		s.splits++
-		s.parseBatch(command, mode, rows[:len(rows)/2])
-		s.parseBatch(command, mode, rows[len(rows)/2:])
+		s.parseBatch(command, items[:len(items)/2])
+		s.parseBatch(command, items[len(items)/2:])
 		return
 	}
-	for i, r := range rows {
+	for i, it := range items {
 		res := compatResult{args: args, input: inputs[i], err: err}
 		if err == nil {
-			res.got, res.found = values[r.setting]
+			res.got, res.found = values[it.r.setting]
 		}
-		if s.results[r.name()] == nil {
-			s.results[r.name()] = map[string]compatResult{}
+		if s.results[it.r.name()] == nil {
+			s.results[it.r.name()] = map[string]compatResult{}
 		}
-		s.results[r.name()][mode] = res
+		s.results[it.r.name()][it.mode] = res
+	}
+	if err == nil {
+		_, debezium := b.tested["debezium-config"]
+		s.parsed[command] = append(s.parsed[command], compatParsed{args: args, values: values, given: b.given, debezium: debezium})
 	}
 }
 
-// yamlSample is sample as a person writes it in the YAML file: a boolean or
-// a number unquoted, a list as a sequence, and a string as yaml writes it
-// (quoted only where YAML needs it).
-func yamlSample(kind, sample string) (any, error) {
+// defaultOf returns r's setting where nothing set it: from a parse that set
+// neither it nor --debezium-config, when one has the documented default;
+// else (another setting's check may change it, as dlq history's --id turns
+// --transitions on) from the command given its base alone, parsed once.
+func (s *surfaceRun) defaultOf(r surfaceRow) (got any, args []string, err error) {
+	for _, p := range s.parsed[r.command] {
+		if v, ok := p.values[r.setting]; ok && !p.debezium && !p.given(r.setting) && compatSameValue(v, r.def) {
+			return v, p.args, nil
+		}
+	}
+	var base *compatParsed
+	for i, p := range s.parsed[r.command] {
+		if p.base {
+			base = &s.parsed[r.command][i]
+		}
+	}
+	if base == nil {
+		args := strings.Fields(r.command)
+		for _, b := range compatBase[r.command].settings {
+			args = append(args, "--"+b.flag+"="+s.file(b.value))
+		}
+		for _, p := range compatBase[r.command].positional {
+			args = append(args, s.file(p))
+		}
+		values, err := compatParse(args)
+		s.parses++
+		if err != nil {
+			return nil, args, err
+		}
+		s.parsed[r.command] = append(s.parsed[r.command], compatParsed{args: args, values: values, given: func(string) bool { return false }, base: true})
+		base = &s.parsed[r.command][len(s.parsed[r.command])-1]
+	}
+	got, ok := base.values[r.setting]
+	if !ok {
+		return nil, base.args, fmt.Errorf("no setting %q", r.setting)
+	}
+	return got, base.args, nil
+}
+
+// compatYAMLValue is sample as a person writes it in the YAML file: a
+// boolean or a number unquoted, a list as a sequence, and a string (numbers
+// too) as yaml writes it, quoted only where YAML needs it.
+func compatYAMLValue(kind, sample string) (any, error) {
 	switch kind {
 	case "bool":
 		return strconv.ParseBool(sample)
@@ -430,9 +554,9 @@ func yamlSample(kind, sample string) (any, error) {
 	return nil, fmt.Errorf("unknown kind %q", kind)
 }
 
-// sameValue reports whether a parsed setting holds want, written as the
+// compatSameValue reports whether a parsed setting holds want, written as the
 // surface file writes values (lists comma-separated).
-func sameValue(got any, want string) bool {
+func compatSameValue(got any, want string) bool {
 	if d, ok := got.(time.Duration); ok {
 		w, err := time.ParseDuration(want)
 		return err == nil && w == d
@@ -448,7 +572,7 @@ func sameValue(got any, want string) bool {
 			return false
 		}
 		for i, p := range parts {
-			if !sameValue(v.Index(i).Interface(), p) {
+			if !compatSameValue(v.Index(i).Interface(), p) {
 				return false
 			}
 		}
@@ -472,21 +596,24 @@ func sameValue(got any, want string) bool {
 // variable and config file key of the frozen surface (testdata/
 // compat-surface.txt, from docs/configuration.md of 2026-12-04) is still
 // accepted: each row's sample, given as the flag, as the variable and as the
-// key of a --config file, parses and reaches its setting, and a command
-// given nothing has the documented default (issue 37: nothing that works
+// key of a --config file (a list both as a sequence and as one string),
+// parses and reaches its setting; a command given nothing has the documented
+// default; and a variable or key the row has not (—) but another command's
+// flag of that name has does not reach it (issue 37: nothing that works
 // today breaks).
 //
-// Parsing is costly (tens of milliseconds a parse under -race, mostly
-// building the model), so the rows of a command are given a batch at a time,
-// each batch setting every setting once; a batch that fails is parsed again
-// in halves until the rows that fail are alone.
+// Parsing is costly (80 ms and more a parse under -race, mostly building the
+// model), so a parse checks many rows of a command at once, each setting
+// given once, one way; a parse that fails is repeated in halves until the
+// items that fail are alone. The variables are the process's, so the parses
+// run one after another.
 func TestCompatibleSurface(t *testing.T) {
 	clearEnv(t)
 	rows := loadSurface(t)
-	s := &surfaceRun{t: t, files: compatFiles(t), results: map[string]map[string]compatResult{}}
+	s := &surfaceRun{t: t, files: compatFiles(t), results: map[string]map[string]compatResult{}, parsed: map[string][]compatParsed{}}
 
 	var commands []string
-	byCommand := map[string][]surfaceRow{}
+	byCommand := map[string][]surfaceItem{}
 	for _, r := range rows {
 		if _, ok := compatBase[r.command]; !ok {
 			t.Fatalf("%s:%d: command %q has no base in compatBase", compatSurfaceFile, r.line, r.command)
@@ -494,64 +621,54 @@ func TestCompatibleSurface(t *testing.T) {
 		if byCommand[r.command] == nil {
 			commands = append(commands, r.command)
 		}
-		byCommand[r.command] = append(byCommand[r.command], r)
+		for _, mode := range compatModes {
+			if r.takes(mode) {
+				byCommand[r.command] = append(byCommand[r.command], surfaceItem{r, mode})
+			}
+		}
 	}
-	defaults := map[string]compatResult{}
 	for _, command := range commands {
-		for _, mode := range []string{viaFlag, viaEnv, viaFile} {
-			var taking []surfaceRow
-			for _, r := range byCommand[command] {
-				if r.takes(mode) {
-					taking = append(taking, r)
-				}
-			}
-			for _, b := range batches(taking) {
-				s.parseBatch(command, mode, b.rows)
-			}
+		for _, b := range surfaceBatches(byCommand[command]) {
+			s.parseBatch(command, b.items)
 		}
-		args := strings.Fields(command)
-		for _, b := range compatBase[command].settings {
-			args = append(args, "--"+b.flag+"="+b.value)
-		}
-		for _, p := range compatBase[command].positional {
-			args = append(args, s.file(p))
-		}
-		values, err := compatParse(args)
-		s.parses++
-		defaults[command] = compatResult{args: args, err: err, got: values}
 	}
-	t.Logf("%d rows in %d parses (%d batches split after failing)", len(rows), s.parses, s.splits)
 
 	for _, r := range rows {
 		t.Run(r.name(), func(t *testing.T) {
-			for _, mode := range []string{viaFlag, viaEnv, viaFile} {
+			for _, mode := range compatModes {
 				if !r.takes(mode) {
 					continue
 				}
 				res := s.results[r.name()][mode]
+				if refusedMode(mode) {
+					switch {
+					case res.err != nil:
+						t.Errorf("%s (line %d): %s, which is not %s's, breaks its parse: %v\ncommand line: %q", mode, r.line, res.input, r.command, res.err, res.args)
+					case res.found && compatSameValue(res.got, s.file(r.want)):
+						t.Errorf("%s (line %d): %s reached %s %s, which takes its value from neither (— in %s)", mode, r.line, res.input, r.command, r.flag, compatSurfaceFile)
+					}
+					continue
+				}
 				switch {
 				case res.err != nil:
 					t.Errorf("%s (line %d): %s is not accepted: %v\ncommand line: %q", mode, r.line, res.input, res.err, res.args)
 				case !res.found:
 					t.Errorf("%s (line %d): %s: the parsed %s has no setting %q", mode, r.line, res.input, r.command, r.setting)
-				case !sameValue(res.got, s.file(r.want)):
+				case !compatSameValue(res.got, s.file(r.want)):
 					t.Errorf("%s (line %d): %s: %s is %v, want %s\ncommand line: %q", mode, r.line, res.input, r.setting, res.got, s.file(r.want), res.args)
 				}
 			}
 			if r.def == "" || r.negation {
 				return
 			}
-			d := defaults[r.command]
-			if d.err != nil {
-				t.Fatalf("default (line %d): %q fails: %v", r.line, d.args, d.err)
-			}
-			got, ok := d.got.(map[string]any)[r.setting]
+			got, args, err := s.defaultOf(r)
 			switch {
-			case !ok:
-				t.Errorf("default (line %d): %q has no setting %q", r.line, d.args, r.setting)
-			case !sameValue(got, r.def):
-				t.Errorf("default (line %d): %s is %v with %q, want the documented %s", r.line, r.setting, got, d.args, r.def)
+			case err != nil:
+				t.Errorf("default (line %d): %q: %v", r.line, args, err)
+			case !compatSameValue(got, r.def):
+				t.Errorf("default (line %d): %s is %v with %q, want the documented %s", r.line, r.setting, got, args, r.def)
 			}
 		})
 	}
+	t.Logf("%d rows in %d parses (%d batches split after failing)", len(rows), s.parses, s.splits)
 }
