@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"maps"
@@ -64,17 +63,14 @@ func (r surfaceRow) name() string { return r.command + "/" + r.flag }
 // loadSurface reads and checks the surface file.
 func loadSurface(t *testing.T) []surfaceRow {
 	t.Helper()
-	f, err := os.Open(compatSurfaceFile)
+	data, err := os.ReadFile(compatSurfaceFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var rows []surfaceRow
 	seen := map[string]int{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 4096), 1<<20)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
+	for i, text := range strings.Split(string(data), "\n") {
+		n, line := i+1, strings.TrimSpace(text)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -118,9 +114,6 @@ func loadSurface(t *testing.T) []surfaceRow {
 		}
 		seen[r.name()] = n
 		rows = append(rows, r)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	envs, keys := map[string]bool{}, map[string]bool{}
 	for _, r := range rows {
