@@ -72,6 +72,26 @@ var ErrMissingColumn = errors.New("outbox column missing")
 // may seem to have them.
 const notReplicated = "dropped, renamed and generated columns are not replicated"
 
+// missingColumn is ErrMissingColumn for the outbox table schema.table, whose
+// Relation message lacks column, named by the setting field: the one message
+// for every configured column, saying what the column is for and what to fix.
+func missingColumn(field, schema, table, column string) error {
+	what, fix := fmt.Sprintf("column %q", column), "set the right column name" // a required column: Columns
+	switch field {
+	case fieldHeaderColumns:
+		what, fix = what+" named in the header columns", "fix them or the table"
+	case fieldEnvelope:
+		what, fix = what+" named in the envelope columns", "fix them or the table"
+	case fieldTimestamp:
+		what, fix = "timestamp "+what, "fix it or the table"
+	case fieldPartition:
+		what, fix = "partition "+what, "fix it or the table"
+	case fieldVersion:
+		what, fix = "schema version "+what, "fix it or the table"
+	}
+	return setting.Errorf(field, "%w: table %q.%q has no %s (%s): %s", ErrMissingColumn, schema, table, what, notReplicated, fix)
+}
+
 // Columns names the outbox table's columns.
 type Columns struct {
 	ID            string // event id, the downstream idempotency key (--column-id)
@@ -725,15 +745,13 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 				continue
 			}
 			if col < 0 {
-				return Message{}, setting.Errorf(columnFields[f], "%w: table %q.%q has no column %q (%s): set the right column name",
-					ErrMissingColumn, relSchema, relTable, L.columns[f], notReplicated)
+				return Message{}, missingColumn(columnFields[f], relSchema, relTable, L.columns[f])
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
-				return Message{}, setting.Errorf(fieldHeaderColumns, "%w: table %q.%q has no column %q named in the header columns (%s): fix them or the table",
-					ErrMissingColumn, relSchema, relTable, L.headers[h].column, notReplicated)
+				return Message{}, missingColumn(fieldHeaderColumns, relSchema, relTable, L.headers[h].column)
 			}
 			rel.keep = append(rel.keep, col)
 		}
@@ -742,8 +760,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 		if L.timestampColumn != "" {
 			if rel.tsCol < 0 {
-				return Message{}, setting.Errorf(fieldTimestamp, "%w: table %q.%q has no timestamp column %q (%s): fix it or the table",
-					ErrMissingColumn, relSchema, relTable, L.timestampColumn, notReplicated)
+				return Message{}, missingColumn(fieldTimestamp, relSchema, relTable, L.timestampColumn)
 			}
 			if err := CheckTimestampType(rel.tsType); err != nil {
 				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", relSchema, relTable, L.timestampColumn, err)
@@ -752,8 +769,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 		if L.partitionColumn != "" {
 			if rel.partCol < 0 {
-				return Message{}, setting.Errorf(fieldPartition, "%w: table %q.%q has no partition column %q (%s): fix it or the table",
-					ErrMissingColumn, relSchema, relTable, L.partitionColumn, notReplicated)
+				return Message{}, missingColumn(fieldPartition, relSchema, relTable, L.partitionColumn)
 			}
 			if err := CheckPartitionType(partType); err != nil {
 				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", relSchema, relTable, L.partitionColumn, err)
@@ -762,8 +778,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 		for i, col := range rel.envCols {
 			if col < 0 {
-				return Message{}, setting.Errorf(fieldEnvelope, "%w: table %q.%q has no column %q named in the envelope columns (%s): fix them or the table",
-					ErrMissingColumn, relSchema, relTable, L.envelope[i].Column, notReplicated)
+				return Message{}, missingColumn(fieldEnvelope, relSchema, relTable, L.envelope[i].Column)
 			}
 			rel.keep = append(rel.keep, col)
 		}
@@ -772,8 +787,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 		if L.versionColumn != "" {
 			if rel.verCol < 0 {
-				return Message{}, setting.Errorf(fieldVersion, "%w: table %q.%q has no schema version column %q (%s): fix it or the table",
-					ErrMissingColumn, relSchema, relTable, L.versionColumn, notReplicated)
+				return Message{}, missingColumn(fieldVersion, relSchema, relTable, L.versionColumn)
 			}
 			rel.keep = append(rel.keep, rel.verCol)
 		}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 const (
@@ -509,17 +511,52 @@ func TestNewCopiesHeaderColumns(t *testing.T) {
 	}
 }
 
+// TestMissingColumnErrors covers every configured column a Relation message
+// may lack: each is ErrMissingColumn naming the table, the column, why it may
+// be absent and what to fix, and carries the setting that names it.
 func TestMissingColumnErrors(t *testing.T) {
+	const prefix = `decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no `
+	const why = ` (dropped, renamed and generated columns are not replicated): `
+	type missingCase struct {
+		name  string
+		cfg   func(*Config)
+		drop  string // the column left out of the Relation message, "" for none
+		field string // the setting the error names
+		want  string // the error's text
+	}
+	tests := []missingCase{
+		{name: "header column", cfg: func(c *Config) { c.HeaderColumns = map[string]string{"tenant": "x-tenant"} },
+			field: fieldHeaderColumns, want: prefix + `column "tenant" named in the header columns` + why + `fix them or the table (setting HeaderColumns)`},
+		{name: "timestamp column", cfg: func(c *Config) { c.TimestampColumn = "occurred_at" },
+			field: fieldTimestamp, want: prefix + `timestamp column "occurred_at"` + why + `fix it or the table (setting TimestampColumn)`},
+		{name: "partition column", cfg: func(c *Config) { c.PartitionColumn = "kafka_partition" },
+			field: fieldPartition, want: prefix + `partition column "kafka_partition"` + why + `fix it or the table (setting PartitionColumn)`},
+		{name: "envelope column", cfg: func(c *Config) { c.EnvelopeColumns = []EnvelopeColumn{{Column: "tenant", Alias: "tenant"}} },
+			field: fieldEnvelope, want: prefix + `column "tenant" named in the envelope columns` + why + `fix them or the table (setting EnvelopeColumns)`},
+		{name: "schema version column", cfg: func(c *Config) {
+			c.EnvelopeColumns = []EnvelopeColumn{{Column: "correlation_id", Alias: "correlation_id"}}
+			c.JSON = connectjson.Options{Value: connectjson.JSONWithSchema}
+			c.SchemaVersionColumn = "schema_version"
+		}, field: fieldVersion, want: prefix + `schema version column "schema_version"` + why + `fix it or the table (setting SchemaVersionColumn)`},
+	}
 	for f, field := range columnFields {
 		name := DefaultColumns().names()[f]
-		t.Run(name, func(t *testing.T) {
+		tests = append(tests, missingCase{name: "outbox column " + name, drop: name, field: field,
+			want: prefix + fmt.Sprintf("column %q", name) + why + "set the right column name (setting " + field + ")"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
+			}
 			var cols []string
 			for _, c := range outboxColumns {
-				if c != name {
+				if c != tt.drop {
 					cols = append(cols, c)
 				}
 			}
-			d, err := New(defaultConfig())
+			d, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -527,9 +564,12 @@ func TestMissingColumnErrors(t *testing.T) {
 			if !errors.Is(err, ErrMissingColumn) {
 				t.Fatalf("error %v, want ErrMissingColumn", err)
 			}
-			want := fmt.Sprintf(`decode pgoutput relation message: outbox column missing: table "public"."outbox_events" has no column %q (dropped, renamed and generated columns are not replicated): set the right column name (setting %s)`, name, field)
-			if err.Error() != want {
-				t.Fatalf("error\n %s\nwant\n %s", err, want)
+			var fe *setting.FieldError
+			if !errors.As(err, &fe) || fe.Field != tt.field {
+				t.Errorf("error %v names no setting %s", err, tt.field)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error\n %s\nwant\n %s", err, tt.want)
 			}
 		})
 	}
