@@ -227,7 +227,7 @@ func (r surfaceRow) takes(mode string) bool {
 	case viaFile:
 		return r.key != ""
 	case viaFileString:
-		return r.key != "" && r.kind == "list"
+		return r.key != "" && (r.kind == "list" || r.kind == "numbers")
 	case viaOtherEnv:
 		return r.otherEnv != ""
 	case viaOtherKey:
@@ -541,7 +541,17 @@ func compatYAMLValue(kind, sample string) (any, error) {
 		return strconv.ParseFloat(sample, 64)
 	case "list":
 		return strings.Split(sample, ","), nil
-	case "string", "duration", "numbers":
+	case "numbers":
+		var ns []int64
+		for _, part := range strings.Split(sample, ",") {
+			n, err := strconv.ParseInt(part, 10, 64)
+			if err != nil {
+				return nil, err
+			}
+			ns = append(ns, n)
+		}
+		return ns, nil
+	case "string", "duration":
 		return sample, nil
 	}
 	return nil, fmt.Errorf("unknown kind %q", kind)

@@ -411,6 +411,14 @@ func yamlValue(v *yaml.Node, t reflect.Type) (any, error) {
 				if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
 					return nil, fmt.Errorf("line %d: want a list of values such as [kafka-1:9092, kafka-2:9092]", item.Line)
 				}
+				if k := t.Elem().Kind(); k >= reflect.Int && k <= reflect.Int64 {
+					n, err := strconv.ParseInt(item.Value, 10, 64)
+					if err != nil {
+						return nil, fmt.Errorf("line %d: want a list of whole numbers such as [3, 4], got %q", item.Line, item.Value)
+					}
+					items = append(items, n) // kong reads a list item by its JSON form: a number, not a string
+					continue
+				}
 				items = append(items, item.Value)
 			}
 			return items, nil
