@@ -231,7 +231,7 @@ func (c *StatusCmd) failover(ctx context.Context, pool *pgxpool.Pool, st *Status
 		SlotFailover: s.SlotFailover, SlotSynced: s.SlotSynced, SynchronizedStandbySlots: s.StandbySlots,
 	}
 	r := gaps.Judge(gaps.PhaseFailover, &gaps.Facts{
-		Setup: replication.SetupConfig{Slot: c.Slot}, Failover: s, FailoverMode: replication.FailoverAuto,
+		Setup: replication.SetupConfig{Slot: c.Slot, Names: runNames}, Failover: s, FailoverMode: replication.FailoverAuto,
 	})
 	for _, f := range r.Findings {
 		if f.Verdict >= gaps.Warn {

@@ -509,7 +509,7 @@ func TestOutboxSchemaChanges(t *testing.T) {
 	e.exec(`INSERT INTO outbox_events (payload, note, event_type, aggregate_id, aggregate_type) VALUES ('{}', 'x', 'AfterDrop', 'k', 't')`)
 	end := e.currentLSN()
 	stopErr := e.waitStopped(20 * time.Second)
-	wantConfigError(t, stopErr, `has no column "tenant" named in the header columns`, "(setting HeaderColumns)")
+	wantConfigError(t, stopErr, `has no column "tenant" named in the header columns`, "(setting Decoder.HeaderColumns)")
 	if f := setting.Fields(stopErr); len(f) != 1 || f[0].Field != "Decoder.HeaderColumns" {
 		t.Errorf("error names %v, want the setting Decoder.HeaderColumns", f)
 	}

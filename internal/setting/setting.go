@@ -32,6 +32,9 @@ import (
 // ("replay", "dlq replay") with args, pairs of an argument's name and its
 // value ("since", "2h"; an empty value is left out), e.g. "cdc-relay replay
 // --since 2h".
+//
+// An implementation must be comparable (a pointer, say): configurations
+// that hold a Namer are compared with ==.
 type Names interface {
 	Setting(field string) string
 	Command(name string, args ...string) string

@@ -152,6 +152,11 @@ type Config struct {
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
 	BreakerThreshold int
+	// Names names settings in errors and log lines (see package setting):
+	// the fields of this Config, and ContentType, the content type of the
+	// events it is given (decoder.Config.ContentType), which a structured
+	// CloudEvent's data must match.
+	Names setting.Namer
 }
 
 // Defaults of Config that the command line offers as flags, stated once.
@@ -331,11 +336,11 @@ type Kafka struct {
 func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
 	if len(cfg.Brokers) == 0 {
-		return nil, setting.Errorf("Brokers", "no Kafka brokers configured: set them")
+		return nil, cfg.Names.Errorf("Brokers", "no Kafka brokers configured: set them")
 	}
 	if cfg.MaxInFlight > MaxInFlightLimit {
-		return nil, setting.Errorf("MaxInFlight", "%d requests in flight: Kafka keeps an idempotent producer's order across at most %d; set %s to 1..%d",
-			cfg.MaxInFlight, MaxInFlightLimit, setting.Token("MaxInFlight"), MaxInFlightLimit)
+		return nil, cfg.Names.Errorf("MaxInFlight", "%d requests in flight: Kafka keeps an idempotent producer's order across at most %d; set %s to 1..%d",
+			cfg.MaxInFlight, MaxInFlightLimit, cfg.Names.Name("MaxInFlight"), MaxInFlightLimit)
 	}
 	if cfg.CloudEventsMode == CloudEventsStructured {
 		if cfg.CloudEventsSource == "" {
@@ -430,7 +435,7 @@ func (k *Kafka) Produce(m Message, done Done) error {
 	if k.structured {
 		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
 			return k.fail(it, &outbox.EventError{Code: "invalid_json",
-				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, setting.Token("ContentType"))})
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, k.cfg.Names.Name("ContentType"))})
 		}
 	}
 	ts := k.topic(m.Topic)
