@@ -133,6 +133,14 @@ func TestLibraryFieldsHaveFlags(t *testing.T) {
 	if len(named) < 20 { // the scan itself must work: today's sources name ~30
 		t.Fatalf("found only %d named fields: %v", len(named), named)
 	}
+	// The scan finds the Namer in each way a package holds it: a Config
+	// field (sink, gaps' Setup), a field of its own (route), a parameter
+	// (decoder, replication's helper).
+	for _, f := range []string{"Brokers", "Snapshot", "TopicRegex", "Columns.ID", "PGURL"} {
+		if _, ok := named[f]; !ok {
+			t.Errorf("the scan did not find the field %q the library packages name", f)
+		}
+	}
 	for field, at := range named {
 		found := false
 		for k := range runFlags {
