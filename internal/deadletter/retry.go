@@ -23,8 +23,8 @@ import (
 //   - topic_authorization_failed: the relay's principal may be granted WRITE.
 //   - unknown_topic_or_partition: the topic may be created.
 //
-// Not retried: invalid_topic (a name Kafka refuses stays refused: replay with
-// --topic), empty_key (the stored key stays empty), invalid_partition (a
+// Not retried: invalid_topic (a name Kafka refuses stays refused: replay to another
+// topic), empty_key (the stored key stays empty), invalid_partition (a
 // replay sends by key, which would change where the event goes without an
 // operator deciding so), invalid_record and the other codes, which need a
 // look at the error first.

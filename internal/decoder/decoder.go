@@ -74,13 +74,13 @@ const notReplicated = "dropped, renamed and generated columns are not replicated
 
 // Columns names the outbox table's columns.
 type Columns struct {
-	ID            string // event id, the downstream idempotency key (--column-id)
-	AggregateType string // --column-aggregate-type
-	AggregateID   string // Kafka message key (--column-aggregate-id)
+	ID            string // event id, the downstream idempotency key (outbox.columns.id)
+	AggregateType string // outbox.columns.aggregate_type
+	AggregateID   string // Kafka message key (outbox.columns.aggregate_id)
 	// EventType is optional: "" reads no event type (an empty event_type
-	// header), as a Debezium outbox table without one (--column-event-type).
+	// header), as a Debezium outbox table without one (outbox.columns.event_type).
 	EventType string
-	Payload   string // Kafka message value (--column-payload)
+	Payload   string // Kafka message value (outbox.columns.payload)
 }
 
 // DefaultColumns returns the column names of the outbox table in migrations/:
@@ -186,7 +186,7 @@ const (
 	KindRelation
 	// KindUpdate is an UPDATE of an outbox row, which an insert-only outbox
 	// never sees: XID, CommitLSN and CommitTime are set, and the caller
-	// applies its policy (--on-outbox-update). Nothing is published for it.
+	// applies its policy (delivery.on_outbox_update). Nothing is published for it.
 	KindUpdate
 	// KindNonTransactional is a non-transactional logical decoding message
 	// with the message outbox's prefix (Config.MessagePrefix): it escapes

@@ -30,27 +30,27 @@ import (
 // decoder's configuration (decoder.Config), so errors name the decoder's
 // fields ("TimestampColumn") as the setting to check, through Names.
 type Columns struct {
-	decoder.Columns        // as the relay's --column-* flags
+	decoder.Columns        // as the relay's outbox.columns.* settings
 	CreatedAt       string // insert time, for the time filters and order; "" means created_at
 	// Headers maps extra columns to Kafka headers, as the relay's
-	// --header-columns (decoder.Config.HeaderColumns); NULL columns send none.
+	// outbox.header_columns (decoder.Config.HeaderColumns); NULL columns send none.
 	Headers map[string]string
-	// ContentType and Tracing are the relay's --content-type and
-	// --column-tracing (decoder.Config.ContentType, TracingColumn): rows are
+	// ContentType and Tracing are the relay's outbox.content_type and
+	// outbox.columns.tracing (decoder.Config.ContentType, TracingColumn): rows are
 	// published in the stream's format (decoder.Format), a bytea payload or key
 	// as raw bytes. A Tracing column the table lacks is ignored, as the relay
 	// ignores it.
 	ContentType string
 	Tracing     string
-	// Timestamp is the relay's --column-timestamp
+	// Timestamp is the relay's outbox.columns.timestamp
 	// (decoder.Config.TimestampColumn): read as the stream reads it
 	// (decoder.ParseTimestamp) into the record timestamp. "" means none.
 	Timestamp string
-	// Partition is the relay's --column-partition
+	// Partition is the relay's outbox.columns.partition
 	// (decoder.Config.PartitionColumn), read into Event.TargetPartition.
 	// "" means none.
 	Partition string
-	// Envelope is the relay's --envelope-columns
+	// Envelope is the relay's outbox.envelope_columns
 	// (decoder.Config.EnvelopeColumns): the value is decoder.Envelope of
 	// the payload and these columns. nil means none.
 	Envelope []decoder.EnvelopeColumn
@@ -76,7 +76,7 @@ type ReplayOptions struct {
 	// Topic is the relay's topic template, e.g. "outbox.{aggregate_type}",
 	// rendered per row.
 	Topic string
-	// TopicRegex is the relay's --topic-regex (route.NewWithRegex).
+	// TopicRegex is the relay's outbox.topic_regex (route.NewWithRegex).
 	TopicRegex route.Regex
 	Rate       float64 // events per second; 0 = unlimited
 	BatchSize  int     // 0 means replay.DefaultBatchSize

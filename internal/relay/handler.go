@@ -48,7 +48,7 @@ type handler struct {
 	tracker  *checkpoint.Tracker // ck.Tracker()
 	relay    *Relay
 	m        *metrics.Metrics
-	// deadLetter stores events that failed for good (--on-error=dlq); nil halts.
+	// deadLetter stores events that failed for good (outbox.on_error dlq); nil halts.
 	deadLetter DeadLetterFunc
 	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
 	ctx       context.Context
@@ -63,7 +63,7 @@ type handler struct {
 	seq   uint64
 	inTxn bool
 
-	// Effectively-once delivery (nil with --delivery at-least-once): origin
+	// Effectively-once delivery (nil with delivery at-least-once): origin
 	// is the stream's, given to the sink beside each event so that its record
 	// carries the event's source position; gate skips replayed events already
 	// in Kafka; ledger records where Kafka stored each one for the checkpoints.

@@ -24,7 +24,7 @@ import (
 // every row committed before the change, and the slot streams every row
 // committed after it, so none is missed and none sent twice at the seam.
 //
-// Every row the table holds is published, with --snapshot initial as with
+// Every row the table holds is published, with the initial snapshot on as with
 // never: Postgres keeps no commit position per row, so the relay cannot tell
 // the rows committed after its stored checkpoint (which never promises) from
 // older ones; publishing them all is the superset that loses none.

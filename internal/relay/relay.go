@@ -216,7 +216,7 @@ type Config struct {
 	// (Kafka acknowledged every one). When nil the relay refuses to start with
 	// the explanation (on-slot-loss=fail).
 	Backfill func(ctx context.Context, since time.Time, kind string) (int, error)
-	// Snapshot, when set, is --snapshot initial: when the relay creates its
+	// Snapshot, when set, is the initial snapshot (delivery.snapshot initial): when the relay creates its
 	// slot (there is no stored checkpoint and no slot), it creates it with
 	// EXPORT_SNAPSHOT and calls Snapshot with a transaction that imported the
 	// snapshot, to publish every outbox row tx sees, marked as snapshot rows
@@ -268,7 +268,7 @@ type Config struct {
 	// history, by kind and result, whichever process ran it.
 	ReplayTotals func(context.Context) ([]ReplayTotal, error)
 	// DeadLetterAutoRetry, when set, runs the automatic retries of dead
-	// letters (--dlq-auto-retry) until ctx ends; ready reports whether Kafka
+	// letters (dead_letters.auto_retry) until ctx ends; ready reports whether Kafka
 	// accepts the relay's events now. The relay runs it in the background
 	// from the start of streaming, stops it at shutdown, and calls it again,
 	// with backoff, when it returns an error before.
@@ -277,7 +277,7 @@ type Config struct {
 	// configured age; it is called every MonitorInterval·60.
 	DeadLetterRetention func(context.Context) (int64, error)
 	Retry               backoff.Policy
-	// Spans, when set, records a trace span per event (--otel-exporter
+	// Spans, when set, records a trace span per event (operations.otel_exporter
 	// otlp); nil records none, at no cost per event. Its owner shuts it
 	// down after Run returns.
 	Spans Spans
@@ -336,7 +336,7 @@ const (
 	DefaultStatusInterval   = time.Second
 	DefaultReadCoalesce     = time.Millisecond
 	// DefaultReadBuffer leaves the receive buffer to the kernel: a small one
-	// (--read-buffer-kib 32) made one-event transactions drain faster and
+	// (source.read_buffer_kib 32) made one-event transactions drain faster and
 	// cost the walsender less, but 10-event ones drain slower (bench/README.md).
 	DefaultReadBuffer      = 0
 	DefaultPersistInterval = 100 * time.Millisecond

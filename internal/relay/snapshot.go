@@ -13,7 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
-// The initial snapshot (--snapshot initial, Config.Snapshot).
+// The initial snapshot (delivery.snapshot initial, Config.Snapshot).
 //
 // The slot is created with EXPORT_SNAPSHOT: the exported snapshot sees exactly
 // the transactions that committed before the slot's consistent point, and the
@@ -44,9 +44,9 @@ import (
 // the retake's is in neither snapshot, and the dropped slot took its WAL with
 // it, just as for a row inserted and deleted before the first start.
 
-// retakeSnapshot handles a start with --snapshot initial after an initial
+// retakeSnapshot handles a start with the initial snapshot on after an initial
 // snapshot that did not complete (the stored marker, step 1 above; without
-// --snapshot initial the gap check refuses to start and says what to do): it
+// the initial snapshot on the gap check refuses to start and says what to do): it
 // drops the slot that attempt created and takes the snapshot again.
 func (r *Relay) retakeSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot

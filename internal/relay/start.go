@@ -84,7 +84,7 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	// Whether the slot is to be a failover slot: before Kafka is reached, so
-	// that --slot-failover on below 17 is refused first.
+	// that slot failover on (source.slot_failover) below 17 is refused first.
 	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, r.source.Version, r.cfg.Names); err != nil {
 		return err
 	}

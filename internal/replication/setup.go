@@ -68,7 +68,7 @@ type SetupConfig struct {
 	Columns           []Column
 	CreatePublication bool
 	// PublishUpdates says the relay must see UPDATEs of the outbox table
-	// (--on-outbox-update other than ignore): the publication it creates
+	// (delivery.on_outbox_update other than ignore): the publication it creates
 	// publishes inserts and updates, and an existing one must publish both.
 	PublishUpdates bool
 	// Messages says the relay streams logical decoding messages (the

@@ -2,7 +2,7 @@
 // topic names, and checks names against Kafka's rules.
 //
 // A template is literal text with placeholders for an event's columns,
-// {aggregate_type} and {event_type}. With a Regex (--topic-regex), the
+// {aggregate_type} and {event_type}. With a Regex (outbox.topic_regex), the
 // template may also refer to the groups of that regular expression, which is
 // matched against the whole of one of those columns, as Kafka Connect's
 // RegexRouter (which Debezium's Outbox Event Router applies with
@@ -57,7 +57,7 @@ var placeholders = map[string]placeholder{
 }
 
 // Regex is the regular expression a Router matches one field of each event
-// against (--topic-regex), Go's RE2 syntax with Java's constructs that RE2
+// against (outbox.topic_regex), Go's RE2 syntax with Java's constructs that RE2
 // reads differently refused (see CheckRegex). The zero Regex matches nothing
 // and routes by the template alone.
 type Regex struct {

@@ -100,12 +100,12 @@ type Config struct {
 	// the JSON event format, the payload its data (see cloudevents.go), with
 	// header content-type ContentTypeCloudEventsJSON and no ce_ headers; the
 	// other headers are as without CloudEvents. A structured event whose
-	// text payload --content-type calls JSON but is not fails permanently
+	// text payload the content type calls JSON but is not fails permanently
 	// (code "invalid_json"). Structured needs CloudEventsSource and excludes
 	// TombstoneOnEmptyPayload: its value is never null.
 	CloudEventsMode CloudEventsMode
 	// TombstoneOnEmptyPayload sends an event whose payload is NULL or empty
-	// with a null value, a Kafka tombstone (--tombstone-on-empty-payload);
+	// with a null value, a Kafka tombstone (format.tombstone_on_empty_payload);
 	// otherwise its value is empty, never null.
 	TombstoneOnEmptyPayload bool
 	// RequestTimeout bounds one produce attempt, from when the request is
@@ -464,7 +464,7 @@ func (k *Kafka) eventSize(ev *outbox.Event) int {
 }
 
 // partitionFor returns the partition of ids, a topic's, that ev goes to: its
-// TargetPartition (--column-partition) when it has one, else the murmur2
+// TargetPartition (outbox.columns.partition) when it has one, else the murmur2
 // hash of its key. A target partition the topic does not have is a
 // permanent failure of the event (code "invalid_partition").
 func (k *Kafka) partitionFor(ev *outbox.Event, ids []int) (int, error) {
