@@ -23,6 +23,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
@@ -67,13 +68,25 @@ func TestLibrariesNameKeyFlagAndVariable(t *testing.T) {
 		{"a command to run", func(t *testing.T) string { return runNames.Command("dlq replay", "id", "<dead_letter_id>") },
 			"cdc-relay dlq replay --id <dead_letter_id>"},
 		{"sink's log hint while the brokers do not answer", func(t *testing.T) string {
+			// Open waits for the brokers, logging the wait after
+			// waitlog.First; the line is awaited, then the wait ended.
 			var buf syncBuffer
-			ctx, cancel := context.WithTimeout(t.Context(), waitlog.First+2*time.Second)
-			defer cancel()
-			_, err := sink.Open(ctx, sink.Config{Brokers: []string{closedAddr(t)}, Names: runNames.Within("Sink"),
-				Logger: NewLogger(&buf, "info", "json")})
-			if err == nil {
-				t.Fatal("sink.Open reached a closed port")
+			ctx, cancel := context.WithCancel(t.Context())
+			opened := make(chan error, 1)
+			go func() {
+				_, err := sink.Open(ctx, sink.Config{Brokers: []string{closedAddr(t)}, Names: runNames.Within("Sink"),
+					Logger: NewLogger(&buf, "info", "json")})
+				opened <- err
+			}()
+			testenv.Eventually(t, waitlog.First+30*time.Second, func() error {
+				if !strings.Contains(buf.String(), "waiting for Kafka brokers") {
+					return errors.New("no line about the wait yet")
+				}
+				return nil
+			})
+			cancel()
+			if err := <-opened; err == nil {
+				t.Error("sink.Open reached a closed port")
 			}
 			return buf.String()
 		}, `check the brokers kafka.brokers (--kafka-brokers / CDC_RELAY_KAFKA_BROKERS)`},
