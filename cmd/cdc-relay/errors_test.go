@@ -206,7 +206,7 @@ func TestWrongPostgresPassword(t *testing.T) {
 				t.Errorf("exit code %d, want 1", code)
 			}
 			out := s.Output()
-			want := []string{"wrong password: check the user and password in the Postgres URL (--pg-url / CDC_RELAY_PG_URL)", `password authentication failed for user "pw_relay"`}
+			want := []string{"wrong password: check the user and password in the Postgres URL source.pg_url (--pg-url / CDC_RELAY_PG_URL)", `password authentication failed for user "pw_relay"`}
 			if strings.Contains(out, "refused TLS") || strings.Contains(out, "wrong-Secret-3") {
 				t.Errorf("output has the TLS attempt or the password:\n%s", out)
 			}

@@ -29,7 +29,7 @@ type Checkpoint struct {
 	CommitTime time.Time
 	// Offsets are the Kafka offsets the relay had written up to LSN, for
 	// effectively-once delivery after a restart. Nil when none are stored
-	// (--delivery at-least-once, or saved by an older relay); empty when the
+	// (delivery at-least-once, or saved by an older relay); empty when the
 	// relay stores them but had written no record yet.
 	Offsets Offsets
 	// OldestUnrelayed is the commit time of the oldest transaction whose

@@ -103,7 +103,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 			cols: outboxtable.Columns{Columns: d.Columns, CreatedAt: d.CreatedAtColumn, Headers: d.HeaderColumns,
 				ContentType: d.ContentType, Tracing: d.TracingColumn, Timestamp: d.TimestampColumn,
 				Partition: d.PartitionColumn, Envelope: d.EnvelopeColumns,
-				JSON: d.JSON, SchemaVersion: d.SchemaVersionColumn, RouteByEventType: d.RouteByEventType}}
+				JSON: d.JSON, SchemaVersion: d.SchemaVersionColumn, RouteByEventType: d.RouteByEventType, Names: cfg.Names.Within("Decoder")}}
 		if tr, ok := cfg.TableRoutes[decoder.TableName{Schema: d.Schema, Table: d.Table}]; ok {
 			t.topic, t.regex = tr.Topic, tr.Regex
 		}
@@ -113,6 +113,7 @@ func (r *RunCmd) outboxReplayer(cfg *relay.Config, pool *pgxpool.Pool, log zerol
 	dlqTable := r.DLQTable
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = log.With().Str("component", component).Logger()
+	sinkCfg.Names = cfg.Names.Within("Sink")
 	wait := r.KafkaStartTimeout
 	m := cfg.Metrics
 	return func(ctx context.Context, db outboxtable.Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error) {

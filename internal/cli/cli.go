@@ -78,7 +78,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 		return nil
 	}
 	if err != nil {
-		err = &usageError{nameFlags(err, runFlags)}
+		err = &usageError{err}
 		getenv := env.Getenv
 		if getenv == nil {
 			getenv = os.Getenv
@@ -90,7 +90,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	}
 	// Each command's Run method takes what it needs of these.
 	kctx.BindTo(ctx, (*context.Context)(nil))
-	return nameFlags(kctx.Run(env), runFlags)
+	return kctx.Run(env)
 }
 
 // parse fills c from args and the environment, running every Validate hook.
@@ -159,7 +159,6 @@ func NewLogger(w io.Writer, level, format string) zerolog.Logger {
 		lvl = zerolog.InfoLevel
 	}
 	console := format == "console" || (format == "auto" && isTerminal(w))
-	w = flagWriter{w: w, flags: runFlags} // messages name flags, not library fields
 	if console {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
 	}

@@ -25,8 +25,8 @@ func TestExitCode(t *testing.T) {
 		{"runtime failure", errors.New("connect to Postgres: refused"), ExitFailure},
 		{"usage", &usageError{errors.New("--pg-url is required")}, ExitUsage},
 		{"usage, reported", &reportedError{&usageError{errors.New("bad")}}, ExitUsage},
-		{"field error from the relay's Validate", fmt.Errorf("relay: %w", setting.Errorf("Topic", "is empty")), ExitUsage},
-		{"server-side check naming a setting", &replication.ConfigError{Msg: "table missing", Err: setting.Errorf("Decoder.Table", "does not exist")}, ExitFailure},
+		{"field error from the relay's Validate", fmt.Errorf("relay: %w", setting.Namer{}.Errorf("Topic", "is empty")), ExitUsage},
+		{"server-side check naming a setting", &replication.ConfigError{Msg: "table missing", Err: setting.Namer{}.Errorf("Decoder.Table", "does not exist")}, ExitFailure},
 		{"explicit code", &ExitError{Code: 2, Err: errors.New("slot lost")}, 2},
 		{"runtime failure, reported", &reportedError{errors.New("halted")}, ExitFailure},
 	}

@@ -1,139 +1,104 @@
 package cli
 
 import (
-	"bytes"
-	"io"
 	"strings"
 
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
-// runFlags maps the relay.Config fields that library packages name (in a
-// *setting.FieldError, or as a setting.Token in a hint or a log line) to the
-// flag that sets them. The command line alone knows flags: libraries name
-// their own fields. A flag may carry the value the message asks for
-// ("on-slot-loss=backfill" for Backfill, a hook the relay runs only then).
-// A library names a field of its own configuration ("Brokers" of
-// sink.Config); a token whose field is no key here is found as the one key
-// that ends with it ("Sink.Brokers"), see flagText.
-var runFlags = map[string]string{
-	"PGURL":                         "pg-url",
-	"Slot":                          "slot",
-	"Publication":                   "publication",
-	"CreateSlot":                    "create-slot",
-	"SlotFailover":                  "slot-failover",
-	"CreatePublication":             "create-publication",
-	"Delivery":                      "delivery",
-	"OnOutboxUpdate":                "on-outbox-update",
-	"Topic":                         "topic",
-	"TopicRegex":                    "topic-regex",
-	"Backfill":                      "on-slot-loss=backfill",
-	"Snapshot":                      "snapshot=initial",
-	"OpenDeadLetters":               "on-error=dlq",
-	"Sink.Brokers":                  "kafka-brokers",
-	"Sink.Topics":                   "topic",
-	"Sink.MaxInFlight":              "max-in-flight-requests",
-	"Decoder.Schema":                "table",
-	"Decoder.Table":                 "table",
-	"Decoder.Columns.ID":            "column-id",
-	"Decoder.Columns.AggregateType": "column-aggregate-type",
-	"Decoder.Columns.AggregateID":   "column-aggregate-id",
-	"Decoder.Columns.EventType":     "column-event-type",
-	"Decoder.Columns.Payload":       "column-payload",
-	"Decoder.Columns":               "column-*",
-	"Decoder.HeaderColumns":         "header-columns",
-	"Decoder.ContentType":           "content-type",
-	"Decoder.TimestampColumn":       "column-timestamp",
-	"Decoder.PartitionColumn":       "column-partition",
-	"Decoder.EnvelopeColumns":       "envelope-columns",
-	"Pool":                          "pg-url",
-	"PrimaryPGURL":                  "primary-pg-url",
-	"PrimaryPool":                   "primary-pg-url",
-	"Checkpoints":                   "checkpoint-store",
-	"Decoder.SchemaVersionColumn":   "column-schema-version",
-	"Decoder.JSON":                  "value-encoding,key-encoding",
-	"Decoder.MessagePrefix":         "messages-prefix",
+// runFlags maps the relay.Config fields that library packages name (through
+// the setting.Namer of runNames, in an error or a log line) to the setting
+// that sets them: its key in the configuration (KEYS.md) and its flag. The
+// command line alone knows keys and flags: libraries name their own
+// fields, and a nested configuration's fields by their path in relay.Config
+// ("Sink.Brokers": the sink's Brokers, setting.Namer.Within). A setting may
+// carry the value the message asks for ("on-slot-loss=backfill" for
+// Backfill, a hook the relay runs only then); several settings are separated
+// by commas, each key with its flag.
+var runFlags = map[string]runSetting{
+	"PGURL":                         {"source.pg_url", "pg-url"},
+	"Slot":                          {"source.slot", "slot"},
+	"Publication":                   {"source.publication", "publication"},
+	"CreateSlot":                    {"source.create_slot", "create-slot"},
+	"SlotFailover":                  {"source.slot_failover", "slot-failover"},
+	"CreatePublication":             {"source.create_publication", "create-publication"},
+	"Delivery":                      {"delivery.mode", "delivery"},
+	"OnOutboxUpdate":                {"delivery.on_outbox_update", "on-outbox-update"},
+	"Topic":                         {"outbox.topic", "topic"},
+	"TopicRegex":                    {"outbox.topic_regex", "topic-regex"},
+	"Backfill":                      {"delivery.on_slot_loss", "on-slot-loss=backfill"},
+	"Snapshot":                      {"delivery.snapshot", "snapshot=initial"},
+	"OpenDeadLetters":               {"outbox.on_error", "on-error=dlq"},
+	"Sink.Brokers":                  {"kafka.brokers", "kafka-brokers"},
+	"Sink.Topics":                   {"outbox.topic", "topic"},
+	"Sink.MaxInFlight":              {"kafka.max_in_flight_requests", "max-in-flight-requests"},
+	"Sink.ContentType":              {"outbox.content_type", "content-type"},
+	"Decoder.Schema":                {"tables", "table"},
+	"Decoder.Table":                 {"tables", "table"},
+	"Decoder.Columns.ID":            {"outbox.columns.id", "column-id"},
+	"Decoder.Columns.AggregateType": {"outbox.columns.aggregate_type", "column-aggregate-type"},
+	"Decoder.Columns.AggregateID":   {"outbox.columns.aggregate_id", "column-aggregate-id"},
+	"Decoder.Columns.EventType":     {"outbox.columns.event_type", "column-event-type"},
+	"Decoder.Columns.Payload":       {"outbox.columns.payload", "column-payload"},
+	"Decoder.Columns":               {"outbox.columns.*", "column-*"},
+	"Decoder.HeaderColumns":         {"outbox.header_columns", "header-columns"},
+	"Decoder.ContentType":           {"outbox.content_type", "content-type"},
+	"Decoder.TimestampColumn":       {"outbox.columns.timestamp", "column-timestamp"},
+	"Decoder.PartitionColumn":       {"outbox.columns.partition", "column-partition"},
+	"Decoder.EnvelopeColumns":       {"outbox.envelope_columns", "envelope-columns"},
+	"Pool":                          {"source.pg_url", "pg-url"},
+	"PrimaryPGURL":                  {"source.primary_pg_url", "primary-pg-url"},
+	"PrimaryPool":                   {"source.primary_pg_url", "primary-pg-url"},
+	"Checkpoints":                   {"delivery.checkpoint.store", "checkpoint-store"},
+	"Decoder.SchemaVersionColumn":   {"outbox.columns.schema_version", "column-schema-version"},
+	"Decoder.JSON":                  {"outbox.value_encoding,outbox.key_encoding", "value-encoding,key-encoding"},
+	"Decoder.MessagePrefix":         {"messages.prefix", "messages-prefix"},
 }
 
-// flagText is how the command line names field: "(--flag / CDC_RELAY_FLAG)",
-// with a value "(--flag=value / CDC_RELAY_FLAG=value)", for several flags
-// (a comma-separated entry) each so, separated by commas. field is a key of
-// flags or, failing that, the end of exactly one key ("Columns.ID" of
-// "Decoder.Columns.ID"). ok is false for a field flags does not name.
-func flagText(flags map[string]string, field string) (text string, ok bool) {
-	flag, ok := flags[field]
+// runSetting is the setting of a relay.Config field: its key and flag, each
+// with the value the message asks for when there is one ("flag=value"), or
+// several, separated by commas.
+type runSetting struct{ key, flag string }
+
+// runNames names the settings of relay.Config as the command line sets them
+// (runFlags): every command hands it to the library packages it configures,
+// Within the field of a nested configuration as relay.Config holds it.
+var runNames = setting.NewNamer(&cliNames{settings: runFlags})
+
+// cliNames is the command line's setting.Names: a setting as its key, flag
+// and environment variable (settings: field path → setting), a command as
+// the command line that runs it. It is used by pointer, which compares.
+type cliNames struct{ settings map[string]runSetting }
+
+// Setting names field's setting as "key (--flag / CDC_RELAY_FLAG)", with a
+// value "key=value (--flag=value / CDC_RELAY_FLAG=value)", several so
+// separated by commas. A field the map lacks keeps the library's own name.
+func (n *cliNames) Setting(field string) string {
+	s, ok := n.settings[field]
 	if !ok {
-		found := 0
-		for k, f := range flags {
-			if strings.HasSuffix(k, "."+field) {
-				flag, found = f, found+1
-			}
-		}
-		if found != 1 {
-			return "", false
-		}
+		return setting.Namer{}.Name(field)
 	}
-	var named []string
-	for _, f := range strings.Split(flag, ",") {
+	keys, flags := strings.Split(s.key, ","), strings.Split(s.flag, ",")
+	named := make([]string, len(flags))
+	for i, f := range flags {
 		name, value, hasValue := strings.Cut(f, "=")
 		if hasValue {
 			value = "=" + value
 		}
-		named = append(named, "--"+f+" / "+envName(name)+value)
+		named[i] = keys[i] + value + " (--" + f + " / " + envName(name) + value + ")"
 	}
-	return "(" + strings.Join(named, ", ") + ")", true
+	return strings.Join(named, ", ")
 }
 
-// nameFlags rewrites the settings named in err's text as the flags and
-// environment variables of flags (field → flag name), so the message tells
-// the operator what to set: each *setting.FieldError's token by its full
-// field path (setting.Within), then every other setting.Token by flagText.
-// Other errors pass unchanged.
-func nameFlags(err error, flags map[string]string) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	for _, f := range setting.Fields(err) {
-		if text, ok := flagText(flags, f.Field); ok {
-			msg = strings.ReplaceAll(msg, f.Token(), text)
+// Command returns "cdc-relay name --arg value ...".
+func (*cliNames) Command(name string, args ...string) string {
+	var b strings.Builder
+	b.WriteString("cdc-relay " + name)
+	for i := 0; i+1 < len(args); i += 2 {
+		b.WriteString(" --" + args[i])
+		if args[i+1] != "" {
+			b.WriteString(" " + args[i+1])
 		}
 	}
-	msg = setting.ReplaceTokens(msg, func(field string) (string, bool) { return flagText(flags, field) })
-	if msg == err.Error() {
-		return err
-	}
-	return &flagNamedError{msg: msg, err: err}
-}
-
-// flagNamedError is an error whose text names flags instead of fields; it
-// unwraps to the original.
-type flagNamedError struct {
-	msg string
-	err error
-}
-
-func (e *flagNamedError) Error() string { return e.msg }
-func (e *flagNamedError) Unwrap() error { return e.err }
-
-// flagWriter writes log lines with the settings their messages name
-// (setting.Token) rewritten as flags, as nameFlags does for errors. zerolog
-// writes each line with one Write.
-type flagWriter struct {
-	w     io.Writer
-	flags map[string]string
-}
-
-// tokenStart is how every setting.Token begins.
-var tokenStart = []byte(setting.Token("")[:len(setting.Token(""))-1])
-
-func (fw flagWriter) Write(p []byte) (int, error) {
-	if !bytes.Contains(p, tokenStart) {
-		return fw.w.Write(p)
-	}
-	line := setting.ReplaceTokens(string(p), func(field string) (string, bool) { return flagText(fw.flags, field) })
-	if _, err := io.WriteString(fw.w, line); err != nil {
-		return 0, err
-	}
-	return len(p), nil
+	return b.String()
 }

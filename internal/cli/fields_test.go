@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"go/ast"
@@ -10,77 +11,156 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
-// TestNameFlags: a library's field error reads as the run flag and its
-// environment variable, however it is wrapped, and still unwraps.
-func TestNameFlags(t *testing.T) {
-	missing := errors.New("outbox column missing")
+// TestLibrariesNameKeyFlagAndVariable: what a library writes, an error or a
+// log line, names a setting by its key, flag and environment variable when
+// the command line's Namer (runNames) configured it, however the error is
+// wrapped and whatever configuration the setting is nested in.
+func TestLibrariesNameKeyFlagAndVariable(t *testing.T) {
+	valid := relay.Config{PGURL: "postgres://u@127.0.0.1:1/app", Slot: "s", Publication: "p",
+		Decoder: decoder.Config{Schema: "public", Table: "outbox", Columns: decoder.DefaultColumns()},
+		Topic:   "t", Sink: sink.Config{Brokers: []string{"k:9092"}}, Names: runNames}
 	tests := []struct {
 		name string
-		err  error
+		text func(t *testing.T) string // the library's text, made with runNames
 		want string
 	}{
-		{"plain", setting.Errorf("Slot", "slot name %q is invalid", "Bad"),
-			`slot name "Bad" is invalid (--slot / CDC_RELAY_SLOT)`},
-		{"nested and wrapped", fmt.Errorf("start: %w", &replication.ConfigError{
-			Err: setting.Within("Decoder", setting.Errorf("Columns.AggregateID", "%w: no column %q", missing, "agg"))}),
-			`start: outbox column missing: no column "agg" (--column-aggregate-id / CDC_RELAY_COLUMN_AGGREGATE_ID)`},
-		{"unknown field stays", setting.Errorf("Nope", "bad"), "bad (setting Nope)"},
-		{"token in a hint, with the flag's value", fmt.Errorf("slot lost: restart with backfilling on %s", setting.Token("Backfill")),
-			"slot lost: restart with backfilling on (--on-slot-loss=backfill / CDC_RELAY_ON_SLOT_LOSS=backfill)"},
-		{"token of a nested library's own field", fmt.Errorf("reach Kafka (check the brokers %s)", setting.Token("Brokers")),
-			"reach Kafka (check the brokers (--kafka-brokers / CDC_RELAY_KAFKA_BROKERS))"},
-		{"field set by two flags", setting.Within("Decoder", setting.Errorf("JSON", "column %q unsupported", "c")),
-			`column "c" unsupported (--value-encoding / CDC_RELAY_VALUE_ENCODING, --key-encoding / CDC_RELAY_KEY_ENCODING)`},
-		{"no field error", errors.New("plain"), "plain"},
+		{"relay's field error", func(t *testing.T) string {
+			c := valid
+			c.Slot = "Bad"
+			return fmt.Sprint(c.Validate())
+		}, `slot name "Bad" is invalid: use lowercase letters, digits and underscores, at most 63 source.slot (--slot / CDC_RELAY_SLOT)`},
+		{"decoder's field error, nested in the relay's", func(t *testing.T) string {
+			c := valid
+			c.Decoder.Columns.AggregateID = ""
+			return fmt.Sprint(c.Validate())
+		}, "new decoder: column name is empty: set it outbox.columns.aggregate_id (--column-aggregate-id / CDC_RELAY_COLUMN_AGGREGATE_ID)"},
+		{"sink's field error", func(t *testing.T) string {
+			_, err := sink.Open(t.Context(), sink.Config{Names: runNames.Within("Sink")})
+			return fmt.Sprint(err)
+		}, "no Kafka brokers configured: set them kafka.brokers (--kafka-brokers / CDC_RELAY_KAFKA_BROKERS)"},
+		{"router's hint, wrapped by the command line", func(t *testing.T) string {
+			f := KafkaFlags{Topic: "outbox.$1"}
+			return fmt.Sprint(f.validateTopic())
+		}, `--topic (CDC_RELAY_TOPIC) topic template "outbox.$1": "$1" refers to a group of the topic regex outbox.topic_regex (--topic-regex / CDC_RELAY_TOPIC_REGEX), which is not set`},
+		{"replication's hint", func(t *testing.T) string {
+			return replication.ConnectError("postgres://u:secret@127.0.0.1:1/app", errors.New("dial tcp: connection refused"), runNames).Error()
+		}, "connect to Postgres postgres://u:REDACTED@127.0.0.1:1/app (check the Postgres URL source.pg_url (--pg-url / CDC_RELAY_PG_URL)): dial tcp: connection refused"},
+		{"a setting with the value asked for", func(t *testing.T) string { return runNames.Name("Backfill") },
+			"delivery.on_slot_loss=backfill (--on-slot-loss=backfill / CDC_RELAY_ON_SLOT_LOSS=backfill)"},
+		{"a field set by two settings", func(t *testing.T) string { return runNames.Within("Decoder").Name("JSON") },
+			"outbox.value_encoding (--value-encoding / CDC_RELAY_VALUE_ENCODING), outbox.key_encoding (--key-encoding / CDC_RELAY_KEY_ENCODING)"},
+		{"a command to run", func(t *testing.T) string { return runNames.Command("dlq replay", "id", "<dead_letter_id>") },
+			"cdc-relay dlq replay --id <dead_letter_id>"},
+		{"sink's log hint while the brokers do not answer", func(t *testing.T) string {
+			// Open waits for the brokers, logging the wait after
+			// waitlog.First; the line is awaited, then the wait ended.
+			var buf syncBuffer
+			ctx, cancel := context.WithCancel(t.Context())
+			opened := make(chan error, 1)
+			go func() {
+				_, err := sink.Open(ctx, sink.Config{Brokers: []string{closedAddr(t)}, Names: runNames.Within("Sink"),
+					Logger: NewLogger(&buf, "info", "json")})
+				opened <- err
+			}()
+			testenv.Eventually(t, waitlog.First+30*time.Second, func() error {
+				if !strings.Contains(buf.String(), "waiting for Kafka brokers") {
+					return errors.New("no line about the wait yet")
+				}
+				return nil
+			})
+			cancel()
+			if err := <-opened; err == nil {
+				t.Error("sink.Open reached a closed port")
+			}
+			return buf.String()
+		}, `check the brokers kafka.brokers (--kafka-brokers / CDC_RELAY_KAFKA_BROKERS)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := nameFlags(tt.err, runFlags)
-			if got.Error() != tt.want {
-				t.Errorf("nameFlags = %q, want %q", got, tt.want)
-			}
-			if !errors.Is(got, tt.err) {
-				t.Errorf("nameFlags(%v) does not unwrap to the original", tt.err)
+			if got := tt.text(t); !strings.Contains(got, tt.want) {
+				t.Errorf("got  %q\nwant %q in it", got, tt.want)
 			}
 		})
 	}
 }
 
-// TestLogsNameFlags: a library's log line that names a setting reads as the
-// flag in the process log, JSON or console.
-func TestLogsNameFlags(t *testing.T) {
-	for _, format := range []string{"json", "console"} {
-		var buf bytes.Buffer
-		log := NewLogger(&buf, "info", format)
-		log.Info().Msg("check the Postgres URL " + setting.Token("PGURL"))
-		if !strings.Contains(buf.String(), "check the Postgres URL (--pg-url / CDC_RELAY_PG_URL)") {
-			t.Errorf("%s log %q does not name the flag", format, buf.String())
-		}
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestFieldErrorKeepsThePath: a library's field error keeps the full path of
+// the setting in relay.Config for errors.As, nested however deep.
+func TestFieldErrorKeepsThePath(t *testing.T) {
+	c := relay.Config{PGURL: "postgres://u@127.0.0.1:1/app", Slot: "s", Publication: "p",
+		Decoder: decoder.Config{Schema: "public", Table: "outbox", Columns: decoder.DefaultColumns(),
+			HeaderColumns: map[string]string{"c": ""}}, Names: runNames}
+	var fe *setting.FieldError
+	if err := c.Validate(); !errors.As(err, &fe) || fe.Field != "Decoder.HeaderColumns" {
+		t.Fatalf("Validate = %v, want a FieldError of Decoder.HeaderColumns", err)
+	}
+	if _, ok := runFlags[fe.Field]; !ok {
+		t.Errorf("runFlags does not map %q", fe.Field)
 	}
 }
 
 // TestLibraryFieldsHaveFlags: every configuration field a library package
-// names, in a setting.Errorf or a setting.Token (directly, through a helper of
+// names, through its Namer's Errorf or Name (directly, through a helper of
 // its package, or as a Field/TableField value handed to replication), has a
-// run flag, so the operator reads a flag and never "(setting X)". It reads
-// the packages' source: a new field named anywhere fails here until
-// runFlags maps it.
+// run setting, so the operator reads a key and flag and never "(setting X)".
+// It reads the packages' source, where a field is named relative to the
+// package's own configuration ("Columns.ID" in the decoder, "Decoder.Columns.ID"
+// in the relay): it must be a key of runFlags or the end of one. A new field
+// named anywhere fails here until runFlags maps it.
 func TestLibraryFieldsHaveFlags(t *testing.T) {
 	named := libraryFields(t)
 	if len(named) < 20 { // the scan itself must work: today's sources name ~30
 		t.Fatalf("found only %d named fields: %v", len(named), named)
 	}
+	// The scan finds the Namer in each way a package holds it: a Config
+	// field (sink, gaps' Setup), a field of its own (route), a parameter
+	// (decoder, replication's helper).
+	for _, f := range []string{"Brokers", "Snapshot", "TopicRegex", "Columns.ID", "PGURL"} {
+		if _, ok := named[f]; !ok {
+			t.Errorf("the scan did not find the field %q the library packages name", f)
+		}
+	}
 	for field, at := range named {
-		if _, ok := flagText(runFlags, field); !ok {
-			t.Errorf("%s names field %q, which runFlags does not map to a flag (or matches several keys)", at, field)
+		found := false
+		for k := range runFlags {
+			found = found || k == field || strings.HasSuffix(k, "."+field)
+		}
+		if !found {
+			t.Errorf("%s names field %q, which runFlags does not map to a setting", at, field)
 		}
 	}
 }
@@ -158,19 +238,27 @@ func scanFieldNames(t *testing.T, dir string, named map[string]string) {
 				}
 			}
 		}
-		// Helpers of the package that pass a parameter on as the field.
-		helpers := map[string]bool{}
+		// Helpers of the package that pass a parameter on as the field, by
+		// the parameter's index.
+		helpers := map[string]int{}
 		for _, f := range files {
 			for _, decl := range f.Decls {
 				fd, ok := decl.(*ast.FuncDecl)
-				if !ok || fd.Type.Params == nil || len(fd.Type.Params.List) == 0 || len(fd.Type.Params.List[0].Names) == 0 {
+				if !ok || fd.Type.Params == nil {
 					continue
 				}
-				first := fd.Type.Params.List[0].Names[0].Name
+				var params []string
+				for _, p := range fd.Type.Params.List {
+					for _, id := range p.Names {
+						params = append(params, id.Name)
+					}
+				}
 				ast.Inspect(fd, func(n ast.Node) bool {
 					if call, ok := n.(*ast.CallExpr); ok && namesField(call, nil) && len(call.Args) > 0 {
-						if id, ok := call.Args[0].(*ast.Ident); ok && id.Name == first {
-							helpers[fd.Name.Name] = true
+						if id, ok := call.Args[0].(*ast.Ident); ok {
+							if i := slices.Index(params, id.Name); i >= 0 {
+								helpers[fd.Name.Name] = i
+							}
 						}
 					}
 					return true
@@ -187,10 +275,17 @@ func scanFieldNames(t *testing.T, dir string, named map[string]string) {
 						}
 					}
 				case *ast.CallExpr:
-					if !namesField(n, helpers) || len(n.Args) == 0 {
+					if !namesField(n, helpers) {
 						return true
 					}
-					arg := n.Args[0]
+					i := 0
+					if id, ok := n.Fun.(*ast.Ident); ok {
+						i = helpers[id.Name]
+					}
+					if len(n.Args) <= i {
+						return true
+					}
+					arg := n.Args[i]
 					if ix, ok := arg.(*ast.IndexExpr); ok {
 						arg = ix.X
 					}
@@ -207,7 +302,7 @@ func scanFieldNames(t *testing.T, dir string, named map[string]string) {
 					}
 					pos := fset.Position(n.Pos()).String()
 					if len(fields) == 0 {
-						if id, ok := arg.(*ast.Ident); ok && helpers[enclosingHelper(f, n)] && isParam(f, n, id.Name) {
+						if _, helper := helpers[enclosingHelper(f, n)]; helper && isParam(f, n, arg) {
 							return true // the helper's own call: its callers are scanned
 						}
 						t.Errorf("%s: cannot tell which field this names; use a string constant", pos)
@@ -222,15 +317,32 @@ func scanFieldNames(t *testing.T, dir string, named map[string]string) {
 	}
 }
 
-// namesField reports whether call is setting.Errorf, setting.Token or a
-// helper of the package that passes its first parameter to one of them.
-func namesField(call *ast.CallExpr, helpers map[string]bool) bool {
+// namesField reports whether call is the Errorf or Name of a setting.Namer
+// (by convention an identifier or field called names or Names, perhaps
+// Within a field) or a helper of the package that passes one of its
+// parameters to one of them.
+func namesField(call *ast.CallExpr, helpers map[string]int) bool {
 	switch fn := call.Fun.(type) {
 	case *ast.SelectorExpr:
-		pkg, ok := fn.X.(*ast.Ident)
-		return ok && pkg.Name == "setting" && (fn.Sel.Name == "Errorf" || fn.Sel.Name == "Token")
+		return (fn.Sel.Name == "Errorf" || fn.Sel.Name == "Name") && isNamer(fn.X)
 	case *ast.Ident:
-		return helpers[fn.Name]
+		_, ok := helpers[fn.Name]
+		return ok
+	}
+	return false
+}
+
+// isNamer reports whether e is a setting.Namer by the convention of its
+// name: names, x.Names, or one of them Within a field.
+func isNamer(e ast.Expr) bool {
+	switch e := e.(type) {
+	case *ast.Ident:
+		return e.Name == "names" || e.Name == "Names"
+	case *ast.SelectorExpr:
+		return e.Sel.Name == "names" || e.Sel.Name == "Names"
+	case *ast.CallExpr:
+		sel, ok := e.Fun.(*ast.SelectorExpr)
+		return ok && sel.Sel.Name == "Within" && isNamer(sel.X)
 	}
 	return false
 }
@@ -263,9 +375,14 @@ func enclosingHelper(f *ast.File, n ast.Node) string {
 	return ""
 }
 
-// isParam reports whether name is a parameter of the function of f that
+// isParam reports whether arg is a parameter of the function of f that
 // holds n.
-func isParam(f *ast.File, n ast.Node, name string) bool {
+func isParam(f *ast.File, n ast.Node, arg ast.Expr) bool {
+	id, ok := arg.(*ast.Ident)
+	if !ok {
+		return false
+	}
+	name := id.Name
 	for _, decl := range f.Decls {
 		fd, ok := decl.(*ast.FuncDecl)
 		if !ok || fd.Pos() > n.Pos() || n.End() > fd.End() {

@@ -151,7 +151,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		}
 	}
 	if err != nil {
-		return nil, replication.ConnectError(url, err)
+		return nil, replication.ConnectError(url, err, runNames)
 	}
 	return pool, nil
 }
@@ -170,7 +170,7 @@ type KafkaFlags struct {
 
 // topicRegex is --topic-regex and --topic-regex-field.
 func (f *KafkaFlags) topicRegex() route.Regex {
-	return route.Regex{Pattern: f.TopicRegex, Field: f.TopicRegexField}
+	return route.Regex{Pattern: f.TopicRegex, Field: f.TopicRegexField, Names: runNames}
 }
 
 // validateTopic checks --topic-regex, then --topic with it.
@@ -620,7 +620,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	sec.logKafkaSecurity(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
-	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport}
+	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport, Names: runNames.Within("Sink")}
 	rf.apply(&cfg)
 	p, err := sink.NewPublisher(octx, cfg)
 	if err != nil {

@@ -122,7 +122,8 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	}
 	defer done()
 	cols := outboxtable.Columns{Columns: r.columns(), CreatedAt: r.ColumnCreatedAt, Headers: r.headers,
-		ContentType: r.ContentType, Tracing: r.ColumnTracing, Timestamp: r.ColumnTimestamp, Partition: r.ColumnPartition}
+		ContentType: r.ContentType, Tracing: r.ColumnTracing, Timestamp: r.ColumnTimestamp, Partition: r.ColumnPartition,
+		Names: runNames.Within("Decoder")}
 	if cols.Envelope, err = r.envelope(); err != nil {
 		return flagError("envelope-columns", err.Error())
 	}

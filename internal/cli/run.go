@@ -274,6 +274,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		Retry:            backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
 		Logger:           log,
 		Metrics:          m,
+		Names:            runNames,
 	}
 	format.apply(&cfg.Sink)
 	if len(r.Table) > 0 {
@@ -312,9 +313,9 @@ func (r *RunCmd) wire(cfg *relay.Config, pool, primary *pgxpool.Pool, log zerolo
 		store := deadletter.NewStore(pool, r.DLQTable)
 		record := store.Recorder(cfg.RelayName)
 		// The letter keeps the error as the operator will read it (dlq list,
-		// dlq show): naming the flag to fix, not the library's field.
+		// dlq show): the libraries named the settings through cfg.Names.
 		cfg.DeadLetter = func(ctx context.Context, ev *outbox.Event, topic string, cause error) error {
-			return record(ctx, ev, topic, nameFlags(cause, runFlags))
+			return record(ctx, ev, topic, cause)
 		}
 		cfg.DeadLetterStore = store
 		cfg.ReplayTotals = replayTotals(store.History())
@@ -429,6 +430,7 @@ func (r *RunCmd) autoRetry(store *deadletter.Store, cfg relay.Config, log zerolo
 	m := cfg.Metrics
 	pubCfg := cfg.Sink
 	pubCfg.Logger = log
+	pubCfg.Names = cfg.Names.Within("Sink")
 	topicWait := r.KafkaStartTimeout
 	return func(ctx context.Context, ready func() bool) error {
 		a := &deadletter.AutoRetry{
@@ -449,6 +451,7 @@ func (r *RunCmd) autoRetry(store *deadletter.Store, cfg relay.Config, log zerolo
 			AttemptTimeout: r.DLQAutoRetryTimeout,
 			RelayName:      cfg.RelayName,
 			Ready:          ready,
+			Names:          cfg.Names,
 			Logger:         log,
 			Metrics:        m,
 		}
@@ -489,14 +492,14 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	if err != nil {
 		return &usageError{err}
 	}
-	pool, err := relay.OpenPool(ctx, cfg.PGURL)
+	pool, err := relay.OpenPool(ctx, cfg.PGURL, cfg.Names)
 	if err != nil {
-		return nameFlags(err, runFlags)
+		return err
 	}
 	defer pool.Close()
 	var primary *pgxpool.Pool
 	if r.PrimaryPGURL != "" {
-		if primary, err = relay.OpenPool(ctx, r.PrimaryPGURL); err != nil {
+		if primary, err = relay.OpenPool(ctx, r.PrimaryPGURL, cfg.Names); err != nil {
 			return flagError("primary-pg-url", err.Error())
 		}
 		defer primary.Close()
@@ -532,7 +535,7 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	log.Info().Str("version", env.Version).Str("slot", r.Slot).Strs("tables", r.Table).Str("messages_prefix", r.MessagesPrefix).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
 	r.logKafkaSecurity(log)
-	runErr := nameFlags(r.explainKafkaError(rl.Run(ctx)), runFlags)
+	runErr := r.explainKafkaError(rl.Run(ctx))
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := srv.Shutdown(sctx); err != nil && runErr == nil {

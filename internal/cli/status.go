@@ -17,7 +17,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // StatusCmd is "cdc-relay status": the relay's state read from the database
@@ -209,10 +208,10 @@ func (c *StatusCmd) collect(ctx context.Context, pool *pgxpool.Pool) (Status, er
 	// with the settings named as the run command names them.
 	r := gaps.JudgeStatus(probe)
 	for _, p := range r.Problems {
-		st.Problems = append(st.Problems, nameSettings(p))
+		st.Problems = append(st.Problems, p)
 	}
 	for _, w := range r.Warnings {
-		st.Warnings = append(st.Warnings, nameSettings(w))
+		st.Warnings = append(st.Warnings, w)
 	}
 	c.oldestUnrelayed(ctx, pool, &st, slot.Exists && slot.Active, cp, haveCP)
 	store := deadletter.NewStore(pool, c.DLQTable)
@@ -253,7 +252,7 @@ func (c *StatusCmd) failover(ctx context.Context, pool *pgxpool.Pool, st *Status
 // setup names the slot, the publication and the outbox tables (--table,
 // checked by Validate) for the gap checks.
 func (c *StatusCmd) setup() replication.SetupConfig {
-	cfg := replication.SetupConfig{Slot: c.Slot, Publication: c.Publication}
+	cfg := replication.SetupConfig{Slot: c.Slot, Publication: c.Publication, Names: runNames}
 	for i, t := range c.Table {
 		schema, table, _ := splitTable(t)
 		if i == 0 {
@@ -263,12 +262,6 @@ func (c *StatusCmd) setup() replication.SetupConfig {
 		cfg.Also = append(cfg.Also, replication.TableSetup{Name: decoder.TableName{Schema: schema, Table: table}})
 	}
 	return cfg
-}
-
-// nameSettings names the settings a verdict of the gap checks names
-// (setting.Token) as the run command's flags, as its log lines do.
-func nameSettings(msg string) string {
-	return setting.ReplaceTokens(msg, func(field string) (string, bool) { return flagText(runFlags, field) })
 }
 
 // peekTimeout bounds decoding the slot for the oldest unrelayed row.

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
+	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
 // TestWireBuildsValuesFirst: wire sets every value the relay takes with
@@ -36,7 +35,7 @@ func TestWireBuildsValuesFirst(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	pool, err := relay.OpenPool(ctx, cfg.PGURL)
+	pool, err := relay.OpenPool(ctx, cfg.PGURL, cfg.Names)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +73,14 @@ func TestWireBuildsValuesFirst(t *testing.T) {
 }
 
 // TestWiredDeadLetterNamesFlags: a dead letter keeps its error as the operator
-// reads it in dlq list and dlq show, naming the flag to fix, where the library
-// that failed the event named its own setting (setting.Token).
+// reads it in dlq list and dlq show, naming the key and flag to fix, which
+// the library that failed the event (the router) named through the Namer
+// the command line wired into the configuration.
 func TestWiredDeadLetterNamesFlags(t *testing.T) {
 	clearEnv(t)
 	in := newInfra(t, "cdc_relay_cli_wire_dlq")
-	c, err := parseArgs(t, "run", "--pg-url", in.url, "--kafka-brokers", in.brokers(), "--on-error", "dlq")
+	c, err := parseArgs(t, "run", "--pg-url", in.url, "--kafka-brokers", in.brokers(), "--on-error", "dlq",
+		"--topic-regex", "order-(.*)", "--topic", "orders.$1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,9 +95,18 @@ func TestWiredDeadLetterNamesFlags(t *testing.T) {
 	if err := cfg.DeadLetterStore.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ev := &outbox.Event{ID: []byte("ev-flag"), AggregateID: []byte("a-1"), EventType: []byte("T"), Payload: []byte("{}")}
-	cause := fmt.Errorf("the payload is not JSON %s", setting.Token("Decoder.JSON"))
-	if err := cfg.DeadLetter(ctx, ev, "outbox.events", cause); err != nil {
+	// An aggregate type the regex does not match is the topic, and this
+	// one is no legal topic name.
+	ev := &outbox.Event{ID: []byte("ev-flag"), AggregateID: []byte("a-1"), AggregateType: []byte("no topic!"), EventType: []byte("T"), Payload: []byte("{}")}
+	router, err := route.NewWithRegex(cfg.Topic, cfg.TopicRegex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cause := router.Topic(ev)
+	if cause == nil {
+		t.Fatal("the router accepted an illegal topic")
+	}
+	if err := cfg.DeadLetter(ctx, ev, cfg.Topic, cause); err != nil {
 		t.Fatal(err)
 	}
 	letters, err := cfg.DeadLetterStore.(*deadletter.Store).List(ctx, deadletter.Filter{EventIDs: []string{"ev-flag"}})
@@ -104,7 +114,7 @@ func TestWiredDeadLetterNamesFlags(t *testing.T) {
 		t.Fatalf("list the letter: %d letters, %v", len(letters), err)
 	}
 	msg := letters[0].ErrorMessage
-	if !strings.Contains(msg, "--value-encoding") || strings.Contains(msg, "(setting ") {
-		t.Errorf("stored error %q: want the flag (--value-encoding), not the library's setting", msg)
+	if want := "outbox.topic_regex (--topic-regex / CDC_RELAY_TOPIC_REGEX)"; !strings.Contains(msg, want) || strings.Contains(msg, "(setting ") {
+		t.Errorf("stored error %q: want the setting named as %q, not the library's field", msg, want)
 	}
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // Extra headers FromEvent copies into their own columns when an event has them
-// (see --header-columns).
+// (see outbox.header_columns).
 const (
 	HeaderCorrelationID = "correlation_id"
 	HeaderSchemaVersion = "schema_version"

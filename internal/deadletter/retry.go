@@ -12,6 +12,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replay"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // DefaultRetryCodes are the error codes the automatic retries take by
@@ -22,8 +23,8 @@ import (
 //   - topic_authorization_failed: the relay's principal may be granted WRITE.
 //   - unknown_topic_or_partition: the topic may be created.
 //
-// Not retried: invalid_topic (a name Kafka refuses stays refused: replay with
-// --topic), empty_key (the stored key stays empty), invalid_partition (a
+// Not retried: invalid_topic (a name Kafka refuses stays refused: replay to another
+// topic), empty_key (the stored key stays empty), invalid_partition (a
 // replay sends by key, which would change where the event goes without an
 // operator deciding so), invalid_record and the other codes, which need a
 // look at the error first.
@@ -41,7 +42,7 @@ const (
 type PublisherOpener func(ctx context.Context) (replay.Publisher, func() error, error)
 
 // AutoRetry is the relay's automatic reprocessing of dead letters
-// (--dlq-auto-retry): in the background it claims the letters whose error
+// (dead_letters.auto_retry): in the background it claims the letters whose error
 // code is one of Codes once they are due, publishes them as a dlq replay
 // does, and moves each to completed, or after a failure to retry_wait with
 // a backoff, or to dead once Budget attempts failed (or the letter is older
@@ -88,6 +89,9 @@ type AutoRetry struct {
 	// does not accept the relay's own events) nothing is attempted, so an
 	// outage does not spend the letters' budget.
 	Ready func() bool
+	// Names names the command that replays a letter in the log line of a
+	// letter given up on (see package setting).
+	Names setting.Namer
 
 	Logger  zerolog.Logger
 	Metrics *metrics.Metrics
@@ -142,7 +146,7 @@ func (a *AutoRetry) Run(ctx context.Context) error {
 		if x.to == StatusDead {
 			m.DeadLettersDead.Inc()
 			log.Warn().Str("event_id", eventID).Int64("dead_letter_id", x.id).Str("error", x.detail).
-				Msg("automatic retries gave up on a dead letter (status dead): fix the cause, then cdc-relay dlq replay --id it")
+				Msg("automatic retries gave up on a dead letter (status dead): fix the cause, then replay it: " + a.Names.Command("dlq replay", "id", "<dead_letter_id>"))
 		}
 	}
 	log.Info().Strs("codes", codes).Int("budget", budget).Msg("automatic dead-letter retries started")

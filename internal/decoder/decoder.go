@@ -29,7 +29,7 @@ import (
 )
 
 // Config fields named in configuration errors (setting.FieldError), so that they
-// tell the operator what to set.
+// tell the operator what to set (Config.Names renders them).
 const (
 	fieldSchema        = "Schema"
 	fieldTable         = "Table"
@@ -75,7 +75,7 @@ const notReplicated = "dropped, renamed and generated columns are not replicated
 // missingColumn is ErrMissingColumn for the outbox table schema.table, whose
 // Relation message lacks column, named by the setting field: the one message
 // for every configured column, saying what the column is for and what to fix.
-func missingColumn(field, schema, table, column string) error {
+func (d *Decoder) missingColumn(field, schema, table, column string) error {
 	what, fix := fmt.Sprintf("column %q", column), "set the right column name" // a required column: Columns
 	switch field {
 	case fieldHeaderColumns:
@@ -89,18 +89,18 @@ func missingColumn(field, schema, table, column string) error {
 	case fieldVersion:
 		what, fix = "schema version "+what, "fix it or the table"
 	}
-	return setting.Errorf(field, "%w: table %q.%q has no %s (%s): %s", ErrMissingColumn, schema, table, what, notReplicated, fix)
+	return d.names.Errorf(field, "%w: table %q.%q has no %s (%s): %s", ErrMissingColumn, schema, table, what, notReplicated, fix)
 }
 
 // Columns names the outbox table's columns.
 type Columns struct {
-	ID            string // event id, the downstream idempotency key (--column-id)
-	AggregateType string // --column-aggregate-type
-	AggregateID   string // Kafka message key (--column-aggregate-id)
+	ID            string // event id, the downstream idempotency key (outbox.columns.id)
+	AggregateType string // outbox.columns.aggregate_type
+	AggregateID   string // Kafka message key (outbox.columns.aggregate_id)
 	// EventType is optional: "" reads no event type (an empty event_type
-	// header), as a Debezium outbox table without one (--column-event-type).
+	// header), as a Debezium outbox table without one (outbox.columns.event_type).
 	EventType string
-	Payload   string // Kafka message value (--column-payload)
+	Payload   string // Kafka message value (outbox.columns.payload)
 }
 
 // DefaultColumns returns the column names of the outbox table in migrations/:
@@ -180,6 +180,9 @@ type Config struct {
 	// decoding messages with this prefix are events (message.go). Table
 	// may then be empty: no outbox table. "" means off.
 	MessagePrefix string
+	// Names names the settings of this configuration in errors (see
+	// package setting): the caller's, Within the field that holds it.
+	Names setting.Namer
 }
 
 // Kind says what a decoded Message carries.
@@ -203,7 +206,7 @@ const (
 	KindRelation
 	// KindUpdate is an UPDATE of an outbox row, which an insert-only outbox
 	// never sees: XID, CommitLSN and CommitTime are set, and the caller
-	// applies its policy (--on-outbox-update). Nothing is published for it.
+	// applies its policy (delivery.on_outbox_update). Nothing is published for it.
 	KindUpdate
 	// KindNonTransactional is a non-transactional logical decoding message
 	// with the message outbox's prefix (Config.MessagePrefix): it escapes
@@ -342,23 +345,23 @@ type layout struct {
 }
 
 // newLayout checks cfg's part that says how its table is read.
-func newLayout(cfg Config) (*layout, error) {
+func newLayout(cfg Config, names setting.Namer) (*layout, error) {
 	for i, name := range cfg.Columns.names() {
 		if name == "" && i != fieldEventType {
-			return nil, setting.Errorf(columnFields[i], "new decoder: column name is empty: set it")
+			return nil, names.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
 	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
-		return nil, setting.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
+		return nil, names.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
 	}
 	if err := cfg.JSON.Check(); err != nil {
-		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
+		return nil, names.Errorf(fieldJSON, "new decoder: %w", err)
 	}
 	if cfg.SchemaVersionColumn != "" && (cfg.JSON.Value != connectjson.JSONWithSchema || len(cfg.EnvelopeColumns) == 0) {
-		return nil, setting.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
+		return nil, names.Errorf(fieldVersion, "new decoder: a schema version column needs values written as JSON with schemas and envelope columns (only the envelope's schema has a version)")
 	}
 	if err := CheckContentType(cfg.ContentType); err != nil {
-		return nil, setting.Errorf(fieldContentType, "new decoder: content type %w", err)
+		return nil, names.Errorf(fieldContentType, "new decoder: content type %w", err)
 	}
 	l := &layout{columns: cfg.Columns.names(),
 		contentType: cfg.ContentType, tracingColumn: cfg.TracingColumn, timestampColumn: cfg.TimestampColumn, partitionColumn: cfg.PartitionColumn,
@@ -369,13 +372,13 @@ func newLayout(cfg Config) (*layout, error) {
 	}
 	for column, key := range cfg.HeaderColumns {
 		if column == "" {
-			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
+			return nil, names.Errorf(fieldHeaderColumns, "new decoder: empty column name for header %q: fix it", key)
 		}
 		if key == "" {
-			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
+			return nil, names.Errorf(fieldHeaderColumns, "new decoder: empty header key for column %q: fix it", column)
 		}
 		if reservedHeader(key) {
-			return nil, setting.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
+			return nil, names.Errorf(fieldHeaderColumns, "new decoder: header %q of column %q is set by the relay itself: map the column to another header name", key, column)
 		}
 		l.headers = append(l.headers, headerCol{column: column, key: key})
 	}
@@ -418,22 +421,25 @@ type Decoder struct {
 	pool valuePool // value buffers of recycled events (Recycle)
 
 	msgs *messageOutbox // nil: the message outbox is off
+
+	names setting.Namer // Config.Names
 }
 
 // New returns a Decoder for cfg, or a *setting.FieldError naming the setting
 // to fix if a name is empty.
 func New(cfg Config) (*Decoder, error) {
+	names := cfg.Names
 	if cfg.Schema == "" && cfg.Table != "" {
-		return nil, setting.Errorf(fieldSchema, "new decoder: outbox schema is empty: set it")
+		return nil, names.Errorf(fieldSchema, "new decoder: outbox schema is empty: set it")
 	}
 	if cfg.Table == "" && cfg.MessagePrefix == "" {
-		return nil, setting.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
+		return nil, names.Errorf(fieldTable, "new decoder: outbox table is empty: set it")
 	}
-	first, err := newLayout(cfg)
+	first, err := newLayout(cfg, names)
 	if err != nil {
 		return nil, err
 	}
-	d := &Decoder{schema: cfg.Schema, table: cfg.Table, layout: *first, layouts: map[TableName]*layout{},
+	d := &Decoder{schema: cfg.Schema, table: cfg.Table, layout: *first, layouts: map[TableName]*layout{}, names: names,
 		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel), members: make(map[uint32]TableName)}
 	if cfg.Table != "" {
 		t := TableName{cfg.Schema, cfg.Table}
@@ -443,15 +449,15 @@ func New(cfg Config) (*Decoder, error) {
 	for _, c := range cfg.Also {
 		t := TableName{c.Schema, c.Table}
 		if t.Schema == "" || t.Table == "" {
-			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %q has an empty schema or name: set both", t.String())
+			return nil, names.Errorf(fieldTable, "new decoder: outbox table %q has an empty schema or name: set both", t.String())
 		}
 		if slices.Contains(d.tables, t) {
-			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %s is named twice: name each once", t)
+			return nil, names.Errorf(fieldTable, "new decoder: outbox table %s is named twice: name each once", t)
 		}
 		if c.MessagePrefix != "" || len(c.Also) > 0 {
-			return nil, setting.Errorf(fieldTable, "new decoder: outbox table %s: a further table's configuration names its own table only (no message prefix, no further tables)", t)
+			return nil, names.Errorf(fieldTable, "new decoder: outbox table %s: a further table's configuration names its own table only (no message prefix, no further tables)", t)
 		}
-		l, err := newLayout(c)
+		l, err := newLayout(c, names)
 		if err != nil {
 			return nil, fmt.Errorf("outbox table %s: %w", t, err)
 		}
@@ -459,7 +465,7 @@ func New(cfg Config) (*Decoder, error) {
 		d.layouts[t] = l
 	}
 	if d.msgs, err = newMessageOutbox(cfg); err != nil {
-		return nil, setting.Errorf(fieldJSON, "new decoder: %w", err)
+		return nil, names.Errorf(fieldJSON, "new decoder: %w", err)
 	}
 	return d, nil
 }
@@ -745,13 +751,13 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 				continue
 			}
 			if col < 0 {
-				return Message{}, missingColumn(columnFields[f], relSchema, relTable, L.columns[f])
+				return Message{}, d.missingColumn(columnFields[f], relSchema, relTable, L.columns[f])
 			}
 			rel.keep = append(rel.keep, col)
 		}
 		for h, col := range rel.headers {
 			if col < 0 {
-				return Message{}, missingColumn(fieldHeaderColumns, relSchema, relTable, L.headers[h].column)
+				return Message{}, d.missingColumn(fieldHeaderColumns, relSchema, relTable, L.headers[h].column)
 			}
 			rel.keep = append(rel.keep, col)
 		}
@@ -760,25 +766,25 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 		if L.timestampColumn != "" {
 			if rel.tsCol < 0 {
-				return Message{}, missingColumn(fieldTimestamp, relSchema, relTable, L.timestampColumn)
+				return Message{}, d.missingColumn(fieldTimestamp, relSchema, relTable, L.timestampColumn)
 			}
 			if err := CheckTimestampType(rel.tsType); err != nil {
-				return Message{}, setting.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", relSchema, relTable, L.timestampColumn, err)
+				return Message{}, d.names.Errorf(fieldTimestamp, "table %q.%q: timestamp column %q %w", relSchema, relTable, L.timestampColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.tsCol)
 		}
 		if L.partitionColumn != "" {
 			if rel.partCol < 0 {
-				return Message{}, missingColumn(fieldPartition, relSchema, relTable, L.partitionColumn)
+				return Message{}, d.missingColumn(fieldPartition, relSchema, relTable, L.partitionColumn)
 			}
 			if err := CheckPartitionType(partType); err != nil {
-				return Message{}, setting.Errorf(fieldPartition, "table %q.%q: partition column %q %w", relSchema, relTable, L.partitionColumn, err)
+				return Message{}, d.names.Errorf(fieldPartition, "table %q.%q: partition column %q %w", relSchema, relTable, L.partitionColumn, err)
 			}
 			rel.keep = append(rel.keep, rel.partCol)
 		}
 		for i, col := range rel.envCols {
 			if col < 0 {
-				return Message{}, missingColumn(fieldEnvelope, relSchema, relTable, L.envelope[i].Column)
+				return Message{}, d.missingColumn(fieldEnvelope, relSchema, relTable, L.envelope[i].Column)
 			}
 			rel.keep = append(rel.keep, col)
 		}
@@ -787,7 +793,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 		}
 		if L.versionColumn != "" {
 			if rel.verCol < 0 {
-				return Message{}, missingColumn(fieldVersion, relSchema, relTable, L.versionColumn)
+				return Message{}, d.missingColumn(fieldVersion, relSchema, relTable, L.versionColumn)
 			}
 			rel.keep = append(rel.keep, rel.verCol)
 		}
@@ -809,7 +815,7 @@ func (d *Decoder) relation(ctx context.Context, b []byte) (Message, error) {
 			}
 			enc, err := connectjson.New(L.json, l)
 			if err != nil {
-				return Message{}, setting.Errorf(fieldJSON, "table %q.%q: %w", relSchema, relTable, err)
+				return Message{}, d.names.Errorf(fieldJSON, "table %q.%q: %w", relSchema, relTable, err)
 			}
 			rel.json = enc
 		}

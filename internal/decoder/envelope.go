@@ -11,7 +11,7 @@ import (
 const EnvelopeKeyPayload = "payload"
 
 // EnvelopeColumn is one outbox column placed in the value's envelope
-// (--envelope-columns, Debezium's table.fields.additional.placement
+// (outbox.envelope_columns, Debezium's table.fields.additional.placement
 // column:envelope:alias): its text under Alias.
 type EnvelopeColumn struct {
 	Column string

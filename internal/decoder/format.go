@@ -29,7 +29,7 @@ const (
 )
 
 // CheckTimestampType returns an error unless typ, the type OID of the
-// --column-timestamp column, is one ParseTimestamp reads: timestamptz,
+// outbox.columns.timestamp column, is one ParseTimestamp reads: timestamptz,
 // timestamp, or an integer type holding Unix milliseconds.
 func CheckTimestampType(typ uint32) error {
 	switch typ {
@@ -40,7 +40,7 @@ func CheckTimestampType(typ uint32) error {
 }
 
 // CheckPartitionType returns an error unless typ, the type OID of the
-// --column-partition column, is an integer type.
+// outbox.columns.partition column, is an integer type.
 func CheckPartitionType(typ uint32) error {
 	switch typ {
 	case TypeInt8, TypeInt4, TypeInt2:
@@ -49,7 +49,7 @@ func CheckPartitionType(typ uint32) error {
 	return fmt.Errorf("has type OID %d; want smallint, integer or bigint", typ)
 }
 
-// ParsePartition reads the text of a --column-partition value. Whether the
+// ParsePartition reads the text of a outbox.columns.partition value. Whether the
 // topic has that partition is the sink's to check.
 func ParsePartition(text []byte) (int64, error) {
 	n, err := strconv.ParseInt(string(text), 10, 64)
@@ -59,7 +59,7 @@ func ParsePartition(text []byte) (int64, error) {
 	return n, nil
 }
 
-// ParseTimestamp reads the text of a --column-timestamp value of type typ
+// ParseTimestamp reads the text of a outbox.columns.timestamp value of type typ
 // (see CheckTimestampType): a timestamptz in its text form with DateStyle
 // ISO (any offset), a timestamp as UTC, or an integer as Unix milliseconds.
 // The zero time, for "infinity" and "-infinity", means the value gives no
@@ -87,7 +87,7 @@ func ParseTimestamp(typ uint32, text []byte) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("timestamp column: cannot read %q (the relay reads DateStyle ISO, Postgres's default)", clip(text))
 }
 
-// Content-type settings (--content-type) besides an explicit MIME type.
+// Content-type settings (outbox.content_type) besides an explicit MIME type.
 const (
 	// ContentTypeAuto sends "content-type: application/json" for a json or
 	// jsonb payload column and no header for any other type.
@@ -137,7 +137,7 @@ type Format struct {
 
 // NewFormat returns the Format of an outbox table whose payload and key
 // (aggregate id) columns have the type OIDs payloadType and keyType.
-// contentType is the --content-type setting (see CheckContentType; "" means
+// contentType is the outbox.content_type setting (see CheckContentType; "" means
 // none, so that a zero configuration publishes what it always did); tracing says whether the table has the tracing column.
 func NewFormat(contentType string, payloadType, keyType uint32, tracing bool) Format {
 	f := Format{payloadBytea: payloadType == TypeBytea, keyBytea: keyType == TypeBytea, tracing: tracing,

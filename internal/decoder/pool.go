@@ -15,7 +15,7 @@ const (
 	// buffer took 140 ms of CPU against 80 ms into a reused one.
 	minPooled = 16 << 10
 	// maxPooledBytes and maxPooledBufs bound what the pool holds, memory
-	// that --max-in-flight-mib does not count. One produce response may
+	// that delivery.max_in_flight_mib does not count. One produce response may
 	// acknowledge tens of events at once: with at most 16 buffers, 30% of
 	// 64 KiB events still got a fresh one.
 	maxPooledBytes = 8 << 20

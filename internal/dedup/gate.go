@@ -38,7 +38,7 @@ type GateConfig struct {
 	// it, so a crash never leaves records of a topic without stored offsets.
 	Persist func(ctx context.Context) error
 	// Stored reports whether the checkpoint the relay started from had
-	// offsets at all (false after --delivery at-least-once or an older relay).
+	// offsets at all (false after delivery.mode at-least-once or an older relay).
 	Stored      bool
 	Concurrency int // partitions read at once (default 16)
 	Logger      zerolog.Logger

@@ -60,7 +60,7 @@ func newPGEnv(t *testing.T) *pgEnv {
 	}
 	e.exec(t, e.poolA, `CREATE TABLE outbox_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_id text, payload jsonb);
 		CREATE TABLE other (id int)`)
-	sys, err := replication.IdentifySystem(ctx, e.urlA)
+	sys, err := replication.IdentifySystem(ctx, e.urlA, setting.Namer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID, Stored: stored(slot, 0x1000000, e.systemID), HaveStored: true}
 			},
 			wantFailed: "slot_missing", wantKind: gaps.SlotMissing,
-			want: []string{"does not exist", "DELETE FROM public.cdc_relay_checkpoints", "cdc-relay replay --since"},
+			want: []string{"does not exist", "DELETE FROM public.cdc_relay_checkpoints", "(command replay since="},
 		},
 		{
 			name: "slot recreated: ahead of the checkpoint",
@@ -190,7 +190,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID}
 			},
 			wantFailed: gaps.CheckSlotDatabase,
-			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, setting.Token("Slot")},
+			want:       []string{`belongs to database "gaps_b", not "gaps_a"`, setting.Namer{}.Name("Slot")},
 		},
 		{
 			name: "slot with another plugin",
@@ -208,7 +208,7 @@ func TestCheckerSlot(t *testing.T) {
 				return gaps.SlotFacts{SystemID: e.systemID, Stored: stored(slot, 0, e.systemID), HaveStored: true, SnapshotPending: true}
 			},
 			wantFailed: gaps.CheckSnapshotIncomplete,
-			want:       []string{"did not complete", setting.Token("Snapshot")},
+			want:       []string{"did not complete", setting.Namer{}.Name("Snapshot")},
 		},
 		{
 			name: "initial snapshot marker, retaken",
@@ -323,7 +323,7 @@ func TestCheckerPublication(t *testing.T) {
 			name:      "table removed from the publication while streaming",
 			change:    "ALTER PUBLICATION %s DROP TABLE outbox_events",
 			wantWatch: gaps.CheckTableCovered,
-			want:      []string{"no longer covers the outbox table", "ADD TABLE", "cdc-relay replay --since"},
+			want:      []string{"no longer covers the outbox table", "ADD TABLE", "(command replay since="},
 		},
 		{
 			name:      "publication dropped while streaming",
@@ -334,7 +334,7 @@ func TestCheckerPublication(t *testing.T) {
 		{
 			name:   "table removed and added back between rounds",
 			change: "ALTER PUBLICATION %[1]s DROP TABLE outbox_events; ALTER PUBLICATION %[1]s ADD TABLE outbox_events",
-			want:   []string{"was removed from publication", "cdc-relay replay --since"},
+			want:   []string{"was removed from publication", "(command replay since="},
 		},
 	}
 	for i, tt := range tests {
@@ -425,7 +425,7 @@ func TestStreamError(t *testing.T) {
 	if !errors.As(err, new(*replication.ConfigError)) {
 		t.Fatalf("StreamError(publication does not exist) = %v, want a *replication.ConfigError", err)
 	}
-	for _, w := range []string{`publication "pub1" was dropped`, "pg_replication_slot_advance('s1'", "cdc-relay replay --since TIME"} {
+	for _, w := range []string{`publication "pub1" was dropped`, "pg_replication_slot_advance('s1'", "(command replay since=TIME)"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error does not contain %q: %v", w, err)
 		}

@@ -53,8 +53,8 @@ func failoverChecks() []Check {
 			return Finding{Verdict: Info, Msg: fmt.Sprintf(
 				"PostgreSQL %s has no failover slots (they need 17 or later): replication slot %q lives on this server only, "+
 					"so a standby promoted in its place has no copy of it. After a failover the relay stops with slot_missing "+
-					"and the steps to recover (or, with on-slot-loss=backfill, republishes the outbox rows from the stored checkpoint on)",
-				replication.VersionName(s.ServerVersion), f.Setup.Slot),
+					"and the steps to recover (or, with %s, republishes the outbox rows from the stored checkpoint on)",
+				replication.VersionName(s.ServerVersion), f.Setup.Slot, f.Setup.Names.Name("Backfill")),
 				Fields: map[string]any{"server_version_num": s.ServerVersion}}
 		}},
 		{CheckSlotNotFailover, func(f *Facts) Finding {
@@ -64,13 +64,13 @@ func failoverChecks() []Check {
 			}
 			why := "a relay with slot failover auto or on switches it on when it acquires the slot"
 			if f.FailoverMode == replication.FailoverOff {
-				why = "slot failover is off " + setting.Token("SlotFailover")
+				why = "slot failover is off " + f.Setup.Names.Name("SlotFailover")
 			}
 			return warn(fmt.Sprintf(
 				"replication slot %q is not a failover slot (%s): standbys do not get a copy, so a promotion loses the slot "+
 					"and the relay stops with slot_missing. To keep it across a failover, set slot failover to auto or on %s, "+
 					"or run ALTER_REPLICATION_SLOT %s (FAILOVER true) on a replication connection while the slot is idle",
-				f.Setup.Slot, why, setting.Token("SlotFailover"), f.Setup.Slot))
+				f.Setup.Slot, why, f.Setup.Names.Name("SlotFailover"), f.Setup.Slot))
 		}},
 		{CheckStandbySlotsUnset, func(f *Facts) Finding {
 			s := f.Failover
@@ -122,10 +122,10 @@ func slotMissing(err error) bool {
 // ran: typically a promotion to a server without a copy of it. The relay
 // stops; its next start finds the stored checkpoint without a slot and takes
 // the slot-loss path (SlotMissing: fail with the steps, or backfill).
-func slotMissingMidStream(slot string) *GapError {
+func slotMissingMidStream(slot string, names setting.Namer) *GapError {
 	return &GapError{Kind: SlotMissing, Slot: slot, msg: fmt.Sprintf("replication slot %q: %s: the slot does not exist on the server the relay reconnected to: "+
 		"a failover promoted a server without a copy of it (not a failover slot, no standby synchronizing it, or the copy was not yet persistent), "+
 		"or it was dropped. Events committed after the relay's checkpoint cannot be streamed from it. The relay stopped after saving its checkpoint; "+
-		"start it again: it refuses with slot_missing and the steps to recover, or with on-slot-loss=backfill creates a new slot and republishes "+
-		"the outbox rows since the checkpoint", slot, SlotMissing)}
+		"start it again: it refuses with slot_missing and the steps to recover, or with %s creates a new slot and republishes "+
+		"the outbox rows since the checkpoint", slot, SlotMissing, names.Name("Backfill"))}
 }

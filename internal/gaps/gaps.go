@@ -378,17 +378,17 @@ func SlotHealth(s replication.SlotState) metrics.SlotHealth {
 func (c *Checker) StreamError(err error) error {
 	if invalid, reason := slotInvalidated(err); invalid {
 		c.m.SlotProblems.WithLabelValues(SlotLost.String()).Inc()
-		return invalidatedWhileStreaming(c.setup.Slot, replication.SlotState{}, reason, "the server says: "+err.Error())
+		return invalidatedWhileStreaming(c.setup.Names, c.setup.Slot, replication.SlotState{}, reason, "the server says: "+err.Error())
 	}
 	if slotMissing(err) {
 		c.m.SlotProblems.WithLabelValues(SlotMissing.String()).Inc()
-		return slotMissingMidStream(c.setup.Slot)
+		return slotMissingMidStream(c.setup.Slot, c.setup.Names)
 	}
 	if !publicationDropped(err) {
 		return nil
 	}
 	c.m.SlotProblems.WithLabelValues(CheckPublicationDropped).Inc()
-	return &replication.ConfigError{Msg: publicationDroppedMsg(c.setup.Publication, c.setup.Slot, "")}
+	return &replication.ConfigError{Msg: publicationDroppedMsg(c.setup.Names, c.setup.Publication, c.setup.Slot, "")}
 }
 
 // report logs r's findings (the non-fatal ones only when logWarnings, the

@@ -55,7 +55,7 @@ func TestCheckerPartitioned(t *testing.T) {
 			change:    "CREATE TABLE p.outbox_2026 PARTITION OF p.outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
 			wantWatch: gaps.CheckTableCovered,
 			wantWarn:  true,
-			want:      []string{"does not cover partitions p.outbox_2026 of the partitioned outbox table", `ADD TABLE "p"."outbox_events";`, "cdc-relay replay --since"},
+			want:      []string{"does not cover partitions p.outbox_2026 of the partitioned outbox table", `ADD TABLE "p"."outbox_events";`, "(command replay since="},
 		},
 		{
 			name:      "the default partition not listed",

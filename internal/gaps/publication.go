@@ -52,7 +52,7 @@ func publicationChecks() []Check {
 			if !f.Setup.PublishUpdates || f.Coverage.PubUpdate {
 				return Finding{}
 			}
-			return fatal(&replication.ConfigError{Err: setting.Errorf("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore",
+			return fatal(&replication.ConfigError{Err: f.Setup.Names.Errorf("OnOutboxUpdate", "publication %q does not publish updates, which the relay must see to report them: run ALTER PUBLICATION %s SET (publish = 'insert, update'); or choose ignore",
 				f.Setup.Publication, pubIdent(f))})
 		}},
 		{CheckTableCovered, judgeTableCovered(false)},
@@ -113,7 +113,7 @@ func PartialCoverage(cfg replication.SetupConfig, covs []replication.Coverage) (
 			strings.Join(missing, ", "))
 	}
 	return nil, &replication.ConfigError{Msg: fmt.Sprintf("publication %q does not cover outbox table %s, which the relay is configured to read beside %s: run %s (as the table owner), or let the relay add it %s%s",
-		cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, setting.Token("CreatePublication"), lost)}
+		cfg.Publication, strings.Join(missing, ", "), strings.Join(covered, ", "), alter, cfg.Names.Name("CreatePublication"), lost)}
 }
 
 // A partitioned outbox table is covered when every leaf partition is: the
@@ -157,7 +157,7 @@ func watchChecks() []Check {
 			if !invalid {
 				return Finding{}
 			}
-			return fatal(invalidatedWhileStreaming(f.Setup.Slot, f.Slot, reason,
+			return fatal(invalidatedWhileStreaming(f.Setup.Names, f.Setup.Slot, f.Slot, reason,
 				fmt.Sprintf("%s, confirmed at %s", invalidDesc(f.Slot, reason), f.Slot.ConfirmedFlush)))
 		}},
 		{CheckTableDropped, func(f *Facts) Finding {
@@ -175,7 +175,7 @@ func watchChecks() []Check {
 			if f.Coverage.PubExists {
 				return Finding{}
 			}
-			return fatal(&replication.ConfigError{Msg: publicationDroppedMsg(f.Setup.Publication, f.Setup.Slot, since(f))})
+			return fatal(&replication.ConfigError{Msg: publicationDroppedMsg(f.Setup.Names, f.Setup.Publication, f.Setup.Slot, since(f))})
 		}},
 		{CheckPublicationInserts, func(f *Facts) Finding {
 			if f.Coverage.NoTable {
@@ -252,15 +252,15 @@ func judgeTableCovered(streaming bool) func(f *Facts) Finding {
 // invalidatedWhileStreaming is the gap a running relay stops with when
 // Postgres invalidated its slot (reason as SlotState.Invalidated names it, ""
 // when unknown; seen says what showed it).
-func invalidatedWhileStreaming(slot string, s replication.SlotState, reason, seen string) *GapError {
+func invalidatedWhileStreaming(names setting.Namer, slot string, s replication.SlotState, reason, seen string) *GapError {
 	return gap(SlotLost, slot, checkpoint.Checkpoint{}, s,
 		"replication slot %q was invalidated while the relay was streaming (%s): %s. "+
 			"The relay stops: it cannot stream from this slot again, and events committed after the last stored checkpoint "+
 			"that are not in Kafka yet cannot be streamed. "+
-			"To recover, either restart with backfilling on "+setting.Token("Backfill")+" (the relay drops the slot, creates a new one "+
+			"To recover, either restart with backfilling on "+names.Name("Backfill")+" (the relay drops the slot, creates a new one "+
 			"and republishes the outbox rows created since the stored checkpoint), or by hand: "+
 			"drop the slot with %s, delete the checkpoint with %s, restart the relay, which creates a new slot, "+
-			"and replay the rows committed since the stored checkpoint (`cdc-relay status` shows it) with `cdc-relay replay --since <its time>`. %s",
+			"and replay the rows committed since the stored checkpoint (`"+names.Command("status")+"` shows it) with `"+names.Command("replay", "since", "<its time>")+"`. %s",
 		slot, seen, invalidCause(reason), dropSlotSQL(slot), deleteSQL(slot), invalidPrevent(reason))
 }
 
@@ -305,17 +305,17 @@ func since(f *Facts) string { return f.Prev.LastOK.UTC().Format(time.RFC3339) }
 
 func replaySince(f *Facts) string {
 	s := since(f)
-	return fmt.Sprintf("then republish the rows committed since %s that are still in the table: cdc-relay replay --since %s", s, s)
+	return fmt.Sprintf("then republish the rows committed since %s that are still in the table: %s", s, f.Setup.Names.Command("replay", "since", s))
 }
 
 // publicationDroppedMsg explains a publication dropped under a running relay:
 // the walsender then fails on every start at the slot's position, even after
 // the publication is created again, because it decodes with the old catalog.
 // since is when the publication was last seen, "" when unknown.
-func publicationDroppedMsg(pub, slot, since string) string {
-	replay := "republish the outbox rows committed since it was dropped: cdc-relay replay --since TIME"
+func publicationDroppedMsg(names setting.Namer, pub, slot, since string) string {
+	replay := "republish the outbox rows committed since it was dropped: " + names.Command("replay", "since", "TIME")
 	if since != "" {
-		replay = fmt.Sprintf("republish the outbox rows committed since %s: cdc-relay replay --since %s", since, since)
+		replay = fmt.Sprintf("republish the outbox rows committed since %s: %s", since, names.Command("replay", "since", since))
 	}
 	return fmt.Sprintf("publication %q was dropped while the relay was streaming; Postgres cannot stream the outbox from the slot's WAL past that point, even after the publication is created again (up to 17 it fails, from 18 it skips the rows): "+
 		"create it (CREATE PUBLICATION %s FOR TABLE ... WITH (publish = 'insert');), then move slot %q past its creation: stop the relay, run SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn());, "+

@@ -109,7 +109,7 @@ func slotChecks() []Check {
 			}
 			slot := f.Setup.Slot
 			return fatal(&replication.ConfigError{Msg: fmt.Sprintf("the initial snapshot of replication slot %q (started by relay %q at %s) did not complete, so rows already in the outbox may be missing downstream: "+
-				"restart with the initial snapshot on "+setting.Token("Snapshot")+" to drop the slot and take the snapshot again; "+
+				"restart with the initial snapshot on "+f.Setup.Names.Name("Snapshot")+" to drop the slot and take the snapshot again; "+
 				"or, to give it up, drop the slot with SELECT pg_drop_replication_slot('%s'); and delete its checkpoint (the row slot_name = '%s' of the checkpoint table, or the checkpoint file), then restart",
 				slot, f.Stored.RelayName, f.Stored.UpdatedAt.UTC().Format(time.RFC3339), slot, slot)})
 		}},
@@ -147,7 +147,7 @@ func slotChecks() []Check {
 					"drop a slot copied along with the data, %s, remove the stale checkpoint with %s and restart the relay, "+
 					"which creates a new slot. To recover events since the old checkpoint, %s",
 				slot, stored.LSN, savedAt(stored), stored.SystemID, f.SystemID,
-				slotDesc(s), dropSlotSQL(slot), deleteSQL(slot), replayHint(stored)))
+				slotDesc(s), dropSlotSQL(slot), deleteSQL(slot), replayHint(stored, f.Setup.Names)))
 		}},
 		{SlotMissing.String(), judgeSlotMissing},
 		{WrongPlugin.String(), judgeWrongPlugin},
@@ -203,7 +203,7 @@ func judgeSlotDatabase(f *Facts) Finding {
 	if !s.Exists || s.Database == f.Database {
 		return Finding{}
 	}
-	return fatal(&replication.ConfigError{Err: setting.Errorf("Slot", "replication slot %q belongs to database %q, not %q: choose another slot or connect to %q", slot, s.Database, f.Database, s.Database)})
+	return fatal(&replication.ConfigError{Err: f.Setup.Names.Errorf("Slot", "replication slot %q belongs to database %q, not %q: choose another slot or connect to %q", slot, s.Database, f.Database, s.Database)})
 }
 
 // judgeUnreserved: the slot needs more WAL than max_slot_wal_keep_size
@@ -244,7 +244,7 @@ func judgeSlotMissing(f *Facts) Finding {
 			"Events committed after %s until a new slot is created cannot be streamed and would be missing downstream. "+
 			"To accept that gap, delete the checkpoint with %s and restart the relay, which creates a new slot "+
 			"and streams from then on. To recover the events, %s",
-		slot, stored.LSN, savedAt(stored), stored.LSN, deleteSQL(slot), replayHint(stored)))
+		slot, stored.LSN, savedAt(stored), stored.LSN, deleteSQL(slot), replayHint(stored, f.Setup.Names)))
 }
 
 // judgeWrongPlugin: the slot does not use pgoutput.
@@ -294,7 +294,7 @@ func judgeSlotAhead(f *Facts) Finding {
 			"Find out who uses the slot (SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s;). "+
 			"To recover the events, %s; then accept the slot's position with %s and restart the relay",
 		slot, s.ConfirmedFlush, stored.LSN, savedAt(stored), stored.LSN, s.ConfirmedFlush,
-		sqlString(slot), replayHint(stored), updateSQL(slot, s.ConfirmedFlush)))
+		sqlString(slot), replayHint(stored, f.Setup.Names), updateSQL(slot, s.ConfirmedFlush)))
 }
 
 // Reconcile runs the slot checks over a slot's state without reading or
@@ -378,7 +378,7 @@ func lostAfter(f *Facts) (storedAt, lost string) {
 	}
 	return "stored checkpoint " + f.Stored.LSN.String(),
 		fmt.Sprintf("Events committed after the stored checkpoint %s cannot be streamed; to recover them, %s.",
-			f.Stored.LSN, replayHint(f.Stored))
+			f.Stored.LSN, replayHint(f.Stored, f.Setup.Names))
 }
 
 func warn(msg string) Finding { return Finding{Verdict: Warn, Msg: msg} }
@@ -418,7 +418,7 @@ func tableJoinedGap(f *Facts, tables []string) *GapError {
 	since := at.UTC().Format(time.RFC3339)
 	replay := ""
 	for _, t := range tables {
-		replay += fmt.Sprintf("`cdc-relay replay --table %s --since %s` ", t, since)
+		replay += "`" + f.Setup.Names.Command("replay", "table", t, "since", since) + "` "
 	}
 	return gap(TableJoined, slot, stored, f.Slot,
 		"the relay reads outbox table %s, which publication %q covers, but the publication did not cover it at the relay's stored checkpoint (LSN %s, saved %s): "+
@@ -426,25 +426,25 @@ func tableJoinedGap(f *Facts, tables []string) *GapError {
 			"Rows committed into it after the checkpoint and before that change may be missing downstream: Postgres never streams the rows committed while a table is outside the publication "+
 			"(it decodes with the publication as it was), and the relay cannot tell which. "+
 			"To publish them, remove the table from the publication (ALTER PUBLICATION %s DROP TABLE %s;) and restart the relay allowed to change the publication "+
-			setting.Token("CreatePublication")+": it adds the table back and publishes every row it holds (cdc_relay_snapshot: join; rows the stream carries too arrive twice). "+
+			f.Setup.Names.Name("CreatePublication")+": it adds the table back and publishes every row it holds (cdc_relay_snapshot: join; rows the stream carries too arrive twice). "+
 			"Or republish them yourself, less the duration of your longest write transaction (created_at is a transaction's start): %s"+
 			"and then accept the table with `UPDATE %s SET outbox_tables = NULL WHERE slot_name = %s;` (or remove outbox_tables from the slot's entry in the checkpoint file) and restart the relay",
 		list, f.Setup.Publication, stored.LSN, savedAt(stored),
 		pgx.Identifier{f.Setup.Publication}.Sanitize(), strings.Join(quoted, ", "), replay, checkpoint.DefaultTable, sqlString(slot))
 }
 
-func replayHint(stored checkpoint.Checkpoint) string {
+func replayHint(stored checkpoint.Checkpoint, names setting.Namer) string {
 	at, what := stored.CommitTime, "the commit time the checkpoint covers"
 	if at.IsZero() {
 		at, what = stored.UpdatedAt, "when the checkpoint was saved (later than the commit it covers if the relay was behind)"
 	}
 	if at.IsZero() {
-		return "replay them from the outbox table with `cdc-relay replay --since <time of the last delivered event>`"
+		return "replay them from the outbox table with `" + names.Command("replay", "since", "<time of the last delivered event>") + "`"
 	}
-	return fmt.Sprintf("replay them from the outbox table with `cdc-relay replay --since %s`, %s, "+
+	return fmt.Sprintf("replay them from the outbox table with `%s`, %s, "+
 		"less the duration of your longest write transaction (created_at is a transaction's start; "+
 		"replayed events keep their ids, so idempotent consumers drop repeats)",
-		at.UTC().Format(time.RFC3339), what)
+		names.Command("replay", "since", at.UTC().Format(time.RFC3339)), what)
 }
 
 func savedAt(stored checkpoint.Checkpoint) string {

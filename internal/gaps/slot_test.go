@@ -77,7 +77,7 @@ func TestReconcile(t *testing.T) {
 			want: []string{
 				"does not exist", "cannot be streamed",
 				"DELETE FROM public.cdc_relay_checkpoints WHERE slot_name = 'orders_outbox';",
-				"cdc-relay replay --since " + storedAt,
+				"(command replay since=" + storedAt,
 			},
 		},
 		{
@@ -89,7 +89,7 @@ func TestReconcile(t *testing.T) {
 			want: []string{
 				"wal_status 'lost'", "max_slot_wal_keep_size", "SELECT pg_drop_replication_slot('orders_outbox');",
 				"DELETE FROM public.cdc_relay_checkpoints", "ALTER SYSTEM SET max_slot_wal_keep_size",
-				"cdc-relay replay --since " + storedAt,
+				"(command replay since=" + storedAt,
 			},
 		},
 		{
@@ -100,7 +100,7 @@ func TestReconcile(t *testing.T) {
 			wantKind:   SystemChanged,
 			want: []string{
 				systemID, "6999999999999999999", "restored from a backup, cloned", "different cluster",
-				"DELETE FROM public.cdc_relay_checkpoints", "cdc-relay replay --since " + storedAt,
+				"DELETE FROM public.cdc_relay_checkpoints", "(command replay since=" + storedAt,
 			},
 		},
 		{
@@ -120,7 +120,7 @@ func TestReconcile(t *testing.T) {
 			want: []string{
 				`"wal2json"`, `"pgoutput"`, "give the relay its own slot name",
 				"SELECT pg_drop_replication_slot('orders_outbox');", "DELETE FROM public.cdc_relay_checkpoints",
-				"cdc-relay replay --since " + storedAt,
+				"(command replay since=" + storedAt,
 			},
 		},
 		{
@@ -131,7 +131,7 @@ func TestReconcile(t *testing.T) {
 			wantKind:   SlotAhead,
 			want: []string{
 				"past the stored checkpoint", "another consumer", "may never have reached Kafka",
-				"UPDATE public.cdc_relay_checkpoints SET lsn = '3/2000000'", "cdc-relay replay --since " + storedAt,
+				"UPDATE public.cdc_relay_checkpoints SET lsn = '3/2000000'", "(command replay since=" + storedAt,
 			},
 		},
 		{
@@ -176,7 +176,7 @@ func TestReconcile(t *testing.T) {
 			haveStored: true,
 			slot:       replication.SlotState{},
 			wantKind:   SlotMissing,
-			want:       []string{"at an unknown time", "cdc-relay replay --since <time of the last delivered event>"},
+			want:       []string{"at an unknown time", "(command replay since=<time of the last delivered event>)"},
 		},
 	}
 	for _, tt := range tests {
@@ -300,7 +300,7 @@ func TestTableJoined(t *testing.T) {
 			want: "table_joined",
 			msg: []string{"reads outbox table billing.outbox_events", "did not cover it at the relay's stored checkpoint (LSN 0/10000", "by hand", "may be missing downstream",
 				`ALTER PUBLICATION "cdc_relay_outbox" DROP TABLE "billing"."outbox_events";`,
-				"`cdc-relay replay --table billing.outbox_events --since 2026-12-04T10:00:00Z`",
+				"`(command replay table=billing.outbox_events since=2026-12-04T10:00:00Z)`",
 				"UPDATE public.cdc_relay_checkpoints SET outbox_tables = NULL WHERE slot_name = 'orders_outbox';"},
 		},
 		{

@@ -169,7 +169,7 @@ type Metrics struct {
 	// (deadletter.Statuses), read with the backlog.
 	DeadLettersByStatus *prometheus.GaugeVec
 	// DeadLetterRetries counts the attempts of the automatic retries
-	// (--dlq-auto-retry) by result: the status the letter went to
+	// (dead_letters.auto_retry) by result: the status the letter went to
 	// (DeadLetterRetryResults).
 	DeadLetterRetries *prometheus.CounterVec
 	// DeadLettersDead counts letters the automatic retries gave up on
@@ -178,12 +178,12 @@ type Metrics struct {
 	// TraceContextInvalid counts events whose tracing column held no valid
 	// trace context: they went out without traceparent/tracestate headers.
 	TraceContextInvalid prometheus.Counter
-	// TraceSpans counts the relay's own spans (--otel-exporter otlp) by the
+	// TraceSpans counts the relay's own spans (operations.otel_exporter otlp) by the
 	// result of their export: exported (the receiver accepted them) or
 	// failed (dropped after the exporter's retries, or rejected by the receiver).
 	TraceSpans *prometheus.CounterVec
 	// OutboxUpdates counts UPDATEs of outbox rows the relay saw with
-	// --on-outbox-update warn, error or fatal.
+	// delivery.on_outbox_update warn, error or fatal.
 	OutboxUpdates prometheus.Counter
 	// MessagesNonTransactional counts non-transactional logical decoding
 	// messages with the message outbox's prefix: they escape rollbacks, so
@@ -297,7 +297,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		OutboxWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "outbox_wait_seconds",
-			Help:    "Time from an outbox row's insert (--column-created-at, else its commit) to Kafka's acknowledgement, by event type (at most " + strconv.Itoa(MaxEventTypeLabels) + " types; the rest are \"" + OtherEventType + "\").",
+			Help:    "Time from an outbox row's insert (outbox.columns.created_at, else its commit) to Kafka's acknowledgement, by event type (at most " + strconv.Itoa(MaxEventTypeLabels) + " types; the rest are \"" + OtherEventType + "\").",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}, []string{"event_type"}),
 		waitTypes: &waitTypes{m: map[string]prometheus.Observer{}},
@@ -344,7 +344,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 		BackfilledEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "backfilled_events_total",
-			Help: "Outbox rows republished by --on-slot-loss=backfill after the slot was lost, dropped or moved, by kind.",
+			Help: "Outbox rows republished by delivery.on_slot_loss=backfill after the slot was lost, dropped or moved, by kind.",
 		}, []string{"kind"}),
 		CircuitState: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "circuit_state",
@@ -396,27 +396,27 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"status"}),
 		DeadLetterRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "dead_letter_retries_total",
-			Help: "Attempts of the automatic dead-letter retries (--dlq-auto-retry), by result: completed, retry_wait (failed, retried later) or dead (failed, budget spent).",
+			Help: "Attempts of the automatic dead-letter retries (dead_letters.auto_retry), by result: completed, retry_wait (failed, retried later) or dead (failed, budget spent).",
 		}, []string{"result"}),
 		DeadLettersDead: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "dead_letters_dead_total",
-			Help: "Dead letters the automatic retries gave up on (status dead, after --dlq-auto-retry-budget attempts or --dlq-auto-retry-max-age); an operator must fix and replay or purge them.",
+			Help: "Dead letters the automatic retries gave up on (status dead, after dead_letters.auto_retry.budget attempts or dead_letters.auto_retry.max_age); an operator must fix and replay or purge them.",
 		}),
 		TraceContextInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "trace_context_invalid_total",
-			Help: "Events whose tracing column (--column-tracing) was neither a W3C traceparent nor Debezium's properties text; they were published without trace headers.",
+			Help: "Events whose tracing column (outbox.columns.tracing) was neither a W3C traceparent nor Debezium's properties text; they were published without trace headers.",
 		}),
 		TraceSpans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "trace_spans_total",
-			Help: "Spans of published events exported over OTLP with --otel-exporter otlp, by result: exported (the receiver accepted them) or failed (dropped after the exporter's retries, or rejected by the receiver; the events are not affected).",
+			Help: "Spans of published events exported over OTLP with operations.otel_exporter=otlp, by result: exported (the receiver accepted them) or failed (dropped after the exporter's retries, or rejected by the receiver; the events are not affected).",
 		}, []string{"result"}),
 		OutboxUpdates: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "outbox_updates_total",
-			Help: "UPDATEs of outbox rows seen with --on-outbox-update warn, error or fatal; nothing is published for them.",
+			Help: "UPDATEs of outbox rows seen with delivery.on_outbox_update warn, error or fatal; nothing is published for them.",
 		}),
 		MessagesNonTransactional: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "messages_non_transactional_total",
-			Help: "Non-transactional logical decoding messages with the --messages-prefix prefix; they escape rollbacks, so they are never published.",
+			Help: "Non-transactional logical decoding messages with the messages.prefix prefix; they escape rollbacks, so they are never published.",
 		}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "replayed_events_total",
@@ -432,7 +432,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"state"}),
 		Source: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "source",
-			Help: "1 for the role of the server the relay decodes on (role: primary, or standby with --primary-pg-url for writes), 0 for the other.",
+			Help: "1 for the role of the server the relay decodes on (role: primary, or standby with source.primary_pg_url for writes), 0 for the other.",
 		}, []string{"role"}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "build_info",

@@ -14,10 +14,10 @@ import (
 // are reserved, as the sink's own headers are, and cannot be the target of a
 // header column.
 const (
-	// HeaderContentType is the payload's MIME type (--content-type).
+	// HeaderContentType is the payload's MIME type (outbox.content_type).
 	HeaderContentType = "content-type"
 	// HeaderTraceParent and HeaderTraceState carry the W3C trace context of
-	// the tracing column (--column-tracing).
+	// the tracing column (outbox.columns.tracing).
 	HeaderTraceParent = "traceparent"
 	HeaderTraceState  = "tracestate"
 )
@@ -37,7 +37,7 @@ const (
 	// PayloadText is the text form of a column (text, varchar, xml, …).
 	PayloadText PayloadType = iota
 	// PayloadJSON is a JSON document: a json or jsonb column, or an envelope
-	// (--envelope-columns), which is always valid JSON.
+	// (outbox.envelope_columns), which is always valid JSON.
 	PayloadJSON
 	// PayloadBinary is raw bytes: a bytea column, decoded.
 	PayloadBinary
@@ -90,11 +90,11 @@ type Event struct {
 	PayloadType PayloadType
 
 	// Timestamp is the Kafka record timestamp taken from the outbox row
-	// (--column-timestamp); zero means none, and the record gets the time
+	// (outbox.columns.timestamp); zero means none, and the record gets the time
 	// the sink builds its batch.
 	Timestamp time.Time
 	// TargetPartition is the Kafka partition the outbox row names
-	// (--column-partition), when HasTargetPartition; otherwise the sink
+	// (outbox.columns.partition), when HasTargetPartition; otherwise the sink
 	// picks the partition by key. The sink fails an event whose partition
 	// the topic does not have (code "invalid_partition").
 	TargetPartition    int64
@@ -103,7 +103,7 @@ type Event struct {
 	XID        uint32
 	CommitLSN  pglogrepl.LSN // LSN of the commit record of the event's transaction
 	CommitTime time.Time
-	// CreatedAt is the row's insert time (--column-created-at) when the
+	// CreatedAt is the row's insert time (outbox.columns.created_at) when the
 	// table has that column; zero otherwise. The outbox wait time is
 	// measured from it (from CommitTime without it).
 	CreatedAt time.Time
@@ -128,7 +128,7 @@ type Event struct {
 	Schema, Table string
 
 	// MessagePrefix is the prefix of the logical decoding message the event
-	// came from (pg_logical_emit_message, --messages-prefix), "" for an
+	// came from (pg_logical_emit_message, messages.prefix), "" for an
 	// outbox row. Such an event has no table: it exists only in the WAL, so
 	// a snapshot, a backfill or a replay from the table never sees it.
 	MessagePrefix string
@@ -152,7 +152,7 @@ func (e *Event) Size() int {
 // Footprint is the heap the event costs while it is in flight: its values
 // twice (as decoded, and encoded in a produce request until Kafka acknowledges
 // it) and the Event itself with its headers. The relay's read-ahead bound
-// counts it, so that --max-in-flight-mib bounds memory, not only payload bytes.
+// counts it, so that delivery.max_in_flight_mib bounds memory, not only payload bytes.
 func (e *Event) Footprint() int {
 	// A reused value buffer may be somewhat larger than the values in it.
 	slack := cap(e.Values) - len(e.Values)

@@ -28,29 +28,29 @@ import (
 
 // Columns names the outbox table's columns for Replay. They mirror the
 // decoder's configuration (decoder.Config), so errors name the decoder's
-// fields (setting.Token("TimestampColumn")) as the setting to check.
+// fields ("TimestampColumn") as the setting to check, through Names.
 type Columns struct {
-	decoder.Columns        // as the relay's --column-* flags
+	decoder.Columns        // as the relay's outbox.columns.* settings
 	CreatedAt       string // insert time, for the time filters and order; "" means created_at
 	// Headers maps extra columns to Kafka headers, as the relay's
-	// --header-columns (decoder.Config.HeaderColumns); NULL columns send none.
+	// outbox.header_columns (decoder.Config.HeaderColumns); NULL columns send none.
 	Headers map[string]string
-	// ContentType and Tracing are the relay's --content-type and
-	// --column-tracing (decoder.Config.ContentType, TracingColumn): rows are
+	// ContentType and Tracing are the relay's outbox.content_type and
+	// outbox.columns.tracing (decoder.Config.ContentType, TracingColumn): rows are
 	// published in the stream's format (decoder.Format), a bytea payload or key
 	// as raw bytes. A Tracing column the table lacks is ignored, as the relay
 	// ignores it.
 	ContentType string
 	Tracing     string
-	// Timestamp is the relay's --column-timestamp
+	// Timestamp is the relay's outbox.columns.timestamp
 	// (decoder.Config.TimestampColumn): read as the stream reads it
 	// (decoder.ParseTimestamp) into the record timestamp. "" means none.
 	Timestamp string
-	// Partition is the relay's --column-partition
+	// Partition is the relay's outbox.columns.partition
 	// (decoder.Config.PartitionColumn), read into Event.TargetPartition.
 	// "" means none.
 	Partition string
-	// Envelope is the relay's --envelope-columns
+	// Envelope is the relay's outbox.envelope_columns
 	// (decoder.Config.EnvelopeColumns): the value is decoder.Envelope of
 	// the payload and these columns. nil means none.
 	Envelope []decoder.EnvelopeColumn
@@ -61,6 +61,9 @@ type Columns struct {
 	JSON             connectjson.Options
 	SchemaVersion    string
 	RouteByEventType bool
+	// Names names the settings in errors, as decoder.Config's fields (the
+	// caller's Namer Within the field that holds the decoder's configuration).
+	Names setting.Namer
 }
 
 // ReplayOptions configures Replay. Zero filters select everything.
@@ -73,7 +76,7 @@ type ReplayOptions struct {
 	// Topic is the relay's topic template, e.g. "outbox.{aggregate_type}",
 	// rendered per row.
 	Topic string
-	// TopicRegex is the relay's --topic-regex (route.NewWithRegex).
+	// TopicRegex is the relay's outbox.topic_regex (route.NewWithRegex).
 	TopicRegex route.Regex
 	Rate       float64 // events per second; 0 = unlimited
 	BatchSize  int     // 0 means replay.DefaultBatchSize
@@ -243,19 +246,20 @@ type outboxQuery struct {
 
 // NotNullColumns returns the columns of table that are NOT NULL, which
 // pgoutput does not announce: the relay hands them to its decoder for the
-// JSON schemas (decoder.Decoder.SetNotNull).
-func NotNullColumns(ctx context.Context, db Querier, table string) (map[string]bool, error) {
+// JSON schemas (decoder.Decoder.SetNotNull). names names the settings in errors, as
+// decoder.Config's fields (see Columns.Names).
+func NotNullColumns(ctx context.Context, db Querier, table string, names setting.Namer) (map[string]bool, error) {
 	rows, err := db.Query(ctx, `SELECT attname FROM pg_attribute
 WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attnotnull`, quoteTable(table))
 	if err != nil {
-		return nil, outboxErr(err, table)
+		return nil, outboxErr(err, table, names)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, outboxErr(err, table)
+		return nil, outboxErr(err, table, names)
 	}
-	m := make(map[string]bool, len(names))
-	for _, n := range names {
+	m := make(map[string]bool, len(cols))
+	for _, n := range cols {
 		m[n] = true
 	}
 	return m, nil
@@ -268,7 +272,7 @@ func (q *outboxQuery) describe(ctx context.Context, db Querier) error {
 	rows, err := db.Query(ctx, `SELECT attname, atttypid::int8, atttypmod, attnotnull FROM pg_attribute
 WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 	if err != nil {
-		return outboxErr(err, q.name)
+		return outboxErr(err, q.name, q.cols.Names)
 	}
 	defer rows.Close()
 	var payloadType, keyType uint32
@@ -299,22 +303,22 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return outboxErr(err, q.name)
+		return outboxErr(err, q.name, q.cols.Names)
 	}
 	if q.cols.Timestamp != "" {
 		if q.tsType == 0 {
-			return fmt.Errorf("read outbox table %s: it has no timestamp column %q %s", q.name, q.cols.Timestamp, setting.Token("TimestampColumn"))
+			return fmt.Errorf("read outbox table %s: it has no timestamp column %q %s", q.name, q.cols.Timestamp, q.cols.Names.Name("TimestampColumn"))
 		}
 		if err := decoder.CheckTimestampType(q.tsType); err != nil {
-			return fmt.Errorf("read outbox table %s: timestamp column %q %w %s", q.name, q.cols.Timestamp, err, setting.Token("TimestampColumn"))
+			return fmt.Errorf("read outbox table %s: timestamp column %q %w %s", q.name, q.cols.Timestamp, err, q.cols.Names.Name("TimestampColumn"))
 		}
 	}
 	if q.cols.Partition != "" {
 		if q.partType == 0 {
-			return fmt.Errorf("read outbox table %s: it has no partition column %q %s", q.name, q.cols.Partition, setting.Token("PartitionColumn"))
+			return fmt.Errorf("read outbox table %s: it has no partition column %q %s", q.name, q.cols.Partition, q.cols.Names.Name("PartitionColumn"))
 		}
 		if err := decoder.CheckPartitionType(q.partType); err != nil {
-			return fmt.Errorf("read outbox table %s: partition column %q %w %s", q.name, q.cols.Partition, err, setting.Token("PartitionColumn"))
+			return fmt.Errorf("read outbox table %s: partition column %q %w %s", q.name, q.cols.Partition, err, q.cols.Names.Name("PartitionColumn"))
 		}
 	}
 	q.format = decoder.NewFormat(q.cols.ContentType, payloadType, keyType, q.tracing)
@@ -333,20 +337,20 @@ func (q *outboxQuery) describeJSON(cols map[string]connectjson.Column) error {
 	for _, ec := range q.cols.Envelope {
 		c, ok := cols[ec.Column]
 		if !ok {
-			return fmt.Errorf("read outbox table %s: it has no envelope column %q %s", q.name, ec.Column, setting.Token("EnvelopeColumns"))
+			return fmt.Errorf("read outbox table %s: it has no envelope column %q %s", q.name, ec.Column, q.cols.Names.Name("EnvelopeColumns"))
 		}
 		l.Envelope = append(l.Envelope, connectjson.EnvelopeField{Alias: ec.Alias, Column: c})
 	}
 	if q.cols.SchemaVersion != "" {
 		c, ok := cols[q.cols.SchemaVersion]
 		if !ok {
-			return fmt.Errorf("read outbox table %s: it has no schema version column %q %s", q.name, q.cols.SchemaVersion, setting.Token("SchemaVersionColumn"))
+			return fmt.Errorf("read outbox table %s: it has no schema version column %q %s", q.name, q.cols.SchemaVersion, q.cols.Names.Name("SchemaVersionColumn"))
 		}
 		l.Version, q.hasVersion = &c, true
 	}
 	enc, err := connectjson.New(o, l)
 	if err != nil {
-		return fmt.Errorf("read outbox table %s: %w %s", q.name, err, setting.Token("JSON"))
+		return fmt.Errorf("read outbox table %s: %w %s", q.name, err, q.cols.Names.Name("JSON"))
 	}
 	q.json = enc
 	return nil
@@ -416,7 +420,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	sql += fmt.Sprintf(" ORDER BY %s, %s, ctid, %s::text LIMIT %d", created, cmin, id, limit)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, cursor{}, outboxErr(err, q.name)
+		return nil, cursor{}, outboxErr(err, q.name, q.cols.Names)
 	}
 	defer rows.Close()
 	var out []*outbox.Event
@@ -498,7 +502,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 		last = cursor{createdAt: createdAt, cmin: rowCmin, ctid: ctid, id: string(ev.ID)}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, cursor{}, outboxErr(err, q.name)
+		return nil, cursor{}, outboxErr(err, q.name, q.cols.Names)
 	}
 	return out, last, nil
 }
@@ -533,14 +537,14 @@ func (q outboxQuery) encodeJSON(ev *outbox.Event, env []*string, version []byte)
 	return nil
 }
 
-func outboxErr(err error, table string) error {
+func outboxErr(err error, table string, names setting.Namer) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "42P01":
-			return fmt.Errorf("read outbox table %s: it does not exist %s: %w", table, setting.Token("Table"), err)
+			return fmt.Errorf("read outbox table %s: it does not exist %s: %w", table, names.Name("Table"), err)
 		case "42703":
-			return fmt.Errorf("read outbox table %s: a column is missing %s: %w", table, setting.Token("Columns"), err)
+			return fmt.Errorf("read outbox table %s: a column is missing %s: %w", table, names.Name("Columns"), err)
 		}
 	}
 	return fmt.Errorf("read outbox table %s: %w", table, err)

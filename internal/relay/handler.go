@@ -23,7 +23,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
@@ -49,7 +48,7 @@ type handler struct {
 	tracker  *checkpoint.Tracker // ck.Tracker()
 	relay    *Relay
 	m        *metrics.Metrics
-	// deadLetter stores events that failed for good (--on-error=dlq); nil halts.
+	// deadLetter stores events that failed for good (outbox.on_error dlq); nil halts.
 	deadLetter DeadLetterFunc
 	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
 	ctx       context.Context
@@ -64,7 +63,7 @@ type handler struct {
 	seq   uint64
 	inTxn bool
 
-	// Effectively-once delivery (nil with --delivery at-least-once): origin
+	// Effectively-once delivery (nil with delivery at-least-once): origin
 	// is the stream's, given to the sink beside each event so that its record
 	// carries the event's source position; gate skips replayed events already
 	// in Kafka; ledger records where Kafka stored each one for the checkpoints.
@@ -173,7 +172,7 @@ func (h *handler) outboxUpdate(msg decoder.Message) error {
 	case OutboxUpdateError:
 		h.relay.eventLog.Error().Uint32("xid", msg.XID).Str("lsn", msg.CommitLSN.String()).Msg(what)
 	case OutboxUpdateFatal:
-		return &replication.ConfigError{Err: setting.Errorf("OnOutboxUpdate",
+		return &replication.ConfigError{Err: h.relay.cfg.Names.Errorf("OnOutboxUpdate",
 			"transaction %d (commit LSN %s) updated a row of the outbox table %s.%s, which the relay treats as fatal: "+
 				"fix the writer (the outbox is insert-only), or choose ignore, warn or error", msg.XID, msg.CommitLSN,
 			h.relay.cfg.Decoder.Schema, h.relay.cfg.Decoder.Table)}
@@ -379,9 +378,9 @@ func (h *handler) permanent(ctx context.Context, m sink.Message, cause error) er
 	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
 		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
 	if h.deadLetter == nil || h.halts[decoder.TableName{Schema: ev.Schema, Table: ev.Table}] {
-		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + setting.Token("OpenDeadLetters"))
+		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + r.cfg.Names.Name("OpenDeadLetters"))
 		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with dead letters on %s; the slot was not confirmed past it",
-			ev.ID, ev.AggregateID, ev.CommitLSN, cause, setting.Token("OpenDeadLetters"))
+			ev.ID, ev.AggregateID, ev.CommitLSN, cause, r.cfg.Names.Name("OpenDeadLetters"))
 	}
 	topic := m.Topic
 	if topic == "" {

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // A table that joins.
@@ -25,7 +24,7 @@ import (
 // every row committed before the change, and the slot streams every row
 // committed after it, so none is missed and none sent twice at the seam.
 //
-// Every row the table holds is published, with --snapshot initial as with
+// Every row the table holds is published, with the initial snapshot on as with
 // never: Postgres keeps no commit position per row, so the relay cannot tell
 // the rows committed after its stored checkpoint (which never promises) from
 // older ones; publishing them all is the superset that loses none.
@@ -45,7 +44,7 @@ func (r *Relay) joinSnapshot(ctx context.Context, tx pgx.Tx, tables []decoder.Ta
 		Msgf("outbox table %s joins publication %q while the slot resumes from before the change, so Postgres never streams the rows committed into it until now: "+
 			"publishing every row it holds from the transaction that adds it (cdc_relay_snapshot: join), whatever the initial snapshot %s says; "+
 			"inserts into it wait until they are in Kafka, and the stream carries those committed after",
-			strings.Join(names, ", "), r.cfg.Publication, setting.Token("Snapshot"))
+			strings.Join(names, ", "), r.cfg.Publication, r.cfg.Names.Name("Snapshot"))
 	began := time.Now()
 	n, err := r.cfg.Join(ctx, tx, tables)
 	if err != nil {

@@ -216,7 +216,7 @@ type Config struct {
 	// (Kafka acknowledged every one). When nil the relay refuses to start with
 	// the explanation (on-slot-loss=fail).
 	Backfill func(ctx context.Context, since time.Time, kind string) (int, error)
-	// Snapshot, when set, is --snapshot initial: when the relay creates its
+	// Snapshot, when set, is the initial snapshot (delivery.snapshot initial): when the relay creates its
 	// slot (there is no stored checkpoint and no slot), it creates it with
 	// EXPORT_SNAPSHOT and calls Snapshot with a transaction that imported the
 	// snapshot, to publish every outbox row tx sees, marked as snapshot rows
@@ -268,7 +268,7 @@ type Config struct {
 	// history, by kind and result, whichever process ran it.
 	ReplayTotals func(context.Context) ([]ReplayTotal, error)
 	// DeadLetterAutoRetry, when set, runs the automatic retries of dead
-	// letters (--dlq-auto-retry) until ctx ends; ready reports whether Kafka
+	// letters (dead_letters.auto_retry) until ctx ends; ready reports whether Kafka
 	// accepts the relay's events now. The relay runs it in the background
 	// from the start of streaming, stops it at shutdown, and calls it again,
 	// with backoff, when it returns an error before.
@@ -277,13 +277,32 @@ type Config struct {
 	// configured age; it is called every MonitorInterval·60.
 	DeadLetterRetention func(context.Context) (int64, error)
 	Retry               backoff.Policy
-	// Spans, when set, records a trace span per event (--otel-exporter
+	// Spans, when set, records a trace span per event (operations.otel_exporter
 	// otlp); nil records none, at no cost per event. Its owner shuts it
 	// down after Run returns.
 	Spans Spans
 
+	// Names names settings in errors and log lines (see package setting):
+	// the fields of this Config; the relay hands each nested configuration
+	// (Decoder, Sink) the Namer Within its field.
+	Names setting.Namer
+
 	Logger  zerolog.Logger
 	Metrics *metrics.Metrics
+}
+
+// decoderConfig is Decoder, naming its settings Within "Decoder".
+func (c Config) decoderConfig() decoder.Config {
+	d := c.Decoder
+	d.Names = c.Names.Within("Decoder")
+	return d
+}
+
+// router returns the router of topic template and re, naming the settings
+// in its errors as c's.
+func (c Config) router(template string, re route.Regex) (*route.Router, error) {
+	re.Names = c.Names
+	return route.NewWithRegex(template, re)
 }
 
 // Delivery modes (Config.Delivery).
@@ -317,7 +336,7 @@ const (
 	DefaultStatusInterval   = time.Second
 	DefaultReadCoalesce     = time.Millisecond
 	// DefaultReadBuffer leaves the receive buffer to the kernel: a small one
-	// (--read-buffer-kib 32) made one-event transactions drain faster and
+	// (source.read_buffer_kib 32) made one-event transactions drain faster and
 	// cost the walsender less, but 10-event ones drain slower (bench/README.md).
 	DefaultReadBuffer      = 0
 	DefaultPersistInterval = 100 * time.Millisecond
@@ -373,65 +392,65 @@ func (c *Config) setDefaults() {
 // first.
 func (c Config) Validate() error {
 	if !replication.ValidName(c.Slot) {
-		return setting.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
+		return c.Names.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
 	}
 	if !replication.ValidName(c.Publication) {
-		return setting.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
+		return c.Names.Errorf("Publication", "publication name %q is invalid: use lowercase letters, digits and underscores", c.Publication)
 	}
 	if _, err := pgxpool.ParseConfig(c.PGURL); err != nil {
-		return setting.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
+		return c.Names.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(c.PGURL), err)
 	}
-	if _, err := decoder.New(c.Decoder); err != nil {
-		return setting.Within("Decoder", err)
+	if _, err := decoder.New(c.decoderConfig()); err != nil {
+		return err
 	}
-	if _, err := route.NewWithRegex(c.Topic, c.TopicRegex); err != nil {
-		return setting.Errorf("Topic", "%w", err)
+	if _, err := c.router(c.Topic, c.TopicRegex); err != nil {
+		return c.Names.Errorf("Topic", "%w", err)
 	}
 	for t, tr := range c.TableRoutes {
-		if _, err := route.NewWithRegex(tr.Topic, tr.Regex); err != nil {
-			return setting.Errorf("Topic", "outbox table %s: %w", t, err)
+		if _, err := c.router(tr.Topic, tr.Regex); err != nil {
+			return c.Names.Errorf("Topic", "outbox table %s: %w", t, err)
 		}
 	}
 	if c.Decoder.Columns.EventType == "" && (strings.Contains(c.Topic, "{event_type}") || (c.TopicRegex.Pattern != "" && c.TopicRegex.Field == route.FieldEventType)) {
-		return setting.Errorf("Decoder.Columns.EventType", "the topic routes by the event type but no event type column is set: name the column, or route by another field")
+		return c.Names.Errorf("Decoder.Columns.EventType", "the topic routes by the event type but no event type column is set: name the column, or route by another field")
 	}
 	switch c.Delivery {
 	case "", DeliveryEffectivelyOnce, DeliveryAtLeastOnce:
 	default:
-		return setting.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
+		return c.Names.Errorf("Delivery", "delivery %q is unknown: use %s or %s", c.Delivery, DeliveryEffectivelyOnce, DeliveryAtLeastOnce)
 	}
 	switch c.OnOutboxUpdate {
 	case "", OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal:
 	default:
-		return setting.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
+		return c.Names.Errorf("OnOutboxUpdate", "%q is unknown: use %s, %s, %s or %s", c.OnOutboxUpdate,
 			OutboxUpdateIgnore, OutboxUpdateWarn, OutboxUpdateError, OutboxUpdateFatal)
 	}
 	switch c.SlotFailover {
 	case "", replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff:
 	default:
-		return setting.Errorf("SlotFailover", "%q is unknown: use %s, %s or %s", c.SlotFailover,
+		return c.Names.Errorf("SlotFailover", "%q is unknown: use %s, %s or %s", c.SlotFailover,
 			replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff)
 	}
 	if len(c.Sink.Brokers) == 0 {
-		return setting.Errorf("Sink.Brokers", "no Kafka brokers configured")
+		return c.Names.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
 	if c.Pool == nil {
-		return setting.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
+		return c.Names.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
 	}
 	if got := c.Pool.Config().ConnString(); got != c.PGURL {
-		return setting.Errorf("Pool", "the pool reaches %s, not PGURL %s: open it with relay.OpenPool(ctx, PGURL)",
+		return c.Names.Errorf("Pool", "the pool reaches %s, not PGURL %s: open it with relay.OpenPool(ctx, PGURL)",
 			replication.Redact(got), replication.Redact(c.PGURL))
 	}
 	if c.Checkpoints == nil {
-		return setting.Errorf("Checkpoints", "no checkpoint store configured")
+		return c.Names.Errorf("Checkpoints", "no checkpoint store configured")
 	}
 	if c.Decoder.Table == "" {
 		// A message outbox alone: its events exist only in the WAL.
 		if c.Snapshot != nil {
-			return setting.Errorf("Snapshot", "an initial snapshot reads the outbox table, and a message outbox (Decoder.MessagePrefix) has none: its events exist only in the WAL; drop the snapshot or configure the table too")
+			return c.Names.Errorf("Snapshot", "an initial snapshot reads the outbox table, and a message outbox (Decoder.MessagePrefix) has none: its events exist only in the WAL; drop the snapshot or configure the table too")
 		}
 		if c.Backfill != nil {
-			return setting.Errorf("Backfill", "a backfill reads the outbox table, and a message outbox (Decoder.MessagePrefix) has none: its events exist only in the WAL; drop the backfill or configure the table too")
+			return c.Names.Errorf("Backfill", "a backfill reads the outbox table, and a message outbox (Decoder.MessagePrefix) has none: its events exist only in the WAL; drop the backfill or configure the table too")
 		}
 	}
 	return nil
@@ -441,16 +460,17 @@ func (c Config) Validate() error {
 // that a relay (Config.Pool) and the stores built for it share: at most two
 // connections, each opened when first needed, so OpenPool itself does not
 // connect (Run's first check awaits and explains the first connection). The
-// caller closes it once Run returned.
-func OpenPool(ctx context.Context, pgURL string) (*pgxpool.Pool, error) {
+// caller closes it once Run returned. names names the caller's settings (its
+// PGURL, see Config) in errors.
+func OpenPool(ctx context.Context, pgURL string, names setting.Namer) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
-		return nil, setting.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(pgURL), err)
+		return nil, names.Errorf("PGURL", "parse Postgres URL %s: %v", replication.Redact(pgURL), err)
 	}
 	cfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, replication.ConnectError(pgURL, err)
+		return nil, replication.ConnectError(pgURL, err, names)
 	}
 	return pool, nil
 }
@@ -540,18 +560,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	dec, err := decoder.New(cfg.Decoder)
+	dec, err := decoder.New(cfg.decoderConfig())
 	if err != nil {
-		return setting.Within("Decoder", err)
+		return err
 	}
-	router, err := route.NewWithRegex(cfg.Topic, cfg.TopicRegex)
+	router, err := cfg.router(cfg.Topic, cfg.TopicRegex)
 	if err != nil {
-		return setting.Errorf("Topic", "%w", err)
+		return cfg.Names.Errorf("Topic", "%w", err)
 	}
 	routers := map[decoder.TableName]*route.Router{}
 	for t, tr := range cfg.TableRoutes {
-		if routers[t], err = route.NewWithRegex(tr.Topic, tr.Regex); err != nil {
-			return setting.Errorf("Topic", "outbox table %s: %w", t, err)
+		if routers[t], err = cfg.router(tr.Topic, tr.Regex); err != nil {
+			return cfg.Names.Errorf("Topic", "outbox table %s: %w", t, err)
 		}
 	}
 
@@ -574,7 +594,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		dec.RememberMembers(parts)
 	}
 	if j := cfg.Decoder.JSON; cfg.Decoder.Table != "" && (j.Key != connectjson.Raw || j.Value != connectjson.Raw) {
-		notNull, err := outboxtable.NotNullColumns(ctx, pool, cfg.Decoder.Schema+"."+cfg.Decoder.Table)
+		notNull, err := outboxtable.NotNullColumns(ctx, pool, cfg.Decoder.Schema+"."+cfg.Decoder.Table, cfg.Names.Within("Decoder"))
 		if err != nil {
 			return fmt.Errorf("read the NOT NULL columns for the JSON schemas: %w", err)
 		}
@@ -584,7 +604,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if t.JSON.Key == connectjson.Raw && t.JSON.Value == connectjson.Raw {
 			continue
 		}
-		notNull, err := outboxtable.NotNullColumns(ctx, pool, t.Schema+"."+t.Table)
+		notNull, err := outboxtable.NotNullColumns(ctx, pool, t.Schema+"."+t.Table, cfg.Names.Within("Decoder"))
 		if err != nil {
 			return fmt.Errorf("read the NOT NULL columns of %s.%s for the JSON schemas: %w", t.Schema, t.Table, err)
 		}
@@ -612,6 +632,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	h.deadLetter = cfg.DeadLetter
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = r.log
+	sinkCfg.Names = cfg.Names.Within("Sink")
 	sinkCfg.Metrics = r.m
 	sinkCfg.Idempotent = cfg.Delivery == DeliveryEffectivelyOnce
 	if sinkCfg.Idempotent {

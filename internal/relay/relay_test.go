@@ -29,6 +29,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -79,7 +80,7 @@ type env struct {
 // before building stores over e.relayPool.
 func (e *env) setRelayURL(url string) {
 	e.t.Helper()
-	pool, err := relay.OpenPool(context.Background(), url)
+	pool, err := relay.OpenPool(context.Background(), url, setting.Namer{})
 	if err != nil {
 		e.t.Fatal(err)
 	}

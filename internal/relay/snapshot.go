@@ -11,10 +11,9 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
-// The initial snapshot (--snapshot initial, Config.Snapshot).
+// The initial snapshot (delivery.snapshot initial, Config.Snapshot).
 //
 // The slot is created with EXPORT_SNAPSHOT: the exported snapshot sees exactly
 // the transactions that committed before the slot's consistent point, and the
@@ -45,9 +44,9 @@ import (
 // the retake's is in neither snapshot, and the dropped slot took its WAL with
 // it, just as for a row inserted and deleted before the first start.
 
-// retakeSnapshot handles a start with --snapshot initial after an initial
+// retakeSnapshot handles a start with the initial snapshot on after an initial
 // snapshot that did not complete (the stored marker, step 1 above; without
-// --snapshot initial the gap check refuses to start and says what to do): it
+// the initial snapshot on the gap check refuses to start and says what to do): it
 // drops the slot that attempt created and takes the snapshot again.
 func (r *Relay) retakeSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpoint.Opening, stored checkpoint.Checkpoint, state replication.SlotState) (pglogrepl.LSN, error) {
 	slot := r.cfg.Slot
@@ -60,7 +59,7 @@ func (r *Relay) retakeSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpoi
 		}
 	}
 	if !r.cfg.CreateSlot {
-		return 0, &replication.ConfigError{Msg: fmt.Sprintf("retake the initial snapshot of slot %q: the slot must be created with an exported snapshot but the relay may not create it %s: allow the relay to create it, or start without the initial snapshot", slot, setting.Token("CreateSlot"))}
+		return 0, &replication.ConfigError{Msg: fmt.Sprintf("retake the initial snapshot of slot %q: the slot must be created with an exported snapshot but the relay may not create it %s: allow the relay to create it, or start without the initial snapshot", slot, r.cfg.Names.Name("CreateSlot"))}
 	}
 	r.log.Warn().Str("started_by", stored.RelayName).Time("started_at", stored.UpdatedAt).Bool("slot_dropped", state.Exists).
 		Msg("the initial snapshot did not complete: dropped the slot of that attempt (nothing was confirmed from it) and taking the snapshot again; rows that attempt published are published again")
@@ -85,8 +84,8 @@ func (r *Relay) initialSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpo
 	var point pglogrepl.LSN
 	err = r.creatingSlot(ctx, func() error {
 		var err error
-		point, err = replication.CreateSlotWithSnapshot(ctx, r.cfg.PGURL, slot, r.failover, func(ctx context.Context, tx pgx.Tx) error {
-			r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds " + setting.Token("Snapshot"))
+		point, err = replication.CreateSlotWithSnapshot(ctx, r.cfg.PGURL, slot, r.failover, r.cfg.Names, func(ctx context.Context, tx pgx.Tx) error {
+			r.log.Info().Msg("created replication slot with an exported snapshot: publishing the outbox rows it holds " + r.cfg.Names.Name("Snapshot"))
 			var err error
 			n, err = r.cfg.Snapshot(ctx, tx)
 			return err
@@ -99,7 +98,7 @@ func (r *Relay) initialSnapshot(ctx context.Context, conn *pgx.Conn, op *checkpo
 	}
 	if err != nil {
 		return 0, fmt.Errorf("initial snapshot of slot %q (%d rows published before the failure; the next start with the initial snapshot %s drops the slot and takes the snapshot again): %w",
-			slot, n, setting.Token("Snapshot"), err)
+			slot, n, r.cfg.Names.Name("Snapshot"), err)
 	}
 	var offsets checkpoint.Offsets
 	if r.cfg.Delivery == DeliveryEffectivelyOnce {

@@ -19,7 +19,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
@@ -30,7 +29,7 @@ import (
 // silent until the connection times out.
 func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	wait := waitlog.Start(r.log, "Postgres", pgAddress(pool.Config().ConnConfig),
-		"check the Postgres URL "+setting.Token("PGURL")+"; connect_timeout=<seconds> in it bounds the wait")
+		"check the Postgres URL "+r.cfg.Names.Name("PGURL")+"; connect_timeout=<seconds> in it bounds the wait")
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		wait.Failed(err)
@@ -38,7 +37,7 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 		if wait.Logged() {
 			err = fmt.Errorf("%s: %w", wait.Summary(), err)
 		}
-		return replication.ConnectError(r.cfg.PGURL, err)
+		return replication.ConnectError(r.cfg.PGURL, err, r.cfg.Names)
 	}
 	wait.Done(true)
 	defer pc.Release()
@@ -47,7 +46,7 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	// The message outbox before anything is created.
 	if version := r.source.Version; r.cfg.Decoder.MessagePrefix != "" && version < replication.MinMessagesVersion {
-		return &replication.ConfigError{Err: setting.Errorf("Decoder.MessagePrefix",
+		return &replication.ConfigError{Err: r.cfg.Names.Errorf("Decoder.MessagePrefix",
 			"the message outbox needs PostgreSQL 14 or later (pgoutput's messages option), but the server is PostgreSQL %s: "+
 				"upgrade the server, or write the events to an outbox table instead", replication.VersionName(version))}
 	}
@@ -57,7 +56,7 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	if r.source.InRecovery {
 		wc, err := r.writer.Acquire(ctx)
 		if err != nil {
-			return replication.ConnectError(r.cfg.PGURL, fmt.Errorf("connect to the primary %s: %w", setting.Token("PrimaryPGURL"), err))
+			return replication.ConnectError(r.cfg.PGURL, fmt.Errorf("connect to the primary %s: %w", r.cfg.Names.Name("PrimaryPGURL"), err), r.cfg.Names)
 		}
 		defer wc.Release()
 		check = wc.Conn()
@@ -85,15 +84,15 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	// Whether the slot is to be a failover slot: before Kafka is reached, so
-	// that --slot-failover on below 17 is refused first.
-	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, r.source.Version); err != nil {
+	// that slot failover on (source.slot_failover) below 17 is refused first.
+	if r.failover, err = replication.WantFailover(r.cfg.SlotFailover, r.source.Version, r.cfg.Names); err != nil {
 		return err
 	}
 	if r.source.InRecovery && r.failover {
 		// Postgres creates no failover slot on a standby; a standby of a
 		// standby takes over decoding after a promotion only with a slot of its own.
 		if r.cfg.SlotFailover == replication.FailoverOn {
-			return &replication.ConfigError{Msg: "a slot on a hot standby cannot be a failover slot (PostgreSQL synchronizes slots from a primary only): set the slot's failover to auto or off " + setting.Token("SlotFailover")}
+			return &replication.ConfigError{Msg: "a slot on a hot standby cannot be a failover slot (PostgreSQL synchronizes slots from a primary only): set the slot's failover to auto or off " + r.cfg.Names.Name("SlotFailover")}
 		}
 		r.failover = false
 	}
@@ -113,17 +112,17 @@ func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
 	if source.InRecovery && r.cfg.PrimaryPool != nil {
 		pc, err := r.cfg.PrimaryPool.Acquire(ctx)
 		if err != nil {
-			return replication.ConnectError(r.cfg.PrimaryPool.Config().ConnString(), fmt.Errorf("connect to the primary %s: %w", setting.Token("PrimaryPGURL"), err))
+			return replication.ConnectError(r.cfg.PrimaryPool.Config().ConnString(), fmt.Errorf("connect to the primary %s: %w", r.cfg.Names.Name("PrimaryPGURL"), err), r.cfg.Names)
 		}
 		p, err := replication.ReadSource(ctx, pc.Conn())
 		pc.Release()
 		if err != nil {
-			return fmt.Errorf("primary %s: %w", setting.Token("PrimaryPGURL"), err)
+			return fmt.Errorf("primary %s: %w", r.cfg.Names.Name("PrimaryPGURL"), err)
 		}
 		primary = &p
 		r.writer = r.cfg.PrimaryPool
 	}
-	if err := replication.CheckStandbySource(source, primary); err != nil {
+	if err := replication.CheckStandbySource(source, primary, r.cfg.Names); err != nil {
 		return err
 	}
 	r.m.SetSource(source.Role())
@@ -132,7 +131,7 @@ func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
 		// points, which should be this same server now (e.g. a promoted standby).
 		r.log.Warn().Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
 			Msg("the Postgres URL names a primary, yet a primary URL is set: the checkpoint and dead letters are written through the primary URL " +
-				setting.Token("PrimaryPGURL") + "; drop it, or make sure it reaches this server")
+				r.cfg.Names.Name("PrimaryPGURL") + "; drop it, or make sure it reaches this server")
 	}
 	if source.InRecovery {
 		r.log.Info().Str("source", source.Role()).Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
@@ -204,11 +203,11 @@ func (r *Relay) prepareSlot(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.
 	var system pglogrepl.IdentifySystemResult
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
-		return system, nil, 0, replication.ConnectError(r.cfg.PGURL, err)
+		return system, nil, 0, replication.ConnectError(r.cfg.PGURL, err, r.cfg.Names)
 	}
 	defer pc.Release()
 	conn := pc.Conn()
-	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL); err != nil {
+	if system, err = replication.IdentifySystem(ctx, r.cfg.PGURL, r.cfg.Names); err != nil {
 		return system, nil, 0, err
 	}
 	store := r.cfg.Checkpoints
@@ -265,7 +264,7 @@ func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
 			if errors.Is(err, replication.ErrSlotBusy) {
 				r.enableFailover = true
 				r.log.Info().Msg("replication slot is not a failover slot and is in use by another process: " +
-					"failover is switched on when the relay acquires it " + setting.Token("SlotFailover"))
+					"failover is switched on when the relay acquires it " + r.cfg.Names.Name("SlotFailover"))
 				return nil
 			}
 			if err != nil {
@@ -280,11 +279,11 @@ func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
 // switchFailoverOn switches failover on for the existing slot, with a log
 // line.
 func (r *Relay) switchFailoverOn(ctx context.Context) error {
-	if err := replication.EnableFailover(ctx, r.cfg.PGURL, r.cfg.Slot); err != nil {
+	if err := replication.EnableFailover(ctx, r.cfg.PGURL, r.cfg.Slot, r.cfg.Names); err != nil {
 		return err
 	}
 	r.log.Info().Msg("switched failover on for the existing replication slot (ALTER_REPLICATION_SLOT … (FAILOVER true)): " +
-		"standbys with sync_replication_slots = on now keep a copy " + setting.Token("SlotFailover"))
+		"standbys with sync_replication_slots = on now keep a copy " + r.cfg.Names.Name("SlotFailover"))
 	return nil
 }
 
@@ -301,6 +300,7 @@ func (r *Relay) setupConfig() replication.SetupConfig {
 		PublishUpdates:    r.cfg.OnOutboxUpdate != "" && r.cfg.OnOutboxUpdate != OutboxUpdateIgnore,
 		Messages:          d.MessagePrefix != "",
 		PartialCoverage:   gaps.PartialCoverage,
+		Names:             r.cfg.Names,
 	}
 }
 
@@ -342,21 +342,21 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 			return 0, err
 		}
 		if r.cfg.Backfill == nil {
-			return 0, fmt.Errorf("%w. Or restart with backfilling on "+setting.Token("Backfill")+": "+
+			return 0, fmt.Errorf("%w. Or restart with backfilling on "+r.cfg.Names.Name("Backfill")+": "+
 				"the relay then recreates the slot and republishes the outbox rows still in the table "+
 				"that were created since %s", err, r.backfillSince(stored).UTC().Format(time.RFC3339))
 		}
-		r.log.Warn().Err(err).Msg("slot lost: backfilling " + setting.Token("Backfill"))
+		r.log.Warn().Err(err).Msg("slot lost: backfilling " + r.cfg.Names.Name("Backfill"))
 		return r.backfill(ctx, conn, op, stored, state, gap.Kind)
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
-			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, setting.Token("CreateSlot"), slot)}
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("replication slot %q does not exist and the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); or allow the relay to create it", slot, r.cfg.Names.Name("CreateSlot"), slot)}
 		}
 		if r.cfg.Snapshot != nil {
 			return r.initialSnapshot(ctx, conn, op)
 		}
-		if err := r.creatingSlot(ctx, func() error { return replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover) }); err != nil {
+		if err := r.creatingSlot(ctx, func() error { return replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover, r.cfg.Names) }); err != nil {
 			return 0, err
 		}
 		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {
@@ -365,7 +365,7 @@ func (r *Relay) reconcile(ctx context.Context, conn *pgx.Conn, op *checkpoint.Op
 		r.log.Info().Str("lsn", state.ConfirmedFlush.String()).Msg("created replication slot")
 	}
 	if r.cfg.Snapshot != nil {
-		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (the initial snapshot " + setting.Token("Snapshot") + " is taken only when the relay creates the slot)")
+		r.log.Info().Msg("replication slot exists: no initial snapshot is taken (the initial snapshot " + r.cfg.Names.Name("Snapshot") + " is taken only when the relay creates the slot)")
 	}
 	return op.StartFrom(state.ConfirmedFlush), nil
 }
@@ -400,7 +400,7 @@ func (r *Relay) backfill(ctx context.Context, conn *pgx.Conn, op *checkpoint.Ope
 	if stored.CommitTime.IsZero() {
 		r.log.Warn().Time("saved_at", stored.UpdatedAt).Msg("the stored checkpoint has no commit time (saved by an older relay): " +
 			"backfilling from its save time less the margin; if the relay lagged behind when it saved, " +
-			"replay older rows with cdc-relay replay --since")
+			"replay older rows with " + r.cfg.Names.Command("replay", "since", "<time>"))
 	}
 	markTime := stored.CommitTime // a valid lower bound for commits after the new position
 	if kind == gaps.SlotLost {
@@ -415,14 +415,14 @@ func (r *Relay) backfill(ctx context.Context, conn *pgx.Conn, op *checkpoint.Ope
 	}
 	if !state.Exists {
 		if !r.cfg.CreateSlot {
-			return 0, &replication.ConfigError{Msg: fmt.Sprintf("backfill slot %q: the slot must be recreated but the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); and restart", slot, setting.Token("CreateSlot"), slot)}
+			return 0, &replication.ConfigError{Msg: fmt.Sprintf("backfill slot %q: the slot must be recreated but the relay may not create it %s: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'); and restart", slot, r.cfg.Names.Name("CreateSlot"), slot)}
 		}
 		// Every transaction the new slot streams commits after this instant.
 		var err error
 		if markTime, err = replication.ServerClock(ctx, conn); err != nil {
 			return 0, fmt.Errorf("backfill slot %q: %w", slot, err)
 		}
-		if err := r.creatingSlot(ctx, func() error { return replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover) }); err != nil {
+		if err := r.creatingSlot(ctx, func() error { return replication.CreateSlot(ctx, r.cfg.PGURL, slot, r.failover, r.cfg.Names) }); err != nil {
 			return 0, err
 		}
 		if state, err = replication.ReadSlot(ctx, conn, slot); err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/gaps"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // stream runs replication connections until ctx is done, reconnecting with
@@ -44,7 +43,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 	streamCfg := replication.StreamConfig{
 		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication,
 		StatusInterval: r.cfg.StatusInterval, ReadCoalesce: r.cfg.ReadCoalesce, ReadBuffer: r.cfg.ReadBuffer, Logger: r.log, Metrics: r.m,
-		Messages: r.cfg.Decoder.MessagePrefix != "",
+		Messages: r.cfg.Decoder.MessagePrefix != "", Names: r.cfg.Names,
 	}
 	failing, connected := false, false
 	for attempt := 0; ; attempt++ {
@@ -86,7 +85,7 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			if errors.Is(err, decoder.ErrMissingColumn) {
 				// Reconnecting cannot help: the table no longer has a configured column.
 				s.Close(context.Background())
-				return r.finish(nil, ck, &replication.ConfigError{Err: setting.Within("Decoder", err)})
+				return r.finish(nil, ck, &replication.ConfigError{Err: err})
 			}
 			if gap := r.gaps.StreamError(err); gap != nil {
 				err = gap

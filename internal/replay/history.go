@@ -29,13 +29,13 @@ import (
 const HeaderReplay = "cdc_relay_replay"
 
 // HeaderBackfill marks events republished from the outbox table after the
-// replication slot was lost (cdc-relay run --on-slot-loss=backfill); its value
+// replication slot was lost (delivery.on_slot_loss backfill); its value
 // is the kind of loss: slot_missing, slot_lost or slot_ahead. Such events also
 // carry HeaderReplay, and may repeat events consumers already have.
 const HeaderBackfill = "cdc_relay_backfill"
 
 // HeaderSnapshot marks events published from the snapshot the relay exported
-// when it created its slot (cdc-relay run --snapshot initial); its value is
+// when it created its slot (delivery.snapshot initial); its value is
 // "initial". Such events also carry HeaderReplay and no source position, and
 // may be sent again if the relay stops before the snapshot completes.
 const HeaderSnapshot = "cdc_relay_snapshot"

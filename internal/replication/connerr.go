@@ -68,8 +68,8 @@ func meaningfulConnectError(err error) (*pgconn.PgError, error) {
 }
 
 // connectHint says what to check for a connection the server refused with pe.
-func connectHint(pe *pgconn.PgError) string {
-	url := "the Postgres URL " + setting.Token("PGURL")
+func connectHint(pe *pgconn.PgError, names setting.Namer) string {
+	url := "the Postgres URL " + names.Name("PGURL")
 	switch pe.Code {
 	case "28P01": // invalid_password
 		return "wrong password: check the user and password in " + url + ", or PGPASSWORD / ~/.pgpass when the URL has no password"

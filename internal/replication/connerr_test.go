@@ -51,11 +51,11 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 		want      []string
 	}{
 		{"wrong password", at(url.UserPassword("pw_user", "wrong-Pass-13"), "postgres"), "28P01",
-			[]string{`password authentication failed for user "pw_user"`, "wrong password: check the user and password in the Postgres URL " + setting.Token("PGURL"), "PGPASSWORD"}},
+			[]string{`password authentication failed for user "pw_user"`, "wrong password: check the user and password in the Postgres URL " + setting.Namer{}.Name("PGURL"), "PGPASSWORD"}},
 		{"missing database", at(url.UserPassword("pw_user", password), "no_such_db"), "3D000",
 			[]string{`database "no_such_db" does not exist`, "does not exist on this server"}},
 		{"pg_hba.conf rejects", at(url.User("nobody_allowed"), "postgres"), "28000",
-			[]string{"pg_hba.conf", "check the user in the Postgres URL " + setting.Token("PGURL")}},
+			[]string{"pg_hba.conf", "check the user in the Postgres URL " + setting.Namer{}.Name("PGURL")}},
 		// The relay's replication connection as a role without REPLICATION:
 		// 42501 like a missing CONNECT, but CONNECT is not what to grant.
 		{"no REPLICATION", replicationURL(t, at(url.User("no_replication"), "postgres")), "42501",
@@ -70,7 +70,7 @@ func TestConnectErrorServerRefusal(t *testing.T) {
 			if !strings.Contains(cerr.Error(), "server refused TLS connection") {
 				t.Fatalf("pgx's own error lacks the TLS attempt this test is about (is the server's ssl on?): %v", cerr)
 			}
-			err := ConnectError(tt.url, cerr)
+			err := ConnectError(tt.url, cerr, setting.Namer{})
 			msg := err.Error()
 			t.Logf("before: %q\nafter: %s", cerr, msg)
 			for _, w := range tt.want {

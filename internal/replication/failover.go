@@ -54,8 +54,8 @@ func VersionName(num int) string {
 // WantFailover resolves mode (FailoverAuto, FailoverOn or FailoverOff; ""
 // is FailoverAuto) against the server's server_version_num: whether the
 // relay's slot is to be a failover slot. FailoverOn on a server older than 17
-// is a *ConfigError naming the SlotFailover setting.
-func WantFailover(mode string, version int) (bool, error) {
+// is a *ConfigError naming the SlotFailover setting of names.
+func WantFailover(mode string, version int, names setting.Namer) (bool, error) {
 	supported := version >= FailoverMinVersion
 	switch mode {
 	case FailoverAuto, "":
@@ -64,12 +64,12 @@ func WantFailover(mode string, version int) (bool, error) {
 		return false, nil
 	case FailoverOn:
 		if !supported {
-			return false, fieldErr("SlotFailover", "failover slots need PostgreSQL 17 or later, but the server is PostgreSQL %s (server_version_num %d): upgrade the server, or set the slot's failover to auto (a failover slot where the server has them) or off",
+			return false, fieldErr(names, "SlotFailover", "failover slots need PostgreSQL 17 or later, but the server is PostgreSQL %s (server_version_num %d): upgrade the server, or set the slot's failover to auto (a failover slot where the server has them) or off",
 				VersionName(version), version)
 		}
 		return true, nil
 	}
-	return false, fieldErr("SlotFailover", "unknown slot failover mode %q: use auto, on or off", mode)
+	return false, fieldErr(names, "SlotFailover", "unknown slot failover mode %q: use auto, on or off", mode)
 }
 
 // FailoverState is what makes a failover of the server safe for the slot, as
@@ -143,12 +143,13 @@ const alterSlotWait = 5 * time.Second
 // EnableFailover switches the failover option of an existing slot on
 // (ALTER_REPLICATION_SLOT … (FAILOVER true), PostgreSQL 17+) through a
 // replication connection with url. The slot must not be in use: a slot
-// another process streams is ErrSlotBusy, which the caller may retry.
-func EnableFailover(ctx context.Context, url, slot string) error {
+// another process streams is ErrSlotBusy, which the caller may retry. names
+// names the caller's settings (its PGURL and SlotFailover) in errors.
+func EnableFailover(ctx context.Context, url, slot string, names setting.Namer) error {
 	if !ValidName(slot) { // it is spliced into the commands below
 		return fmt.Errorf("switch on failover of replication slot %q: invalid slot name", slot)
 	}
-	conn, err := ConnectReplication(ctx, url)
+	conn, err := ConnectReplication(ctx, url, names)
 	if err != nil {
 		return err
 	}
@@ -179,7 +180,7 @@ func EnableFailover(ctx context.Context, url, slot string) error {
 			return fmt.Errorf("switch on failover of replication slot %q: %w: %s", slot, ErrSlotBusy, pgErr.Message)
 		case "42501":
 			return configErr("switch on failover of replication slot %q: %s: grant the relay's role REPLICATION (ALTER ROLE <role> REPLICATION;), or switch it on as a superuser with psql \"dbname=<db> replication=database\" -c 'ALTER_REPLICATION_SLOT %s (FAILOVER true)', or set the slot's failover %s to off",
-				slot, pgErr.Message, slot, setting.Token("SlotFailover"))
+				slot, pgErr.Message, slot, names.Name("SlotFailover"))
 		}
 	}
 	return fmt.Errorf("switch on failover of replication slot %q: %w", slot, err)

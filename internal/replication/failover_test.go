@@ -34,7 +34,7 @@ func TestWantFailover(t *testing.T) {
 		{mode: "maybe", version: 170002, err: `unknown slot failover mode "maybe"`},
 	}
 	for _, tt := range tests {
-		got, err := replication.WantFailover(tt.mode, tt.version)
+		got, err := replication.WantFailover(tt.mode, tt.version, setting.Namer{})
 		if tt.err == "" {
 			if err != nil || got != tt.want {
 				t.Errorf("WantFailover(%q, %d) = %v, %v; want %v, nil", tt.mode, tt.version, got, err, tt.want)
@@ -94,20 +94,20 @@ func TestFailoverSlots(t *testing.T) {
 	if got := version / 10000; got != p.Major() {
 		t.Fatalf("ServerVersion = %d, but the sandbox reports major %d", version, p.Major())
 	}
-	want, err := replication.WantFailover(replication.FailoverAuto, version)
+	want, err := replication.WantFailover(replication.FailoverAuto, version, setting.Namer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want != (p.Major() >= 17) {
 		t.Fatalf("auto on PostgreSQL %d resolved to failover %v", p.Major(), want)
 	}
-	_, onErr := replication.WantFailover(replication.FailoverOn, version)
+	_, onErr := replication.WantFailover(replication.FailoverOn, version, setting.Namer{})
 
 	if p.Major() < 17 {
 		if onErr == nil || !strings.Contains(onErr.Error(), "PostgreSQL "+replication.VersionName(version)) {
 			t.Fatalf("on below 17: error %v, want one naming the version %s", onErr, replication.VersionName(version))
 		}
-		if err := replication.CreateSlot(ctx, url, "plain", false); err != nil {
+		if err := replication.CreateSlot(ctx, url, "plain", false, setting.Namer{}); err != nil {
 			t.Fatal(err)
 		}
 		s, err := replication.ReadFailover(ctx, conn, "plain")
@@ -124,21 +124,21 @@ func TestFailoverSlots(t *testing.T) {
 		t.Fatalf("on at PostgreSQL %d: %v", p.Major(), onErr)
 	}
 	// Created with failover.
-	if err := replication.CreateSlot(ctx, url, "fo", true); err != nil {
+	if err := replication.CreateSlot(ctx, url, "fo", true, setting.Namer{}); err != nil {
 		t.Fatal(err)
 	}
 	if !slotFailover(t, ctx, conn, "fo") {
 		t.Fatal("slot created with failover has failover = false")
 	}
 	// Created with an exported snapshot and failover.
-	if _, err := replication.CreateSlotWithSnapshot(ctx, url, "fo_snap", true, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+	if _, err := replication.CreateSlotWithSnapshot(ctx, url, "fo_snap", true, setting.Namer{}, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if !slotFailover(t, ctx, conn, "fo_snap") {
 		t.Fatal("slot created with a snapshot and failover has failover = false")
 	}
 	// Created without, then switched on.
-	if err := replication.CreateSlot(ctx, url, "plain", false); err != nil {
+	if err := replication.CreateSlot(ctx, url, "plain", false, setting.Namer{}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := replication.ReadFailover(ctx, conn, "plain")
@@ -148,7 +148,7 @@ func TestFailoverSlots(t *testing.T) {
 	if !s.Supported() || !s.SlotExists || s.SlotFailover || s.SlotSynced || s.StandbySlots != "" || s.InRecovery {
 		t.Fatalf("ReadFailover of a new plain slot = %+v", s)
 	}
-	if err := replication.EnableFailover(ctx, url, "plain"); err != nil {
+	if err := replication.EnableFailover(ctx, url, "plain", setting.Namer{}); err != nil {
 		t.Fatal(err)
 	}
 	if s, err = replication.ReadFailover(ctx, conn, "plain"); err != nil || !s.SlotFailover {
@@ -159,12 +159,12 @@ func TestFailoverSlots(t *testing.T) {
 		t.Fatalf("ReadFailover of a missing slot: %+v, %v", s, err)
 	}
 	// A slot in use is ErrSlotBusy.
-	repl, err := replication.ConnectReplication(ctx, url)
+	repl, err := replication.ConnectReplication(ctx, url, setting.Namer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer repl.Close(context.Background())
-	if err := replication.CreateSlot(ctx, url, "busy", false); err != nil {
+	if err := replication.CreateSlot(ctx, url, "busy", false, setting.Namer{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := pglogrepl.StartReplication(ctx, repl, "busy", 0, pglogrepl.StartReplicationOptions{
@@ -173,7 +173,7 @@ func TestFailoverSlots(t *testing.T) {
 		t.Fatalf("start replication of slot busy: %v", err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
-		err := replication.EnableFailover(ctx, url, "busy")
+		err := replication.EnableFailover(ctx, url, "busy", setting.Namer{})
 		if !errors.Is(err, replication.ErrSlotBusy) {
 			return errors.New("EnableFailover of a slot in use returned " + errString(err) + ", want ErrSlotBusy")
 		}
@@ -226,7 +226,7 @@ func TestFailoverStandbySlots(t *testing.T) {
 // TestEnableFailoverRefusesBadName: the slot name is spliced into a
 // replication command, so an invalid one is refused before connecting.
 func TestEnableFailoverRefusesBadName(t *testing.T) {
-	err := replication.EnableFailover(t.Context(), "postgres://127.0.0.1:1/x", "x (FAILOVER false); --")
+	err := replication.EnableFailover(t.Context(), "postgres://127.0.0.1:1/x", "x (FAILOVER false); --", setting.Namer{})
 	if err == nil || !strings.Contains(err.Error(), "invalid slot name") {
 		t.Fatalf("EnableFailover with an invalid name: %v, want an invalid-name error", err)
 	}

@@ -40,8 +40,8 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Unwrap() error { return e.Err }
 
 // fieldErr is a *ConfigError naming the setting field.
-func fieldErr(field, format string, args ...any) error {
-	return &ConfigError{Err: setting.Errorf(field, format, args...)}
+func fieldErr(names setting.Namer, field, format string, args ...any) error {
+	return &ConfigError{Err: names.Errorf(field, format, args...)}
 }
 
 func configErr(format string, args ...any) error {
@@ -68,7 +68,7 @@ type SetupConfig struct {
 	Columns           []Column
 	CreatePublication bool
 	// PublishUpdates says the relay must see UPDATEs of the outbox table
-	// (--on-outbox-update other than ignore): the publication it creates
+	// (delivery.on_outbox_update other than ignore): the publication it creates
 	// publishes inserts and updates, and an existing one must publish both.
 	PublishUpdates bool
 	// Messages says the relay streams logical decoding messages (the
@@ -89,6 +89,11 @@ type SetupConfig struct {
 	// Nil leaves such a publication as it is: the gap checks
 	// (gaps.Checker.Publication) then refuse the uncovered table.
 	PartialCoverage func(cfg SetupConfig, covs []Coverage) ([]decoder.TableName, error)
+
+	// Names names the settings in messages: the fields of the caller's
+	// configuration that TableField and each Column's Field name, and its
+	// CreatePublication.
+	Names setting.Namer
 }
 
 // NoTable reports whether the relay reads no outbox table (a message outbox
@@ -168,7 +173,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 		return fmt.Errorf("look up table %s: %w", table, err)
 	}
 	if !exists {
-		return fieldErr(cfg.TableField, "outbox table %s does not exist: create it (migrations/001_outbox.sql) or point the relay at your outbox table", table)
+		return fieldErr(cfg.Names, cfg.TableField, "outbox table %s does not exist: create it (migrations/001_outbox.sql) or point the relay at your outbox table", table)
 	}
 	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, table)
 	if err != nil {
@@ -188,10 +193,10 @@ func checkTable(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	}
 	for _, c := range cfg.Columns {
 		if !set[c.Name] {
-			return fieldErr(c.Field, "outbox table %s has no column %q (it has: %s): set the column to use", table, c.Name, strings.Join(have, ", "))
+			return fieldErr(cfg.Names, c.Field, "outbox table %s has no column %q (it has: %s): set the column to use", table, c.Name, strings.Join(have, ", "))
 		}
 		if slices.Contains(generated, c.Name) {
-			return fieldErr(c.Field, "outbox column %q of %s is a generated column, which logical replication does not carry: use a regular column (fill it in the INSERT or with a trigger)", c.Name, table)
+			return fieldErr(cfg.Names, c.Field, "outbox column %q of %s is a generated column, which logical replication does not carry: use a regular column (fill it in the INSERT or with a trigger)", c.Name, table)
 		}
 	}
 	return nil
@@ -226,7 +231,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 	create := CreatePublicationSQL(pub, tables, ops, partitioned)
 	if !covs[0].PubExists {
 		if !cfg.CreatePublication {
-			return configErr("publication %q does not exist and the relay may not create it %s: run %s (as the table owner) or allow the relay to create it", cfg.Publication, setting.Token("CreatePublication"), create)
+			return configErr("publication %q does not exist and the relay may not create it %s: run %s (as the table owner) or allow the relay to create it", cfg.Publication, cfg.Names.Name("CreatePublication"), create)
 		}
 		if _, err := conn.Exec(ctx, create); err != nil {
 			var pgErr *pgconn.PgError
@@ -235,7 +240,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 			if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") {
 				return checkPublication(ctx, conn, cfg)
 			}
-			return configErr("create publication %q: %v: run %s as the table owner, then start the relay without creating it %s", cfg.Publication, err, create, setting.Token("CreatePublication"))
+			return configErr("create publication %q: %v: run %s as the table owner, then start the relay without creating it %s", cfg.Publication, err, create, cfg.Names.Name("CreatePublication"))
 		}
 		return nil
 	}
@@ -481,9 +486,10 @@ func deref(s *string) string {
 
 // CreateSlot creates a pgoutput logical slot through a replication connection,
 // a failover slot when failover is set (PostgreSQL 17+: WantFailover). A slot
-// created concurrently by another relay is not an error.
-func CreateSlot(ctx context.Context, url, slot string, failover bool) error {
-	conn, err := ConnectReplication(ctx, url)
+// created concurrently by another relay is not an error. names names the
+// caller's settings (its PGURL) in errors.
+func CreateSlot(ctx context.Context, url, slot string, failover bool, names setting.Namer) error {
+	conn, err := ConnectReplication(ctx, url, names)
 	if err != nil {
 		return err
 	}
@@ -520,9 +526,9 @@ var ErrSlotExists = errors.New("replication slot already exists")
 // which is returned, so every later commit is streamed by the slot and every
 // earlier one is in the snapshot. The slot is a failover slot when failover is
 // set. Both connections are closed on return; the slot stays whether read
-// succeeds or not.
-func CreateSlotWithSnapshot(ctx context.Context, url, slot string, failover bool, read func(ctx context.Context, tx pgx.Tx) error) (pglogrepl.LSN, error) {
-	repl, err := ConnectReplication(ctx, url)
+// succeeds or not. names names the caller's settings (its PGURL) in errors.
+func CreateSlotWithSnapshot(ctx context.Context, url, slot string, failover bool, names setting.Namer, read func(ctx context.Context, tx pgx.Tx) error) (pglogrepl.LSN, error) {
+	repl, err := ConnectReplication(ctx, url, names)
 	if err != nil {
 		return 0, err
 	}
@@ -544,7 +550,7 @@ func CreateSlotWithSnapshot(ctx context.Context, url, slot string, failover bool
 	}
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return point, ConnectError(url, err)
+		return point, ConnectError(url, err, names)
 	}
 	defer conn.Close(context.Background())
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -567,9 +573,9 @@ func CreateSlotWithSnapshot(ctx context.Context, url, slot string, failover bool
 }
 
 // IdentifySystem returns the server's system identifier through a replication
-// connection.
-func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
-	conn, err := ConnectReplication(ctx, url)
+// connection. names names the caller's settings (its PGURL) in errors.
+func IdentifySystem(ctx context.Context, url string, names setting.Namer) (pglogrepl.IdentifySystemResult, error) {
+	conn, err := ConnectReplication(ctx, url, names)
 	if err != nil {
 		return pglogrepl.IdentifySystemResult{}, err
 	}
@@ -634,21 +640,22 @@ func redactErr(err error) error {
 // a wrong password, what it means), and for a server certificate the relay
 // does not trust, what to change in the URL. Of pgconn's joined errors for
 // each attempt (every host, with and without TLS) it keeps the meaningful
-// ones, on one line (see meaningfulConnectError).
-func ConnectError(url string, err error) error {
+// ones, on one line (see meaningfulConnectError). names names the caller's
+// settings: the hint names its PGURL.
+func ConnectError(url string, err error, names setting.Namer) error {
 	server, err := meaningfulConnectError(err)
-	hint := "check the Postgres URL " + setting.Token("PGURL")
+	hint := "check the Postgres URL " + names.Name("PGURL")
 	if server != nil {
-		hint = connectHint(server)
+		hint = connectHint(server, names)
 	}
 	var host x509.HostnameError
 	var unknown x509.UnknownAuthorityError
 	var verify *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &host):
-		hint = "the server's certificate does not name the host of the Postgres URL " + setting.Token("PGURL") + ": connect by a name the certificate lists"
+		hint = "the server's certificate does not name the host of the Postgres URL " + names.Name("PGURL") + ": connect by a name the certificate lists"
 	case errors.As(err, &unknown), errors.As(err, &verify):
-		hint = "the server's certificate is not signed by a CA the relay trusts: set sslrootcert=<CA file> in the Postgres URL " + setting.Token("PGURL")
+		hint = "the server's certificate is not signed by a CA the relay trusts: set sslrootcert=<CA file> in the Postgres URL " + names.Name("PGURL")
 	}
 	return fmt.Errorf("connect to Postgres %s (%s): %w", Redact(url), hint, redactErr(err))
 }

@@ -221,13 +221,13 @@ func TestConnectError(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"plain", errors.New("dial tcp: connection refused"), "check the Postgres URL " + setting.Token("PGURL")},
+		{"plain", errors.New("dial tcp: connection refused"), "check the Postgres URL " + setting.Namer{}.Name("PGURL")},
 		{"unknown CA", fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), "sslrootcert=<CA file>"},
 		{"wrong host", fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: x509.HostnameError{Host: "db.internal"}}), "does not name the host"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := ConnectError(url, tt.err)
+			err := ConnectError(url, tt.err, setting.Namer{})
 			msg := err.Error()
 			if !strings.Contains(msg, tt.want) || !errors.Is(err, tt.err) {
 				t.Errorf("ConnectError = %q (wraps the cause: %v), want it to contain %q", msg, errors.Is(err, tt.err), tt.want)

@@ -47,21 +47,21 @@ func ReadSource(ctx context.Context, db QueryRower) (Source, error) {
 // CheckStandbySource checks that the relay may decode on source, a hot
 // standby, writing through the primary whose state is primary (nil when no
 // primary URL was given). Each failure is a *ConfigError naming the fix.
-func CheckStandbySource(source Source, primary *Source) error {
+func CheckStandbySource(source Source, primary *Source, names setting.Namer) error {
 	if !source.InRecovery {
 		return nil
 	}
 	if source.Version < StandbyMinVersion {
 		return configErr("the Postgres URL %s names a hot standby running PostgreSQL %s, which cannot decode: logical decoding on a standby needs PostgreSQL 16 or later: point %s at the primary, or upgrade the standby",
-			setting.Token("PGURL"), VersionName(source.Version), setting.Token("PGURL"))
+			names.Name("PGURL"), VersionName(source.Version), names.Name("PGURL"))
 	}
 	if primary == nil {
 		return configErr("the Postgres URL %s names a hot standby (pg_is_in_recovery() is true): the relay decodes there but writes its checkpoint and dead letters and emits heartbeats on the primary: give the primary's URL %s",
-			setting.Token("PGURL"), setting.Token("PrimaryPGURL"))
+			names.Name("PGURL"), names.Name("PrimaryPGURL"))
 	}
 	if primary.InRecovery {
 		return configErr("the primary URL %s names a server in recovery (a standby): name the primary, the server the standby %s replicates from",
-			setting.Token("PrimaryPGURL"), setting.Token("PGURL"))
+			names.Name("PrimaryPGURL"), names.Name("PGURL"))
 	}
 	return nil
 }

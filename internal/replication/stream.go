@@ -74,6 +74,8 @@ type StreamConfig struct {
 	Messages bool
 	Logger   zerolog.Logger // should carry the slot name
 	Metrics  *metrics.Metrics
+	// Names names the caller's settings (its PGURL) in errors.
+	Names setting.Namer
 }
 
 // Stream is one replication connection streaming a slot.
@@ -89,16 +91,16 @@ type Stream struct {
 // ConnectReplication opens a replication=database connection with url. A
 // canceled context interrupts reads through a deadline, so the connection stays
 // usable (pgx's default would send a cancel request to the walsender).
-func ConnectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
-	return connectReplication(ctx, url, 0, 0)
+func ConnectReplication(ctx context.Context, url string, names setting.Namer) (*pgconn.PgConn, error) {
+	return connectReplication(ctx, url, 0, 0, names)
 }
 
 // connectReplication is ConnectReplication with reads coalesced over
 // coalesce (0: not).
-func connectReplication(ctx context.Context, url string, coalesce time.Duration, readBuffer int) (*pgconn.PgConn, error) {
+func connectReplication(ctx context.Context, url string, coalesce time.Duration, readBuffer int, names setting.Namer) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse Postgres URL %s: %w", setting.Token("PGURL"), redactErr(err))
+		return nil, fmt.Errorf("parse Postgres URL %s: %w", names.Name("PGURL"), redactErr(err))
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	if cfg.RuntimeParams["application_name"] == "" {
@@ -115,7 +117,7 @@ func connectReplication(ctx context.Context, url string, coalesce time.Duration,
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open replication connection: %w", ConnectError(url, err))
+		return nil, fmt.Errorf("open replication connection: %w", ConnectError(url, err, names))
 	}
 	return conn, nil
 }
@@ -129,7 +131,7 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.Discard()
 	}
-	conn, err := connectReplication(ctx, cfg.URL, cfg.ReadCoalesce, cfg.ReadBuffer)
+	conn, err := connectReplication(ctx, cfg.URL, cfg.ReadCoalesce, cfg.ReadBuffer, cfg.Names)
 	if err != nil {
 		return nil, err
 	}

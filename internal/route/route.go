@@ -2,7 +2,7 @@
 // topic names, and checks names against Kafka's rules.
 //
 // A template is literal text with placeholders for an event's columns,
-// {aggregate_type} and {event_type}. With a Regex (--topic-regex), the
+// {aggregate_type} and {event_type}. With a Regex (outbox.topic_regex), the
 // template may also refer to the groups of that regular expression, which is
 // matched against the whole of one of those columns, as Kafka Connect's
 // RegexRouter (which Debezium's Outbox Event Router applies with
@@ -57,7 +57,7 @@ var placeholders = map[string]placeholder{
 }
 
 // Regex is the regular expression a Router matches one field of each event
-// against (--topic-regex), Go's RE2 syntax with Java's constructs that RE2
+// against (outbox.topic_regex), Go's RE2 syntax with Java's constructs that RE2
 // reads differently refused (see CheckRegex). The zero Regex matches nothing
 // and routes by the template alone.
 type Regex struct {
@@ -67,6 +67,9 @@ type Regex struct {
 	// Field is the value it is matched against: FieldAggregateType ("" too)
 	// or FieldEventType.
 	Field string
+	// Names names, in errors, the settings of the configuration that holds
+	// the template and the regex; the regex is its "TopicRegex".
+	Names setting.Namer
 }
 
 // segment is one piece of a template: literal text, a column's value or a
@@ -86,6 +89,7 @@ type Router struct {
 	re    *regexp.Regexp // nil: no regex
 	reSrc string         // re as given
 	reOn  placeholder    // the field re is matched against
+	names setting.Namer  // Regex.Names
 	// key is the one field the topic depends on, when it depends on one,
 	// so that renderings can be cached by its value; single says whether
 	// it does.
@@ -109,7 +113,7 @@ func NewWithRegex(template string, re Regex) (*Router, error) {
 	if template == "" {
 		return nil, fmt.Errorf("topic template is empty")
 	}
-	r := &Router{cache: make(map[string]string), maxKey: 10000}
+	r := &Router{cache: make(map[string]string), maxKey: 10000, names: re.Names}
 	if re.Pattern != "" {
 		compiled, err := compileRegex(re.Pattern)
 		if err != nil {
@@ -204,7 +208,7 @@ func (r *Router) parse(template string) error {
 // the group's number and the reference's length.
 func (r *Router) groupRef(s string) (group, n int, err error) {
 	if r.re == nil {
-		return 0, 0, fmt.Errorf("%.20q refers to a group of the topic regex %s, which is not set", s, setting.Token("TopicRegex"))
+		return 0, 0, fmt.Errorf("%.20q refers to a group of the topic regex %s, which is not set", s, r.names.Name("TopicRegex"))
 	}
 	groups := r.re.NumSubexp()
 	if len(s) > 1 && s[1] == '{' {
@@ -309,7 +313,7 @@ func (r *Router) render(ev *outbox.Event) (string, error) {
 			// No match: the topic stays the value, as RegexRouter leaves it.
 			t := string(on)
 			if err := ValidTopic(t); err != nil {
-				return "", &outbox.EventError{Code: "invalid_topic", Err: fmt.Errorf("%s %q does not match the topic regex %q %s, so it is the topic: %w", fieldName(r.reOn), on, r.reSrc, setting.Token("TopicRegex"), err)}
+				return "", &outbox.EventError{Code: "invalid_topic", Err: fmt.Errorf("%s %q does not match the topic regex %q %s, so it is the topic: %w", fieldName(r.reOn), on, r.reSrc, r.names.Name("TopicRegex"), err)}
 			}
 			return t, nil
 		}

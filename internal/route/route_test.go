@@ -325,7 +325,7 @@ func TestNewWithRegexRejects(t *testing.T) {
 	tests := []struct {
 		name, regex, field, template, wantErr string
 	}{
-		{name: "group without regex", template: "x.$1", wantErr: setting.Token("TopicRegex") + ", which is not set"},
+		{name: "group without regex", template: "x.$1", wantErr: setting.Namer{}.Name("TopicRegex") + ", which is not set"},
 		{name: "unknown name", regex: "(?<a>.*)", template: "${b}", wantErr: `no group named "b"`},
 		{name: "group beyond the regex's", regex: "(.*)", template: "$2", wantErr: "has 1 groups"},
 		{name: "braced group beyond", regex: "(.*)", template: "${2}", wantErr: "has 1 groups"},

@@ -93,7 +93,7 @@ func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFie
 }
 
 // recordTimestamp is ev's record timestamp in Unix ms: its Timestamp
-// (--column-timestamp) or, when that is zero, ts, the batch's.
+// (outbox.columns.timestamp) or, when that is zero, ts, the batch's.
 func recordTimestamp(ev *outbox.Event, ts int64) int64 {
 	if ev.Timestamp.IsZero() {
 		return ts

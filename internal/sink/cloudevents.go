@@ -70,7 +70,7 @@ func structuredData(ev *outbox.Event, ct []byte) ceData {
 
 // needsJSONCheck reports whether ev's payload, in a structured event, is
 // written as JSON on the word of its content type ct alone: a text payload
-// that --content-type calls JSON, which may not be JSON at all.
+// that the content type (outbox.content_type) calls JSON, which may not be JSON at all.
 func needsJSONCheck(ev *outbox.Event, ct []byte) bool {
 	return ev.PayloadType == outbox.PayloadText && len(ev.Payload) > 0 && ct != nil && isJSONMediaType(ct)
 }

@@ -100,12 +100,12 @@ type Config struct {
 	// the JSON event format, the payload its data (see cloudevents.go), with
 	// header content-type ContentTypeCloudEventsJSON and no ce_ headers; the
 	// other headers are as without CloudEvents. A structured event whose
-	// text payload --content-type calls JSON but is not fails permanently
+	// text payload the content type calls JSON but is not fails permanently
 	// (code "invalid_json"). Structured needs CloudEventsSource and excludes
 	// TombstoneOnEmptyPayload: its value is never null.
 	CloudEventsMode CloudEventsMode
 	// TombstoneOnEmptyPayload sends an event whose payload is NULL or empty
-	// with a null value, a Kafka tombstone (--tombstone-on-empty-payload);
+	// with a null value, a Kafka tombstone (format.tombstone_on_empty_payload);
 	// otherwise its value is empty, never null.
 	TombstoneOnEmptyPayload bool
 	// RequestTimeout bounds one produce attempt, from when the request is
@@ -152,6 +152,11 @@ type Config struct {
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
 	BreakerThreshold int
+	// Names names settings in errors and log lines (see package setting):
+	// the fields of this Config, and ContentType, the content type of the
+	// events it is given (decoder.Config.ContentType), which a structured
+	// CloudEvent's data must match.
+	Names setting.Namer
 }
 
 // Defaults of Config that the command line offers as flags, stated once.
@@ -331,11 +336,11 @@ type Kafka struct {
 func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	cfg.setDefaults()
 	if len(cfg.Brokers) == 0 {
-		return nil, setting.Errorf("Brokers", "no Kafka brokers configured: set them")
+		return nil, cfg.Names.Errorf("Brokers", "no Kafka brokers configured: set them")
 	}
 	if cfg.MaxInFlight > MaxInFlightLimit {
-		return nil, setting.Errorf("MaxInFlight", "%d requests in flight: Kafka keeps an idempotent producer's order across at most %d; set %s to 1..%d",
-			cfg.MaxInFlight, MaxInFlightLimit, setting.Token("MaxInFlight"), MaxInFlightLimit)
+		return nil, cfg.Names.Errorf("MaxInFlight", "%d requests in flight: Kafka keeps an idempotent producer's order across at most %d; set %s to 1..%d",
+			cfg.MaxInFlight, MaxInFlightLimit, cfg.Names.Name("MaxInFlight"), MaxInFlightLimit)
 	}
 	if cfg.CloudEventsMode == CloudEventsStructured {
 		if cfg.CloudEventsSource == "" {
@@ -430,7 +435,7 @@ func (k *Kafka) Produce(m Message, done Done) error {
 	if k.structured {
 		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
 			return k.fail(it, &outbox.EventError{Code: "invalid_json",
-				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, setting.Token("ContentType"))})
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, k.cfg.Names.Name("ContentType"))})
 		}
 	}
 	ts := k.topic(m.Topic)
@@ -459,7 +464,7 @@ func (k *Kafka) eventSize(ev *outbox.Event) int {
 }
 
 // partitionFor returns the partition of ids, a topic's, that ev goes to: its
-// TargetPartition (--column-partition) when it has one, else the murmur2
+// TargetPartition (outbox.columns.partition) when it has one, else the murmur2
 // hash of its key. A target partition the topic does not have is a
 // permanent failure of the event (code "invalid_partition").
 func (k *Kafka) partitionFor(ev *outbox.Event, ids []int) (int, error) {

@@ -916,7 +916,7 @@ func TestOpenErrors(t *testing.T) {
 				k.Close()
 				t.Fatalf("topic %s: Open succeeded against a closed port", topic)
 			}
-			if !strings.Contains(err.Error(), setting.Token("Brokers")) {
+			if !strings.Contains(err.Error(), setting.Namer{}.Name("Brokers")) {
 				t.Errorf("topic %s: error %q does not name the Brokers setting", topic, err)
 			}
 			if elapsed > 2*time.Second {
@@ -961,7 +961,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("bad config", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), setting.Token("Brokers")) {
+		if _, err := Open(ctx, Config{Topics: []string{"t"}}); err == nil || !strings.Contains(err.Error(), setting.Namer{}.Name("Brokers")) {
 			t.Errorf("no brokers: %v", err)
 		}
 	})

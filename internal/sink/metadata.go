@@ -14,7 +14,6 @@ import (
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
-	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/cdc-relay/cdc-relay/internal/waitlog"
 )
 
@@ -98,7 +97,7 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 	if topic != "" {
 		what = fmt.Sprintf("topic %q on Kafka brokers", topic)
 	}
-	hint := "check the brokers " + setting.Token("Brokers")
+	hint := "check the brokers " + k.cfg.Names.Name("Brokers")
 	if dl, ok := ctx.Deadline(); ok {
 		hint += fmt.Sprintf("; giving up in %s", time.Until(dl).Round(time.Second))
 	}
@@ -122,17 +121,17 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 		if errors.As(err, &ke) {
 			brokerAnswer = err
 			if ke == kafka.InvalidTopic || ke == kafka.TopicAuthorizationFailed {
-				return nil, fmt.Errorf("topic %q on %s (check the topic %s and the broker's ACLs): %w", topic, brokers, setting.Token("Topics"), err)
+				return nil, fmt.Errorf("topic %q on %s (check the topic %s and the broker's ACLs): %w", topic, brokers, k.cfg.Names.Name("Topics"), err)
 			}
 		}
 		if serr := k.cfg.Retry.Sleep(ctx, attempt); serr != nil {
 			if errors.As(brokerAnswer, &ke) && ke == kafka.UnknownTopicOrPartition {
-				return nil, fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix the topic %s (%s): %w", topic, setting.Token("Topics"), wait.Summary(), brokerAnswer)
+				return nil, fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix the topic %s (%s): %w", topic, k.cfg.Names.Name("Topics"), wait.Summary(), brokerAnswer)
 			}
 			if brokerAnswer != nil {
 				err = brokerAnswer
 			}
-			return nil, fmt.Errorf("reach Kafka brokers %s (check the brokers %s; %s): %w", brokers, setting.Token("Brokers"), wait.Summary(), err)
+			return nil, fmt.Errorf("reach Kafka brokers %s (check the brokers %s; %s): %w", brokers, k.cfg.Names.Name("Brokers"), wait.Summary(), err)
 		}
 	}
 }

@@ -1,5 +1,5 @@
 // Package tracing exports the relay's own OpenTelemetry span of each event
-// that carries a trace context (--otel-exporter otlp), so a trace shows the
+// that carries a trace context (operations.otel_exporter otlp), so a trace shows the
 // application's transaction, the relay, Kafka and the consumer in one line.
 //
 // The application writes a W3C trace context into the outbox row (the tracing
@@ -16,7 +16,7 @@
 // encoded with protowire: the official exporters would link gRPC into the
 // binary), configured by the standard OTEL_* variables.
 //
-// Without --otel-exporter otlp nothing of this package runs: the relay holds
+// Without operations.otel_exporter otlp nothing of this package runs: the relay holds
 // no Spans and its headers stay as the row had them.
 package tracing
 
@@ -42,7 +42,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/sink"
 )
 
-// Exporters (--otel-exporter).
+// Exporters (operations.otel_exporter).
 const (
 	// ExporterNone exports no spans; trace headers go out as the row has them.
 	ExporterNone = "none"

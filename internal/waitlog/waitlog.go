@@ -44,8 +44,8 @@ type Wait struct {
 
 // Start begins a wait for what (e.g. "Kafka brokers") at where (an address
 // with no password, e.g. "k1:9092,k2:9092"); hint, if not empty, says what
-// to check or how long the wait lasts (e.g. "check --kafka-brokers /
-// CDC_RELAY_KAFKA_BROKERS; gives up after 30s"). Nothing is logged unless the
+// to check or how long the wait lasts (e.g. "check the brokers kafka.brokers;
+// gives up after 30s"). Nothing is logged unless the
 // wait lasts First.
 func Start(log zerolog.Logger, what, where, hint string) *Wait {
 	return start(log, what, where, hint, First, Progress)
