@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"maps"
+	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/cdc-relay/cdc-relay/internal/setting"
@@ -8,51 +11,36 @@ import (
 
 // runFlags maps the relay.Config fields that library packages name (through
 // the setting.Namer of runNames, in an error or a log line) to the setting
-// that sets them: its key in the configuration (KEYS.md) and its flag. The
-// command line alone knows keys and flags: libraries name their own
-// fields, and a nested configuration's fields by their path in relay.Config
-// ("Sink.Brokers": the sink's Brokers, setting.Namer.Within). A setting may
-// carry the value the message asks for ("on-slot-loss=backfill" for
-// Backfill, a hook the relay runs only then); several settings are separated
-// by commas, each key with its flag.
-var runFlags = map[string]runSetting{
-	"PGURL":                         {"source.pg_url", "pg-url"},
-	"Slot":                          {"source.slot", "slot"},
-	"Publication":                   {"source.publication", "publication"},
-	"CreateSlot":                    {"source.create_slot", "create-slot"},
-	"SlotFailover":                  {"source.slot_failover", "slot-failover"},
-	"CreatePublication":             {"source.create_publication", "create-publication"},
-	"Delivery":                      {"delivery.mode", "delivery"},
-	"OnOutboxUpdate":                {"delivery.on_outbox_update", "on-outbox-update"},
-	"Topic":                         {"outbox.topic", "topic"},
-	"TopicRegex":                    {"outbox.topic_regex", "topic-regex"},
-	"Backfill":                      {"delivery.on_slot_loss", "on-slot-loss=backfill"},
-	"Snapshot":                      {"delivery.snapshot", "snapshot=initial"},
-	"OpenDeadLetters":               {"outbox.on_error", "on-error=dlq"},
-	"Sink.Brokers":                  {"kafka.brokers", "kafka-brokers"},
-	"Sink.Topics":                   {"outbox.topic", "topic"},
-	"Sink.MaxInFlight":              {"kafka.max_in_flight_requests", "max-in-flight-requests"},
-	"Sink.ContentType":              {"outbox.content_type", "content-type"},
-	"Decoder.Schema":                {"tables", "table"},
-	"Decoder.Table":                 {"tables", "table"},
-	"Decoder.Columns.ID":            {"outbox.columns.id", "column-id"},
-	"Decoder.Columns.AggregateType": {"outbox.columns.aggregate_type", "column-aggregate-type"},
-	"Decoder.Columns.AggregateID":   {"outbox.columns.aggregate_id", "column-aggregate-id"},
-	"Decoder.Columns.EventType":     {"outbox.columns.event_type", "column-event-type"},
-	"Decoder.Columns.Payload":       {"outbox.columns.payload", "column-payload"},
-	"Decoder.Columns":               {"outbox.columns.*", "column-*"},
-	"Decoder.HeaderColumns":         {"outbox.header_columns", "header-columns"},
-	"Decoder.ContentType":           {"outbox.content_type", "content-type"},
-	"Decoder.TimestampColumn":       {"outbox.columns.timestamp", "column-timestamp"},
-	"Decoder.PartitionColumn":       {"outbox.columns.partition", "column-partition"},
-	"Decoder.EnvelopeColumns":       {"outbox.envelope_columns", "envelope-columns"},
-	"Pool":                          {"source.pg_url", "pg-url"},
-	"PrimaryPGURL":                  {"source.primary_pg_url", "primary-pg-url"},
-	"PrimaryPool":                   {"source.primary_pg_url", "primary-pg-url"},
-	"Checkpoints":                   {"delivery.checkpoint.store", "checkpoint-store"},
-	"Decoder.SchemaVersionColumn":   {"outbox.columns.schema_version", "column-schema-version"},
-	"Decoder.JSON":                  {"outbox.value_encoding,outbox.key_encoding", "value-encoding,key-encoding"},
-	"Decoder.MessagePrefix":         {"messages.prefix", "messages-prefix"},
+// that sets them: its key and its flag. Each setting's declaration says
+// which fields it sets (a field tag, model.go): "Sink.Brokers" is the sink's
+// Brokers as relay.Config nests it (setting.Namer.Within), and a field
+// after which a value follows ("Backfill=backfill") is set by that value,
+// a hook the relay runs only then. A field several settings set
+// (Decoder.JSON) names them all, separated by commas.
+var runFlags = libraryFields(reflect.TypeOf(RunCmd{}))
+
+// libraryFields reads the field tags of the settings of command type t.
+func libraryFields(t reflect.Type) map[string]runSetting {
+	decls := declarations(t)
+	out := map[string]runSetting{
+		// The outbox columns as a whole: every key and flag of the group.
+		"Decoder.Columns": {"outbox.columns.*", "column-*"},
+	}
+	for _, key := range slices.Sorted(maps.Keys(decls)) {
+		d := decls[key]
+		for _, f := range d.fields {
+			field, value, hasValue := strings.Cut(f, "=")
+			k, fl := d.key, d.flag
+			if hasValue {
+				fl += "=" + value // the key takes it as the flag does (cliNames.Setting)
+			}
+			if prev, ok := out[field]; ok {
+				k, fl = prev.key+","+k, prev.flag+","+fl
+			}
+			out[field] = runSetting{k, fl}
+		}
+	}
+	return out
 }
 
 // runSetting is the setting of a relay.Config field: its key and flag, each

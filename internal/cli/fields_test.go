@@ -64,7 +64,7 @@ func TestLibrariesNameKeyFlagAndVariable(t *testing.T) {
 		{"a setting with the value asked for", func(t *testing.T) string { return runNames.Name("Backfill") },
 			"delivery.on_slot_loss=backfill (--on-slot-loss=backfill / CDC_RELAY_ON_SLOT_LOSS=backfill)"},
 		{"a field set by two settings", func(t *testing.T) string { return runNames.Within("Decoder").Name("JSON") },
-			"outbox.value_encoding (--value-encoding / CDC_RELAY_VALUE_ENCODING), outbox.key_encoding (--key-encoding / CDC_RELAY_KEY_ENCODING)"},
+			"outbox.key_encoding (--key-encoding / CDC_RELAY_KEY_ENCODING), outbox.value_encoding (--value-encoding / CDC_RELAY_VALUE_ENCODING)"},
 		{"a command to run", func(t *testing.T) string { return runNames.Command("dlq replay", "id", "<dead_letter_id>") },
 			"cdc-relay dlq replay --id <dead_letter_id>"},
 		{"sink's log hint while the brokers do not answer", func(t *testing.T) string {
@@ -142,7 +142,7 @@ func TestFieldErrorKeepsThePath(t *testing.T) {
 // in the relay): it must be a key of runFlags or the end of one. A new field
 // named anywhere fails here until runFlags maps it.
 func TestLibraryFieldsHaveFlags(t *testing.T) {
-	named := libraryFields(t)
+	named := namedLibraryFields(t)
 	if len(named) < 20 { // the scan itself must work: today's sources name ~30
 		t.Fatalf("found only %d named fields: %v", len(named), named)
 	}
@@ -165,10 +165,10 @@ func TestLibraryFieldsHaveFlags(t *testing.T) {
 	}
 }
 
-// libraryFields returns the fields named in the non-test sources of the
+// namedLibraryFields returns the fields named in the non-test sources of the
 // library packages (internal/ but cli, the test and tool packages, and
 // consumer/), each with where it is named.
-func libraryFields(t *testing.T) map[string]string {
+func namedLibraryFields(t *testing.T) map[string]string {
 	t.Helper()
 	skip := map[string]bool{"cli": true, "testenv": true, "sandbox": true, "verify": true, "chaos": true, "testdata": true}
 	var dirs []string

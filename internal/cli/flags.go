@@ -34,11 +34,11 @@ import (
 
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
-	PGURL       string   `key:"source.pg_url" name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
+	PGURL       string   `key:"source.pg_url" field:"PGURL,Pool" name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
 	PGURLFile   string   `key:"source.pg_url_file" name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
-	Slot        string   `key:"source.slot" default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
-	Publication string   `key:"source.publication" default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
-	Table       []string `key:"tables" default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`
+	Slot        string   `key:"source.slot" field:"Slot" default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
+	Publication string   `key:"source.publication" field:"Publication" default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
+	Table       []string `key:"tables" field:"Decoder.Schema,Decoder.Table" default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`
 }
 
 // defaultTable is --table's default where --messages-prefix may leave it
@@ -48,7 +48,7 @@ const defaultTable = "public.outbox_events"
 // messagesFlag is the message outbox (run, replay): with it, --table is
 // optional, and without --table no table is read.
 type messagesFlag struct {
-	MessagesPrefix string `key:"messages.prefix" name:"messages-prefix" help:"Also publish transactional logical decoding messages with this prefix (pg_logical_emit_message(true, PREFIX, <JSON envelope>), e.g. migrations' outbox_emit) as outbox events: the message outbox, PostgreSQL 14+ (docs/message-outbox.md). --table is then optional: without it the relay reads no table." placeholder:"PREFIX"`
+	MessagesPrefix string `key:"messages.prefix" field:"Decoder.MessagePrefix" name:"messages-prefix" help:"Also publish transactional logical decoding messages with this prefix (pg_logical_emit_message(true, PREFIX, <JSON envelope>), e.g. migrations' outbox_emit) as outbox events: the message outbox, PostgreSQL 14+ (docs/message-outbox.md). --table is then optional: without it the relay reads no table." placeholder:"PREFIX"`
 }
 
 // resolveTable sets an unset --table: its default, unless --messages-prefix
@@ -160,9 +160,9 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // relay's topic (run, replay).
 type KafkaFlags struct {
 	kafkaBrokerFlags `embed:"" group:"kafka"`
-	Topic            string `key:"outbox.topic" default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}, and over the source table: {schema}, {table} (several --table); with --topic-regex also over its groups: $${name}, $${1} or $$1."`
+	Topic            string `key:"outbox.topic" field:"Topic,Sink.Topics" default:"outbox.events" group:"routing" help:"Topic, or a template over columns: {aggregate_type}, {event_type}, and over the source table: {schema}, {table} (several --table); with --topic-regex also over its groups: $${name}, $${1} or $$1."`
 	// TopicRegex is Debezium's route.topic.regex (Kafka Connect's RegexRouter).
-	TopicRegex      string `key:"outbox.topic_regex" group:"routing" help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
+	TopicRegex      string `key:"outbox.topic_regex" field:"TopicRegex" group:"routing" help:"Regular expression (Go's RE2) matched against the whole of --topic-regex-field of each event: when it matches, the topic is --topic rendered with its groups; when not, the topic is that value itself (as Debezium's route.topic.regex)." placeholder:"REGEX"`
 	TopicRegexField string `key:"outbox.topic_regex_field" default:"aggregate_type" group:"routing" enum:"aggregate_type,event_type" help:"The value --topic-regex is matched against: aggregate_type or event_type."`
 
 	KafkaSecurityFlags `embed:"" group:"kafka"` // --kafka-tls*, --kafka-sasl-*: kafkasec.go
@@ -189,7 +189,7 @@ func (f *KafkaFlags) validateTopic() error {
 // kafkaBrokerFlags is --kafka-brokers, apart from KafkaFlags for dlq replay,
 // which has no --topic (a dead letter goes back to the topic stored with it).
 type kafkaBrokerFlags struct {
-	KafkaBrokers []string `key:"kafka.brokers" name:"kafka-brokers" sep:"," help:"Required${kafka_brokers_note=}. Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
+	KafkaBrokers []string `key:"kafka.brokers" field:"Sink.Brokers" name:"kafka-brokers" sep:"," help:"Required${kafka_brokers_note=}. Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
 }
 
 // checkBrokers trims the brokers and checks each is host:port, as "run" does.
@@ -221,11 +221,11 @@ func checkBrokers(in []string, requiredHint string) ([]string, error) {
 // outboxColumnFlags are the outbox's column names, as the relay decodes them
 // (run) and replay reads them.
 type outboxColumnFlags struct {
-	ColumnID            string `key:"outbox.columns.id" default:"id" help:"Outbox column holding the event id (header 'id')."`
-	ColumnAggregateType string `key:"outbox.columns.aggregate_type" default:"aggregate_type" help:"Outbox column holding the aggregate type."`
-	ColumnAggregateID   string `key:"outbox.columns.aggregate_id" default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
-	ColumnEventType     string `key:"outbox.columns.event_type" default:"event_type" help:"Outbox column holding the event type; empty when the table has none (a Debezium outbox table may not): the event_type header is then empty and the topic cannot route by it."`
-	ColumnPayload       string `key:"outbox.columns.payload" default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
+	ColumnID            string `key:"outbox.columns.id" field:"Decoder.Columns.ID" default:"id" help:"Outbox column holding the event id (header 'id')."`
+	ColumnAggregateType string `key:"outbox.columns.aggregate_type" field:"Decoder.Columns.AggregateType" default:"aggregate_type" help:"Outbox column holding the aggregate type."`
+	ColumnAggregateID   string `key:"outbox.columns.aggregate_id" field:"Decoder.Columns.AggregateID" default:"aggregate_id" help:"Outbox column holding the aggregate id (the Kafka key)."`
+	ColumnEventType     string `key:"outbox.columns.event_type" field:"Decoder.Columns.EventType" default:"event_type" help:"Outbox column holding the event type; empty when the table has none (a Debezium outbox table may not): the event_type header is then empty and the topic cannot route by it."`
+	ColumnPayload       string `key:"outbox.columns.payload" field:"Decoder.Columns.Payload" default:"payload" help:"Outbox column holding the payload (the Kafka value)."`
 }
 
 func (f *outboxColumnFlags) columns() decoder.Columns {
@@ -243,7 +243,7 @@ type createdAtFlag struct {
 
 // headerColumnFlags map extra outbox columns to Kafka headers (run, replay).
 type headerColumnFlags struct {
-	HeaderColumns []string `key:"outbox.header_columns" sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
+	HeaderColumns []string `key:"outbox.header_columns" field:"Decoder.HeaderColumns" sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
 }
 
 func (f *headerColumnFlags) headerColumns() (map[string]string, error) {
@@ -284,26 +284,26 @@ func parseHeaderColumns(list []string) (map[string]string, error) {
 // payloadFormatFlags say what the relay derives from the payload column's type
 // and the tracing column (run, replay; see docs/kafka.md#formats).
 type payloadFormatFlags struct {
-	ContentType   string `key:"outbox.content_type" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
+	ContentType   string `key:"outbox.content_type" field:"Sink.ContentType,Decoder.ContentType" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `key:"outbox.columns.tracing" default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
 	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
-	EnvelopeColumns []string `key:"outbox.envelope_columns" help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
+	EnvelopeColumns []string `key:"outbox.envelope_columns" field:"Decoder.EnvelopeColumns" help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
 	// ColumnPartition is Debezium's table.fields.additional.placement col:partition.
-	ColumnPartition string `key:"outbox.columns.partition" help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
-	ColumnTimestamp string `key:"outbox.columns.timestamp" help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
+	ColumnPartition string `key:"outbox.columns.partition" field:"Decoder.PartitionColumn" help:"Outbox integer column naming each event's Kafka partition (NULL: by key, as without it); a partition the topic lacks fails the event (invalid_partition, see --on-error). Ordering per key is then yours to keep: give a key's events one partition." placeholder:"COLUMN"`
+	ColumnTimestamp string `key:"outbox.columns.timestamp" field:"Decoder.TimestampColumn" help:"Outbox column whose value is the Kafka record timestamp: timestamptz or timestamp (UTC) to the millisecond, or bigint Unix milliseconds; NULL (or empty flag: always) means the time the relay sends the record." placeholder:"COLUMN"`
 	// The JSON encodings are Kafka Connect's JsonConverter (key.converter,
 	// value.converter and their schemas.enable) and the Event Router's
 	// table.expand.json.payload, table.json.payload.null.behavior,
 	// table.json.payload.empty.array.behavior and
 	// table.field.event.schema.version.
-	KeyEncoding         string `key:"outbox.key_encoding" default:"raw" enum:"raw,json,json-with-schema" help:"Record key: raw (the aggregate id column's bytes), json (as Kafka Connect's JsonConverter with schemas.enable=false: a JSON string for a text key), or json-with-schema ({\"schema\": …, \"payload\": …}, schemas.enable=true)."`
-	ValueEncoding       string `key:"outbox.value_encoding" default:"raw" enum:"raw,json,json-with-schema" help:"Record value: raw (the payload column's bytes, or the envelope of --envelope-columns), json or json-with-schema: as Debezium's Outbox Event Router through JsonConverter writes it (a json/jsonb payload is then a JSON string unless --expand-json-payload; envelope columns typed as Debezium types them)."`
+	KeyEncoding         string `key:"outbox.key_encoding" field:"Decoder.JSON" default:"raw" enum:"raw,json,json-with-schema" help:"Record key: raw (the aggregate id column's bytes), json (as Kafka Connect's JsonConverter with schemas.enable=false: a JSON string for a text key), or json-with-schema ({\"schema\": …, \"payload\": …}, schemas.enable=true)."`
+	ValueEncoding       string `key:"outbox.value_encoding" field:"Decoder.JSON" default:"raw" enum:"raw,json,json-with-schema" help:"Record value: raw (the payload column's bytes, or the envelope of --envelope-columns), json or json-with-schema: as Debezium's Outbox Event Router through JsonConverter writes it (a json/jsonb payload is then a JSON string unless --expand-json-payload; envelope columns typed as Debezium types them)."`
 	ExpandJSONPayload   bool   `key:"format.expand_json_payload" name:"expand-json-payload" help:"With --value-encoding json or json-with-schema: write a JSON object payload as the JSON it holds, with an inferred schema (Debezium's table.expand.json.payload); one it cannot type stays a string."`
 	JSONNullFields      string `key:"format.json_null_fields" name:"json-null-fields" default:"ignore" enum:"ignore,optional-bytes" help:"Null members of an expanded payload: ignore (left out of the schema and the value) or optional-bytes (kept, typed optional bytes)."`
 	JSONEmptyArrays     string `key:"format.json_empty_arrays" name:"json-empty-arrays" default:"ignore" enum:"ignore,optional-string" help:"Empty arrays of an expanded payload: ignore (left out) or optional-string (kept, typed arrays of optional strings)."`
 	JSONSchemaName      string `key:"format.json_schema_name" name:"json-schema-name" help:"With --value-encoding json-with-schema and --envelope-columns: the envelope schema is named <NAME>.<routed-by value>.Value (default: <schema>.<table> of the outbox; Debezium's is <topic.prefix>.<schema>.<table>)." placeholder:"NAME"`
-	ColumnSchemaVersion string `key:"outbox.columns.schema_version" help:"Integer outbox column holding the envelope schema's version (--value-encoding json-with-schema with --envelope-columns only)." placeholder:"COLUMN"`
+	ColumnSchemaVersion string `key:"outbox.columns.schema_version" field:"Decoder.SchemaVersionColumn" help:"Integer outbox column holding the envelope schema's version (--value-encoding json-with-schema with --envelope-columns only)." placeholder:"COLUMN"`
 }
 
 // jsonOptions returns the JSON encoding of these flags for an outbox table

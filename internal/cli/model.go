@@ -37,6 +37,9 @@ type decl struct {
 	typ   reflect.Type
 	enum  []string
 	owner string // the declaring struct and field, e.g. "cli.PGFlags.Slot"
+	// fields are the library configuration fields the setting sets, as
+	// their packages name them (a field tag; fields.go).
+	fields []string
 }
 
 // declarations returns the settings of command struct type t (a pointer or
@@ -67,7 +70,11 @@ func declarations(t reflect.Type) map[string]decl {
 			if e := f.Tag.Get("enum"); e != "" {
 				enum = strings.Split(e, ",")
 			}
-			out[key] = decl{key: key, flag: flag, index: idx, typ: f.Type, enum: enum, owner: t.String() + "." + f.Name}
+			var fields []string
+			if fs := f.Tag.Get("field"); fs != "" {
+				fields = strings.Split(fs, ",")
+			}
+			out[key] = decl{key: key, flag: flag, index: idx, typ: f.Type, enum: enum, owner: t.String() + "." + f.Name, fields: fields}
 		}
 	}
 	walk(t, nil)
@@ -139,12 +146,6 @@ func (d decl) setValue(v reflect.Value, text string, items []string) error {
 		return fmt.Errorf("cannot be set per table")
 	}
 	return nil
-}
-
-// renderKey names a setting for an operator: its key, then its flag and
-// environment variable.
-func renderKey(key, flag string) string {
-	return fmt.Sprintf("%s (--%s / %s)", key, flag, envName(flag))
 }
 
 // keyOfFlag returns the key of the setting flag sets, "" for a command
