@@ -2,7 +2,10 @@ package cli
 
 import (
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/cdc-relay/cdc-relay/internal/debezium"
 )
 
 // minimalDbz is the least a connector config needs for cdc-relay.
@@ -102,5 +105,94 @@ func TestFromDebeziumRoundTrip(t *testing.T) {
 	}
 	if fromDbz.Run.HeartbeatInterval.String() != "30s" || fromDbz.Run.CreatePublication || fromDbz.Run.RelayName != "orders" {
 		t.Errorf("heartbeat %v, create-publication %v, relay-name %q", fromDbz.Run.HeartbeatInterval, fromDbz.Run.CreatePublication, fromDbz.Run.RelayName)
+	}
+}
+
+// TestDebeziumEveryKeyResolves: every setting a connector config translates
+// to reaches its flag, through the model's key → flag: config print shows
+// source debezium for each.
+func TestDebeziumEveryKeyResolves(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	const p = "transforms.outbox."
+	props := minimalDbz + "name=orders\ndatabase.password=pw\nslot.name=s\npublication.name=pub\npublication.autocreate.mode=filtered\n" +
+		"heartbeat.interval.ms=1500\ntopic.prefix=dbserver1\n" +
+		"key.converter=org.apache.kafka.connect.json.JsonConverter\nkey.converter.schemas.enable=false\n" +
+		"value.converter=org.apache.kafka.connect.json.JsonConverter\n" +
+		p + "table.expand.json.payload=true\n" + p + "table.json.payload.null.behavior=optional_bytes\n" +
+		p + "table.json.payload.empty.array.behavior=optional_string\n" + p + "table.field.event.schema.version=v\n" +
+		p + "table.fields.additional.placement=type:envelope:eventType,aggregatetype:header:kind,part:partition\n" +
+		p + "route.topic.regex=(.*)\n" + p + "route.topic.replacement=x.$1\n" + p + "table.field.event.timestamp=ts\n"
+	path := writeFile(t, dir, "c.properties", props)
+	tr, err := debezium.Translate(path, []byte(props), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Settings) != 30 { // every key the translator writes
+		t.Errorf("%d settings, want the config to exercise all 30", len(tr.Settings))
+	}
+	pr := configPrint(t, "--debezium-config", path)
+	for _, s := range tr.Settings {
+		source := "(no flag)"
+		for _, ps := range pr.Settings {
+			if keyOfFlag(ps.Flag) == s.Key {
+				source = ps.Source
+			}
+		}
+		if source != sourceDebezium {
+			t.Errorf("%s (from %s): source %s, want %s", s.Key, s.Property, source, sourceDebezium)
+		}
+	}
+}
+
+// TestFromDebeziumDocument: config from-debezium prints the settings by key,
+// in sections, each commented with its property; warnings go to stderr.
+func TestFromDebeziumDocument(t *testing.T) {
+	clearEnv(t)
+	path := writeFile(t, t.TempDir(), "c.properties", minimalDbz+"name=orders\nheartbeat.interval.ms=1000\n"+
+		"value.converter=org.apache.kafka.connect.json.JsonConverter\n"+
+		"transforms.outbox.table.fields.additional.placement=type:header:eventType,aggregatetype:header,type:envelope:t\n"+
+		"transforms.outbox.route.topic.regex=(.*)\ntransforms.outbox.route.topic.replacement=x.$1\n")
+	err, out, errOut := run(t, canceled(), "config", "from-debezium", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `# cdc-relay configuration translated from the Debezium connector config ` + path + `
+# (load it with cdc-relay run --config FILE; it holds the database password if the connector did)
+
+outbox:
+  columns:
+    aggregate_id: aggregateid # from transforms.outbox.table.field.event.key
+    aggregate_type: aggregatetype # from transforms.outbox.route.by.field
+    event_type: "" # from transforms.outbox.table.field.event.type
+    id: id # from transforms.outbox.table.field.event.id
+    payload: payload # from transforms.outbox.table.field.event.payload
+    tracing: tracingspancontext # from transforms.outbox.tracing.span.context.field
+  envelope_columns: type=t # from transforms.outbox.table.fields.additional.placement
+  header_columns: [type=eventType, aggregatetype=aggregatetype] # from transforms.outbox.table.fields.additional.placement
+  topic: x.$1 # from transforms.outbox.route.topic.replacement
+  topic_regex: (.*) # from transforms.outbox.route.topic.regex
+  topic_regex_field: aggregate_type # from transforms.outbox.route.by.field
+  value_encoding: json-with-schema # from value.converter
+source:
+  create_publication: true # from publication.autocreate.mode
+  heartbeat_interval: 1s # from heartbeat.interval.ms
+  pg_url: postgres://relay@db:5432/app # from database.*
+  publication: dbz_publication # from publication.name
+  slot: debezium # from slot.name
+delivery:
+  on_outbox_update: warn # from transforms.outbox.table.op.invalid.behavior
+  snapshot: initial # from snapshot.mode
+operations:
+  relay_name: orders # from name
+tables: public.outbox # from table.include.list
+format:
+  tombstone_on_empty_payload: false # from transforms.outbox.route.tombstone.on.empty.payload
+`
+	if out != want {
+		t.Errorf("config from-debezium printed:\n%s\nwant:\n%s", out, want)
+	}
+	if w := "cdc-relay: warning: debezium config " + path + ": snapshot.mode initial (Debezium's default when absent) → delivery.snapshot: initial"; !strings.Contains(errOut, w) {
+		t.Errorf("stderr %q does not hold %q", errOut, w)
 	}
 }
