@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/alecthomas/kong"
+	"github.com/cdc-relay/cdc-relay/internal/debezium"
 	yaml "go.yaml.in/yaml/v3"
 )
 
@@ -24,32 +26,33 @@ const sourceDebezium = "debezium"
 // keeps the last resolver's value, so the precedence is flags > env >
 // --config file > --debezium-config file > defaults.
 type debeziumFile struct {
-	path    string
-	mapping *debeziumMapping
-	used    map[string]bool // flags Resolve supplied a value for
+	path  string
+	tr    *debezium.Translation
+	keys  map[string]string // flag → key, in the command line's model
+	flags map[string]string // key → flag
+	used  map[string]bool   // flags Resolve supplied a value for
 }
 
 var _ kong.Resolver = (*debeziumFile)(nil)
 
-// loadDebeziumFile reads, resolves and translates the connector
-// configuration at path. getenv resolves ${env:NAME}.
-func loadDebeziumFile(path string, getenv func(string) (string, bool)) (*debeziumFile, error) {
+// loadDebeziumFile reads and translates the connector configuration at path
+// for the command line app. getenv resolves ${env:NAME}.
+func loadDebeziumFile(app *kong.Application, path string, getenv func(string) (string, bool)) (*debeziumFile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("debezium config %s cannot be read (check --%s / %s): %w", path, debeziumFlag, envName(debeziumFlag), err)
 	}
-	props, err := parseConnectorConfig(data)
-	if err != nil {
-		return nil, fmt.Errorf("debezium config %s: %w", path, err)
-	}
-	if err := resolveIndirections(props, getenv); err != nil {
-		return nil, fmt.Errorf("debezium config %s: %w", path, err)
-	}
-	m, err := translateDebezium(path, props)
+	tr, err := debezium.Translate(path, data, getenv)
 	if err != nil {
 		return nil, err
 	}
-	return &debeziumFile{path: path, mapping: m, used: map[string]bool{}}, nil
+	byKey, byFlag := modelKeys(app)
+	for _, s := range tr.Settings {
+		if byKey[s.Key] == "" {
+			return nil, fmt.Errorf("debezium config %s: %s translates to %s, which is not a setting of this command line", path, s.Property, s.Key)
+		}
+	}
+	return &debeziumFile{path: path, tr: tr, keys: byFlag, flags: byKey, used: map[string]bool{}}, nil
 }
 
 // Validate is part of kong.Resolver; the file was checked when loaded.
@@ -58,12 +61,23 @@ func (d *debeziumFile) Validate(*kong.Application) error { return nil }
 // Resolve returns the translated value for flag, or nil when there is none or
 // the flag's environment variable is set (kong has applied it already).
 func (d *debeziumFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
-	v, ok := d.mapping.value(flag.Name)
-	if !ok || envSet(flag.Envs) {
+	key := d.keys[flag.Name]
+	if key == "" || envSet(flag.Envs) {
+		return nil, nil
+	}
+	v, ok := d.tr.Value(key)
+	if !ok {
 		return nil, nil
 	}
 	d.used[flag.Name] = true
 	return v, nil
+}
+
+// warn prints the translation's warnings to w, naming the file as given.
+func (d *debeziumFile) warn(w io.Writer, given string) {
+	for _, msg := range d.tr.Warnings {
+		fmt.Fprintf(w, "cdc-relay: warning: debezium config %s: %s\n", given, msg)
+	}
 }
 
 // loadDebezium is configLoader's step for --debezium-config: it loads the
@@ -79,14 +93,12 @@ func (l *configLoader) loadDebezium(ctx *kong.Context) error {
 	if path == "" {
 		return nil
 	}
-	d, err := loadDebeziumFile(kong.ExpandPath(path), os.LookupEnv)
+	d, err := loadDebeziumFile(ctx.Model, kong.ExpandPath(path), os.LookupEnv)
 	if err != nil {
 		return err
 	}
 	if l.stderr != nil {
-		for _, w := range d.mapping.Warnings {
-			fmt.Fprintf(l.stderr, "cdc-relay: warning: debezium config %s: %s\n", path, w)
-		}
+		d.warn(l.stderr, path)
 	}
 	l.debezium = d
 	ctx.AddResolver(d)
@@ -123,41 +135,40 @@ func sectionNode(m *yaml.Node, name string) *yaml.Node {
 }
 
 // Run prints the native YAML equivalent of the file, loadable by --config.
-func (c *ConfigFromDebeziumCmd) Run(env Env) error {
+func (c *ConfigFromDebeziumCmd) Run(kctx *kong.Context, env Env) error {
 	getenv := os.LookupEnv
 	if env.Getenv != nil {
 		getenv = func(k string) (string, bool) { v := env.Getenv(k); return v, v != "" }
 	}
-	d, err := loadDebeziumFile(c.File, getenv)
+	d, err := loadDebeziumFile(kctx.Model, c.File, getenv)
 	if err != nil {
 		return err
 	}
-	for _, w := range d.mapping.Warnings {
-		fmt.Fprintf(env.Stderr, "cdc-relay: warning: debezium config %s: %s\n", c.File, w)
-	}
-	return writeDebeziumYAML(env.Stdout, c.File, d.mapping)
+	d.warn(env.Stderr, c.File)
+	return writeDebeziumYAML(env.Stdout, d)
 }
 
-// writeDebeziumYAML writes m as a --config file by keys, in sections (source:
-// {slot: …}), each key commented with the Debezium property it came from.
-func writeDebeziumYAML(w io.Writer, from string, m *debeziumMapping) error {
+// writeDebeziumYAML writes d's settings as a --config file by keys, in
+// sections (source: {slot: …}), each key commented with the Debezium property
+// it came from. The sections come in the order of their settings' flags.
+func writeDebeziumYAML(w io.Writer, d *debeziumFile) error {
+	settings := slices.SortedFunc(slices.Values(d.tr.Settings), func(a, b debezium.Setting) int {
+		return strings.Compare(d.flags[a.Key], d.flags[b.Key])
+	})
 	root := &yaml.Node{Kind: yaml.MappingNode}
-	for _, s := range m.Settings {
-		parent, name := root, s.Flag // a flag without a key keeps its name
-		if key := keyOfFlag(s.Flag); key != "" {
-			path := strings.Split(key, ".")
-			for _, sec := range path[:len(path)-1] {
-				parent = sectionNode(parent, sec)
-			}
-			name = path[len(path)-1]
+	for _, s := range settings {
+		parent, path := root, strings.Split(s.Key, ".")
+		for _, sec := range path[:len(path)-1] {
+			parent = sectionNode(parent, sec)
 		}
+		name := path[len(path)-1]
 		k := &yaml.Node{Kind: yaml.ScalarNode, Value: name, LineComment: "from " + s.Property}
 		var v *yaml.Node
 		switch x := s.Value.(type) {
 		case bool:
 			v = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: fmt.Sprint(x)}
 		case string:
-			if s.Flag == "header-columns" {
+			if s.Key == "outbox.header_columns" {
 				v = &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, LineComment: k.LineComment}
 				k.LineComment = "" // yaml.v3 drops a key's comment before a flow sequence
 				for _, h := range strings.Split(x, ",") {
@@ -171,7 +182,7 @@ func writeDebeziumYAML(w io.Writer, from string, m *debeziumMapping) error {
 		}
 		parent.Content = append(parent.Content, k, v)
 	}
-	doc := &yaml.Node{Kind: yaml.DocumentNode, HeadComment: "cdc-relay configuration translated from the Debezium connector config " + from + "\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", Content: []*yaml.Node{root}}
+	doc := &yaml.Node{Kind: yaml.DocumentNode, HeadComment: "cdc-relay configuration translated from the Debezium connector config " + d.path + "\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", Content: []*yaml.Node{root}}
 	enc := yaml.NewEncoder(w)
 	enc.SetIndent(2)
 	if err := enc.Encode(doc); err != nil {

@@ -1,4 +1,4 @@
-package cli
+package debezium
 
 import (
 	"errors"
@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -15,134 +14,67 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
-// Debezium connector configurations, as they are: a PostgresConnector with
-// the Outbox Event Router translates into cdc-relay's own flags (the values a
-// --config YAML file would set). Defaults are Debezium's, so a minimal
-// connector config maps to Debezium's column names (aggregatetype,
-// aggregateid, type, payload), slot (debezium) and publication
-// (dbz_publication). Whatever cdc-relay does not implement is refused, in one
-// error naming every such property; what cannot change the output is named in
-// one warning.
-
 // Debezium class names and defaults (connectors/postgresql.adoc,
 // transformations/outbox-event-router.adoc).
 const (
-	dbzPostgresConnector = "io.debezium.connector.postgresql.PostgresConnector"
-	dbzEventRouter       = "io.debezium.transforms.outbox.EventRouter"
-	dbzDefaultRegex      = "(?<routedByValue>.*)"
-	dbzRoutedByValue     = "${routedByValue}"
+	postgresConnector = "io.debezium.connector.postgresql.PostgresConnector"
+	eventRouter       = "io.debezium.transforms.outbox.EventRouter"
+	defaultRegex      = "(?<routedByValue>.*)"
+	routedByValue     = "${routedByValue}"
 )
 
-// dbzSetting is one native flag value and the Debezium property it came from.
-type dbzSetting struct {
-	Flag     string
-	Value    any // string or bool
-	Property string
-}
-
-// debeziumMapping is a connector configuration translated to native flags.
-type debeziumMapping struct {
-	Settings []dbzSetting // sorted by flag
-	Warnings []string     // one line each
-}
-
-// value returns the mapped value of flag, if any.
-func (m *debeziumMapping) value(flag string) (any, bool) {
-	for _, s := range m.Settings {
-		if s.Flag == flag {
-			return s.Value, true
-		}
-	}
-	return nil, false
-}
-
-// dbzTranslator carries one translation's state.
-type dbzTranslator struct {
+// translator carries one translation's state.
+type translator struct {
 	props    map[string]string
 	consumed map[string]bool
-	set      map[string]dbzSetting
-	refused  []string // "property: reason"
-	ignored  []string // properties that cannot change the output
-	notes    []string // other warnings
+	set      map[string]Setting // by key
+	refused  []string           // "property: reason"
+	ignored  []string           // properties that cannot change the output
+	notes    []string           // other warnings
 }
 
 // get returns a property's value and marks it handled.
-func (t *dbzTranslator) get(key string) (string, bool) {
-	v, ok := t.props[key]
+func (t *translator) get(property string) (string, bool) {
+	v, ok := t.props[property]
 	if ok {
-		t.consumed[key] = true
+		t.consumed[property] = true
 	}
 	return v, ok
 }
 
 // getOr returns a property's value, or def when it is absent or empty.
-func (t *dbzTranslator) getOr(key, def string) string {
-	if v, ok := t.get(key); ok && strings.TrimSpace(v) != "" {
+func (t *translator) getOr(property, def string) string {
+	if v, ok := t.get(property); ok && strings.TrimSpace(v) != "" {
 		return strings.TrimSpace(v)
 	}
 	return def
 }
 
-func (t *dbzTranslator) put(flag string, v any, property string) {
-	t.set[flag] = dbzSetting{Flag: flag, Value: v, Property: property}
+// put sets the setting key to v (a string or a bool), from property.
+func (t *translator) put(key string, v any, property string) {
+	t.set[key] = Setting{Key: key, Value: v, Property: property}
 }
 
-func (t *dbzTranslator) refuse(property, reason string) {
+// str returns the string value of the setting key, "" when unset.
+func (t *translator) str(key string) string {
+	s, _ := t.set[key].Value.(string)
+	return s
+}
+
+func (t *translator) refuse(property, reason string) {
 	t.consumed[property] = true
 	t.refused = append(t.refused, property+": "+reason)
 }
 
-// debeziumError is a connector configuration cdc-relay cannot run as it is.
-type debeziumError struct {
-	path     string
-	problems []string
-}
-
-func (e *debeziumError) Error() string {
-	if len(e.problems) == 1 {
-		return fmt.Sprintf("debezium config %s: %s (see docs/debezium.md)", e.path, e.problems[0])
-	}
-	return fmt.Sprintf("debezium config %s: %d properties cdc-relay does not implement or refuses (remove or change them; see docs/debezium.md):\n  %s",
-		e.path, len(e.problems), strings.Join(e.problems, "\n  "))
-}
-
-// translateDebezium maps a connector's properties (indirections resolved) to
-// native flags. path names the file in errors.
-func translateDebezium(path string, props map[string]string) (*debeziumMapping, error) {
-	t := &dbzTranslator{props: props, consumed: map[string]bool{}, set: map[string]dbzSetting{}}
-	t.connector()
-	t.database()
-	t.replication()
-	t.converters()
-	t.eventRouterJSON()
-	t.transforms()
-	t.rest()
-	if len(t.refused) > 0 {
-		sort.Strings(t.refused)
-		return nil, &debeziumError{path: path, problems: t.refused}
-	}
-	m := &debeziumMapping{}
-	for _, s := range t.set {
-		m.Settings = append(m.Settings, s)
-	}
-	sort.Slice(m.Settings, func(i, j int) bool { return m.Settings[i].Flag < m.Settings[j].Flag })
-	if len(t.ignored) > 0 {
-		sort.Strings(t.ignored)
-		m.Warnings = append(m.Warnings, "ignored, they cannot change what cdc-relay produces: "+strings.Join(t.ignored, ", "))
-	}
-	m.Warnings = append(m.Warnings, t.notes...)
-	return m, nil
-}
-
-func (t *dbzTranslator) connector() {
+func (t *translator) connector() {
 	switch c, ok := t.get("connector.class"); {
 	case !ok:
-		t.refuse("connector.class", "missing; want "+dbzPostgresConnector)
-	case strings.TrimSpace(c) != dbzPostgresConnector:
-		t.refuse("connector.class", fmt.Sprintf("%q is not supported; cdc-relay replaces %s only", c, dbzPostgresConnector))
+		t.refuse("connector.class", "missing; want "+postgresConnector)
+	case strings.TrimSpace(c) != postgresConnector:
+		t.refuse("connector.class", fmt.Sprintf("%q is not supported; cdc-relay replaces %s only", c, postgresConnector))
 	}
 	if n := t.getOr("name", ""); n != "" {
-		t.put("relay-name", n, "name")
+		t.put("operations.relay_name", n, "name")
 	}
 	if _, ok := t.get("tasks.max"); ok {
 		t.ignored = append(t.ignored, "tasks.max")
@@ -155,8 +87,8 @@ func (t *dbzTranslator) connector() {
 	}
 }
 
-// database builds --pg-url from database.*.
-func (t *dbzTranslator) database() {
+// database builds source.pg_url from database.*.
+func (t *translator) database() {
 	host := t.getOr("database.hostname", "")
 	port := t.getOr("database.port", "5432")
 	user := t.getOr("database.user", "")
@@ -191,19 +123,19 @@ func (t *dbzTranslator) database() {
 	}
 	u.RawQuery = q.Encode()
 	if host != "" && user != "" && db != "" {
-		t.put("pg-url", u.String(), "database.*")
+		t.put("source.pg_url", u.String(), "database.*")
 	}
 }
 
 // replication maps slot, publication, table, plugin, heartbeat, snapshot.
-func (t *dbzTranslator) replication() {
-	t.put("slot", t.getOr("slot.name", "debezium"), "slot.name")
-	t.put("publication", t.getOr("publication.name", "dbz_publication"), "publication.name")
+func (t *translator) replication() {
+	t.put("source.slot", t.getOr("slot.name", "debezium"), "slot.name")
+	t.put("source.publication", t.getOr("publication.name", "dbz_publication"), "publication.name")
 	switch m := t.getOr("publication.autocreate.mode", "all_tables"); m {
 	case "disabled":
-		t.put("create-publication", false, "publication.autocreate.mode")
+		t.put("source.create_publication", false, "publication.autocreate.mode")
 	case "filtered", "all_tables":
-		t.put("create-publication", true, "publication.autocreate.mode")
+		t.put("source.create_publication", true, "publication.autocreate.mode")
 		if m == "all_tables" {
 			t.notes = append(t.notes, "publication.autocreate.mode all_tables: cdc-relay creates its publication for the outbox table only (as filtered does)")
 		}
@@ -228,7 +160,7 @@ func (t *dbzTranslator) replication() {
 			t.refuse("table.include.list", fmt.Sprintf("%q: Debezium matches schema.table, so write the schema too (public.%s)", list, table))
 			break
 		}
-		t.put("table", table, "table.include.list")
+		t.put("tables", table, "table.include.list")
 		if s, ok := t.get("schema.include.list"); ok && strings.TrimSpace(s) != strings.SplitN(table, ".", 2)[0] {
 			t.refuse("schema.include.list", fmt.Sprintf("%q: cdc-relay reads the one table of table.include.list; drop schema.include.list or make it that table's schema", s))
 		}
@@ -243,16 +175,16 @@ func (t *dbzTranslator) replication() {
 		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
 			t.refuse("heartbeat.interval.ms", fmt.Sprintf("%q: want milliseconds, 0 or more", v))
 		} else {
-			t.put("heartbeat-interval", shortDuration(msDuration(n)), "heartbeat.interval.ms")
+			t.put("source.heartbeat_interval", millis(n), "heartbeat.interval.ms")
 		}
 	}
 	switch m := t.getOr("snapshot.mode", "initial"); m {
 	case "initial":
-		t.put("snapshot", "initial", "snapshot.mode")
-		t.notes = append(t.notes, "snapshot.mode initial (Debezium's default when absent) → --snapshot initial, which reads the table's rows in --column-created-at order (default created_at); "+
-			"a Debezium outbox table often has no such column: set --column-created-at to its insert-time column, or snapshot.mode=no_data to stream only")
+		t.put("delivery.snapshot", "initial", "snapshot.mode")
+		t.notes = append(t.notes, "snapshot.mode initial (Debezium's default when absent) → delivery.snapshot: initial, which reads the table's rows in outbox.columns.created_at order (default created_at); "+
+			"a Debezium outbox table often has no such column: set outbox.columns.created_at to its insert-time column, or snapshot.mode=no_data to stream only")
 	case "never", "no_data":
-		t.put("snapshot", "never", "snapshot.mode")
+		t.put("delivery.snapshot", "never", "snapshot.mode")
 	default:
 		t.refuse("snapshot.mode", fmt.Sprintf("%q is not supported: use initial (the rows in the table once, when the slot is created) or never/no_data", m))
 	}
@@ -265,31 +197,30 @@ var rawConverters = []string{
 	"io.debezium.converters.BinaryDataConverter",
 }
 
-// dbzJSONConverter is Kafka Connect's JsonConverter.
-const dbzJSONConverter = "org.apache.kafka.connect.json.JsonConverter"
+// jsonConverterClass is Kafka Connect's JsonConverter.
+const jsonConverterClass = "org.apache.kafka.connect.json.JsonConverter"
 
 // jsonConverterIgnorable are JsonConverter settings that cannot change what
 // it writes for an outbox record (no decimals, no defaults, a schema cache).
 var jsonConverterIgnorable = []string{"schemas.cache.size", "decimal.format", "replace.null.with.default"}
 
-// converters maps the key and value converters to --key-encoding and
-// --value-encoding: raw for the converters that pass the bytes through,
+// converters maps the key and value converters to outbox.key_encoding and
+// outbox.value_encoding: raw for the converters that pass the bytes through,
 // json or json-with-schema for JsonConverter (schemas.enable, true unless
 // set, as JsonConverter's own default).
-func (t *dbzTranslator) converters() {
+func (t *translator) converters() {
 	for _, role := range []string{"key.converter", "value.converter", "header.converter"} {
 		c, ok := t.get(role)
 		c = strings.TrimSpace(c)
 		raw := slices.Contains(rawConverters, c) || (role == "header.converter" && c == "org.apache.kafka.connect.storage.SimpleHeaderConverter")
-		flag := strings.TrimSuffix(role, ".converter") + "-encoding"
 		switch {
 		case !ok && role != "header.converter":
 			t.notes = append(t.notes, fmt.Sprintf("%s is absent: Debezium uses the Connect worker's default (often JsonConverter with schemas); cdc-relay writes the column's bytes as StringConverter does: set %s to be sure", role, role))
 		case !ok || raw:
-		case c == dbzJSONConverter && role != "header.converter":
-			t.jsonConverter(role, flag)
+		case c == jsonConverterClass && role != "header.converter":
+			t.jsonConverter(role, "outbox."+strings.TrimSuffix(role, ".converter")+"_encoding")
 			continue
-		case c == dbzJSONConverter:
+		case c == jsonConverterClass:
 			t.refuse(role, "JsonConverter headers are not produced: cdc-relay writes header values as SimpleHeaderConverter does (the default); drop header.converter")
 		default:
 			t.refuse(role, fmt.Sprintf("%q is not supported: cdc-relay writes the column's bytes as StringConverter or ByteArrayConverter do, or JSON as JsonConverter does", c))
@@ -308,7 +239,7 @@ func (t *dbzTranslator) converters() {
 
 // jsonConverter maps a JsonConverter key or value converter and its
 // sub-properties.
-func (t *dbzTranslator) jsonConverter(role, flag string) {
+func (t *translator) jsonConverter(role, key string) {
 	enc := "json-with-schema"
 	switch v := strings.ToLower(t.getOr(role+".schemas.enable", "true")); v {
 	case "true":
@@ -317,7 +248,7 @@ func (t *dbzTranslator) jsonConverter(role, flag string) {
 	default:
 		t.refuse(role+".schemas.enable", fmt.Sprintf("%q: want true or false", v))
 	}
-	t.put(flag, enc, role)
+	t.put(key, enc, role)
 	for k := range t.props {
 		sub, ok := strings.CutPrefix(k, role+".")
 		if !ok || t.consumed[k] {
@@ -334,11 +265,11 @@ func (t *dbzTranslator) jsonConverter(role, flag string) {
 
 // routerPrefix returns "transforms.<alias>." of the Outbox Event Router, or
 // "" when the list has none (transforms refuses that).
-func (t *dbzTranslator) routerPrefix() string {
+func (t *translator) routerPrefix() string {
 	list := t.props["transforms"]
 	for _, alias := range strings.Split(list, ",") {
 		p := "transforms." + strings.TrimSpace(alias) + "."
-		if strings.TrimSpace(t.props[p+"type"]) == dbzEventRouter {
+		if strings.TrimSpace(t.props[p+"type"]) == eventRouter {
 			return p
 		}
 	}
@@ -347,54 +278,53 @@ func (t *dbzTranslator) routerPrefix() string {
 
 // eventRouterJSON maps the Event Router's JSON options: the expanded payload
 // and its typing, the schema version, and the envelope schema's name.
-func (t *dbzTranslator) eventRouterJSON() {
+func (t *translator) eventRouterJSON() {
 	p := t.routerPrefix()
 	if p == "" {
 		return
 	}
-	valueEnc, _ := t.set["value-encoding"].Value.(string)
+	valueEnc := t.str("outbox.value_encoding")
 	switch v := strings.ToLower(t.getOr(p+"table.expand.json.payload", "false")); v {
 	case "false":
 	case "true":
 		if valueEnc == "" {
-			t.refuse(p+"table.expand.json.payload", "needs value.converter="+dbzJSONConverter+" (with StringConverter Debezium writes the expanded Struct's toString())")
+			t.refuse(p+"table.expand.json.payload", "needs value.converter="+jsonConverterClass+" (with StringConverter Debezium writes the expanded Struct's toString())")
 			break
 		}
-		t.put("expand-json-payload", true, p+"table.expand.json.payload")
+		t.put("format.expand_json_payload", true, p+"table.expand.json.payload")
 	default:
 		t.refuse(p+"table.expand.json.payload", fmt.Sprintf("%q: want true or false", v))
 	}
 	switch v := strings.ToLower(t.getOr(p+"table.json.payload.null.behavior", "ignore")); v {
 	case "ignore":
 	case "optional_bytes":
-		t.put("json-null-fields", "optional-bytes", p+"table.json.payload.null.behavior")
+		t.put("format.json_null_fields", "optional-bytes", p+"table.json.payload.null.behavior")
 	default:
 		t.refuse(p+"table.json.payload.null.behavior", fmt.Sprintf("%q: want ignore or optional_bytes", v))
 	}
 	switch v := strings.ToLower(t.getOr(p+"table.json.payload.empty.array.behavior", "ignore")); v {
 	case "ignore":
 	case "optional_string":
-		t.put("json-empty-arrays", "optional-string", p+"table.json.payload.empty.array.behavior")
+		t.put("format.json_empty_arrays", "optional-string", p+"table.json.payload.empty.array.behavior")
 	default:
 		t.refuse(p+"table.json.payload.empty.array.behavior", fmt.Sprintf("%q: want ignore or optional_string", v))
 	}
-	if _, set := t.set["expand-json-payload"]; !set {
+	if _, set := t.set["format.expand_json_payload"]; !set {
 		// Without expansion these two cannot change the output.
-		delete(t.set, "json-null-fields")
-		delete(t.set, "json-empty-arrays")
+		delete(t.set, "format.json_null_fields")
+		delete(t.set, "format.json_empty_arrays")
 	}
 	envelope := strings.Contains(t.props[p+"table.fields.additional.placement"], ":envelope")
 	if col := t.getOr(p+"table.field.event.schema.version", ""); col != "" {
 		if valueEnc == "json-with-schema" && envelope {
-			t.put("column-schema-version", col, p+"table.field.event.schema.version")
+			t.put("outbox.columns.schema_version", col, p+"table.field.event.schema.version")
 		} else {
 			t.notes = append(t.notes, p+"table.field.event.schema.version is ignored: only the envelope's schema has a version (JsonConverter with schemas and an envelope placement), as in Debezium")
 		}
 	}
 	if valueEnc == "json-with-schema" && envelope {
-		table, _ := t.set["table"].Value.(string)
-		if prefix := t.getOr("topic.prefix", ""); prefix != "" && table != "" {
-			t.put("json-schema-name", prefix+"."+table, "topic.prefix")
+		if prefix, table := t.getOr("topic.prefix", ""), t.str("tables"); prefix != "" && table != "" {
+			t.put("format.json_schema_name", prefix+"."+table, "topic.prefix")
 		}
 	}
 	switch v := strings.ToLower(t.getOr(p+"table.fields.additional.error.on.missing", "true")); v {
@@ -415,27 +345,27 @@ func (t *dbzTranslator) eventRouterJSON() {
 // route.topic.replacement when the regex matches it whole. With the default
 // regex and a replacement using only ${routedByValue}, that is a plain
 // template ({aggregate_type} or {event_type} for the value); otherwise it is
-// --topic-regex over that field, --topic the replacement in cdc-relay's
+// outbox.topic_regex over that field, outbox.topic the replacement in cdc-relay's
 // template syntax (javaReplacement).
-func (t *dbzTranslator) route(p string) {
+func (t *translator) route(p string) {
 	byField := t.getOr(p+"route.by.field", "aggregatetype")
-	regex := t.getOr(p+"route.topic.regex", dbzDefaultRegex)
-	repl := t.getOr(p+"route.topic.replacement", "outbox.event."+dbzRoutedByValue)
+	regex := t.getOr(p+"route.topic.regex", defaultRegex)
+	repl := t.getOr(p+"route.topic.replacement", "outbox.event."+routedByValue)
 	placeholder, field := "{aggregate_type}", route.FieldAggregateType
 	if byField == "type" {
 		placeholder, field = "{event_type}", route.FieldEventType
 		if col := t.getOr(p+"table.field.event.type", "type"); col != "type" {
 			t.refuse(p+"table.field.event.type", fmt.Sprintf("%q with route.by.field=type: the relay routes by its event type column, which is then type; drop one of the two", col))
 		}
-		t.put("column-event-type", "type", p+"route.by.field")
+		t.put("outbox.columns.event_type", "type", p+"route.by.field")
 		// The relay still reads an aggregate type (a header); Debezium's
 		// table has it in aggregatetype.
-		t.put("column-aggregate-type", "aggregatetype", "(Debezium's outbox column aggregatetype)")
+		t.put("outbox.columns.aggregate_type", "aggregatetype", "(Debezium's outbox column aggregatetype)")
 	} else {
-		t.put("column-aggregate-type", byField, p+"route.by.field")
+		t.put("outbox.columns.aggregate_type", byField, p+"route.by.field")
 	}
-	if regex == dbzDefaultRegex && !strings.ContainsAny(strings.ReplaceAll(repl, dbzRoutedByValue, ""), `$\{}`) {
-		t.put("topic", strings.ReplaceAll(repl, dbzRoutedByValue, placeholder), p+"route.topic.replacement")
+	if regex == defaultRegex && !strings.ContainsAny(strings.ReplaceAll(repl, routedByValue, ""), `$\{}`) {
+		t.put("outbox.topic", strings.ReplaceAll(repl, routedByValue, placeholder), p+"route.topic.replacement")
 		return
 	}
 	if err := route.CheckRegex(regex); err != nil {
@@ -444,15 +374,15 @@ func (t *dbzTranslator) route(p string) {
 	}
 	topic, err := javaReplacement(repl)
 	if err == nil {
-		_, err = route.NewWithRegex(topic, route.Regex{Pattern: regex, Field: field, Names: runNames})
+		_, err = route.NewWithRegex(topic, route.Regex{Pattern: regex, Field: field, })
 	}
 	if err != nil {
 		t.refuse(p+"route.topic.replacement", fmt.Sprintf("%q: %v", repl, err))
 		return
 	}
-	t.put("topic-regex", regex, p+"route.topic.regex")
-	t.put("topic-regex-field", field, p+"route.by.field")
-	t.put("topic", topic, p+"route.topic.replacement")
+	t.put("outbox.topic_regex", regex, p+"route.topic.regex")
+	t.put("outbox.topic_regex_field", field, p+"route.by.field")
+	t.put("outbox.topic", topic, p+"route.topic.replacement")
 }
 
 // javaReplacement translates a replacement string of Java's Matcher
@@ -503,7 +433,7 @@ func javaReplacement(repl string) (string, error) {
 func isASCIILetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
 // transforms maps the Outbox Event Router, under its alias.
-func (t *dbzTranslator) transforms() {
+func (t *translator) transforms() {
 	list, _ := t.get("transforms")
 	var router string
 	for _, alias := range strings.Split(list, ",") {
@@ -512,7 +442,7 @@ func (t *dbzTranslator) transforms() {
 			continue
 		}
 		prefix := "transforms." + alias + "."
-		if typ, _ := t.get(prefix + "type"); strings.TrimSpace(typ) == dbzEventRouter && router == "" {
+		if typ, _ := t.get(prefix + "type"); strings.TrimSpace(typ) == eventRouter && router == "" {
 			router = alias
 			continue
 		}
@@ -525,13 +455,13 @@ func (t *dbzTranslator) transforms() {
 		}
 	}
 	if router == "" {
-		t.refuse("transforms", "no "+dbzEventRouter+" in the list: cdc-relay produces what the Outbox Event Router does, not Debezium's change events")
+		t.refuse("transforms", "no "+eventRouter+" in the list: cdc-relay produces what the Outbox Event Router does, not Debezium's change events")
 		return
 	}
 	p := "transforms." + router + "."
-	t.put("column-id", t.getOr(p+"table.field.event.id", "id"), p+"table.field.event.id")
-	t.put("column-aggregate-id", t.getOr(p+"table.field.event.key", "aggregateid"), p+"table.field.event.key")
-	t.put("column-payload", t.getOr(p+"table.field.event.payload", "payload"), p+"table.field.event.payload")
+	t.put("outbox.columns.id", t.getOr(p+"table.field.event.id", "id"), p+"table.field.event.id")
+	t.put("outbox.columns.aggregate_id", t.getOr(p+"table.field.event.key", "aggregateid"), p+"table.field.event.key")
+	t.put("outbox.columns.payload", t.getOr(p+"table.field.event.payload", "payload"), p+"table.field.event.payload")
 	// Debezium's router reads no event type column of its own: since 2.0
 	// (EventRouterConfigDefinition has no table.field.event.type any more)
 	// a type reaches the message only through
@@ -539,23 +469,23 @@ func (t *dbzTranslator) transforms() {
 	// as the routed-by field. So no event type column is required unless the
 	// config names one (1.x's table.field.event.type) or routes by type
 	// (route sets it then); the relay's event_type header is then empty.
-	t.put("column-event-type", t.getOr(p+"table.field.event.type", ""), p+"table.field.event.type")
-	t.put("column-tracing", t.getOr(p+"tracing.span.context.field", "tracingspancontext"), p+"tracing.span.context.field")
+	t.put("outbox.columns.event_type", t.getOr(p+"table.field.event.type", ""), p+"table.field.event.type")
+	t.put("outbox.columns.tracing", t.getOr(p+"tracing.span.context.field", "tracingspancontext"), p+"tracing.span.context.field")
 
 	t.route(p)
 
 	if col := t.getOr(p+"table.field.event.timestamp", ""); col != "" {
-		t.put("column-timestamp", col, p+"table.field.event.timestamp")
+		t.put("outbox.columns.timestamp", col, p+"table.field.event.timestamp")
 	}
 	switch op := t.getOr(p+"table.op.invalid.behavior", "warn"); op {
 	case "warn", "error", "fatal":
-		t.put("on-outbox-update", op, p+"table.op.invalid.behavior")
+		t.put("delivery.on_outbox_update", op, p+"table.op.invalid.behavior")
 	default:
 		t.refuse(p+"table.op.invalid.behavior", fmt.Sprintf("%q: want warn, error or fatal", op))
 	}
 	switch tomb := strings.ToLower(t.getOr(p+"route.tombstone.on.empty.payload", "false")); tomb {
 	case "true", "false":
-		t.put("tombstone-on-empty-payload", tomb == "true", p+"route.tombstone.on.empty.payload")
+		t.put("format.tombstone_on_empty_payload", tomb == "true", p+"route.tombstone.on.empty.payload")
 	default:
 		t.refuse(p+"route.tombstone.on.empty.payload", fmt.Sprintf("%q: want true or false", tomb))
 	}
@@ -578,16 +508,16 @@ func (t *dbzTranslator) transforms() {
 			case "envelope":
 				envelope = append(envelope, parts[0]+"="+alias)
 			case "partition":
-				t.put("column-partition", parts[0], p+"table.fields.additional.placement")
+				t.put("outbox.columns.partition", parts[0], p+"table.fields.additional.placement")
 			default:
 				t.refuse(p+"table.fields.additional.placement", fmt.Sprintf("entry %q: placement %s is unknown (header, envelope or partition)", e, parts[1]))
 			}
 		}
 		if len(headers) > 0 {
-			t.put("header-columns", strings.Join(headers, ","), p+"table.fields.additional.placement")
+			t.put("outbox.header_columns", strings.Join(headers, ","), p+"table.fields.additional.placement")
 		}
 		if len(envelope) > 0 {
-			t.put("envelope-columns", strings.Join(envelope, ","), p+"table.fields.additional.placement")
+			t.put("outbox.envelope_columns", strings.Join(envelope, ","), p+"table.fields.additional.placement")
 		}
 	}
 	for k := range t.props {
@@ -607,7 +537,7 @@ func (t *dbzTranslator) transforms() {
 var ignorable = regexp.MustCompile(`^(errors\..*|offset\.flush\.(interval|timeout)\.ms|poll\.interval\.ms|max\.batch\.size|max\.queue\.size(\.in\.bytes)?|status\.update\.interval\.ms|snapshot\.fetch\.size|database\.tcpKeepAlive|retriable\.restart\.connector\.wait\.ms|connect\.timeout\.ms|database\.initial\.statements|xmin\.fetch\.interval\.ms|provide\.transaction\.metadata|tombstones\.on\.delete|config\.action\.reload|notification\..*|signal\..*|incremental\.snapshot\..*)$`)
 
 // rest classifies every property not handled yet.
-func (t *dbzTranslator) rest() {
+func (t *translator) rest() {
 	for k := range t.props {
 		if t.consumed[k] {
 			continue
@@ -620,5 +550,15 @@ func (t *dbzTranslator) rest() {
 	}
 }
 
-// msDuration is n milliseconds.
-func msDuration(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+// millis writes n milliseconds as a duration, without zero trailing units
+// (1m, not 1m0s), as a person writes one.
+func millis(n int64) string {
+	s := (time.Duration(n) * time.Millisecond).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
