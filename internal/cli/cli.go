@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -125,12 +126,12 @@ var leadingFlag = regexp.MustCompile(`^--([a-z0-9-]+)`)
 // the bad value may have come from there, and the config file's key and line
 // when the value came from the file (cf, nil without one). Errors about the
 // file itself name it and pass unchanged.
-func parseError(err error, cf *configFile) error {
-	var ce *configError
+func parseError(err error, cf *config.File) error {
+	var ce *config.Error
 	if errors.As(err, &ce) {
 		return ce
 	}
-	if flag, where := cf.fromFile(err.Error()); flag != "" {
+	if flag, where := cf.FromFile(err.Error()); flag != "" {
 		return fmt.Errorf("%w (set by %s; --%s or %s override it)", err, where, flag, envName(flag))
 	}
 	if m := leadingFlag.FindStringSubmatch(err.Error()); m != nil {

@@ -1,223 +1,83 @@
 package cli
 
 import (
-	"bytes"
 	"errors"
-	"fmt"
 	"io"
-	"maps"
-	"os"
-	"reflect"
-	"regexp"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/alecthomas/kong"
-	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/cdc-relay/cdc-relay/internal/config"
 )
 
-// The configuration file (--config FILE, CDC_RELAY_CONFIG): a YAML mapping
-// whose keys are flag names without the dashes. It is a kong.Resolver, so
-// kong applies it like any other source: a flag on the command line wins,
-// then its environment variable, then the file, then the flag's default.
-// Kong itself applies environment variables before resolvers and lets a
-// resolver override them, so Resolve steps aside for a flag whose variable is
-// set.
+// The command line's overlays of the settings' declarations (internal/config
+// reads them): the --config file, --set and --debezium-config, each added to
+// the parse as a kong.Resolver. Precedence, lowest first: the default, the
+// Debezium file, the --config file, the environment, --set, the flag.
 //
 // One file serves every command: a key is an error only when no command has
-// that flag; a command ignores the keys of flags it does not take. A flag
-// tagged nofile:"" never takes its key from the file: it shares a name with
-// another command's flag of another meaning (dlq's --topic is not run's).
+// it; a command ignores the keys of flags it does not take. A flag tagged
+// nofile:"" never takes its key from the file: it shares a name with another
+// command's flag of another meaning (dlq's --topic is not run's).
 
-// configFlag is the name of the global flag that names the file.
-const configFlag = "config"
+// configFlag, setFlag and debeziumFlag (debezium_cmd.go) are the global
+// flags that name the overlays.
+const (
+	configFlag = "config"
+	setFlag    = "set"
+)
 
-// configFile is a loaded configuration file and the kong.Resolver over it.
-type configFile struct {
-	path   string
-	values map[string]*yaml.Node // key → value node
-	lines  map[string]int        // key → line of the key
-	// used records the keys Resolve supplied a value for, so errors about
-	// those flags can point at the file.
-	used map[string]bool
-	// written is the key as the file wrote it, by flag: the flag name, or
-	// the setting's key (source.slot) in the sectioned form.
-	written map[string]string
-	byKey   map[string]string // setting key → flag (modelKeys)
+// configLoader loads the file --config or CDC_RELAY_CONFIG names, --set and
+// --debezium-config, and adds them to the parse as resolvers. Kong calls a
+// BeforeResolve hook once per element of the parsed path, so it loads them
+// the first time only.
+type configLoader struct {
+	loaded   bool
+	file     *config.File  // nil: no file
+	debezium *debeziumFile // nil: no --debezium-config (debezium_cmd.go)
+	sets     *config.Sets  // nil: no --set
+	stderr   io.Writer     // warnings
 }
 
-var _ kong.Resolver = (*configFile)(nil)
-
-// configError is a problem with the configuration file, its line included
-// where there is one. Its message stands alone: it names the file and key.
-type configError struct {
-	path string
-	line int // 0: the whole file
-	msg  string
-}
-
-func (e *configError) Error() string {
-	if e.line > 0 {
-		return fmt.Sprintf("config file %s, line %d: %s", e.path, e.line, e.msg)
+// beforeResolve is the kong.WithBeforeResolve hook.
+func (l *configLoader) beforeResolve(ctx *kong.Context) error {
+	if l.loaded {
+		return nil
 	}
-	return fmt.Sprintf("config file %s: %s", e.path, e.msg)
-}
-
-// loadConfigFile reads and checks path against the flags of every command in
-// app: an unknown key is an error that names the closest known one.
-func loadConfigFile(path string, app *kong.Application) (*configFile, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, &configError{path: path, msg: fmt.Sprintf("cannot be read (check --config / %s): %v", envName(configFlag), err)}
-	}
-	byKey, _ := modelKeys(app)
-	cf := &configFile{path: path, values: map[string]*yaml.Node{}, lines: map[string]int{}, used: map[string]bool{}, written: map[string]string{}, byKey: byKey}
-	var doc yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return cf, nil // an empty file sets nothing
-		}
-		line, msg := syntaxErrorLine(data, err)
-		return nil, &configError{path: path, line: line, msg: "not valid YAML: " + msg}
-	}
-	if len(doc.Content) == 0 {
-		return cf, nil // comments only
-	}
-	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return cf, nil
-	}
-	if root.Kind != yaml.MappingNode {
-		return nil, &configError{path: path, line: root.Line, msg: "want a mapping of sections (source: {slot: …}) or of flag names without the dashes (pg-url: postgres://relay@db:5432/app) to values"}
-	}
-	known := knownKeys(app)
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, v := root.Content[i], root.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, &configError{path: path, line: k.Line, msg: "a key must be a section such as source, or a flag name such as pg-url"}
-		}
-		key := k.Value
-		if v.Kind == yaml.MappingNode && cf.isSection(key) { // a section; a flag of the same name (delivery, format) takes a scalar
-			if err := cf.section(key, v); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if key == "tables" {
-			key = "table" // the list's key in the sectioned form
-		}
-		switch {
-		case key == configFlag:
-			return nil, &configError{path: path, line: k.Line, msg: "key \"config\" cannot be set in a config file (use --config or CDC_RELAY_CONFIG)"}
-		case strings.HasPrefix(key, "-"):
-			return nil, &configError{path: path, line: k.Line, msg: fmt.Sprintf("key %q: write flag names without the dashes, e.g. %q", key, strings.TrimLeft(key, "-"))}
-		case !known[key]:
-			msg := fmt.Sprintf("unknown key %q", key)
-			if s := closest(key, cf.keyNames(known)); s != "" {
-				msg += fmt.Sprintf(" (did you mean %q?)", s)
-			}
-			return nil, &configError{path: path, line: k.Line, msg: msg + "; keys are the settings' keys by section (source: {slot: …}, see docs/configuration.md) or the flag names of cdc-relay's commands without the dashes (see cdc-relay <command> --help)"}
-		}
-		if err := cf.set(key, k.Value, v, k.Line); err != nil {
-			return nil, err
+	l.loaded = true
+	var path string
+	var given []string
+	found := false
+	for _, f := range ctx.Model.Flags {
+		switch f.Name {
+		case configFlag:
+			path, _ = ctx.FlagValue(f).(string)
+			found = true
+		case setFlag:
+			given, _ = ctx.FlagValue(f).([]string)
 		}
 	}
-	return cf, nil
-}
-
-// set records the file's value v for flag, written as key on line.
-func (cf *configFile) set(flag, key string, v *yaml.Node, line int) error {
-	if prev, dup := cf.lines[flag]; dup {
-		if cf.written[flag] == key {
-			return &configError{path: cf.path, line: line, msg: fmt.Sprintf("key %q is set twice (first on line %d)", key, prev)}
-		}
-		return &configError{path: cf.path, line: line, msg: fmt.Sprintf("key %q sets what %q (line %d) already sets: keep one", key, cf.written[flag], prev)}
+	if !found {
+		return errors.New("no --config flag in the command line model")
 	}
-	cf.values[flag], cf.lines[flag], cf.written[flag] = v, line, key
+	if err := l.loadDebezium(ctx); err != nil {
+		return err
+	}
+	byKey, _ := config.Keys(ctx.Model)
+	if path != "" {
+		cf, err := config.LoadFile(kong.ExpandPath(path), knownKeys(ctx.Model), byKey, "--config / "+envName(configFlag))
+		if err != nil {
+			return err
+		}
+		l.file = cf
+		ctx.AddResolver(cf)
+	}
+	sets, err := config.LoadSets(given, byKey)
+	if err != nil || sets == nil {
+		return err
+	}
+	l.sets = sets
+	ctx.AddResolver(sets)
 	return nil
-}
-
-// isSection reports whether prefix is a section of the model: some key
-// begins with prefix and a dot.
-func (cf *configFile) isSection(prefix string) bool {
-	for k := range cf.byKey {
-		if strings.HasPrefix(k, prefix+".") {
-			return true
-		}
-	}
-	return false
-}
-
-// section reads the mapping v of section prefix (source, kafka.tls …).
-func (cf *configFile) section(prefix string, v *yaml.Node) error {
-	for i := 0; i+1 < len(v.Content); i += 2 {
-		k, val := v.Content[i], v.Content[i+1]
-		key := prefix + "." + k.Value
-		if flag, ok := cf.byKey[key]; ok {
-			if err := cf.set(flag, key, val, k.Line); err != nil {
-				return err
-			}
-			continue
-		}
-		if val.Kind == yaml.MappingNode && cf.isSection(key) {
-			if err := cf.section(key, val); err != nil {
-				return err
-			}
-			continue
-		}
-		msg := fmt.Sprintf("unknown key %q", key)
-		if s := closest(key, cf.keyNames(nil)); s != "" {
-			msg += fmt.Sprintf(" (did you mean %q?)", s)
-		}
-		return &configError{path: cf.path, line: k.Line, msg: msg + "; docs/configuration.md lists every key"}
-	}
-	return nil
-}
-
-// keyNames returns the model's keys and the names in flags, the names a
-// file may use.
-func (cf *configFile) keyNames(flags map[string]bool) map[string]bool {
-	out := maps.Clone(flags)
-	if out == nil {
-		out = map[string]bool{}
-	}
-	for k := range cf.byKey {
-		out[k] = true
-	}
-	return out
-}
-
-var yamlErrorLine = regexp.MustCompile(`^(?:yaml: )?(?:line (\d+): )?`)
-
-// syntaxErrorLine returns the 1-based line of data that err, yaml.v3's syntax
-// error for it, is about, and err's message without yaml's own prefix and
-// line. yaml.v3 counts the lines of its parser errors from 0 and of its
-// scanner errors from 1, and names the line where the construct holding the
-// mistake began rather than the mistake's own, so its number is often the
-// line before the faulty one. The faulty line is found instead as the first
-// line at which the file's beginning fails with the same problem: the line
-// that makes an otherwise valid beginning invalid. 0 when there is none (the
-// problem shows only at the end of the file).
-func syntaxErrorLine(data []byte, err error) (int, string) {
-	msg := yamlErrorLine.ReplaceAllString(err.Error(), "")
-	lines := bytes.SplitAfter(data, []byte("\n"))
-	if len(lines) > 5000 { // too long to reparse line by line: yaml's own number, perhaps a line early
-		if m := yamlErrorLine.FindStringSubmatch(err.Error()); m[1] != "" {
-			n, _ := strconv.Atoi(m[1])
-			return n, msg
-		}
-		return 0, msg
-	}
-	for n := 1; n <= len(lines); n++ {
-		var doc yaml.Node
-		perr := yaml.NewDecoder(bytes.NewReader(bytes.Join(lines[:n], nil))).Decode(&doc)
-		if perr != nil && !errors.Is(perr, io.EOF) && yamlErrorLine.ReplaceAllString(perr.Error(), "") == msg {
-			return n, msg
-		}
-	}
-	return 0, msg
 }
 
 // knownKeys are the flags of every command, the keys a file may have.
@@ -238,364 +98,10 @@ func knownKeys(app *kong.Application) map[string]bool {
 	return known
 }
 
-// closest returns the known key nearest to key by edit distance, or "" when
-// none is near enough to be a likely typo. A known key that ends with key
-// ("brokers" for "kafka-brokers") counts as near.
-func closest(key string, known map[string]bool) string {
-	best, bestD := "", -1
-	for k := range known {
-		d := levenshtein(key, k)
-		if strings.HasSuffix(k, "-"+key) {
-			d = min(d, 2)
-		}
-		if bestD < 0 || d < bestD || (d == bestD && k < best) {
-			best, bestD = k, d
-		}
-	}
-	if bestD < 0 || bestD > max(2, len(key)/3) {
-		return ""
-	}
-	return best
-}
-
-// levenshtein is the edit distance between a and b (insertions, deletions
-// and substitutions of bytes; flag names are ASCII).
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
-
-// Validate is part of kong.Resolver; the keys were checked when the file was
-// loaded, before any command's own checks.
-func (cf *configFile) Validate(*kong.Application) error { return nil }
-
-// Resolve returns the file's value for flag, or nil when the file has none
-// or the flag's environment variable is set (the environment wins over the
-// file; kong has already applied it). Values are checked against the flag's
-// type here, so an error names the line.
-func (cf *configFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
-	v, ok := cf.values[flag.Name]
-	if !ok || (v.Kind == yaml.ScalarNode && v.Tag == "!!null") || flag.Tag.Has("nofile") {
-		return nil, nil
-	}
-	for _, env := range flag.Envs {
-		if _, set := os.LookupEnv(env); set {
-			return nil, nil
-		}
-	}
-	if flag.Name == "table" && v.Kind == yaml.SequenceNode {
-		entries, err := cf.tableEntries()
-		if err != nil {
-			return nil, err
-		}
-		names := make([]any, len(entries))
-		for i, e := range entries {
-			names[i] = e.name
-		}
-		cf.used[flag.Name] = true
-		return names, nil
-	}
-	val, err := yamlValue(v, flag.Target.Type())
-	if err != nil {
-		return nil, &configError{path: cf.path, line: v.Line, msg: flag.Name + ": " + err.Error()}
-	}
-	cf.used[flag.Name] = true
-	return val, nil
-}
-
-// tableEntry is one entry of the file's table list: a table's name, and
-// for an entry written as a mapping ({name: schema.table, topic: …}) the
-// settings it overrides for that table (see RunCmd.applyTable).
-type tableEntry struct {
-	name      string
-	line      int
-	overrides map[string]*yaml.Node // flag → value, without name
-	written   map[string]string     // flag → the key as the entry wrote it
-}
-
-// tableEntries reads the table key: a name, a list of names, or a list
-// whose entries may be mappings naming a table and what it overrides.
-func (cf *configFile) tableEntries() ([]tableEntry, error) {
-	v, ok := cf.values["table"]
-	if !ok || v.Kind != yaml.SequenceNode {
-		return nil, nil
-	}
-	var out []tableEntry
-	for _, item := range v.Content {
-		switch item.Kind {
-		case yaml.ScalarNode:
-			out = append(out, tableEntry{name: item.Value, line: item.Line})
-		case yaml.MappingNode:
-			e := tableEntry{line: item.Line, overrides: map[string]*yaml.Node{}, written: map[string]string{}}
-			if err := cf.entryKeys(&e, "", item); err != nil {
-				return nil, err
-			}
-			if e.name == "" {
-				return nil, &configError{path: cf.path, line: item.Line, msg: "table: an entry written as a mapping needs name: schema.table"}
-			}
-			out = append(out, e)
-		default:
-			return nil, &configError{path: cf.path, line: item.Line, msg: "tables: want a list of schema.table names, or of mappings {name: schema.table, <key of section outbox>: <value>, …}"}
-		}
-	}
-	return out, nil
-}
-
-// entryKeys reads the keys of a table entry's mapping v into e, by flag:
-// name, the keys of section outbox without "outbox." (topic, columns:
-// {aggregate_id: …}), or flag names as before (column-aggregate-id).
-// prefix is the path of v within the entry ("" at its top).
-func (cf *configFile) entryKeys(e *tableEntry, prefix string, v *yaml.Node) error {
-	for i := 0; i+1 < len(v.Content); i += 2 {
-		k, val := v.Content[i].Value, v.Content[i+1]
-		path := prefix + k
-		if path == "name" {
-			if val.Kind != yaml.ScalarNode {
-				return &configError{path: cf.path, line: val.Line, msg: "table: an entry's name is schema.table, one value"}
-			}
-			e.name = val.Value
-			continue
-		}
-		flag, ok := cf.byKey[sectionOutbox+path]
-		switch {
-		case ok:
-		case val.Kind == yaml.MappingNode && cf.isSection(sectionOutbox+path):
-			if err := cf.entryKeys(e, path+".", val); err != nil {
-				return err
-			}
-			continue
-		default:
-			flag = path // a flag name, or a key forTable refuses by name
-		}
-		if _, dup := e.written[flag]; dup {
-			return &configError{path: cf.path, line: val.Line, msg: fmt.Sprintf("table: key %q sets what %q already sets: keep one", path, e.written[flag])}
-		}
-		e.overrides[flag], e.written[flag] = val, path
-	}
-	return nil
-}
-
 // tables returns the file's table entries (nil without a file).
-func (l *configLoader) tables() ([]tableEntry, error) {
+func (l *configLoader) tables() ([]config.TableEntry, error) {
 	if l.file == nil {
 		return nil, nil
 	}
-	return l.file.tableEntries()
-}
-
-var durationType = reflect.TypeOf(time.Duration(0))
-
-// yamlValue converts a YAML value to what kong parses for a flag of type t:
-// a Go duration string, a YAML boolean, a number, a string, or for a list a
-// YAML sequence or a comma-separated string.
-func yamlValue(v *yaml.Node, t reflect.Type) (any, error) {
-	if t.Kind() == reflect.Slice {
-		if v.Kind == yaml.SequenceNode {
-			items := make([]any, 0, len(v.Content))
-			for _, item := range v.Content {
-				if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
-					return nil, fmt.Errorf("line %d: want a list of values such as [kafka-1:9092, kafka-2:9092]", item.Line)
-				}
-				if k := t.Elem().Kind(); k >= reflect.Int && k <= reflect.Int64 {
-					n, err := strconv.ParseInt(item.Value, 10, 64)
-					if err != nil {
-						return nil, fmt.Errorf("line %d: want a list of whole numbers such as [3, 4], got %q", item.Line, item.Value)
-					}
-					items = append(items, n) // kong reads a list item by its JSON form: a number, not a string
-					continue
-				}
-				items = append(items, item.Value)
-			}
-			return items, nil
-		}
-		if v.Kind != yaml.ScalarNode {
-			return nil, errors.New("want a list: a YAML sequence such as [a, b] or a comma-separated string")
-		}
-		return v.Value, nil
-	}
-	if v.Kind != yaml.ScalarNode {
-		return nil, fmt.Errorf("want a single value, not a %s", kindName(v.Kind))
-	}
-	switch {
-	case t == durationType:
-		if _, err := time.ParseDuration(v.Value); err != nil {
-			return nil, fmt.Errorf("want a Go duration such as 250ms, 10s or 5m, got %q", v.Value)
-		}
-		return v.Value, nil
-	case t.Kind() == reflect.Bool:
-		if v.Tag != "!!bool" {
-			return nil, fmt.Errorf("want true or false, got %q", v.Value)
-		}
-		b, err := strconv.ParseBool(v.Value)
-		if err != nil { // YAML 1.1 spellings yaml.v3 also tags !!bool
-			return nil, fmt.Errorf("want true or false, got %q", v.Value)
-		}
-		return b, nil
-	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
-		if _, err := strconv.ParseInt(v.Value, 10, 64); err != nil {
-			return nil, fmt.Errorf("want a whole number, got %q", v.Value)
-		}
-	case t.Kind() == reflect.Float64 || t.Kind() == reflect.Float32:
-		if _, err := strconv.ParseFloat(v.Value, 64); err != nil {
-			return nil, fmt.Errorf("want a number, got %q", v.Value)
-		}
-	}
-	return v.Value, nil
-}
-
-func kindName(k yaml.Kind) string {
-	switch k {
-	case yaml.MappingNode:
-		return "mapping"
-	case yaml.SequenceNode:
-		return "list"
-	case yaml.AliasNode:
-		return "alias"
-	}
-	return "value"
-}
-
-// fromFile returns the first flag named in msg whose value came from the
-// file, and where: "key delivery in config file relay.yaml, line 4". It
-// returns "", "" when none did (cf may be nil: no file).
-func (cf *configFile) fromFile(msg string) (flag, where string) {
-	if cf == nil {
-		return "", ""
-	}
-	for _, m := range anyFlag.FindAllStringSubmatch(msg, -1) {
-		if cf.used[m[1]] {
-			return m[1], fmt.Sprintf("key %s in config file %s, line %d", m[1], cf.path, cf.lines[m[1]])
-		}
-	}
-	return "", ""
-}
-
-var anyFlag = regexp.MustCompile(`--([a-z0-9-]+)`)
-
-// configLoader loads the file --config or CDC_RELAY_CONFIG names and adds it
-// to the parse as a resolver. Kong calls a BeforeResolve hook once per
-// element of the parsed path, so it loads the file the first time only.
-type configLoader struct {
-	loaded   bool
-	file     *configFile   // nil: no file
-	debezium *debeziumFile // nil: no --debezium-config (debezium_cmd.go)
-	sets     *sets         // nil: no --set
-	stderr   io.Writer     // warnings
-}
-
-// beforeResolve is the kong.WithBeforeResolve hook.
-func (l *configLoader) beforeResolve(ctx *kong.Context) error {
-	if l.loaded {
-		return nil
-	}
-	l.loaded = true
-	var flag *kong.Flag
-	for _, f := range ctx.Model.Flags {
-		if f.Name == configFlag {
-			flag = f
-		}
-	}
-	if flag == nil {
-		return errors.New("no --config flag in the command line model")
-	}
-	if err := l.loadDebezium(ctx); err != nil {
-		return err
-	}
-	if path, _ := ctx.FlagValue(flag).(string); path != "" {
-		cf, err := loadConfigFile(kong.ExpandPath(path), ctx.Model)
-		if err != nil {
-			return err
-		}
-		l.file = cf
-		ctx.AddResolver(cf)
-	}
-	return l.loadSets(ctx)
-}
-
-// setFlag is the name of the global flag that sets a setting by its key.
-const setFlag = "set"
-
-// sets are the --set key=value overlays, by flag: a kong.Resolver added
-// after the files, so it wins over them, and that does not step aside for
-// an environment variable, so it wins over those too. A flag given by name
-// on the command line wins over it (kong resolves only unset flags).
-type sets struct {
-	values map[string]*yaml.Node
-	keys   map[string]string // flag → key
-}
-
-var _ kong.Resolver = (*sets)(nil)
-
-// loadSets reads the --set flags of ctx and adds them as a resolver.
-func (l *configLoader) loadSets(ctx *kong.Context) error {
-	var given []string
-	for _, f := range ctx.Model.Flags {
-		if f.Name == setFlag {
-			given, _ = ctx.FlagValue(f).([]string)
-		}
-	}
-	if len(given) == 0 {
-		return nil
-	}
-	byKey, _ := modelKeys(ctx.Model)
-	s := &sets{values: map[string]*yaml.Node{}, keys: map[string]string{}}
-	for _, kv := range given {
-		key, text, ok := strings.Cut(kv, "=")
-		flag, known := byKey[key]
-		switch {
-		case !ok:
-			return fmt.Errorf("--set %s: want KEY=VALUE, e.g. --set source.slot=orders", kv)
-		case !known:
-			msg := fmt.Sprintf("--set %s: unknown key %q", kv, key)
-			names := map[string]bool{}
-			for k := range byKey {
-				names[k] = true
-			}
-			if c := closest(key, names); c != "" {
-				msg += fmt.Sprintf(" (did you mean %q?)", c)
-			}
-			return errors.New(msg + "; docs/configuration.md lists every key")
-		case s.keys[flag] != "":
-			return fmt.Errorf("--set %s: %s is set twice", kv, key)
-		}
-		var doc yaml.Node
-		if err := yaml.Unmarshal([]byte(text), &doc); err != nil || len(doc.Content) == 0 {
-			doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.ScalarNode, Tag: "!!str", Value: text}}}
-		}
-		s.values[flag], s.keys[flag] = doc.Content[0], key
-	}
-	l.sets = s
-	ctx.AddResolver(s)
-	return nil
-}
-
-// Validate is part of kong.Resolver; the keys were checked when loaded.
-func (s *sets) Validate(*kong.Application) error { return nil }
-
-// Resolve returns the --set value of flag, or nil when there is none.
-func (s *sets) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
-	v, ok := s.values[flag.Name]
-	if !ok {
-		return nil, nil
-	}
-	val, err := yamlValue(v, flag.Target.Type())
-	if err != nil {
-		return nil, fmt.Errorf("--set %s: %w", s.keys[flag.Name], err)
-	}
-	return val, nil
+	return l.file.TableEntries()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -337,26 +338,6 @@ func TestConfigEmptyFile(t *testing.T) {
 	}
 }
 
-func TestClosestKey(t *testing.T) {
-	known := map[string]bool{"pg-url": true, "pg-url-file": true, "kafka-brokers": true, "topic": true, "slot": true, "retry-cap": true}
-	tests := []struct{ key, want string }{
-		{"pg-ulr", "pg-url"},
-		{"pgurl", "pg-url"},
-		{"kafka-broker", "kafka-brokers"},
-		{"brokers", "kafka-brokers"},
-		{"topics", "topic"},
-		{"slots", "slot"},
-		{"retry_cap", "retry-cap"},
-		{"colour", ""},
-		{"x", ""},
-	}
-	for _, tt := range tests {
-		if got := closest(tt.key, known); got != tt.want {
-			t.Errorf("closest(%q) = %q, want %q", tt.key, got, tt.want)
-		}
-	}
-}
-
 // TestConfigPrint checks config print's table and JSON: every run flag,
 // aligned, and no secret, whichever source it came from.
 func TestConfigPrint(t *testing.T) {
@@ -489,12 +470,12 @@ func TestConfigSyntaxErrorLine(t *testing.T) {
 			clearEnv(t)
 			path := writeFile(t, t.TempDir(), "relay.yaml", tt.file)
 			_, err := parseArgs(t, "run", "--config", path)
-			var ce *configError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
 				t.Fatalf("want a config file error, got %v", err)
 			}
-			if ce.line != tt.line || !strings.Contains(err.Error(), fmt.Sprintf("relay.yaml, line %d: not valid YAML: ", tt.line)) {
-				t.Errorf("want line %d, got %d: %v\nfile:\n%s", tt.line, ce.line, err, tt.file)
+			if ce.Line != tt.line || !strings.Contains(err.Error(), fmt.Sprintf("relay.yaml, line %d: not valid YAML: ", tt.line)) {
+				t.Errorf("want line %d, got %d: %v\nfile:\n%s", tt.line, ce.Line, err, tt.file)
 			}
 			if strings.Count(err.Error(), "line ") != 1 {
 				t.Errorf("the line is named more than once: %v", err)

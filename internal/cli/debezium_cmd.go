@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/alecthomas/kong"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/debezium"
 	yaml "go.yaml.in/yaml/v3"
 )
@@ -46,7 +47,7 @@ func loadDebeziumFile(app *kong.Application, path string, getenv func(string) (s
 	if err != nil {
 		return nil, err
 	}
-	byKey, byFlag := modelKeys(app)
+	byKey, byFlag := config.Keys(app)
 	for _, s := range tr.Settings {
 		if byKey[s.Key] == "" {
 			return nil, fmt.Errorf("debezium config %s: %s translates to %s, which is not a setting of this command line", path, s.Property, s.Key)
@@ -107,10 +108,10 @@ func (l *configLoader) loadDebezium(ctx *kong.Context) error {
 
 // resolvedSource is config print's source of a flag a resolver set.
 func (l *configLoader) resolvedSource(flag string) string {
-	if l != nil && l.sets != nil && l.sets.values[flag] != nil {
+	if l != nil && l.sets.Has(flag) {
 		return sourceSet
 	}
-	if l == nil || l.file != nil && l.file.used[flag] || l.debezium == nil || !l.debezium.used[flag] {
+	if l == nil || l.file.Used(flag) || l.debezium == nil || !l.debezium.used[flag] {
 		return sourceFile
 	}
 	return sourceDebezium

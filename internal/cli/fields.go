@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
@@ -21,16 +22,16 @@ var runFlags = libraryFields(reflect.TypeOf(RunCmd{}))
 
 // libraryFields reads the field tags of the settings of command type t.
 func libraryFields(t reflect.Type) map[string]runSetting {
-	decls := declarations(t)
+	decls := config.Declarations(t)
 	out := map[string]runSetting{
 		// The outbox columns as a whole: every key and flag of the group.
 		"Decoder.Columns": {"outbox.columns.*", "column-*"},
 	}
 	for _, key := range slices.Sorted(maps.Keys(decls)) {
 		d := decls[key]
-		for _, f := range d.fields {
+		for _, f := range d.Fields {
 			field, value, hasValue := strings.Cut(f, "=")
-			k, fl := d.key, d.flag
+			k, fl := d.Key, d.Flag
 			if hasValue {
 				fl += "=" + value // the key takes it as the flag does (cliNames.Setting)
 			}

@@ -8,6 +8,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/rs/zerolog"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 )
 
@@ -18,12 +19,12 @@ func TestSettingsDeclaredOnce(t *testing.T) {
 	owners := map[string]map[string]bool{} // key → declaring fields
 	var commands func(t reflect.Type)
 	commands = func(ct reflect.Type) {
-		for _, d := range declarations(ct) {
-			if owners[d.key] == nil {
-				owners[d.key] = map[string]bool{}
+		for _, d := range config.Declarations(ct) {
+			if owners[d.Key] == nil {
+				owners[d.Key] = map[string]bool{}
 			}
 			// config print's runFlagSet is RunCmd converted: its declarations.
-			owners[d.key][strings.Replace(d.owner, "cli.runFlagSet.", "cli.RunCmd.", 1)] = true
+			owners[d.Key][strings.Replace(d.Owner, "cli.runFlagSet.", "cli.RunCmd.", 1)] = true
 		}
 		for i := range ct.NumField() {
 			if f := ct.Field(i); f.Tag.Get("cmd") != "" || strings.Contains(string(f.Tag), `cmd:""`) {

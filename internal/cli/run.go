@@ -19,6 +19,7 @@ import (
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
@@ -99,8 +100,8 @@ type RunCmd struct {
 
 	// tableEntries are the configuration file's table entries (BeforeApply),
 	// configPath the file's path: per-table overrides (tables.go).
-	tableEntries []tableEntry `kong:"-"`
-	configPath   string       `kong:"-"`
+	tableEntries []config.TableEntry `kong:"-"`
+	configPath   string              `kong:"-"`
 }
 
 // Validate checks the run flags and returns an error naming the flag and its

@@ -18,8 +18,7 @@ import (
 	"slices"
 	"strings"
 
-	yaml "go.yaml.in/yaml/v3"
-
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 )
@@ -28,62 +27,41 @@ import (
 // overrides Validate checks and config applies.
 func (r *RunCmd) BeforeApply(loader *configLoader) error {
 	entries, err := loader.tables()
-	if slices.ContainsFunc(entries, func(e tableEntry) bool { return len(e.overrides) > 0 }) {
-		r.tableEntries, r.configPath = entries, loader.file.path
+	if slices.ContainsFunc(entries, func(e config.TableEntry) bool { return len(e.Overrides) > 0 }) {
+		r.tableEntries, r.configPath = entries, loader.file.Path()
 	}
 	return err
 }
 
 // forTable returns the run settings of outbox table name: r itself, or a
-// copy with the overrides of the table's entry in the configuration file.
+// copy with the overrides of the table's entry in the configuration file,
+// applied through the outbox section's declarations.
 func (r *RunCmd) forTable(name string) (*RunCmd, error) {
-	i := slices.IndexFunc(r.tableEntries, func(e tableEntry) bool { return e.name == name })
-	if i < 0 || len(r.tableEntries[i].overrides) == 0 {
+	i := slices.IndexFunc(r.tableEntries, func(e config.TableEntry) bool { return e.Name == name })
+	if i < 0 || len(r.tableEntries[i].Overrides) == 0 {
 		return r, nil
 	}
 	e := r.tableEntries[i]
 	rr := *r
-	decls := declarations(reflect.TypeOf(r))
-	byFlag := map[string]decl{}
+	byFlag := map[string]config.Decl{}
 	var allowed []string
-	for k, d := range decls {
-		if strings.HasPrefix(k, sectionOutbox) {
-			byFlag[d.flag] = d
-			allowed = append(allowed, strings.TrimPrefix(k, sectionOutbox))
+	for k, d := range config.Declarations(reflect.TypeOf(r)) {
+		if strings.HasPrefix(k, config.TableSection) {
+			byFlag[d.Flag] = d
+			allowed = append(allowed, strings.TrimPrefix(k, config.TableSection))
 		}
 	}
 	slices.Sort(allowed)
-	for _, k := range slices.Sorted(maps.Keys(e.overrides)) {
-		v := e.overrides[k]
+	for _, k := range slices.Sorted(maps.Keys(e.Overrides)) {
+		v := e.Overrides[k]
 		bad := func(msg string) error {
-			return &configError{path: r.configPath, line: v.Line, msg: fmt.Sprintf("table %s: %s: %s", name, e.written[k], msg)}
+			return &config.Error{Path: r.configPath, Line: v.Line, Msg: fmt.Sprintf("table %s: %s: %s", name, e.Written[k], msg)}
 		}
 		d, ok := byFlag[k]
 		if !ok {
 			return nil, bad("cannot be set per table; an entry of the tables list may set " + strings.Join(allowed, ", ") + " (the keys of section outbox)")
 		}
-		var (
-			text  string
-			items []string
-		)
-		switch {
-		case d.typ.Kind() == reflect.Slice && v.Kind == yaml.ScalarNode:
-			items = strings.Split(v.Value, ",")
-		case d.typ.Kind() == reflect.Slice && v.Kind == yaml.SequenceNode:
-			for _, item := range v.Content {
-				if item.Kind != yaml.ScalarNode {
-					return nil, bad("want a list of values")
-				}
-				items = append(items, item.Value)
-			}
-		case d.typ.Kind() == reflect.Slice:
-			return nil, bad("want a list: a YAML sequence or a comma-separated string")
-		case v.Kind != yaml.ScalarNode:
-			return nil, bad("want one value")
-		default:
-			text = v.Value
-		}
-		if err := d.setValue(reflect.ValueOf(&rr), text, items); err != nil {
+		if err := d.Set(reflect.ValueOf(&rr), v); err != nil {
 			return nil, bad(err.Error())
 		}
 	}

@@ -1,0 +1,89 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+func TestClosestKey(t *testing.T) {
+	known := map[string]bool{"pg-url": true, "pg-url-file": true, "kafka-brokers": true, "topic": true, "slot": true, "retry-cap": true}
+	tests := []struct{ key, want string }{
+		{"pg-ulr", "pg-url"},
+		{"pgurl", "pg-url"},
+		{"kafka-broker", "kafka-brokers"},
+		{"brokers", "kafka-brokers"},
+		{"topics", "topic"},
+		{"slots", "slot"},
+		{"retry_cap", "retry-cap"},
+		{"colour", ""},
+		{"x", ""},
+	}
+	for _, tt := range tests {
+		if got := Closest(tt.key, known); got != tt.want {
+			t.Errorf("Closest(%q) = %q, want %q", tt.key, got, tt.want)
+		}
+	}
+}
+
+// TestDeclSet: a table entry's value reaches the declared field as the flag
+// would take it, and a value of the wrong kind is refused with a reason.
+func TestDeclSet(t *testing.T) {
+	type section struct {
+		Topic   string        `key:"outbox.topic"`
+		OnError string        `key:"outbox.on_error" enum:"dlq,halt"`
+		Headers []string      `key:"outbox.header_columns"`
+		Wait    time.Duration `key:"outbox.wait"`
+		On      bool          `key:"outbox.on"`
+		N       int           `key:"outbox.n"`
+	}
+	type command struct {
+		section `embed:""`
+	}
+	decls := Declarations(reflect.TypeOf(command{}))
+	if len(decls) != 6 || decls["outbox.on_error"].Flag != "on-error" || decls["outbox.header_columns"].Flag != "headers" {
+		t.Fatalf("declarations %v", decls)
+	}
+	for _, tt := range []struct {
+		key, yaml string
+		get       func(command) any
+		want      any
+		err       string
+	}{
+		{"outbox.topic", "a.b", func(c command) any { return c.Topic }, "a.b", ""},
+		{"outbox.on_error", "halt", func(c command) any { return c.OnError }, "halt", ""},
+		{"outbox.on_error", "retry", nil, nil, `"retry": want one of dlq, halt`},
+		{"outbox.header_columns", "[a, b=x]", func(c command) any { return c.Headers }, []string{"a", "b=x"}, ""},
+		{"outbox.header_columns", "a,b=x", func(c command) any { return c.Headers }, []string{"a", "b=x"}, ""},
+		{"outbox.header_columns", "{a: b}", nil, nil, "want a list"},
+		{"outbox.wait", "1m30s", func(c command) any { return c.Wait }, 90 * time.Second, ""},
+		{"outbox.wait", "5", nil, nil, "want a Go duration"},
+		{"outbox.on", "true", func(c command) any { return c.On }, true, ""},
+		{"outbox.topic", "[a]", nil, nil, "want one value"},
+		{"outbox.n", "3", nil, nil, "cannot be set per table"},
+	} {
+		t.Run(tt.key+"="+tt.yaml, func(t *testing.T) {
+			var doc yaml.Node
+			if err := yaml.Unmarshal([]byte(tt.yaml), &doc); err != nil {
+				t.Fatal(err)
+			}
+			var c command
+			err := decls[tt.key].Set(reflect.ValueOf(&c), doc.Content[0])
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Errorf("Set = %v, want an error containing %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tt.get(c); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %#v, want %#v", got, tt.want)
+			}
+		})
+	}
+}
