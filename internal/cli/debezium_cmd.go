@@ -63,7 +63,7 @@ func (d *debeziumFile) Validate(*kong.Application) error { return nil }
 // the flag's environment variable is set (kong has applied it already).
 func (d *debeziumFile) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
 	key := d.keys[flag.Name]
-	if key == "" || envSet(flag.Envs) {
+	if key == "" || envSet(flag.Envs) || flag.Tag.Has("nofile") { // nofile: another command's flag of the same name
 		return nil, nil
 	}
 	v, ok := d.tr.Value(key)

@@ -171,3 +171,38 @@ func TestSetErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestOverlaysSkipOtherMeanings: --set and --debezium-config set a setting
+// by key, never another command's flag of the same name: dlq's --topic
+// (nofile) is not run's outbox.topic.
+func TestOverlaysSkipOtherMeanings(t *testing.T) {
+	clearEnv(t)
+	dbz := writeFile(t, t.TempDir(), "connector.json", `{"name":"outbox","config":{
+"connector.class":"io.debezium.connector.postgresql.PostgresConnector","database.hostname":"db","database.user":"relay","database.dbname":"app",
+"snapshot.mode":"no_data","table.include.list":"public.outbox","transforms":"outbox","transforms.outbox.type":"io.debezium.transforms.outbox.EventRouter",
+"transforms.outbox.route.topic.replacement":"events.${routedByValue}"}}`)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"set", []string{"--set", "outbox.topic=from.set"}},
+		{"debezium", []string{"--debezium-config", dbz}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseArgs(t, append([]string{"dlq", "list", "--pg-url", "postgres://db/app"}, tc.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.DLQ.List.Topic != "" {
+				t.Errorf("dlq list --topic = %q from %s; it takes its value from the command line only", c.DLQ.List.Topic, tc.name)
+			}
+			r, err := parseArgs(t, append([]string{"run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092"}, tc.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Run.Topic == "outbox.events" {
+				t.Errorf("run --topic kept its default: %s did not reach outbox.topic", tc.name)
+			}
+		})
+	}
+}

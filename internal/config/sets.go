@@ -64,7 +64,7 @@ func (s *Sets) Validate(*kong.Application) error { return nil }
 // Resolve returns the --set value of flag, or nil when there is none.
 func (s *Sets) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, error) {
 	v, ok := s.values[flag.Name]
-	if !ok {
+	if !ok || flag.Tag.Has("nofile") { // nofile: a flag of the same name and another meaning (dlq's --topic)
 		return nil, nil
 	}
 	val, err := Value(v, flag.Target.Type())

@@ -374,7 +374,7 @@ func (t *translator) route(p string) {
 	}
 	topic, err := javaReplacement(repl)
 	if err == nil {
-		_, err = route.NewWithRegex(topic, route.Regex{Pattern: regex, Field: field, })
+		_, err = route.NewWithRegex(topic, route.Regex{Pattern: regex, Field: field})
 	}
 	if err != nil {
 		t.refuse(p+"route.topic.replacement", fmt.Sprintf("%q: %v", repl, err))
