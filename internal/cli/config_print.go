@@ -46,6 +46,7 @@ const (
 
 // flagSetting is one run flag's effective value, as config print shows it.
 type flagSetting struct {
+	Key    string `json:"key"`
 	Flag   string `json:"flag"`
 	Value  any    `json:"value"` // string, bool, number or list of strings; secrets redacted
 	Source string `json:"source"`
@@ -90,7 +91,7 @@ func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context, loader *configLoader) er
 				src = sourceEnv
 			}
 		}
-		s := flagSetting{Flag: f.Name, Source: src, Env: envName(f.Name)}
+		s := flagSetting{Key: f.Tag.Get("key"), Flag: f.Name, Source: src, Env: envName(f.Name)}
 		s.Value, s.text = shownValue(f.Name, ctx.FlagValue(f))
 		p.settings = append(p.settings, s)
 	}
@@ -169,9 +170,9 @@ func printSettings(w io.Writer, file string, settings []flagSetting) error {
 		return fmt.Errorf("write configuration: %w", err)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "FLAG\tVALUE\tSOURCE")
+	fmt.Fprintln(tw, "KEY\tFLAG\tVALUE\tSOURCE")
 	for _, s := range settings {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Flag, s.text, s.Source)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Key, s.Flag, s.text, s.Source)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write configuration: %w", err)

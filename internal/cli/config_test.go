@@ -370,15 +370,15 @@ metrics-token-file: `+tokenFile+`
 	}
 	wantLines(t, text,
 		`^config file: `+regexp.QuoteMeta(path)+`$`,
-		`^FLAG +VALUE +SOURCE$`,
-		`^pg-url +postgres://relay:REDACTED@db:5432/app\?sslmode=disable +file$`,
-		`^kafka-brokers +k1:9092,k2:9092 +file$`,
-		`^kafka-sasl-password +REDACTED +env$`,
-		`^metrics-token +REDACTED +flag$`,
-		`^metrics-token-file +`+regexp.QuoteMeta(tokenFile)+` +file$`,
-		`^slot +s1 +flag$`,
-		`^topic +outbox\.events +default$`,
-		`^status-interval +1s +default$`,
+		`^KEY +FLAG +VALUE +SOURCE$`,
+		`^source\.pg_url +pg-url +postgres://relay:REDACTED@db:5432/app\?sslmode=disable +file$`,
+		`^kafka\.brokers +kafka-brokers +k1:9092,k2:9092 +file$`,
+		`^kafka\.sasl\.password +kafka-sasl-password +REDACTED +env$`,
+		`^operations\.metrics_token +metrics-token +REDACTED +flag$`,
+		`^operations\.metrics_token_file +metrics-token-file +`+regexp.QuoteMeta(tokenFile)+` +file$`,
+		`^source\.slot +slot +s1 +flag$`,
+		`^outbox\.topic +topic +outbox\.events +default$`,
+		`^source\.status_interval +status-interval +1s +default$`,
 	)
 	// Aligned: the SOURCE column starts at the same place on every line.
 	lines := strings.Split(strings.TrimSpace(text), "\n")[1:]
