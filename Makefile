@@ -56,9 +56,9 @@ demo:
 	bin/cdc-relay-demo $(DEMOFLAGS)
 
 # Regenerate the flag reference in docs/configuration.md from the command line's own
-# flag definitions (internal/cli); a test fails when it is stale.
+# flag definitions (internal/cli), by internal/clidoc; a test fails when it is stale.
 docs:
-	$(GO) run ./internal/cli/gendocs
+	$(GO) run ./internal/clidoc/gendocs
 
 # Throughput/latency benchmark over a matrix of cells: the limit reader (the relay's read
 # path, producer discarding) vs the relay (effectively-once and at-least-once, alternating)

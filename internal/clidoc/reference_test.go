@@ -1,12 +1,13 @@
-package cli
+package clidoc
 
 import (
-	"io"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/cdc-relay/cdc-relay/internal/cli"
 )
 
 // TestConfigurationReferenceCurrent fails when docs/configuration.md's flag
@@ -34,7 +35,7 @@ func TestConfigurationReferenceCurrent(t *testing.T) {
 		if line < len(want) {
 			exp = want[line]
 		}
-		t.Fatalf("docs/configuration.md is stale: its flag reference differs from the flags internal/cli defines; run `make docs` (go run ./internal/cli/gendocs) and commit the result.\nFirst difference, line %d:\n  file:      %s\n  generated: %s", line+1, got, exp)
+		t.Fatalf("docs/configuration.md is stale: its flag reference differs from the flags internal/cli defines; run `make docs` (go run ./internal/clidoc/gendocs) and commit the result.\nFirst difference, line %d:\n  file:      %s\n  generated: %s", line+1, got, exp)
 	}
 }
 
@@ -57,8 +58,7 @@ func TestReferenceCoversEveryFlag(t *testing.T) {
 			t.Errorf("reference lacks %q", want)
 		}
 	}
-	var c CLI
-	kctx, err := parse(&c, []string{"version"}, io.Discard, io.Discard, func(int) {})
+	app, err := cli.Model()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestReferenceCoversEveryFlag(t *testing.T) {
 			walk(c)
 		}
 	}
-	walk(kctx.Model.Node)
+	walk(app.Node)
 }
 
 // TestReferenceGroups checks that flags with a kong group are listed under

@@ -1,4 +1,9 @@
-package cli
+// Package clidoc generates the reference of every command's flags in
+// docs/configuration.md from the command line's model itself (cli.Model), so
+// it cannot drift from the flags the relay takes: `make docs` (go run
+// ./internal/clidoc/gendocs) rewrites it and TestConfigurationReferenceCurrent
+// fails when it is stale.
+package clidoc
 
 import (
 	"fmt"
@@ -6,12 +11,9 @@ import (
 	"strings"
 
 	"github.com/alecthomas/kong"
-)
 
-// The flag reference in docs/configuration.md is generated from the command
-// line model itself, so it cannot drift from the flags the relay takes:
-// `make docs` (go run ./internal/cli/gendocs) rewrites it and
-// TestConfigurationReferenceCurrent fails when it is stale.
+	"github.com/cdc-relay/cdc-relay/internal/cli"
+)
 
 // ReferenceBegin and ReferenceEnd mark the generated region of
 // docs/configuration.md; everything between them is WriteReference's output.
@@ -23,15 +25,14 @@ const (
 // WriteReference writes, as Markdown, every command of the command line with
 // each of its flags: name, environment variable, configuration file key,
 // default and help, grouped by the flag's kong group where it has one. It
-// reads the model exactly as Run builds it (parse), so groups, defaults and
-// interpolated help are the ones --help shows.
+// reads the model exactly as the relay builds it (cli.Model), so groups,
+// defaults and interpolated help are the ones --help shows.
 func WriteReference(w io.Writer) error {
-	var c CLI
-	kctx, err := parse(&c, []string{"version"}, io.Discard, io.Discard, func(int) {})
+	app, err := cli.Model()
 	if err != nil {
-		return fmt.Errorf("build the command line model: %w", err)
+		return err
 	}
-	return writeReference(w, kctx.Model.Node)
+	return writeReference(w, app.Node)
 }
 
 // writeReference is WriteReference over any command line model.
@@ -193,7 +194,7 @@ func (r *refWriter) table(flags []*kong.Flag) {
 func visibleFlags(flags []*kong.Flag) []*kong.Flag {
 	var out []*kong.Flag
 	for _, f := range flags {
-		if f.Hidden || isHelpFlag(f) {
+		if f.Hidden || cli.IsHelpFlag(f) {
 			continue
 		}
 		out = append(out, f)
@@ -232,18 +233,12 @@ func envCell(f *kong.Flag) string {
 	return strings.Join(parts, ", ")
 }
 
-// keyCell is the flag's key in the --config file: the setting's key (its
-// flag name is accepted too), a command argument's flag name, and none for
-// the flags that name the files themselves and those tagged nofile
-// (config.go).
+// keyCell is the flag's key in the --config file (cli.FileKey), "—" for none.
 func keyCell(f *kong.Flag) string {
-	if f.Name == configFlag || f.Name == debeziumFlag || f.Name == setFlag || f.Tag.Has("nofile") {
-		return "—"
-	}
-	if k := f.Tag.Get("key"); k != "" {
+	if k := cli.FileKey(f); k != "" {
 		return "`" + k + "`"
 	}
-	return "`" + f.Name + "`"
+	return "—"
 }
 
 func defaultCell(f *kong.Flag) string {

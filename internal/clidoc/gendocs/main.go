@@ -1,8 +1,9 @@
 // Command gendocs rewrites the generated flag reference in
-// docs/configuration.md from the command line's own flag definitions:
+// docs/configuration.md from the command line's own flag definitions
+// (internal/cli), with internal/clidoc:
 //
-//	go run ./internal/cli/gendocs            # or: make docs
-//	go run ./internal/cli/gendocs -file PATH
+//	go run ./internal/clidoc/gendocs            # or: make docs
+//	go run ./internal/clidoc/gendocs -file PATH
 //
 // Only the region between the BEGIN/END GENERATED FLAG REFERENCE markers
 // changes; the prose around it is hand-written.
@@ -13,7 +14,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cdc-relay/cdc-relay/internal/cli"
+	"github.com/cdc-relay/cdc-relay/internal/clidoc"
 )
 
 func main() {
@@ -33,7 +34,7 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", *file, err)
 	}
-	doc, err := cli.UpdateReference(string(old))
+	doc, err := clidoc.UpdateReference(string(old))
 	if err != nil {
 		return fmt.Errorf("update %s: %w", *file, err)
 	}
