@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cdc-relay/cdc-relay/internal/cli"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/status"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -102,7 +102,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	// so status is asked until it shows one.
 	testenv.Eventually(t, 30*time.Second, func() error {
 		code, stdout, stderr := runCommand(ctx, t, 20*time.Second, "status", "--pg-url", goodURL, "--slot", f.slot, "--json")
-		var st cli.Status
+		var st status.Report
 		if code != 0 || json.Unmarshal([]byte(stdout), &st) != nil || !st.SlotExists || !st.Active || st.Checkpoint == nil {
 			return fmt.Errorf("status over verify-full: exit %d, %+v; want exit 0, an active slot and a checkpoint\n%s%s", code, st, stdout, stderr)
 		}
@@ -269,7 +269,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 
 	// status, as cdc_relay.
 	exit, stdout, stderr := runCommand(ctx, t, 20*time.Second, "status", "--pg-url", relayURL, "--slot", slot, "--json")
-	var st cli.Status
+	var st status.Report
 	if exit != 0 || json.Unmarshal([]byte(stdout), &st) != nil || !st.SlotExists || st.Checkpoint == nil ||
 		st.DeadLetters == nil || st.DeadLetters.Pending != 1 {
 		t.Errorf("status as cdc_relay: exit %d, %+v; want exit 0, the slot, a checkpoint, one pending dead letter\n%s%s", exit, st, stdout, stderr)

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/cdc-relay/cdc-relay/internal/cli"
+	"github.com/cdc-relay/cdc-relay/internal/status"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -34,10 +34,10 @@ func TestOutboxSLOMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	status := func() cli.Status {
+	readStatus := func() status.Report {
 		t.Helper()
 		code, out, errOut := runCommand(ctx, t, 30*time.Second, "status", "--pg-url", f.url, "--slot", f.slot, "--json")
-		var st cli.Status
+		var st status.Report
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			t.Fatalf("status --json (exit %d): %v\n%s\n%s", code, err, out, errOut)
 		}
@@ -84,7 +84,7 @@ func TestOutboxSLOMetrics(t *testing.T) {
 	checked := 0
 	testenv.Eventually(t, 30*time.Second, func() error {
 		lo := time.Since(committed).Seconds()
-		st := status()
+		st := readStatus()
 		hi := time.Since(committed).Seconds()
 		if lo >= 1.5 {
 			checked++
@@ -105,7 +105,7 @@ func TestOutboxSLOMetrics(t *testing.T) {
 		if v := r.Metric("cdc_relay_oldest_unrelayed_event_age_seconds"); v < waited {
 			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v while Kafka refuses, want at least %v", v, waited)
 		}
-		st := status()
+		st := readStatus()
 		if !st.Active || st.OldestUnrelayedSource != "checkpoint" || st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge < waited-1.5 {
 			return fmt.Errorf("status: active %v, oldest unrelayed %v from %q (%s), want about %v s from the checkpoint",
 				st.Active, st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError, waited)
@@ -119,7 +119,7 @@ func TestOutboxSLOMetrics(t *testing.T) {
 		if v := r.Metric("cdc_relay_oldest_unrelayed_event_age_seconds"); v != 0 {
 			return fmt.Errorf("oldest_unrelayed_event_age_seconds = %v after Kafka accepted, want 0", v)
 		}
-		if st := status(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 {
+		if st := readStatus(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 {
 			return fmt.Errorf("status oldest unrelayed %v (%s), want 0", st.OldestUnrelayedAge, st.OldestUnrelayedError)
 		}
 		if v := r.Metric(`cdc_relay_outbox_wait_seconds_count{event_type="Shipped"}`); v != 1 {
@@ -149,13 +149,13 @@ func TestOutboxSLOMetrics(t *testing.T) {
 
 	// The relay is down: status decodes the idle slot.
 	r.Stop(10 * time.Second)
-	if st := status(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 || st.OldestUnrelayedSource != "slot" {
+	if st := readStatus(); st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge != 0 || st.OldestUnrelayedSource != "slot" {
 		t.Errorf("status with the relay stopped and nothing new: oldest unrelayed %v from %q (%s), want 0 from the slot",
 			st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
 	}
 	insert("Cancelled")
 	testenv.Eventually(t, 30*time.Second, func() error {
-		st := status()
+		st := readStatus()
 		if st.OldestUnrelayedAge == nil || *st.OldestUnrelayedAge < 1 || st.OldestUnrelayedSource != "slot" {
 			return fmt.Errorf("status with the relay stopped: oldest unrelayed %v from %q (%s), want over 1 s from the slot",
 				st.OldestUnrelayedAge, st.OldestUnrelayedSource, st.OldestUnrelayedError)
