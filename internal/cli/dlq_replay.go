@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/report"
 	"github.com/cdc-relay/cdc-relay/internal/route"
 )
 
@@ -92,6 +93,6 @@ func (c *DLQReplayCmd) Run(ctx context.Context, env Env) error {
 			Filter: f, DryRun: c.DryRun, Force: c.Force, Rate: c.Rate, BatchSize: c.BatchSize, Actor: actor,
 			Topic: c.Topic, Lease: c.Lease,
 		})
-		return reportReplay(env.Stdout, replaySummary{Kind: "dlq", Actor: actor, DryRun: c.DryRun, Result: res}, err)
+		return reportReplay(env.Stdout, report.ReplaySummary{Kind: "dlq", Actor: actor, DryRun: c.DryRun, Result: res}, err)
 	})
 }

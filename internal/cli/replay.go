@@ -9,6 +9,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/outboxtable"
+	"github.com/cdc-relay/cdc-relay/internal/report"
 )
 
 // ReplayCmd is "cdc-relay replay": publish rows still in the outbox table again.
@@ -135,5 +136,5 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 	})
-	return reportReplay(env.Stdout, replaySummary{Kind: "outbox", Actor: r.actor(), DryRun: r.DryRun, Result: res}, err)
+	return reportReplay(env.Stdout, report.ReplaySummary{Kind: "outbox", Actor: r.actor(), DryRun: r.DryRun, Result: res}, err)
 }
