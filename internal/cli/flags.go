@@ -612,19 +612,20 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	if f.DryRun {
 		return nil, nil
 	}
-	transport, err := sec.kafkaTransport()
+	conn, err := sec.kafkaConn()
 	if err != nil {
 		return nil, err
 	}
+	transport := conn.Transport()
 	log := NewLogger(stderr, "warn", "auto")
-	sec.logKafkaSecurity(log)
+	conn.Log(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
 	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport, Names: runNames.Within("Sink")}
 	rf.apply(&cfg)
 	p, err := sink.NewPublisher(octx, cfg)
 	if err != nil {
-		return nil, sec.explainKafkaError(err)
+		return nil, conn.Explain(err)
 	}
 	p.TopicWait = f.KafkaStartTimeout
 	return p, nil

@@ -3,29 +3,21 @@ package cli
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/rs/zerolog"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
-	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
-	"github.com/cdc-relay/cdc-relay/internal/sink"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
 
@@ -102,38 +94,38 @@ func TestKafkaSecurityFlags(t *testing.T) {
 			env: map[string]string{"CDC_RELAY_KAFKA_SASL_PASSWORD_FILE": pwFile}, want: want{sasl: "SCRAM-SHA-512"}},
 
 		{name: "unreadable CA file", args: []string{"--kafka-tls-ca-file", filepath.Join(dir, "nope.pem")},
-			wantErr: []string{"--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE) cannot be read"}},
+			wantErr: []string{"the TLS CA file cannot be read", "check the CA file kafka.tls.ca_file (--kafka-tls-ca-file / CDC_RELAY_KAFKA_TLS_CA_FILE)"}},
 		{name: "CA file not PEM", args: []string{"--kafka-tls-ca-file", notPEM},
-			wantErr: []string{"--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE)", "no PEM certificate"}},
+			wantErr: []string{"no PEM certificate", "check the CA file kafka.tls.ca_file (--kafka-tls-ca-file / CDC_RELAY_KAFKA_TLS_CA_FILE)"}},
 		{name: "CA file with a broken certificate", args: []string{"--kafka-tls-ca-file", brokenPEM},
-			wantErr: []string{"--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE)", "certificate #1 cannot be parsed"}},
+			wantErr: []string{"certificate #1 that cannot be parsed", "check the CA file kafka.tls.ca_file (--kafka-tls-ca-file / CDC_RELAY_KAFKA_TLS_CA_FILE)"}},
 		{name: "certificate without key", args: []string{"--kafka-tls-cert-file", pki.ClientCert},
-			wantErr: []string{"--kafka-tls-key-file (CDC_RELAY_KAFKA_TLS_KEY_FILE) is required with --kafka-tls-cert-file"}},
+			wantErr: []string{"the TLS key file is required with a client certificate file kafka.tls.cert_file (--kafka-tls-cert-file / CDC_RELAY_KAFKA_TLS_CERT_FILE): set the private key of the client certificate kafka.tls.key_file (--kafka-tls-key-file / CDC_RELAY_KAFKA_TLS_KEY_FILE)"}},
 		{name: "key without certificate", args: []string{"--kafka-tls-key-file", pki.ClientKey},
-			wantErr: []string{"--kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE) is required with --kafka-tls-key-file"}},
+			wantErr: []string{"the TLS client certificate file is required with a key file kafka.tls.key_file (--kafka-tls-key-file / CDC_RELAY_KAFKA_TLS_KEY_FILE): set the client certificate of the key kafka.tls.cert_file (--kafka-tls-cert-file / CDC_RELAY_KAFKA_TLS_CERT_FILE)"}},
 		{name: "key of another certificate", args: []string{"--kafka-tls-cert-file", pki.ClientCert, "--kafka-tls-key-file", pki.ServerKey},
-			wantErr: []string{"--kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE) and --kafka-tls-key-file (CDC_RELAY_KAFKA_TLS_KEY_FILE)", "private key does not match"}},
+			wantErr: []string{"private key does not match", "check the key file kafka.tls.key_file (--kafka-tls-key-file / CDC_RELAY_KAFKA_TLS_KEY_FILE) and the certificate file kafka.tls.cert_file (--kafka-tls-cert-file / CDC_RELAY_KAFKA_TLS_CERT_FILE)"}},
 		{name: "certificate not PEM", args: []string{"--kafka-tls-cert-file", notPEM, "--kafka-tls-key-file", pki.ClientKey},
-			wantErr: []string{"--kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE)", "load client certificate"}},
+			wantErr: []string{"load client certificate", "kafka.tls.cert_file (--kafka-tls-cert-file / CDC_RELAY_KAFKA_TLS_CERT_FILE)"}},
 		{name: "mechanism without user", args: []string{"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-password", secret},
-			wantErr: []string{"--kafka-sasl-username (CDC_RELAY_KAFKA_SASL_USERNAME) is required with --kafka-sasl-mechanism=scram-sha-512"}},
+			wantErr: []string{"a SASL user name is required with SASL mechanism scram-sha-512: set the user name kafka.sasl.username (--kafka-sasl-username / CDC_RELAY_KAFKA_SASL_USERNAME)"}},
 		{name: "mechanism without password", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u"},
-			wantErr: []string{"--kafka-sasl-password (CDC_RELAY_KAFKA_SASL_PASSWORD) is required", "CDC_RELAY_KAFKA_SASL_PASSWORD_FILE"}},
+			wantErr: []string{"a SASL password is required with SASL mechanism plain: set a password file kafka.sasl.password_file (--kafka-sasl-password-file / CDC_RELAY_KAFKA_SASL_PASSWORD_FILE), or the password kafka.sasl.password (--kafka-sasl-password / CDC_RELAY_KAFKA_SASL_PASSWORD)"}},
 		{name: "user without mechanism", args: []string{"--kafka-sasl-username", "u"},
-			wantErr: []string{"--kafka-sasl-mechanism (CDC_RELAY_KAFKA_SASL_MECHANISM) is none"}},
+			wantErr: []string{"a SASL user name kafka.sasl.username (--kafka-sasl-username / CDC_RELAY_KAFKA_SASL_USERNAME) is set, but the SASL mechanism is none", "as the mechanism kafka.sasl.mechanism (--kafka-sasl-mechanism / CDC_RELAY_KAFKA_SASL_MECHANISM)"}},
 		{name: "password without mechanism", env: map[string]string{"CDC_RELAY_KAFKA_SASL_PASSWORD": secret},
-			wantErr: []string{"--kafka-sasl-mechanism (CDC_RELAY_KAFKA_SASL_MECHANISM) is none"}},
+			wantErr: []string{"a SASL password is set, but the SASL mechanism is none", "as the mechanism kafka.sasl.mechanism (--kafka-sasl-mechanism / CDC_RELAY_KAFKA_SASL_MECHANISM)"}},
 		{name: "password and password file", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u",
 			"--kafka-sasl-password", secret, "--kafka-sasl-password-file", pwFile},
-			wantErr: []string{"--kafka-sasl-password-file (CDC_RELAY_KAFKA_SASL_PASSWORD_FILE) and --kafka-sasl-password (CDC_RELAY_KAFKA_SASL_PASSWORD) are both set"}},
+			wantErr: []string{"a SASL password kafka.sasl.password (--kafka-sasl-password / CDC_RELAY_KAFKA_SASL_PASSWORD) and a password file are both set: unset one, the password or the file kafka.sasl.password_file (--kafka-sasl-password-file / CDC_RELAY_KAFKA_SASL_PASSWORD_FILE)"}},
 		{name: "missing password file", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u",
-			"--kafka-sasl-password-file", filepath.Join(dir, "nope")}, wantErr: []string{"--kafka-sasl-password-file (CDC_RELAY_KAFKA_SASL_PASSWORD_FILE) cannot be read"}},
+			"--kafka-sasl-password-file", filepath.Join(dir, "nope")}, wantErr: []string{"the SASL password file cannot be read", "check the file kafka.sasl.password_file (--kafka-sasl-password-file / CDC_RELAY_KAFKA_SASL_PASSWORD_FILE)"}},
 		{name: "empty password file", args: []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-username", "u",
-			"--kafka-sasl-password-file", emptyFile}, wantErr: []string{"--kafka-sasl-password-file (CDC_RELAY_KAFKA_SASL_PASSWORD_FILE)", "is empty"}},
+			"--kafka-sasl-password-file", emptyFile}, wantErr: []string{"is empty", "fix the file kafka.sasl.password_file (--kafka-sasl-password-file / CDC_RELAY_KAFKA_SASL_PASSWORD_FILE)"}},
 		{name: "SCRAM password SASLprep refuses", args: []string{"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-username", "u",
-			"--kafka-sasl-password", secret + "\x07"}, wantErr: []string{"--kafka-sasl-password (CDC_RELAY_KAFKA_SASL_PASSWORD) cannot be used with SCRAM"}},
+			"--kafka-sasl-password", secret + "\x07"}, wantErr: []string{"the SASL password cannot be used with SCRAM", "fix the password kafka.sasl.password (--kafka-sasl-password / CDC_RELAY_KAFKA_SASL_PASSWORD)"}},
 		{name: "SCRAM user SASLprep refuses", args: []string{"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-username", "u\x07",
-			"--kafka-sasl-password", secret}, wantErr: []string{"--kafka-sasl-username (CDC_RELAY_KAFKA_SASL_USERNAME) cannot be used with SCRAM"}},
+			"--kafka-sasl-password", secret}, wantErr: []string{"the SASL user name cannot be used with SCRAM", "fix the user name kafka.sasl.username (--kafka-sasl-username / CDC_RELAY_KAFKA_SASL_USERNAME)"}},
 		{name: "unknown mechanism", args: []string{"--kafka-sasl-mechanism", "gssapi", "--kafka-sasl-username", "u", "--kafka-sasl-password", secret},
 			wantErr: []string{"--kafka-sasl-mechanism must be one of", "CDC_RELAY_KAFKA_SASL_MECHANISM"}},
 	}
@@ -168,10 +160,11 @@ func TestKafkaSecurityFlags(t *testing.T) {
 					t.Fatal(err)
 				}
 				f := securityFlags(c, command)
-				tr, err := f.kafkaTransport()
+				conn, err := f.kafkaConn()
 				if err != nil {
 					t.Fatal(err)
 				}
+				tr := conn.Transport()
 				if tt.want == (want{}) {
 					if tr != nil {
 						t.Errorf("transport = %+v, want nil (plain TCP)", tr)
@@ -197,10 +190,6 @@ func TestKafkaSecurityFlags(t *testing.T) {
 				}
 				if strings.Contains(tt.name, "password file") && f.KafkaSASLPassword != secret {
 					t.Errorf("password from the file is %q, want it without the newline", f.KafkaSASLPassword)
-				}
-				tr2, _ := f.kafkaTransport()
-				if tr2 == tr {
-					t.Error("kafkaTransport returned the same Transport twice: each sink needs its own")
 				}
 			})
 		}
@@ -258,98 +247,6 @@ func securedArgs(k *sandbox.Kafka, password string) []string {
 		args = append(args, "--kafka-sasl-password", password)
 	}
 	return args
-}
-
-// TestSinkKafkaSecurity delivers events through the sink with the Transport
-// of each SASL mechanism, with and without TLS, and reads them back with kgo.
-func TestSinkKafkaSecurity(t *testing.T) {
-	t.Parallel()
-	mechanisms := []struct{ flag, broker string }{
-		{"none", ""}, {"plain", sandbox.SASLPlain}, {"scram-sha-256", sandbox.SASLScramSHA256}, {"scram-sha-512", sandbox.SASLScramSHA512},
-	}
-	for _, m := range mechanisms {
-		for _, tlsMode := range []string{"off", "on", "mutual"} {
-			t.Run(m.flag+"/tls-"+tlsMode, func(t *testing.T) {
-				t.Parallel()
-				opts := sandbox.KafkaOptions{TLS: tlsMode != "off", RequireClientCert: tlsMode == "mutual", Partitions: 2}
-				f := KafkaSecurityFlags{KafkaSASLMechanism: m.flag}
-				if m.broker != "" {
-					opts.SASLUsers = []sandbox.SASLUser{{Mechanism: m.broker, User: "relay", Password: secret}}
-					f.KafkaSASLUsername, f.KafkaSASLPassword = "relay", secret
-				}
-				k := testenv.NewKafka(t, opts)
-				testenv.RequireLocalKafka(t, k)
-				if tlsMode != "off" {
-					f.KafkaTLSCAFile = k.TLSFiles().CA
-				}
-				if tlsMode == "mutual" {
-					f.KafkaTLSCertFile, f.KafkaTLSKeyFile = k.TLSFiles().ClientCert, k.TLSFiles().ClientKey
-				}
-				tr, err := f.kafkaTransport()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if (tr == nil) != (m.broker == "" && tlsMode == "off") {
-					t.Fatalf("transport = %v", tr)
-				}
-				topic := "secured." + m.flag + "." + tlsMode
-				sendEvents(t, sink.Config{Brokers: k.Brokers(), Topics: []string{topic}, Transport: tr}, 5)
-				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-				defer cancel()
-				recs, err := k.ReadAll(ctx, topic)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var ids []string
-				for _, r := range recs {
-					ids = append(ids, r.Headers[sink.HeaderID])
-				}
-				if slices.Sort(ids); !slices.Equal(ids, []string{"ev-0", "ev-1", "ev-2", "ev-3", "ev-4"}) {
-					t.Errorf("Kafka has events %v, want ev-0..ev-4", ids)
-				}
-			})
-		}
-	}
-}
-
-// sendEvents opens a sink with cfg, sends n events and waits for their acks.
-func sendEvents(t *testing.T, cfg sink.Config, n int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	var mu sync.Mutex
-	acked := 0
-	done := make(chan struct{})
-	cfg.Logger = zerolog.Nop()
-	ack := func(_ sink.Message, _ sink.Stored, err error) error {
-		if err != nil {
-			t.Errorf("event failed: %v", err)
-			return nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if acked++; acked == n {
-			close(done)
-		}
-		return nil
-	}
-	k, err := sink.Open(ctx, cfg)
-	if err != nil {
-		t.Fatalf("open sink: %v", err)
-	}
-	defer k.Close()
-	for i := range n {
-		ev := &outbox.Event{ID: fmt.Appendf(nil, "ev-%d", i), AggregateType: []byte("order"),
-			AggregateID: fmt.Append(nil, i), EventType: []byte("OrderPlaced"), Payload: []byte(`{}`)}
-		if err := k.Produce(sink.Message{Topic: cfg.Topics[0], Event: ev}, ack); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		t.Fatalf("%d of %d events acknowledged", acked, n)
-	}
 }
 
 // TestKafkaSecurityCommands runs run, replay and dlq replay against a broker
@@ -501,8 +398,8 @@ func TestKafkaSecurityCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wrongPassword := []string{"refused the SASL login", "--kafka-sasl-password", "CDC_RELAY_KAFKA_SASL_PASSWORD"}
-	untrusted := []string{"x509: certificate signed by unknown authority", "--kafka-tls-ca-file (CDC_RELAY_KAFKA_TLS_CA_FILE)"}
+	wrongPassword := []string{"refused the SASL login", "the password kafka.sasl.password (--kafka-sasl-password / CDC_RELAY_KAFKA_SASL_PASSWORD)"}
+	untrusted := []string{"x509: certificate signed by unknown authority", "the broker's TLS certificate is not trusted: check the CA file kafka.tls.ca_file (--kafka-tls-ca-file / CDC_RELAY_KAFKA_TLS_CA_FILE)"}
 	// Each waits --kafka-start-timeout: the relay waits for Kafka that long.
 	tests := []struct {
 		name string
@@ -512,7 +409,7 @@ func TestKafkaSecurityCommands(t *testing.T) {
 		{"run/wrong password", append(slices.Clone(runArgs), securedArgs(k, "wrong-"+secret)...), wrongPassword},
 		{"run/another CA", append(append(slices.Clone(runArgs), securedArgs(k, secret)...), "--kafka-tls-ca-file", otherCA.CA), untrusted},
 		{"run/wrong server name", append(append(slices.Clone(runArgs), securedArgs(k, secret)...), "--kafka-tls-server-name", "kafka.example.com"),
-			[]string{"certificate is valid for", "--kafka-tls-server-name (CDC_RELAY_KAFKA_TLS_SERVER_NAME)"}},
+			[]string{"certificate is valid for", "the server name kafka.tls.server_name (--kafka-tls-server-name / CDC_RELAY_KAFKA_TLS_SERVER_NAME)"}},
 		{"replay/wrong password", append(slices.Clone(replayArgs), securedArgs(k, "wrong-"+secret)...), wrongPassword},
 		{"dlq replay/wrong password", append(slices.Clone(dlqArgs), securedArgs(k, "wrong-"+secret)...), wrongPassword},
 	}
@@ -549,107 +446,5 @@ func TestKafkaSecurityCommands(t *testing.T) {
 	var slots int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'secured_fail'").Scan(&slots); err != nil || slots != 0 {
 		t.Errorf("failed starts left %d slots (%v): a relay that cannot reach Kafka must create none", slots, err)
-	}
-}
-
-// TestKafkaInsecureSkipVerifyWarns: skipping verification reaches a broker
-// whose CA is unknown, and says loudly that it is insecure.
-func TestKafkaInsecureSkipVerifyWarns(t *testing.T) {
-	t.Parallel()
-	k := securedBroker(t)
-	f := KafkaSecurityFlags{KafkaTLSInsecureSkipVerify: true, KafkaSASLMechanism: "scram-sha-512",
-		KafkaSASLUsername: "relay", KafkaSASLPassword: secret}
-	tr, err := f.kafkaTransport()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var log sandbox.Buffer
-	f.logKafkaSecurity(zerolog.New(&log))
-	if !strings.Contains(log.String(), `"level":"warn"`) || !strings.Contains(log.String(), "NOT verified") {
-		t.Errorf("no warning logged:\n%s", log.String())
-	}
-	if strings.Contains(log.String(), secret) {
-		t.Errorf("the log shows the password:\n%s", log.String())
-	}
-	sendEvents(t, sink.Config{Brokers: k.Brokers(), Topics: []string{"secured.insecure"}, Transport: tr}, 1)
-}
-
-// TestExplainKafkaError opens the sink with settings the broker refuses and
-// checks that the error names what to fix.
-func TestExplainKafkaError(t *testing.T) {
-	t.Parallel()
-	mutual := testenv.NewKafka(t, sandbox.KafkaOptions{RequireClientCert: true})
-	testenv.RequireLocalKafka(t, mutual)
-	scram256 := testenv.NewKafka(t, sandbox.KafkaOptions{SASLUsers: []sandbox.SASLUser{{Mechanism: sandbox.SASLScramSHA256, User: "u", Password: secret}}})
-	tests := []struct {
-		name  string
-		k     *sandbox.Kafka
-		flags KafkaSecurityFlags
-		want  string
-	}{
-		{"no client certificate", mutual, KafkaSecurityFlags{KafkaTLSCAFile: mutual.TLSFiles().CA},
-			"remote error: tls: certificate required (the broker refused the TLS handshake: if it requires a client certificate, set --kafka-tls-cert-file (CDC_RELAY_KAFKA_TLS_CERT_FILE)"},
-		{"wrong mechanism", scram256, KafkaSecurityFlags{KafkaSASLMechanism: "scram-sha-512", KafkaSASLUsername: "u", KafkaSASLPassword: secret},
-			"refused the SASL login: check --kafka-sasl-username"},
-		{"wrong user", scram256, KafkaSecurityFlags{KafkaSASLMechanism: "scram-sha-256", KafkaSASLUsername: "v", KafkaSASLPassword: secret},
-			"refused the SASL login: check --kafka-sasl-username"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			tr, err := tt.flags.kafkaTransport()
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The sink retries until ctx ends and reports its last failure; a
-			// loaded machine needs a few seconds for the first handshake.
-			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-			defer cancel()
-			k, err := sink.Open(ctx, sink.Config{Brokers: tt.k.Brokers(), Topics: []string{"explain"}, Transport: tr, Logger: zerolog.Nop()})
-			if err == nil {
-				k.Close()
-				t.Fatal("sink opened")
-			}
-			if got := tt.flags.explainKafkaError(err).Error(); !strings.Contains(got, tt.want) {
-				t.Errorf("error lacks %q:\n%s", tt.want, got)
-			}
-		})
-	}
-}
-
-// TestExplainKafkaErrorScope: hints go only on errors TLS or SASL settings
-// can cause, and never on Postgres's.
-func TestExplainKafkaErrorScope(t *testing.T) {
-	tlsOn := KafkaSecurityFlags{KafkaTLS: true}
-	untrusted := fmt.Errorf("fetch metadata: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}})
-	pgConnect := fmt.Errorf("connect to Postgres: %w", &pgconn.ConnectError{})
-	sasl := fmt.Errorf("fetch metadata: %w", kafka.SASLAuthenticationFailed)
-	other := errors.New("fetch metadata: unexpected EOF")
-	tests := []struct {
-		name  string
-		flags KafkaSecurityFlags
-		err   error
-		hint  string // "" for the error unchanged
-	}{
-		{"nil", tlsOn, nil, ""},
-		{"untrusted certificate", tlsOn, untrusted, "--kafka-tls-ca-file"},
-		{"TLS error without Kafka TLS", KafkaSecurityFlags{}, untrusted, ""},
-		{"Postgres connect error", tlsOn, pgConnect, ""},
-		{"SASL authentication failed", KafkaSecurityFlags{}, sasl, "--kafka-sasl-password"},
-		{"EOF without a refused login", KafkaSecurityFlags{}, other, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := tt.flags.explainKafkaError(tt.err)
-			if tt.hint == "" {
-				if got != tt.err {
-					t.Errorf("explainKafkaError(%v) = %v, want it unchanged", tt.err, got)
-				}
-				return
-			}
-			if !errors.Is(got, tt.err) || !strings.Contains(got.Error(), tt.hint) {
-				t.Errorf("explainKafkaError(%v) = %v, want it wrapped with a hint naming %s", tt.err, got, tt.hint)
-			}
-		})
 	}
 }

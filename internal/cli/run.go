@@ -228,10 +228,11 @@ func relayName(name string) string {
 }
 
 func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, error) {
-	transport, err := r.kafkaTransport()
+	conn, err := r.kafkaConn()
 	if err != nil {
 		return relay.Config{}, err
 	}
+	transport := conn.Transport()
 	format, err := r.recordFormat(r.PGURL, r.outboxName(firstTable(r.Table)))
 	if err != nil {
 		return relay.Config{}, err
@@ -535,8 +536,8 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	}
 	log.Info().Str("version", env.Version).Str("slot", r.Slot).Strs("tables", r.Table).Str("messages_prefix", r.MessagesPrefix).Str("topic", r.Topic).
 		Strs("brokers", r.KafkaBrokers).Msg("starting cdc-relay")
-	r.logKafkaSecurity(log)
-	runErr := r.explainKafkaError(rl.Run(ctx))
+	r.conn.Log(log) // resolved by r.config
+	runErr := r.conn.Explain(rl.Run(ctx))
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := srv.Shutdown(sctx); err != nil && runErr == nil {
