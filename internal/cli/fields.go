@@ -10,7 +10,8 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
-// runFlags maps the relay.Config fields that library packages name (through
+// runFlags maps the library configuration fields, as the command line nests
+// them (relay.Config's, and "Kafka." for kafkaconn's), that packages name (through
 // the setting.Namer of runNames, in an error or a log line) to the setting
 // that sets them: its key and its flag. Each setting's declaration says
 // which fields it sets (a field tag, model.go): "Sink.Brokers" is the sink's
