@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,7 +10,6 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/debezium"
-	yaml "go.yaml.in/yaml/v3"
 )
 
 // debeziumFlag is the name of the global flag that names a Debezium
@@ -122,19 +120,6 @@ type ConfigFromDebeziumCmd struct {
 	File string `arg:"" type:"path" help:"Kafka Connect connector configuration: the JSON POSTed to Connect ({\"name\": …, \"config\": {…}} or the config object) or a .properties file."`
 }
 
-// sectionNode returns the mapping of section name in m, added at its end
-// when m has none yet.
-func sectionNode(m *yaml.Node, name string) *yaml.Node {
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == name && m.Content[i+1].Kind == yaml.MappingNode {
-			return m.Content[i+1]
-		}
-	}
-	sec := &yaml.Node{Kind: yaml.MappingNode}
-	m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: name}, sec)
-	return sec
-}
-
 // Run prints the native YAML equivalent of the file, loadable by --config.
 func (c *ConfigFromDebeziumCmd) Run(kctx *kong.Context, env Env) error {
 	getenv := os.LookupEnv
@@ -156,41 +141,13 @@ func writeDebeziumYAML(w io.Writer, d *debeziumFile) error {
 	settings := slices.SortedFunc(slices.Values(d.tr.Settings), func(a, b debezium.Setting) int {
 		return strings.Compare(d.flags[a.Key], d.flags[b.Key])
 	})
-	root := &yaml.Node{Kind: yaml.MappingNode}
-	for _, s := range settings {
-		parent, path := root, strings.Split(s.Key, ".")
-		for _, sec := range path[:len(path)-1] {
-			parent = sectionNode(parent, sec)
+	entries := make([]config.Entry, len(settings))
+	for i, s := range settings {
+		entries[i] = config.Entry{Key: s.Key, Value: s.Value, Comment: "from " + s.Property}
+		if v, ok := s.Value.(string); ok && s.Key == "outbox.header_columns" {
+			entries[i].Value = strings.Split(v, ",")
 		}
-		name := path[len(path)-1]
-		k := &yaml.Node{Kind: yaml.ScalarNode, Value: name, LineComment: "from " + s.Property}
-		var v *yaml.Node
-		switch x := s.Value.(type) {
-		case bool:
-			v = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: fmt.Sprint(x)}
-		case string:
-			if s.Key == "outbox.header_columns" {
-				v = &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, LineComment: k.LineComment}
-				k.LineComment = "" // yaml.v3 drops a key's comment before a flow sequence
-				for _, h := range strings.Split(x, ",") {
-					v.Content = append(v.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: h})
-				}
-			} else {
-				v = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: x}
-			}
-		default:
-			return errors.New("write configuration: unexpected value type")
-		}
-		parent.Content = append(parent.Content, k, v)
 	}
-	doc := &yaml.Node{Kind: yaml.DocumentNode, HeadComment: "cdc-relay configuration translated from the Debezium connector config " + d.path + "\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", Content: []*yaml.Node{root}}
-	enc := yaml.NewEncoder(w)
-	enc.SetIndent(2)
-	if err := enc.Encode(doc); err != nil {
-		return fmt.Errorf("write configuration: %w", err)
-	}
-	if err := enc.Close(); err != nil {
-		return fmt.Errorf("write configuration: %w", err)
-	}
-	return nil
+	return config.WriteDocument(w, "cdc-relay configuration translated from the Debezium connector config "+d.path+
+		"\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", entries)
 }

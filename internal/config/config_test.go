@@ -87,3 +87,35 @@ func TestDeclSet(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteDocument: entries nest by key into sections in their order, a
+// list is a flow sequence, and the document reads back to the same keys.
+func TestWriteDocument(t *testing.T) {
+	var b strings.Builder
+	err := WriteDocument(&b, "head", []Entry{
+		{Key: "source.slot", Value: "s1", Comment: "from slot.name"},
+		{Key: "kafka.tls.enabled", Value: true},
+		{Key: "source.publication", Value: "p"},
+		{Key: "outbox.header_columns", Value: []string{"a", "b=x"}, Comment: "from h"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `# head
+
+source:
+  slot: s1 # from slot.name
+  publication: p
+kafka:
+  tls:
+    enabled: true
+outbox:
+  header_columns: [a, b=x] # from h
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	if err := WriteDocument(&b, "", []Entry{{Key: "a.b", Value: 3}}); err == nil {
+		t.Error("an int value was written; want an error")
+	}
+}
