@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
@@ -563,7 +564,7 @@ type publishFlags struct {
 
 // kafkaStartFlag bounds the wait for Kafka (run, replay, dlq replay).
 type kafkaStartFlag struct {
-	KafkaStartTimeout time.Duration `key:"kafka.start_timeout" default:"${default_kafka_start_timeout}" group:"kafka" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
+	KafkaStartTimeout time.Duration `key:"kafka.start_timeout" check:"positive" example:"500ms or 10s" default:"${default_kafka_start_timeout}" group:"kafka" help:"How long to wait for Kafka, and for a topic not used yet, before giving up."`
 }
 
 func (f *publishFlags) validate() error {
@@ -573,8 +574,8 @@ func (f *publishFlags) validate() error {
 	if f.BatchSize < 1 {
 		return flagError("batch-size", "must be at least 1")
 	}
-	if f.KafkaStartTimeout <= 0 {
-		return flagError("kafka-start-timeout", "must be a positive duration such as 30s")
+	if err := config.Check(&f.kafkaStartFlag, flagError); err != nil {
+		return err
 	}
 	return nil
 }

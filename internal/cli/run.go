@@ -54,7 +54,7 @@ type RunCmd struct {
 	OnOutboxUpdate string `key:"delivery.on_outbox_update" field:"OnOutboxUpdate" group:"delivery" default:"ignore" enum:"ignore,warn,error,fatal" help:"What an UPDATE of an outbox row does (nothing is published for it; DELETEs are always ignored): ignore; warn or error log it (at most 10 lines a minute) at that level and count it in cdc_relay_outbox_updates_total; fatal stops the relay before confirming its transaction."`
 	OnError        string `key:"outbox.on_error" field:"OpenDeadLetters=dlq" group:"delivery" default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
 	dlqStoreFlags  `embed:"" group:"delivery" set:"dlq_table_note= (on-error=dlq)"`
-	DLQRetention   time.Duration `key:"dead_letters.retention" group:"delivery" name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
+	DLQRetention   time.Duration `key:"dead_letters.retention" check:"zero=keep" example:"168h" group:"delivery" name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
 	DLQAutoRetry         bool          `key:"dead_letters.auto_retry.enabled" group:"delivery" name:"dlq-auto-retry" help:"Retry dead letters whose error may pass (--dlq-auto-retry-codes) in the background, with backoff, until Kafka acknowledges them (completed) or --dlq-auto-retry-budget attempts failed (dead: metric cdc_relay_dead_letters_dead_total, alert CdcRelayDeadLetterDead). Needs --on-error=dlq."`
 	DLQAutoRetryCodes    []string      `key:"dead_letters.auto_retry.codes" group:"delivery" name:"dlq-auto-retry-codes" sep:"," default:"${default_dlq_auto_retry_codes}" help:"Error codes the automatic retries take (docs/dead-letters.md says why these)." placeholder:"CODE,…"`
@@ -74,22 +74,22 @@ type RunCmd struct {
 	checkpointTableFlag `embed:"" group:"delivery" set:"checkpoint_table_note= (checkpoint-store=table)"`
 	CheckpointFile      string `key:"delivery.checkpoint.file" group:"delivery" default:"cdc-relay-checkpoint.json" help:"Checkpoint file (checkpoint-store=file)."`
 
-	MaxInFlightMiB      int           `key:"delivery.max_in_flight_mib" group:"operations" name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
-	BatchMaxEvents      int           `key:"kafka.batch_max_events" group:"kafka" default:"${default_batch_max_events}" help:"Most events in one produce request."`
-	BatchMaxBytes       int           `key:"kafka.batch_max_bytes" group:"kafka" default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
+	MaxInFlightMiB      int           `key:"delivery.max_in_flight_mib" check:"min=1" group:"operations" name:"max-in-flight-mib" default:"${default_max_in_flight_mib}" help:"Events read but not yet acknowledged by Kafka, in MiB of the memory they take (their values twice, as decoded and as encoded for Kafka, and their bookkeeping); reading pauses at this bound. The Go soft memory limit is set to twice this plus 12 MiB unless GOMEMLIMIT is set."`
+	BatchMaxEvents      int           `key:"kafka.batch_max_events" check:"min=1" group:"kafka" default:"${default_batch_max_events}" help:"Most events in one produce request."`
+	BatchMaxBytes       int           `key:"kafka.batch_max_bytes" check:"min=1024" group:"kafka" default:"${default_batch_max_bytes}" help:"Most bytes in one produce request (keep below the broker's message.max.bytes)."`
 	MaxInFlightRequests int           `key:"kafka.max_in_flight_requests" field:"Sink.MaxInFlight" group:"kafka" name:"max-in-flight-requests" default:"${default_max_in_flight_requests}" help:"Produce requests in flight per broker, written back to back on one connection, and batches in flight per partition (1 to 5). With the idempotent producer (--delivery effectively-once) Kafka appends a partition's batches only in order, so a retry never lets a later event overtake an earlier one; without idempotence one request at a time is sent, whatever this says."`
 	Compression         string        `key:"kafka.compression" group:"kafka" default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Produce compression."`
-	StatusInterval      time.Duration `key:"source.status_interval" group:"postgres" default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
-	ReadCoalesce        time.Duration `key:"source.read_coalesce" group:"postgres" default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
-	ReadBufferKiB       int           `key:"source.read_buffer_kib" group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
-	ShutdownTimeout     time.Duration `key:"operations.shutdown_timeout" group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
+	StatusInterval      time.Duration `key:"source.status_interval" check:"positive" example:"500ms or 10s" group:"postgres" default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
+	ReadCoalesce        time.Duration `key:"source.read_coalesce" check:"zero=wake for every message" example:"500us" group:"postgres" default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
+	ReadBufferKiB       int           `key:"source.read_buffer_kib" check:"zero=the kernel's" example:"a size in KiB such as 32" group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
+	ShutdownTimeout     time.Duration `key:"operations.shutdown_timeout" check:"positive" example:"500ms or 10s" group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
 	kafkaStartFlag      `embed:""`
-	RequestTimeout      time.Duration `key:"kafka.request_timeout" group:"kafka" name:"request-timeout" default:"${default_request_timeout}" help:"How long a produce request may take, being written and answered, before it fails and is retried (as Kafka's request.timeout.ms): a broker that stops reading or answering is noticed after this."`
-	RetryBase           time.Duration `key:"delivery.retry.base" group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
-	RetryCap            time.Duration `key:"delivery.retry.cap" group:"delivery" default:"${default_retry_cap}" help:"Backoff cap."`
+	RequestTimeout      time.Duration `key:"kafka.request_timeout" check:"positive" example:"500ms or 10s" group:"kafka" name:"request-timeout" default:"${default_request_timeout}" help:"How long a produce request may take, being written and answered, before it fails and is retried (as Kafka's request.timeout.ms): a broker that stops reading or answering is noticed after this."`
+	RetryBase           time.Duration `key:"delivery.retry.base" check:"positive" example:"500ms or 10s" group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
+	RetryCap            time.Duration `key:"delivery.retry.cap" check:"positive" example:"500ms or 10s" group:"delivery" default:"${default_retry_cap}" help:"Backoff cap."`
 	RelayName           string        `key:"operations.relay_name" group:"operations" help:"Name of this relay in checkpoints and logs (default: host name)."`
-	HeartbeatInterval   time.Duration `key:"source.heartbeat_interval" group:"postgres" default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
-	MonitorInterval     time.Duration `key:"operations.monitor_interval" group:"operations" default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
+	HeartbeatInterval   time.Duration `key:"source.heartbeat_interval" check:"zero=off" example:"1m" group:"postgres" default:"0s" help:"Write a logical decoding message this often so the slot of an idle database keeps moving while others write WAL (0 disables)."`
+	MonitorInterval     time.Duration `key:"operations.monitor_interval" check:"positive" example:"10s" group:"operations" default:"${default_monitor_interval}" help:"How often the slot's wal_status and retained WAL are read into metrics."`
 
 	AdminFlags `embed:"" group:"operations"` // --metrics-addr, --metrics-token…: admin_flags.go
 
@@ -152,46 +152,17 @@ func (r *RunCmd) Validate() error {
 	if err := r.formatFlags.validate(); err != nil {
 		return err
 	}
-	for _, d := range []struct {
-		flag string
-		v    time.Duration
-	}{{"status-interval", r.StatusInterval}, {"shutdown-timeout", r.ShutdownTimeout}, {"kafka-start-timeout", r.KafkaStartTimeout}, {"request-timeout", r.RequestTimeout}, {"retry-base", r.RetryBase}, {"retry-cap", r.RetryCap}} {
-		if d.v <= 0 {
-			return flagError(d.flag, "must be a positive duration such as 500ms or 10s")
-		}
-	}
-	if r.ReadBufferKiB < 0 {
-		return flagError("read-buffer-kib", "must be 0 (the kernel's) or a size in KiB such as 32")
-	}
-	if r.ReadCoalesce < 0 {
-		return flagError("read-coalesce", "must be 0 (wake for every message) or a positive duration such as 500us")
+	if err := config.Check(r, flagError); err != nil {
+		return err
 	}
 	if err := r.validateSlotLoss(); err != nil {
 		return err
 	}
-	if r.DLQRetention < 0 {
-		return flagError("dlq-retention", "must be 0 (keep) or a positive duration such as 168h")
-	}
 	if err := r.validateAutoRetry(); err != nil {
 		return err
 	}
-	if r.HeartbeatInterval < 0 {
-		return flagError("heartbeat-interval", "must be 0 (off) or a positive duration such as 1m")
-	}
-	if r.MonitorInterval <= 0 {
-		return flagError("monitor-interval", "must be a positive duration such as 10s")
-	}
-	if r.MaxInFlightMiB <= 0 {
-		return flagError("max-in-flight-mib", "must be at least 1")
-	}
-	if r.BatchMaxEvents <= 0 {
-		return flagError("batch-max-events", "must be at least 1")
-	}
 	if r.MaxInFlightRequests < 1 || r.MaxInFlightRequests > sink.MaxInFlightLimit {
 		return flagError("max-in-flight-requests", fmt.Sprintf("must be 1 to %d: Kafka keeps an idempotent producer's order across at most %d requests in flight", sink.MaxInFlightLimit, sink.MaxInFlightLimit))
-	}
-	if r.BatchMaxBytes < 1024 {
-		return flagError("batch-max-bytes", "must be at least 1024")
 	}
 	if r.CheckpointStore == "file" && strings.TrimSpace(r.CheckpointFile) == "" {
 		return flagError("checkpoint-file", "is required with --checkpoint-store=file")

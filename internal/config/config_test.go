@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -117,5 +118,40 @@ outbox:
 	}
 	if err := WriteDocument(&b, "", []Entry{{Key: "a.b", Value: 3}}); err == nil {
 		t.Error("an int value was written; want an error")
+	}
+}
+
+// TestCheck: each bound a declaration's check tag states is held, with the
+// message its example completes, naming the flag.
+func TestCheck(t *testing.T) {
+	type settings struct {
+		Interval time.Duration `key:"a.interval" check:"positive" example:"10s"`
+		Retain   time.Duration `key:"a.retain" check:"zero=keep" example:"168h"`
+		Buffer   int           `key:"a.buffer" check:"zero=the kernel's" example:"a size in KiB such as 32"`
+		Bytes    int           `key:"a.bytes" check:"min=1024"`
+	}
+	good := settings{Interval: time.Second, Bytes: 1024}
+	for _, tt := range []struct {
+		name string
+		set  func(*settings)
+		want string
+	}{
+		{"all good", func(*settings) {}, ""},
+		{"zero interval", func(s *settings) { s.Interval = 0 }, "--interval must be a positive duration such as 10s"},
+		{"negative retention", func(s *settings) { s.Retain = -time.Second }, "--retain must be 0 (keep) or a positive duration such as 168h"},
+		{"negative buffer", func(s *settings) { s.Buffer = -1 }, "--buffer must be 0 (the kernel's) or a size in KiB such as 32"},
+		{"small bytes", func(s *settings) { s.Bytes = 1023 }, "--bytes must be at least 1024"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := good
+			tt.set(&s)
+			err := Check(&s, func(flag, problem string) error { return errors.New("--" + flag + " " + problem) })
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Check = %v, want nil", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("Check = %v, want %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -25,6 +25,9 @@ type Decl struct {
 	Type  reflect.Type // the field's type
 	Enum  []string     // the enum tag's values
 	Owner string       // the declaring struct and field, e.g. "cli.PGFlags.Slot"
+	// Check and Example are the bound the setting declares and the
+	// example its message shows (Check).
+	Check, Example string
 	// Fields are the library configuration fields the setting sets, as
 	// their packages name them (a field tag, e.g. "Sink.Brokers", or
 	// "Backfill=backfill" for a field one value of the setting sets).
@@ -63,7 +66,8 @@ func Declarations(t reflect.Type) map[string]Decl {
 			if fs := f.Tag.Get("field"); fs != "" {
 				fields = strings.Split(fs, ",")
 			}
-			out[key] = Decl{Key: key, Flag: flag, Index: idx, Type: f.Type, Enum: enum, Owner: t.String() + "." + f.Name, Fields: fields}
+			out[key] = Decl{Key: key, Flag: flag, Index: idx, Type: f.Type, Enum: enum, Owner: t.String() + "." + f.Name, Fields: fields,
+				Check: f.Tag.Get("check"), Example: f.Tag.Get("example")}
 		}
 	}
 	walk(t, nil)
