@@ -436,12 +436,16 @@ func TestTrackerConcurrent(t *testing.T) {
 	observerErr := make(chan error, 1)
 	go func() {
 		cursor := 0 // shadow[:cursor] are all committed and fully acked
-		for {
-			select {
-			case <-stop:
-				observerErr <- nil
-				return
-			case <-time.After(time.Millisecond):
+		// Observe first, then wait: on a busy machine the whole run can end
+		// before a first wait would, and one observation is still owed.
+		for ; ; observations.Add(1) {
+			if observations.Load() > 0 {
+				select {
+				case <-stop:
+					observerErr <- nil
+					return
+				case <-time.After(time.Millisecond):
+				}
 			}
 			w := tr.Watermark()
 			for cursor < txns && shadow[cursor].committed.Load() &&
@@ -457,7 +461,6 @@ func TestTrackerConcurrent(t *testing.T) {
 					", the end of the last transaction before the first unfinished one")
 				return
 			}
-			observations.Add(1)
 		}
 	}()
 
