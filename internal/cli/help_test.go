@@ -190,7 +190,7 @@ func TestRunRequired(t *testing.T) {
 		wantErr string // "" for none
 	}{
 		{"no pg-url", "", nil, []string{"--kafka-brokers", "k:9092"}, "--pg-url (CDC_RELAY_PG_URL) is required"},
-		{"no brokers", "", nil, []string{"--pg-url", "postgres://db/app"}, "--kafka-brokers (CDC_RELAY_KAFKA_BROKERS) is required"},
+		{"no brokers", "", nil, []string{"--pg-url", "postgres://db/app"}, "is required: comma-separated Kafka brokers, e.g. kafka-1:9092,kafka-2:9092; set the brokers kafka.brokers (--kafka-brokers / CDC_RELAY_KAFKA_BROKERS)"},
 		{"pg-url in file, brokers in env", "pg-url: postgres://relay@db:5432/app\n",
 			map[string]string{"CDC_RELAY_KAFKA_BROKERS": "k:9092"}, nil, ""},
 		{"pg-url-file in env, brokers in file", "kafka-brokers: [k:9092]\n",

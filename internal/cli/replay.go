@@ -68,7 +68,7 @@ func (r *ReplayCmd) Validate() error {
 	}
 	headers, err := r.headerColumns()
 	if err != nil {
-		return flagError("header-columns", err.Error())
+		return err
 	}
 	r.headers = headers
 	if err := r.payloadFormatFlags.validate(); err != nil {
@@ -126,7 +126,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 		ContentType: r.ContentType, Tracing: r.ColumnTracing, Timestamp: r.ColumnTimestamp, Partition: r.ColumnPartition,
 		Names: runNames.Within("Decoder")}
 	if cols.Envelope, err = r.envelope(); err != nil {
-		return flagError("envelope-columns", err.Error())
+		return err
 	}
 	if cols.JSON, err = r.jsonOptions(firstTable(r.Table), r.Topic, r.TombstoneOnEmptyPayload); err != nil {
 		return err

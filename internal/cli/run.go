@@ -22,6 +22,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/connectjson"
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
+	"github.com/cdc-relay/cdc-relay/internal/kafkaconn"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -110,7 +111,7 @@ func (r *RunCmd) Validate() error {
 	if err := requirePG(&r.PGFlags); err != nil {
 		return err
 	}
-	brokers, err := checkBrokers(r.KafkaBrokers, "")
+	brokers, err := kafkaconn.ParseBrokers(r.KafkaBrokers, runNames.Within("Sink"))
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func (r *RunCmd) Validate() error {
 		}
 	}
 	if _, err := r.headerColumns(); err != nil {
-		return flagError("header-columns", err.Error())
+		return err
 	}
 	if err := r.payloadFormatFlags.validate(); err != nil {
 		return err

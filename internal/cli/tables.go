@@ -83,10 +83,10 @@ func (r *RunCmd) checkTableOverrides() error {
 			return fmt.Errorf("table %s: %w", name, err)
 		}
 		if _, err := rr.headerColumns(); err != nil {
-			return fmt.Errorf("table %s: %w", name, flagError("header-columns", err.Error()))
+			return fmt.Errorf("table %s: %w", name, err)
 		}
 		if _, err := rr.envelope(); err != nil {
-			return fmt.Errorf("table %s: %w", name, flagError("envelope-columns", err.Error()))
+			return fmt.Errorf("table %s: %w", name, err)
 		}
 		if _, err := rr.jsonOptions(name, rr.Topic, rr.TombstoneOnEmptyPayload); err != nil {
 			return fmt.Errorf("table %s: %w", name, err)
@@ -111,7 +111,7 @@ func (r *RunCmd) decoderConfig(name string) (decoder.Config, error) {
 	}
 	envelope, err := r.envelope()
 	if err != nil {
-		return decoder.Config{}, flagError("envelope-columns", err.Error())
+		return decoder.Config{}, err
 	}
 	jsonOpts, err := r.jsonOptions(r.outboxName(name), r.Topic, r.TombstoneOnEmptyPayload)
 	if err != nil {

@@ -35,6 +35,7 @@ const (
 	fieldTable         = "Table"
 	fieldHeaderColumns = "HeaderColumns"
 	fieldContentType   = "ContentType"
+	fieldTracing       = "TracingColumn"
 	fieldTimestamp     = "TimestampColumn"
 	fieldPartition     = "PartitionColumn"
 	fieldEnvelope      = "EnvelopeColumns"
@@ -351,7 +352,7 @@ func newLayout(cfg Config, names setting.Namer) (*layout, error) {
 			return nil, names.Errorf(columnFields[i], "new decoder: column name is empty: set it")
 		}
 	}
-	if err := CheckEnvelope(cfg.EnvelopeColumns); err != nil {
+	if err := checkEnvelope(cfg.EnvelopeColumns); err != nil {
 		return nil, names.Errorf(fieldEnvelope, "new decoder: envelope columns: %w", err)
 	}
 	if err := cfg.JSON.Check(); err != nil {

@@ -18,9 +18,9 @@ type EnvelopeColumn struct {
 	Alias  string
 }
 
-// CheckEnvelope returns an error when cols has an empty name or alias, an
+// checkEnvelope returns an error when cols has an empty name or alias, an
 // alias twice, or the alias "payload".
-func CheckEnvelope(cols []EnvelopeColumn) error {
+func checkEnvelope(cols []EnvelopeColumn) error {
 	seen := map[string]bool{}
 	for _, c := range cols {
 		if c.Column == "" || c.Alias == "" {

@@ -38,8 +38,8 @@ func TestEnvelope(t *testing.T) {
 		{{Column: "a", Alias: "x"}, {Column: "b", Alias: "x"}},
 		{{Column: "", Alias: "x"}},
 	} {
-		if err := CheckEnvelope(bad); err == nil {
-			t.Errorf("CheckEnvelope(%v) = nil, want an error", bad)
+		if err := checkEnvelope(bad); err == nil {
+			t.Errorf("checkEnvelope(%v) = nil, want an error", bad)
 		}
 	}
 }

@@ -434,9 +434,5 @@ func skipValue(b []byte, p int) int {
 // relay's cdc_relay_*), which a message's headers cannot set. traceparent
 // and tracestate can: a message outbox has no tracing column.
 func reservedMessageHeader(key string) bool {
-	switch key {
-	case "id", "event_type", "aggregate_type", "commit_lsn", "commit_time", "source_position", outbox.HeaderContentType:
-		return true
-	}
-	return strings.HasPrefix(key, "ce_") || strings.HasPrefix(key, "cdc_relay_")
+	return sinkHeader(key) || key == outbox.HeaderContentType || strings.HasPrefix(key, "ce_") || strings.HasPrefix(key, "cdc_relay_")
 }

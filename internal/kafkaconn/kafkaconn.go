@@ -1,9 +1,10 @@
-// Package kafkaconn is how cdc-relay connects to Kafka: TLS from PEM files,
-// a SASL mechanism with its password (or a file holding it), the kafka-go
-// Transport carrying both, the log line saying how the relay connects, and
-// the hint an error from reaching Kafka gets when these settings may have
-// caused it. It names settings by its Config's fields, through Names; the
-// password is never printed: not in errors nor logs.
+// Package kafkaconn is how cdc-relay connects to Kafka: the brokers'
+// addresses (ParseBrokers), TLS from PEM files, a SASL mechanism with its
+// password (or a file holding it), the kafka-go Transport carrying both, the
+// log line saying how the relay connects, and the hint an error from
+// reaching Kafka gets when these settings may have caused it. It names
+// settings by its Config's fields, through Names; the password is never
+// printed: not in errors nor logs.
 package kafkaconn
 
 import (
