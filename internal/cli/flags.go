@@ -407,7 +407,7 @@ type checkpointTableFlag struct {
 // dlqStoreFlags name the dead-letter table (every command that reads or writes
 // it; only the dlq commands and replay validate it).
 type dlqStoreFlags struct {
-	DLQTable string `key:"dead_letters.table" name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table${dlq_table_note=, schema-qualified (its history: <table>_replays, <table>_replay_events)}."`
+	DLQTable string `key:"dead_letters.table" field:"DeadLetterStore" name:"dlq-table" default:"public.cdc_relay_dead_letters" help:"Dead-letter table${dlq_table_note=, schema-qualified (its history: <table>_replays, <table>_replay_events)}."`
 }
 
 func (f *dlqStoreFlags) validate() error {

@@ -1,6 +1,7 @@
 // Package outboxtable reads the outbox table itself, not its WAL: it
 // republishes rows still in the table (a replay for consumers rebuilding
-// their state, or the relay's backfill after a slot loss) and prunes old rows.
+// their state; through a Republisher, the relay's backfill after a slot loss,
+// its initial snapshot and a table's join) and prunes old rows.
 // Its replays run, and are recorded, through package replay, beside the
 // dead-letter replays, so operators find every replay in one place.
 package outboxtable

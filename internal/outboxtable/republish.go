@@ -1,0 +1,125 @@
+package outboxtable
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
+	"github.com/cdc-relay/cdc-relay/internal/replay"
+	"github.com/cdc-relay/cdc-relay/internal/route"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
+	"github.com/cdc-relay/cdc-relay/internal/sink"
+)
+
+// ColumnsOf returns the Columns of the outbox table d configures, read as the
+// relay's decoder reads it, naming d's fields through d.Names.
+func ColumnsOf(d decoder.Config) Columns {
+	return Columns{Columns: d.Columns, CreatedAt: d.CreatedAtColumn, Headers: d.HeaderColumns,
+		ContentType: d.ContentType, Tracing: d.TracingColumn, Timestamp: d.TimestampColumn,
+		Partition: d.PartitionColumn, Envelope: d.EnvelopeColumns, JSON: d.JSON,
+		SchemaVersion: d.SchemaVersionColumn, RouteByEventType: d.RouteByEventType, Names: d.Names}
+}
+
+// TableReplay is one outbox table a Republisher reads: its columns and its
+// topic (ReplayOptions.Topic, TopicRegex), as the relay reads and routes it.
+type TableReplay struct {
+	Table      decoder.TableName
+	Columns    Columns
+	Topic      string
+	TopicRegex route.Regex
+}
+
+// HistoryStore holds the replay history a Republisher records its replays in
+// (*deadletter.Store: the history of the dead-letter tables).
+type HistoryStore interface {
+	// Ensure creates the history's tables when missing.
+	Ensure(ctx context.Context) error
+	History() *replay.History
+	// Table names the store (the dead-letter table) in errors.
+	Table() string
+}
+
+// Republisher republishes the rows still in the relay's outbox tables, as
+// the relay's backfill after a slot loss, its initial snapshot and the join
+// of a table to its publication do: each table's rows read with Replay,
+// recorded in DeadLetterStore's replay history, produced with Sink as the
+// relay produces.
+type Republisher struct {
+	Tables []TableReplay
+	// DeadLetterStore keeps the replay history.
+	DeadLetterStore HistoryStore
+	// Sink configures the producer each Republish opens and closes; its
+	// Logger is replaced by Log with Component. Wait bounds the wait for
+	// the brokers and for each topic not yet produced to
+	// (sink.Publisher.TopicWait).
+	Sink sink.Config
+	Wait time.Duration
+	// Component names the republishing in log lines ("backfill"), Actor in
+	// the replay history.
+	Component, Actor string
+	Log              zerolog.Logger
+	Metrics          *metrics.Metrics // nil: counted nowhere
+	// Names names the settings in errors and log lines as the relay's
+	// (relay.Config.Names): DeadLetterStore is relay.Config's.
+	Names setting.Namer
+}
+
+// Republish republishes the outbox rows db reads (the pool, or a transaction
+// that imported a snapshot) of the tables named (nil: every one of
+// Tables) that were created at or after since (zero: all), table after
+// table, each table's rows in Replay's order, each event with header mark
+// after replay.HeaderReplay, and returns how many Kafka acknowledged. Rows
+// that fail stay in the outbox table: they are recorded in the history,
+// counted and logged, and the others go on; an error stops the
+// republishing.
+func (r Republisher) Republish(ctx context.Context, db Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error) {
+	if err := r.DeadLetterStore.Ensure(ctx); err != nil {
+		return 0, fmt.Errorf("open the replay history in dead-letter table %s %s: %w", r.DeadLetterStore.Table(), r.Names.Name("DeadLetterStore"), err)
+	}
+	sinkCfg := r.Sink
+	sinkCfg.Logger = r.Log.With().Str("component", r.Component).Logger()
+	octx, cancel := context.WithTimeout(ctx, r.Wait)
+	p, err := sink.NewPublisher(octx, sinkCfg)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	defer p.Close()
+	p.TopicWait = r.Wait
+	// Each outbox table in turn: each one's rows in their order; events of
+	// different tables have none between them.
+	published := 0
+	for _, t := range r.Tables {
+		if tables != nil && !slices.Contains(tables, t.Table) {
+			continue
+		}
+		table := t.Table.String()
+		res, err := Replay(ctx, db, r.DeadLetterStore.History(), table, t.Columns, p, ReplayOptions{
+			Since:      since,
+			Topic:      t.Topic,
+			TopicRegex: t.TopicRegex,
+			Actor:      r.Actor,
+			Headers:    []outbox.Header{mark},
+		})
+		published += res.Published
+		if m := r.Metrics; m != nil {
+			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultPublished).Add(float64(res.Published))
+			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultSkipped).Add(float64(res.Skipped))
+			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultFailed).Add(float64(res.Failed))
+		}
+		if err != nil {
+			return published, err
+		}
+		if res.Failed > 0 {
+			r.Log.Error().Int64("replay_id", res.ReplayID).Int("failed", res.Failed).Str("table", table).
+				Msgf("%s: some rows could not be published (they stay in the outbox table); see %s", r.Component, r.Names.Command("dlq history"))
+		}
+	}
+	return published, nil
+}
