@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
@@ -43,8 +44,22 @@ type Config struct {
 	// the token like /metrics): CPU, heap and allocation profiles of the
 	// running relay, for diagnosing where its time and memory go.
 	Pprof bool
-	// Logger receives the start line and a serve failure.
+	// Logger receives the start line, a serve failure, and a warning when
+	// the server is reachable from other hosts without a token.
 	Logger zerolog.Logger
+	// Names names the settings (Addr, Token) in that warning.
+	Names setting.Namer
+}
+
+// ValidToken reports whether token can be sent as is in an Authorization
+// header: visible ASCII, no spaces.
+func ValidToken(token string) bool {
+	for i := 0; i < len(token); i++ {
+		if token[i] <= ' ' || token[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // Server is the running HTTP server.
@@ -137,6 +152,11 @@ func Start(cfg Config) (*Server, error) {
 		stop: stop,
 	}
 	log := cfg.Logger
+	if cfg.Token == "" && !Loopback(ln.Addr()) {
+		log.Warn().Str("addr", ln.Addr().String()).
+			Msgf("the metrics server is reachable from other hosts without a token: anyone who can connect reads /metrics, /healthz and /readyz; set %s, or %s to a loopback address if only this host scrapes",
+				cfg.Names.Name("Token"), cfg.Names.Name("Addr"))
+	}
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -206,3 +206,44 @@ func TestLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenWithoutTokenWarns: a server reachable from other hosts without a
+// token says so, naming the settings through the caller's Namer; with a
+// token, or on loopback, it says nothing of the kind.
+func TestOpenWithoutTokenWarns(t *testing.T) {
+	for _, tt := range []struct {
+		name, addr, token string
+		warn              bool
+	}{
+		{"all interfaces, no token", "0.0.0.0:0", "", true},
+		{"all interfaces, token", "0.0.0.0:0", "secret", false},
+		{"loopback, no token", "127.0.0.1:0", "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs strings.Builder
+			srv, err := admin.Start(admin.Config{Addr: tt.addr, Registry: prometheus.NewRegistry(), Ready: func() bool { return true },
+				Token: tt.token, Logger: zerolog.New(&logs)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+			got := strings.Contains(logs.String(), "reachable from other hosts without a token")
+			if got != tt.warn {
+				t.Errorf("warned %v, want %v: %s", got, tt.warn, logs.String())
+			}
+			if tt.warn && !strings.Contains(logs.String(), "(setting Token)") {
+				t.Errorf("the warning does not name the token setting: %s", logs.String())
+			}
+		})
+	}
+}
+
+// TestValidToken: a token goes into a header as is, so spaces and bytes
+// outside visible ASCII are refused.
+func TestValidToken(t *testing.T) {
+	for token, want := range map[string]bool{"abc-123_~": true, "a b": false, "tab\t": false, "é": false, "": true} {
+		if got := admin.ValidToken(token); got != want {
+			t.Errorf("ValidToken(%q) = %v, want %v", token, got, want)
+		}
+	}
+}

@@ -15,9 +15,9 @@ import (
 // /healthz, /readyz). It listens on loopback unless told otherwise, and takes
 // an optional bearer token.
 type AdminFlags struct {
-	MetricsAddr       string `key:"operations.metrics_addr" default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables). Loopback by default: set e.g. 0.0.0.0:9187 for Prometheus on another host, preferably with --metrics-token-file."`
+	MetricsAddr       string `key:"operations.metrics_addr" field:"Admin.Addr" default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables). Loopback by default: set e.g. 0.0.0.0:9187 for Prometheus on another host, preferably with --metrics-token-file."`
 	MetricsToken      string `key:"operations.metrics_token" help:"Bearer token every request to the HTTP endpoints must send (Authorization: Bearer TOKEN); prefer --metrics-token-file." placeholder:"TOKEN"`
-	MetricsTokenFile  string `key:"operations.metrics_token_file" type:"path" help:"Read --metrics-token from this file instead (e.g. a mounted secret)." placeholder:"FILE"`
+	MetricsTokenFile  string `key:"operations.metrics_token_file" field:"Admin.Token" type:"path" help:"Read --metrics-token from this file instead (e.g. a mounted secret)." placeholder:"FILE"`
 	MetricsOpenProbes bool   `key:"operations.metrics_open_probes" help:"With a token, serve /healthz and /readyz without it (for probes that cannot send a secret header); /metrics still needs it."`
 	Pprof             bool   `key:"operations.pprof" help:"Also serve Go's CPU, heap and allocation profiles under /debug/pprof/ on --metrics-addr (behind the token like /metrics), e.g. go tool pprof http://127.0.0.1:9187/debug/pprof/profile?seconds=30."`
 }
@@ -38,31 +38,19 @@ func (a *AdminFlags) validate() error {
 		if token == "" {
 			return flagError("metrics-token-file", fmt.Sprintf("names %s, which is empty", a.MetricsTokenFile))
 		}
-		if !printableToken(token) {
+		if !admin.ValidToken(token) {
 			return flagError("metrics-token-file", fmt.Sprintf("names %s, whose token has a space or a character other than printable ASCII", a.MetricsTokenFile))
 		}
 		a.MetricsToken, a.MetricsTokenFile = token, "" // read: a second Validate keeps the token
 	}
-	if a.MetricsToken != "" && !printableToken(a.MetricsToken) {
+	if a.MetricsToken != "" && !admin.ValidToken(a.MetricsToken) {
 		return flagError("metrics-token", "has a space or a character other than printable ASCII")
 	}
 	return nil
 }
 
-// printableToken reports whether s can be sent as is in an Authorization
-// header: visible ASCII, no spaces.
-func printableToken(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] <= ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
-
 // startAdmin starts the HTTP server, or returns nil when --metrics-addr is
-// empty. It warns when the server is reachable from other hosts without a
-// token.
+// empty.
 func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log zerolog.Logger) (*admin.Server, error) {
 	if a.MetricsAddr == "" {
 		return nil, nil
@@ -72,14 +60,10 @@ func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log
 	}
 	srv, err := admin.Start(admin.Config{
 		Addr: a.MetricsAddr, Registry: reg, Ready: ready,
-		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Pprof: a.Pprof, Logger: log,
+		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Pprof: a.Pprof, Logger: log, Names: runNames.Within("Admin"),
 	})
 	if err != nil {
 		return nil, flagError("metrics-addr", err.Error())
-	}
-	if a.MetricsToken == "" && !admin.Loopback(srv.Addr()) {
-		log.Warn().Str("addr", srv.Addr().String()).
-			Msg("the metrics server is reachable from other hosts without a token: anyone who can connect reads /metrics, /healthz and /readyz; set --metrics-token-file (CDC_RELAY_METRICS_TOKEN_FILE), or --metrics-addr 127.0.0.1:9187 if only this host scrapes")
 	}
 	return srv, nil
 }

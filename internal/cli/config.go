@@ -80,13 +80,14 @@ func (l *configLoader) beforeResolve(ctx *kong.Context) error {
 	return nil
 }
 
-// knownKeys are the flags of every command, the keys a file may have.
+// knownKeys are the flag names a file may use as keys, those of FileKey:
+// a nofile flag shares its name with another command's, which counts.
 func knownKeys(app *kong.Application) map[string]bool {
 	known := map[string]bool{}
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		for _, f := range n.Flags {
-			if !isHelpFlag(f) && f.Name != configFlag && f.Name != debeziumFlag && f.Name != setFlag {
+			if FileKey(f) != "" {
 				known[f.Name] = true
 			}
 		}
