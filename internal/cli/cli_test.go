@@ -522,8 +522,16 @@ func TestConfig(t *testing.T) {
 		t.Errorf("checkpoint store with --checkpoint-store=file = %T, want *checkpoint.FileStore", st)
 	}
 	for name, want := range map[string]kafka.Compression{"none": 0, "gzip": kafka.Gzip, "snappy": kafka.Snappy, "lz4": kafka.Lz4, "zstd": kafka.Zstd} {
-		if got := compression(name); got != want {
-			t.Errorf("compression(%q) = %v, want %v", name, got, want)
+		c, err := parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092", "--compression", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := c.Run.config(zerolog.Nop(), metrics.Discard())
+		if err != nil {
+			t.Fatalf("--compression %s: %v", name, err)
+		}
+		if cfg.Sink.Compression != want {
+			t.Errorf("--compression %s: Sink.Compression = %v, want %v", name, cfg.Sink.Compression, want)
 		}
 	}
 }

@@ -171,20 +171,6 @@ func (r *RunCmd) Validate() error {
 	return r.AdminFlags.validate()
 }
 
-func compression(name string) kafka.Compression {
-	switch name {
-	case "gzip":
-		return kafka.Gzip
-	case "snappy":
-		return kafka.Snappy
-	case "lz4":
-		return kafka.Lz4
-	case "zstd":
-		return kafka.Zstd
-	}
-	return 0
-}
-
 // relayName defaults to the host name.
 func relayName(name string) string {
 	if name != "" {
@@ -214,6 +200,10 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		return relay.Config{}, err
 	}
 	dc.MessagePrefix = r.MessagesPrefix
+	var codec kafka.Compression // kafka-go's names are the flag's enum
+	if err := codec.UnmarshalText([]byte(r.Compression)); err != nil {
+		return relay.Config{}, flagError("compression", err.Error())
+	}
 	cfg := relay.Config{
 		PGURL:             r.PGURL,
 		Slot:              r.Slot,
@@ -232,7 +222,7 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 			BatchMaxBytes:  r.BatchMaxBytes,
 			MaxInFlight:    r.MaxInFlightRequests,
 			RequestTimeout: r.RequestTimeout,
-			Compression:    compression(r.Compression),
+			Compression:    codec,
 			Retry:          backoff.Policy{Base: r.RetryBase, Cap: r.RetryCap},
 			Transport:      transport,
 		},
