@@ -204,24 +204,24 @@ var defaults = map[string]string{
 	"default_batch_max_events":       strconv.Itoa(sink.DefaultBatchMaxEvents),
 	"default_max_in_flight_requests": strconv.Itoa(sink.DefaultMaxInFlight),
 	"default_batch_max_bytes":        strconv.Itoa(sink.DefaultBatchMaxBytes),
-	"default_status_interval":        shortDuration(relay.DefaultStatusInterval),
-	"default_read_coalesce":          shortDuration(relay.DefaultReadCoalesce),
+	"default_status_interval":        config.ShortDuration(relay.DefaultStatusInterval),
+	"default_read_coalesce":          config.ShortDuration(relay.DefaultReadCoalesce),
 	"default_read_buffer_kib":        strconv.Itoa(relay.DefaultReadBuffer >> 10),
-	"default_shutdown_timeout":       shortDuration(relay.DefaultShutdownTimeout),
-	"default_kafka_start_timeout":    shortDuration(relay.DefaultKafkaStartWait),
-	"default_request_timeout":        shortDuration(sink.DefaultRequestTimeout),
-	"default_monitor_interval":       shortDuration(relay.DefaultMonitorInterval),
-	"default_backfill_margin":        shortDuration(relay.DefaultBackfillMargin),
-	"default_retry_base":             shortDuration(backoff.Default.Base),
-	"default_retry_cap":              shortDuration(backoff.Default.Cap),
+	"default_shutdown_timeout":       config.ShortDuration(relay.DefaultShutdownTimeout),
+	"default_kafka_start_timeout":    config.ShortDuration(relay.DefaultKafkaStartWait),
+	"default_request_timeout":        config.ShortDuration(sink.DefaultRequestTimeout),
+	"default_monitor_interval":       config.ShortDuration(relay.DefaultMonitorInterval),
+	"default_backfill_margin":        config.ShortDuration(relay.DefaultBackfillMargin),
+	"default_retry_base":             config.ShortDuration(backoff.Default.Base),
+	"default_retry_cap":              config.ShortDuration(backoff.Default.Cap),
 
 	"default_dlq_auto_retry_codes":    strings.Join(deadletter.DefaultRetryCodes, ","),
 	"default_dlq_auto_retry_budget":   strconv.Itoa(deadletter.DefaultRetryBudget),
-	"default_dlq_auto_retry_base":     shortDuration(deadletter.DefaultRetry.Base),
-	"default_dlq_auto_retry_cap":      shortDuration(deadletter.DefaultRetry.Cap),
-	"default_dlq_auto_retry_interval": shortDuration(deadletter.DefaultRetryInterval),
-	"default_dlq_auto_retry_timeout":  shortDuration(deadletter.DefaultAttemptTimeout),
-	"default_dlq_lease":               shortDuration(deadletter.DefaultLease),
+	"default_dlq_auto_retry_base":     config.ShortDuration(deadletter.DefaultRetry.Base),
+	"default_dlq_auto_retry_cap":      config.ShortDuration(deadletter.DefaultRetry.Cap),
+	"default_dlq_auto_retry_interval": config.ShortDuration(deadletter.DefaultRetryInterval),
+	"default_dlq_auto_retry_timeout":  config.ShortDuration(deadletter.DefaultAttemptTimeout),
+	"default_dlq_lease":               config.ShortDuration(deadletter.DefaultLease),
 }
 
 // expandDefaults replaces the ${name} of defaults in flag defaults before kong
@@ -238,17 +238,4 @@ func expandDefaults(k *kong.Kong) error {
 		}
 		return next(nil)
 	})
-}
-
-// shortDuration formats d as time.Duration does, without zero trailing units
-// ("10m", not "10m0s"), as a person writes a flag value.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/replication"
 )
 
@@ -127,7 +128,7 @@ func shownValue(flag string, v any) (any, string) {
 		}
 		return out, strings.Join(out, ",")
 	case time.Duration:
-		s := shortDuration(x)
+		s := config.ShortDuration(x)
 		return s, s
 	case bool:
 		return x, strconv.FormatBool(x)

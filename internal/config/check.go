@@ -65,3 +65,16 @@ func Check(v any, fail func(flag, problem string) error) error {
 	}
 	return nil
 }
+
+// ShortDuration formats d as time.Duration does, without zero trailing units
+// ("10m", not "10m0s"), as a person writes a setting's value.
+func ShortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
