@@ -72,21 +72,41 @@ func (p *valuePool) put(b []byte) {
 	p.bytes += c
 }
 
-// Recycle takes back the value buffer of ev (outbox.Event.Values), an event
-// a Decoder returned, for the events decoded next. Call it once the event is
-// done, acknowledged by Kafka or stored as a dead letter, when nothing will
-// read its values again: the next event may overwrite them. Recycle clears
-// ev's byte fields, so that a late reader finds them empty rather than
-// another event's bytes. Events without a value buffer (built elsewhere,
-// or already recycled) are left alone. Safe for use concurrently with
-// Decode.
+// Recycle takes back ev, an event a Decoder returned, and its value buffer
+// (outbox.Event.Values), for the events decoded next. Call it once per
+// event, once the event is done, acknowledged by Kafka or stored as a dead
+// letter, when nothing will read it again: the next event decoded may be ev
+// itself, with another row's values. Recycle clears ev, so that a late
+// reader finds it empty rather than another event's bytes until then.
+// Events without a value buffer (built elsewhere) are left alone. Safe for
+// use concurrently with Decode.
 func (d *Decoder) Recycle(ev *outbox.Event) {
 	if ev.Values == nil {
 		return
 	}
 	buf := ev.Values
-	ev.Values = nil
-	ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, ev.Payload = nil, nil, nil, nil, nil
-	ev.Headers = nil
+	hdr := ev.Headers[:cap(ev.Headers)]
+	clear(hdr) // their values are in buf
+	*ev = outbox.Event{Headers: hdr[:0]}
 	d.pool.put(buf)
+	d.events.Put(ev)
+}
+
+// reuseEvent returns a recycled event, cleared, and its header slice with
+// room for nh headers (nil when nh is 0); reused is false when there was
+// none (ev is nil) or it has no room for nh headers (hdr is nil).
+func (d *Decoder) reuseEvent(nh int) (ev *outbox.Event, hdr []outbox.Header, reused bool) {
+	ev, _ = d.events.Get().(*outbox.Event)
+	if ev == nil {
+		return nil, nil, false
+	}
+	if nh == 0 {
+		ev.Headers = nil
+		return ev, nil, true
+	}
+	if cap(ev.Headers) >= nh {
+		return ev, ev.Headers[:0:nh], true
+	}
+	ev.Headers = nil
+	return ev, make([]outbox.Header, 0, nh), true
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
 func TestValuePool(t *testing.T) {
@@ -165,4 +167,37 @@ type decodedEvent struct {
 	id   string
 	size int
 	fill byte
+}
+
+// TestRecycleReusesEvent: a recycled event is decoded into again, and then
+// holds the new row's fields and headers and nothing of the old one's.
+func TestRecycleReusesEvent(t *testing.T) {
+	d := primed(t, withHeaders(map[string]string{"event_type": "type"}))
+	seen := map[*outbox.Event]bool{}
+	reused := 0
+	for i := range 50 {
+		id := fmt.Sprintf("e%d", i)
+		m, err := d.Decode(insertMsg(outboxID, row(id)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := m.Event
+		if seen[ev] {
+			reused++
+		}
+		seen[ev] = true
+		want := event(id)
+		want.Index = uint32(i)
+		if string(ev.ID) != id || string(ev.Payload) != string(want.Payload) || ev.Index != want.Index ||
+			len(ev.Headers) != 1 || ev.Headers[0].Key != "type" || string(ev.Headers[0].Value) != "OrderPlaced" {
+			t.Fatalf("event %d: id %q payload %q index %d headers %v", i, ev.ID, ev.Payload, ev.Index, ev.Headers)
+		}
+		d.Recycle(ev)
+		if ev.ID != nil || len(ev.Headers) != 0 || ev.Index != 0 {
+			t.Fatalf("recycled event %d still holds id %q, %d headers, index %d", i, ev.ID, len(ev.Headers), ev.Index)
+		}
+	}
+	if reused == 0 {
+		t.Error("no recycled event was decoded into again")
+	}
 }

@@ -486,24 +486,31 @@ type waitTypes struct {
 }
 
 // ObserveOutboxWait records that an event of eventType waited d from its
-// insert to Kafka's acknowledgement. It is safe for concurrent use.
+// insert until Kafka acknowledged it (see OutboxWait).
 func (m *Metrics) ObserveOutboxWait(eventType []byte, d time.Duration) {
+	m.OutboxWaitOf(eventType).Observe(d.Seconds())
+}
+
+// OutboxWaitOf returns OutboxWait's observer of eventType's events: the
+// first MaxEventTypeLabels types seen get a series each, later ones share
+// OtherEventType's. A caller observing many events of one type looks it up
+// once for them all.
+func (m *Metrics) OutboxWaitOf(eventType []byte) prometheus.Observer {
 	w := m.waitTypes
 	w.mu.Lock()
-	o, ok := w.m[string(eventType)]
-	switch {
-	case ok:
-	case len(w.m) < MaxEventTypeLabels:
-		o = m.OutboxWait.WithLabelValues(string(eventType))
-		w.m[string(eventType)] = o
-	default:
-		if w.other == nil {
-			w.other = m.OutboxWait.WithLabelValues(OtherEventType)
-		}
-		o = w.other
+	defer w.mu.Unlock()
+	if o, ok := w.m[string(eventType)]; ok {
+		return o
 	}
-	w.mu.Unlock()
-	o.Observe(d.Seconds())
+	if len(w.m) < MaxEventTypeLabels {
+		o := m.OutboxWait.WithLabelValues(string(eventType))
+		w.m[string(eventType)] = o
+		return o
+	}
+	if w.other == nil {
+		w.other = m.OutboxWait.WithLabelValues(OtherEventType)
+	}
+	return w.other
 }
 
 // DeadLetterRetryResults are the result labels of dead_letter_retries_total:

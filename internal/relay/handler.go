@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,12 +52,18 @@ type handler struct {
 	// ctx bounds the dead-letter writes of delivered; cutPolicy ends it.
 	ctx       context.Context
 	cutPolicy context.CancelFunc
-	// records holds the per-event records of events no longer in flight,
-	// for reuse (see pending).
-	records sync.Pool
+	// done is h.delivered, the Done of every event, bound once: a method
+	// value per event would allocate. What the handler learned of an event
+	// travels with its sink.Message (Tag: its transaction), not in a record
+	// of its own beside it.
+	done sink.Done
 	// spans records the relay's trace span of each event (Config.Spans); nil
-	// when spans are not exported.
-	spans Spans
+	// when spans are not exported. spanOf holds the spans of the events in
+	// flight, under spanMu (set on the stream's goroutine, ended where Kafka's
+	// answers arrive).
+	spans  Spans
+	spanMu sync.Mutex
+	spanOf map[*outbox.Event]trace.Span
 
 	seq   uint64
 	inTxn bool
@@ -72,7 +77,7 @@ type handler struct {
 	ledger *dedup.Ledger
 
 	max      int64
-	inFlight atomic.Int64 // bytes of the events in flight (inFlightBytes)
+	inFlight atomic.Int64 // bytes of the events in flight (sizeOf)
 	room     chan struct{}
 	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged event.
 	lastAckCommit atomic.Int64
@@ -105,42 +110,43 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 			h.badTrace(ev, msg.BadTrace)
 		}
 		// The event stays as the decoder made it: what the relay learns of
-		// it travels beside it, in m (for the sink) and rec (its own).
+		// it travels beside it, in m.
 		var topic string
 		routeErr := msg.Failed // a message outbox's bad envelope: no topic
 		if routeErr == nil {
 			topic, routeErr = h.routerFor(ev).Topic(ev)
 		}
-		m := sink.Message{Topic: topic, Event: ev, Origin: h.origin}
-		rec := h.record()
-		rec.seq = h.seq
+		m := sink.Message{Topic: topic, Event: ev, Origin: h.origin, Tag: h.seq}
 		if h.spans != nil {
-			rec.span, m.TraceParent = h.spans.Start(m)
+			var span trace.Span
+			span, m.TraceParent = h.spans.Start(m)
+			h.spanMu.Lock()
+			h.spanOf[ev] = span
+			h.spanMu.Unlock()
 		}
-		rec.size = inFlightBytes(ev) + int64(len(m.TraceParent))
 		h.tracker.Add(h.seq, 1)
-		n := h.inFlight.Add(rec.size)
+		n := h.inFlight.Add(sizeOf(m))
 		h.m.InFlightBytes.Set(float64(n))
 		if routeErr != nil {
 			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
 			h.m.PermanentFailures.WithLabelValues(sink.Code(routeErr)).Inc()
-			return h.settle(ctx, rec, m, sink.Stored{}, routeErr)
+			return h.settle(ctx, m, sink.Stored{}, routeErr)
 		}
 		if h.gate != nil {
 			at, present, err := h.gate.Check(ctx, m)
 			if err != nil {
-				h.abandon(rec, m, err)
+				h.abandon(m, err)
 				return err
 			}
 			if present {
 				h.ledger.Acked(m, at)
-				h.ack(rec, ev)
+				h.endSpan(m, at, nil, false)
+				h.ack(m)
 				h.dec.Recycle(ev)
-				h.release(rec)
 				return nil
 			}
 		}
-		if err := h.producer.Produce(m, rec.done); err != nil {
+		if err := h.producer.Produce(m, h.done); err != nil {
 			return err
 		}
 	case decoder.KindRelation:
@@ -200,48 +206,20 @@ func (h *handler) badTrace(ev *outbox.Event, err error) {
 		Msg("tracing column holds no valid trace context; the event is published without traceparent/tracestate headers")
 }
 
-// pending is what the handler keeps beside one event while it is in flight:
-// what it learned of the event, which the event itself does not carry.
-// Records are pooled (handler.records): the hot path allocates none.
-type pending struct {
-	h    *handler
-	seq  uint64 // the event's transaction, for the tracker
-	size int64  // what the event counts against the read-ahead bound
-	// span is the relay's trace span of the event (Config.Spans); nil when
-	// none.
-	span trace.Span
-	// done is rec.delivered, bound once per record: a method value per
-	// event would allocate.
-	done sink.Done
-}
-
-// record returns a cleared per-event record, reused when one is free.
-func (h *handler) record() *pending {
-	if rec, ok := h.records.Get().(*pending); ok {
-		return rec
-	}
-	rec := &pending{h: h}
-	rec.done = rec.delivered
-	return rec
-}
-
-// delivered is the producer's Done (see settle); dead letters it stores are
-// bounded by h.ctx.
-func (rec *pending) delivered(m sink.Message, at sink.Stored, err error) error {
-	return rec.h.settle(rec.h.ctx, rec, m, at, err)
+// delivered is the producer's Done of every event (see settle); dead
+// letters it stores are bounded by h.ctx.
+func (h *handler) delivered(m sink.Message, at sink.Stored, err error) error {
+	return h.settle(h.ctx, m, at, err)
 }
 
 // settle counts an acknowledged event (err nil; at says where Kafka stored
 // it) as done, and puts one that failed for good through the failure policy.
-// A non-nil return (halt) stops the producer and the relay. Once the event is
-// done its record goes back to the pool.
-func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at sink.Stored, err error) error {
+// A non-nil return (halt) stops the producer and the relay.
+func (h *handler) settle(ctx context.Context, m sink.Message, at sink.Stored, err error) error {
 	ev := m.Event
 	if err != nil {
 		if herr := h.permanent(ctx, m, err); herr != nil {
-			if h.spans != nil {
-				h.spans.End(m, rec.span, at, err, false)
-			}
+			h.endSpan(m, at, err, false)
 			h.halt(herr)
 			return herr
 		}
@@ -251,15 +229,24 @@ func (h *handler) settle(ctx context.Context, rec *pending, m sink.Message, at s
 		}
 		h.published.get(h.m, ev, metrics.TableResultPublished).Inc()
 	}
-	if h.spans != nil {
-		h.spans.End(m, rec.span, at, err, err != nil)
-	}
-	h.ack(rec, ev)
+	h.endSpan(m, at, err, err != nil)
+	h.ack(m)
 	// Nothing reads the event after this: the sink is done with it and
 	// the dead letter, if any, is stored.
 	h.dec.Recycle(ev)
-	h.release(rec)
 	return nil
+}
+
+// endSpan ends the trace span of m's event, if spans are recorded.
+func (h *handler) endSpan(m sink.Message, at sink.Stored, err error, deadLettered bool) {
+	if h.spans == nil {
+		return
+	}
+	h.spanMu.Lock()
+	span := h.spanOf[m.Event]
+	delete(h.spanOf, m.Event)
+	h.spanMu.Unlock()
+	h.spans.End(m, span, at, err, deadLettered)
 }
 
 // routerFor is the router of ev's table.
@@ -321,40 +308,32 @@ func (tc *tableCounter) get(m *metrics.Metrics, ev *outbox.Event, result string)
 // done cannot move the watermark past it; left counted, it would never be
 // acknowledged, and the reconnect, which waits until every event in flight
 // is, would wait forever (and its bytes would bound reading ever after).
-func (h *handler) abandon(rec *pending, m sink.Message, err error) {
-	if h.spans != nil {
-		h.spans.End(m, rec.span, sink.Stored{}, err, false)
-	}
-	h.untrack(rec)
+func (h *handler) abandon(m sink.Message, err error) {
+	h.endSpan(m, sink.Stored{}, err, false)
+	h.untrack(m)
 	h.dec.Recycle(m.Event)
-	h.release(rec)
 }
 
-// release clears rec and keeps it for a later event.
-func (h *handler) release(rec *pending) {
-	rec.seq, rec.size, rec.span = 0, 0, nil
-	h.records.Put(rec)
+// sizeOf is what m's event counts against the read-ahead bound: the heap it
+// costs until Kafka acknowledges it (with its traceparent) and its
+// transaction's tracker entry. The event is not written to while in flight,
+// so acknowledging it counts off what reading it counted.
+func sizeOf(m sink.Message) int64 {
+	return int64(m.Event.Footprint()+checkpoint.TxnBytes) + int64(len(m.TraceParent))
 }
 
-// inFlightBytes is what ev counts against the read-ahead bound: the heap it
-// costs until Kafka acknowledges it, its transaction's tracker entry and the
-// handler's record of it.
-func inFlightBytes(ev *outbox.Event) int64 {
-	return int64(ev.Footprint()+checkpoint.TxnBytes) + int64(unsafe.Sizeof(pending{}))
+// ack counts m's event as done: Kafka acknowledged it, or its dead letter is
+// stored.
+func (h *handler) ack(m sink.Message) {
+	h.lastAckCommit.Store(m.Event.CommitTime.UnixNano())
+	h.untrack(m)
 }
 
-// ack counts ev, of record rec, as done: Kafka acknowledged it, or its dead
-// letter is stored.
-func (h *handler) ack(rec *pending, ev *outbox.Event) {
-	h.lastAckCommit.Store(ev.CommitTime.UnixNano())
-	h.untrack(rec)
-}
-
-// untrack counts the event of record rec out of the tracker and the bytes
-// in flight.
-func (h *handler) untrack(rec *pending) {
-	h.tracker.Ack(rec.seq, 1)
-	size := rec.size
+// untrack counts m's event out of the tracker (its transaction is m.Tag) and
+// the bytes in flight.
+func (h *handler) untrack(m sink.Message) {
+	h.tracker.Ack(m.Tag, 1)
+	size := sizeOf(m)
 	before := h.inFlight.Add(-size) + size
 	h.m.InFlightBytes.Set(float64(before - size))
 	if before >= h.max && before-size < h.max {

@@ -624,6 +624,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		m:       r.m,
 		spans:   cfg.Spans,
 	}
+	h.done = h.delivered
+	if h.spans != nil {
+		h.spanOf = make(map[*outbox.Event]trace.Span)
+	}
 	if cfg.DeadLetterStore != nil {
 		if err := cfg.DeadLetterStore.Ensure(ctx); err != nil {
 			return err

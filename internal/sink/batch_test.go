@@ -287,3 +287,30 @@ func TestBatchTombstones(t *testing.T) {
 		}
 	}
 }
+
+// TestLingerOfBacklog: a steady load's few queued events wait Linger; a
+// backlog's, BacklogLinger, from BacklogEvents on.
+func TestLingerOfBacklog(t *testing.T) {
+	c := Config{Linger: 2 * time.Millisecond, BacklogLinger: 5 * time.Millisecond, BacklogEvents: 400}
+	c.setDefaults()
+	k := &Kafka{cfg: c}
+	for _, tc := range []struct {
+		queued int
+		want   time.Duration
+	}{
+		{0, 2 * time.Millisecond},
+		{60, 2 * time.Millisecond}, // 30,000 events a second queue about this many per Linger
+		{399, 2 * time.Millisecond},
+		{400, 5 * time.Millisecond},
+		{5000, 5 * time.Millisecond},
+	} {
+		if got := k.linger(tc.queued); got != tc.want {
+			t.Errorf("linger(%d) = %v, want %v", tc.queued, got, tc.want)
+		}
+	}
+	var d Config
+	d.setDefaults()
+	if d.BacklogEvents != 400 || d.BacklogLinger != 5*time.Millisecond {
+		t.Errorf("defaults: BacklogEvents %d, BacklogLinger %v; want 400, 5ms", d.BacklogEvents, d.BacklogLinger)
+	}
+}

@@ -4,11 +4,13 @@ package sink
 // responses and schedules retries.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 
@@ -359,7 +361,8 @@ func (k *Kafka) nextFlight(p *partition, now time.Time, room, limit int) *flight
 // them. Batches for a broker that has requests in flight go only once
 // FlushEvents are queued or the oldest waited Linger: the answer they would
 // otherwise wait for is what lets them grow, and many small requests cost
-// more than they save. When it waits it says until when.
+// more than they save. Once BacklogEvents are queued, BacklogLinger replaces
+// Linger. When it waits it says until when.
 func (k *Kafka) gate(now time.Time, parts []*partition, byBroker map[int32]int) (wakeAt time.Time, send bool) {
 	var idle, busy struct {
 		total  int
@@ -396,13 +399,14 @@ func (k *Kafka) gate(now time.Time, parts []*partition, byBroker map[int32]int) 
 	}
 	nowNs := now.UnixNano()
 	spacedAt := k.lastSent + int64(k.cfg.MinInterval)
+	linger := int64(k.linger(idle.total + busy.total))
 	at := int64(0)
 	if idle.total > 0 {
 		quietAt := k.lastPush.Load() + int64(k.cfg.QuietGap)
-		at = min(quietAt, idle.oldest+int64(k.cfg.Linger))
+		at = min(quietAt, idle.oldest+linger)
 	}
 	if busy.total > 0 {
-		if lingerAt := busy.oldest + int64(k.cfg.Linger); at == 0 || lingerAt < at {
+		if lingerAt := busy.oldest + linger; at == 0 || lingerAt < at {
 			at = lingerAt
 		}
 	}
@@ -411,6 +415,15 @@ func (k *Kafka) gate(now time.Time, parts []*partition, byBroker map[int32]int) 
 		return time.Time{}, true
 	}
 	return time.Unix(0, at), false
+}
+
+// linger is how long queued events may wait for more: Linger, or
+// BacklogLinger once queued (events of ready partitions) reach BacklogEvents.
+func (k *Kafka) linger(queued int) time.Duration {
+	if queued >= k.cfg.BacklogEvents {
+		return k.cfg.BacklogLinger
+	}
+	return k.cfg.Linger
 }
 
 // apply handles a finished request partition by partition; it reports whether
@@ -682,14 +695,18 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start, now time.T
 		m.ReadLatency.Observe(first.at.Sub(first.m.Event.CommitTime).Seconds())
 		m.QueueLatency.Observe(start.Sub(first.at).Seconds())
 	}
-	var bytes int
-	for _, it := range batch {
-		bytes += len(it.m.Event.Payload)
-	}
-	p.events.Add(float64(len(batch)))
-	p.bytes.Add(float64(bytes))
-	for _, it := range batch {
-		ev := it.m.Event
+	// One pass for the metrics, one for the Dones: items by index, not
+	// copied, and the outbox-wait observer looked up once per run of events
+	// of one type. In a drain this loop touches each event for the first
+	// time since it was queued.
+	var (
+		size     int
+		wait     prometheus.Observer
+		waitType []byte
+	)
+	for i := range batch {
+		ev := batch[i].m.Event
+		size += len(ev.Payload)
 		// Only events read from the stream (a commit LSN): a replay's or
 		// snapshot's rows waited for the operator, not for the relay.
 		if ev.CommitLSN == 0 {
@@ -699,14 +716,19 @@ func (k *Kafka) acked(p *partition, b batch, baseOffset int64, start, now time.T
 		if from.IsZero() {
 			from = ev.CommitTime
 		}
-		m.ObserveOutboxWait(ev.EventType, now.Sub(from))
+		if wait == nil || !bytes.Equal(ev.EventType, waitType) {
+			wait, waitType = m.OutboxWaitOf(ev.EventType), ev.EventType
+		}
+		wait.Observe(now.Sub(from).Seconds())
 	}
-	for i, it := range batch {
-		at := Stored{Partition: int32(p.id), Offset: -1}
+	p.events.Add(float64(len(batch)))
+	p.bytes.Add(float64(size))
+	at := Stored{Partition: int32(p.id), Offset: -1}
+	for i := range batch {
 		if baseOffset >= 0 {
 			at.Offset = baseOffset + int64(i)
 		}
-		if k.report(it, at, nil) != nil {
+		if k.report(&batch[i], at, nil) != nil {
 			return false // halted: the rest is abandoned
 		}
 	}

@@ -205,13 +205,14 @@ func (k *Kafka) addPartitions(ts *topicState, leaders []int32) {
 		parts[i] = newPartition(k, ts.name, i, leaders[i])
 	}
 	var refused []failure
+	now := time.Now().UnixNano()
 	for _, it := range ts.pending {
 		p, err := k.partitionFor(it.m.Event, ids)
 		if err != nil {
 			refused = append(refused, failure{it, err})
 			continue
 		}
-		parts[p].push(it)
+		parts[p].push(it, now)
 	}
 	ts.pending = nil
 	ts.ids = ids

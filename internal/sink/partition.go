@@ -181,9 +181,9 @@ func newPartition(k *Kafka, topic string, id int, leader int32) *partition {
 	}
 }
 
-// push appends ev to the queue and tells the dispatcher when the queue was empty.
-func (p *partition) push(it item) {
-	now := time.Now().UnixNano()
+// push appends it to the queue, taken at now (UnixNano), and tells the
+// dispatcher when the queue was empty.
+func (p *partition) push(it item, now int64) {
 	p.k.lastPush.Store(now)
 	p.mu.Lock()
 	p.queue = append(p.queue, it)

@@ -136,6 +136,10 @@ type Cell struct {
 	RelayOverLimit    float64 `json:"relay_over_limit_rate"`
 	RelayOverLimitCPU float64 `json:"relay_over_limit_cpu_per_event"`
 	RelayOverPoller   float64 `json:"relay_over_poller_rate"`
+	// DecodeAloneUSPerEvent is the CPU per event of decoding the backlog
+	// with SQL in one backend, with no reader: the walsender's own work,
+	// which serving a reader adds to.
+	DecodeAloneUSPerEvent float64 `json:"decode_alone_us_per_event,omitempty"`
 }
 
 // FailedCell is a drain cell that failed, and why.

@@ -88,7 +88,7 @@ func (b *bench) drainCell(ctx context.Context, c DrainCell, drain bool, startup 
 	}
 	var slots []string
 	if drain {
-		slots = append(slots, "reader_a", "reader_b", "reader_lean")
+		slots = append(slots, "reader_a", "reader_b", "reader_lean", decodeAloneSlot)
 		for _, run := range b.relayRuns() {
 			slots = append(slots, run.drainSlot())
 			if err := b.createTopics(ctx, c.topics(run.topicPrefix(c.Tag)), c.Shape.Partitions); err != nil {
@@ -154,8 +154,55 @@ func (b *bench) drainCell(ctx context.Context, c DrainCell, drain bool, startup 
 			c.Name, lean.WalsenderUSPerEvent, path.WalsenderUSPerEvent, path.WalsenderUSPerEvent/lean.WalsenderUSPerEvent,
 			cell.Relay.WalsenderUSPerEvent, cell.Relay.WalsenderUSPerEvent/lean.WalsenderUSPerEvent,
 			lean.Rate, path.Rate, cell.Relay.Rate, cell.Relay.Rate/lean.Rate)
+		if alone := cell.DecodeAloneUSPerEvent; alone > 0 {
+			b.say("  %s: decoding alone (SQL, one backend, no socket) %.2f µs/ev; each walsender above it, what serving its reader cost: lean +%.2f, read path +%.2f, relay +%.2f µs/ev",
+				c.Name, alone, lean.WalsenderUSPerEvent-alone, path.WalsenderUSPerEvent-alone, cell.Relay.WalsenderUSPerEvent-alone)
+		}
 	}
 	return nil
+}
+
+// decodeAloneSlot is the slot decodeAlone decodes: created with the cell's
+// other slots, so it holds the same backlog.
+const decodeAloneSlot = "decode_alone"
+
+// decodeAlone decodes the cell's backlog from decodeAloneSlot with SQL in one
+// backend (pg_logical_slot_get_binary_changes, pgoutput with the relay's
+// publication) and returns that backend's CPU per event: logical decoding
+// with no socket and no reader to wake, the walsender's own work. A
+// walsender's CPU above it is what serving its reader cost; unlike the
+// walsenders' figures it does not depend on how a reader takes the stream.
+// The SQL function also keeps every message in a tuplestore (in memory
+// here: work_mem 2GB), which a walsender does not.
+func (b *bench) decodeAlone(ctx context.Context) (float64, error) {
+	conn, err := pgx.Connect(ctx, b.relayURL)
+	if err != nil {
+		return 0, fmt.Errorf("decode alone: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return 0, fmt.Errorf("decode alone: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SET work_mem = '2GB'"); err != nil {
+		return 0, fmt.Errorf("decode alone: %w", err)
+	}
+	before, err := pgstat.ProcessCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	q := fmt.Sprintf("SELECT count(*) FROM pg_logical_slot_get_binary_changes('%s', NULL, NULL, 'proto_version', '1', 'publication_names', '%s')", decodeAloneSlot, publication)
+	if err := conn.QueryRow(ctx, q).Scan(&n); err != nil {
+		return 0, fmt.Errorf("decode alone: %w", err)
+	}
+	after, err := pgstat.ProcessCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	us := (after - before).Seconds() * 1e6 / float64(b.cell.Events)
+	b.say("  decoding alone (SQL in one backend, slot %s): %d messages, %.2f µs/ev", decodeAloneSlot, n, us)
+	return us, nil
 }
 
 // drainRelayAndLimit drains the cell's backlog with the limit reader, the
@@ -181,6 +228,9 @@ func (b *bench) drainRelayAndLimit(ctx context.Context, c DrainCell, cell *resul
 	// pglogrepl loop, which makes Postgres' walsender work the least.
 	lean, err := b.readerDrainMode(ctx, "reader_lean", true)
 	if err != nil {
+		return err
+	}
+	if cell.DecodeAloneUSPerEvent, err = b.decodeAlone(ctx); err != nil {
 		return err
 	}
 	a.Name, bb.Name, lean.Name = "limit before", "limit after", "lean pglogrepl loop"

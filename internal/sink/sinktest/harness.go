@@ -234,6 +234,8 @@ type doneCall struct {
 	afterHalt bool
 	// concurrent: another call not from within Produce was running.
 	concurrent bool
+	// lostTag: the Message's Tag was not the one Produce was given.
+	lostTag bool
 	// hwm is the high watermark of every partition of the topic at the
 	// call, when the recorder snapshots them.
 	hwm map[int32]int64
@@ -248,9 +250,11 @@ type recorder struct {
 	snapshot func() map[int32]int64
 
 	producing atomic.Pointer[outbox.Event] // the event whose Produce runs
-	closed    atomic.Bool                  // Close of the producer returned
-	halted    atomic.Bool                  // a call returned an error
-	active    atomic.Int32                 // calls running, except from within Produce
+	tags      sync.Map                     // *outbox.Event → the Tag Produce was given
+	nextTag   atomic.Uint64
+	closed    atomic.Bool  // Close of the producer returned
+	halted    atomic.Bool  // a call returned an error
+	active    atomic.Int32 // calls running, except from within Produce
 
 	mu    sync.Mutex
 	calls []doneCall
@@ -260,6 +264,9 @@ type recorder struct {
 func (r *recorder) done(m sink.Message, _ sink.Stored, err error) error {
 	ev := m.Event
 	c := doneCall{ev: ev, err: err, inProduce: r.producing.Load() == ev, afterClose: r.closed.Load(), afterHalt: r.halted.Load()}
+	if tag, ok := r.tags.Load(ev); !ok || tag.(uint64) != m.Tag {
+		c.lostTag = true
+	}
 	if !c.inProduce {
 		c.concurrent = r.active.Add(1) > 1
 		defer r.active.Add(-1)
@@ -285,7 +292,9 @@ func (r *recorder) produce(t testing.TB, p Producer, topic string, evs ...*outbo
 	t.Helper()
 	for _, ev := range evs {
 		r.producing.Store(ev)
-		err := p.Produce(sink.Message{Topic: topic, Event: ev}, r.done)
+		tag := r.nextTag.Add(1)
+		r.tags.Store(ev, tag)
+		err := p.Produce(sink.Message{Topic: topic, Event: ev, Tag: tag}, r.done)
 		r.producing.Store(nil)
 		if err != nil {
 			t.Fatalf("Produce %s to %s: %v (the producer has not halted)", ev.ID, topic, err)
@@ -369,6 +378,9 @@ func (r *recorder) checkReported(t testing.TB, ok []*outbox.Event, failed map[*o
 		}
 		if c.afterClose {
 			report("done(%s, %v) called after Close returned", c.ev.ID, c.err)
+		}
+		if c.lostTag {
+			report("done(%s, %v): the Message's Tag is not the one Produce was given", c.ev.ID, c.err)
 		}
 		if c.concurrent {
 			report("done(%s, %v) ran while another Done call ran on another goroutine; Done runs on the producer's goroutine (or within Produce)", c.ev.ID, c.err)
