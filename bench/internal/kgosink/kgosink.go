@@ -32,6 +32,10 @@
 //     permanent (codes as sink.Code's where the error is a Kafka one). It
 //     does not split a batch a broker refuses as too large: the events of
 //     that batch fail with the large one (see the contract test).
+//   - A batch of unknown fate (a lost answer, a timeout) is kgo's: re-sent
+//     in its producer session, which the broker deduplicates; when kgo
+//     resets the session it decides alone, so Config.Verifier (the relay's
+//     dedup.Decider) is not used.
 //   - Retrying and the circuit breaker see only failed requests (a
 //     connection lost, a timeout: kgo's BrokerE2E hook), not errors the
 //     broker answers per partition, which kgo retries out of sight.
