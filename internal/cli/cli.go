@@ -53,6 +53,8 @@ type Env struct {
 	// OnRelay, when set, is called with the relay once it is built, before it
 	// runs (the demo and tests watch its readiness).
 	OnRelay func(*relay.Relay)
+	// OpenProducer is "run"'s relay.Config.OpenProducer (nil: sink.Kafka).
+	OpenProducer func(context.Context, sink.Config) (relay.Producer, error)
 	// SetMemoryLimit, when set, is runtime/debug.SetMemoryLimit: "run" sets the
 	// process's soft memory limit from --max-in-flight-mib (see memoryLimit)
 	// unless Getenv("GOMEMLIMIT") is set. Left nil where cli.Run shares a process

@@ -479,6 +479,7 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 		cfg.Spans = spans // not a nil *tracing.Spans: a nil Spans costs nothing per event
 		defer stopSpans(spans, log)
 	}
+	cfg.OpenProducer = env.OpenProducer
 	rl := relay.New(cfg)
 	if env.OnRelay != nil {
 		env.OnRelay(rl)

@@ -96,7 +96,53 @@ type pauser interface {
 	CircuitClosed() <-chan struct{}
 }
 
+// Producer is the relay's Kafka producer as Config.OpenProducer opens it in
+// place of the built-in sink.Kafka (the benchmark runs another
+// implementation beside it). Its contract is sink.Kafka's:
+//
+//   - Produce queues m for m.Topic without blocking on Kafka, on the
+//     partition of its TargetPartition or else of the Java-compatible
+//     murmur2 hash of its AggregateID, and reports its fate through done
+//     exactly once, unless the producer was closed or halted first: nil
+//     once Kafka acknowledged it with acks=all (with where Kafka stored it),
+//     or its permanent failure as an *outbox.EventError whose Code says why.
+//     Messages of one partition are reported in the order they were
+//     produced and reach Kafka in that order, across retries; done calls
+//     never overlap, except those made within Produce for a failure known
+//     at once (an empty key). A non-nil return from done halts the
+//     producer: nothing more is sent or reported, and Produce returns an
+//     error from then on (see sink.Done). Transient failures are retried,
+//     never reported. Records carry the headers and value sink.Kafka
+//     writes (package sink's Header constants).
+//   - Healthy and Retrying are the readiness the relay reports (health);
+//     CircuitClosed is the circuit breaker it pauses reading on (pauser).
+//   - PartitionCount, Ranges and Scan read what Kafka holds (dedup.Reader):
+//     the effectively-once start-up reconciliation reads the relay's
+//     records back through them, with the partitions Produce maps keys to.
+//   - Close stops every goroutine of the producer; messages not reported
+//     yet are abandoned (no done runs after Close returns). Run closes it
+//     before it returns.
+type Producer interface {
+	Produce(m sink.Message, done sink.Done) error
+	Healthy() bool
+	Retrying() bool
+	CircuitClosed() <-chan struct{}
+	dedup.Reader
+	Close() error
+}
+
+// openKafka opens the built-in producer, sink.Kafka: Config.OpenProducer's
+// default.
+func openKafka(ctx context.Context, cfg sink.Config) (Producer, error) {
+	k, err := sink.Open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
 var (
+	_ Producer = (*sink.Kafka)(nil)
 	_ producer = (*sink.Kafka)(nil)
 	_ health   = (*sink.Kafka)(nil)
 	_ pauser   = (*sink.Kafka)(nil)
@@ -172,6 +218,16 @@ type Config struct {
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool
 	Sink              sink.Config // Topics, Logger and Metrics are set by the relay
+	// OpenProducer, when set, opens the relay's Kafka producer instead of
+	// sink.Open: it is given what sink.Open would be, Sink with the fields
+	// the relay sets (Topics, Logger, Names, Metrics, Idempotent, Verifier),
+	// and ctx bounded by KafkaStartWait, and returns once the brokers answer
+	// and Topics exist; the producer must keep Metrics' producer series as
+	// sink.Kafka does (cdc_relay_events_published_total above all, which
+	// the benchmark reads). Nil, as the cdc-relay command leaves it, is
+	// sink.Open. The benchmark sets it to run another producer (see
+	// Producer for the contract).
+	OpenProducer func(ctx context.Context, cfg sink.Config) (Producer, error)
 
 	// The values below are built by the caller before New, the stores over
 	// Pool; Run checks that Pool and Checkpoints are set.
@@ -645,8 +701,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		sinkCfg.Verifier = dedup.Decider{}
 	}
 	sinkCfg.Topics = h.fixedTopics()
+	open := cfg.OpenProducer
+	if open == nil {
+		open = openKafka
+	}
 	kctx, cancel := context.WithTimeout(ctx, cfg.KafkaStartWait)
-	k, err := sink.Open(kctx, sinkCfg)
+	k, err := open(kctx, sinkCfg)
 	cancel()
 	if err != nil {
 		return err
