@@ -99,6 +99,8 @@ func runBench(ctx context.Context, args []string) error {
 	brokerLatency := fs.Duration("broker-latency", 0, "delay every answer of the in-process broker by this much, as a network to a remote broker would (one way), e.g. 2ms to see what requests in flight (--max-in-flight-requests) buy")
 	relayFlags := fs.String("relay-flags", "", "flags added to every relay and limit reader run, space-separated (e.g. \"--read-coalesce 0\" to compare a setting)")
 	profileDir := fs.String("profile", "", "save a CPU and a heap profile of the relay's first effectively-once drain of each drain cell in this directory (<cell>-cpu.pprof, <cell>-heap.pprof; read with go tool pprof), and print the CPU split by part: read, decode, encode+produce, checkpoint+ack, gc")
+	baselineFile := fs.String("baseline", "bench/baseline.json", "compare each drain cell's relay CPU per event with this baseline (relative: to the repository's root) and print the verdicts; a RISE is a missed target, never an error")
+	writeBaselineFile := fs.String("write-baseline", "", "record this run's drain cells into this baseline file (relative: to the repository's root), replacing those cells; needs -delivery-rounds 2 or more")
 	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
 	var cellList []string
 	fs.Func("cell", "run only this cell (a name -list-cells prints, e.g. drain/txn=1 or latency/rate=10000,txn=10); give it more than once, or several names separated by commas or spaces, for more", func(v string) error {
@@ -186,6 +188,8 @@ func runBench(ctx context.Context, args []string) error {
 		return errors.New("-poller-batch must be positive")
 	case *rounds <= 0:
 		return errors.New("-delivery-rounds must be positive")
+	case *writeBaselineFile != "" && *rounds < 2:
+		return errors.New("-write-baseline needs -delivery-rounds 2 or more (the rounds' spread is the guard's threshold)")
 	}
 	if *listCells {
 		for _, n := range cfg.CellNames() {
@@ -203,6 +207,10 @@ func runBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	root, err := runner.RepoRoot()
+	if err != nil {
+		return err
+	}
 	if *quick || len(cfg.Cells) > 0 {
 		// Smoke checks and single cells are not the committed figures.
 		dir = filepath.Join(dir, "scratch")
@@ -212,6 +220,12 @@ func runBench(ctx context.Context, args []string) error {
 	res, err := runner.Run(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	// The regression guard (issue 38): its block is printed after the
+	// tables, a RISE is also a missed target.
+	var guardOut strings.Builder
+	if *baselineFile != "" {
+		res.Targets = append(res.Targets, guard(&guardOut, repoPath(root, *baselineFile), *baselineFile, res)...)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create results dir: %w", err)
@@ -227,7 +241,14 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	fmt.Println()
 	res.Print(os.Stdout)
+	fmt.Print(guardOut.String())
 	fmt.Printf("\nwrote %s/latest.json and %d charts; total %.0fs\n", dir, len(written), time.Since(start).Seconds())
+	if *writeBaselineFile != "" {
+		if err := writeBaseline(ctx, root, repoPath(root, *writeBaselineFile), res); err != nil {
+			return err
+		}
+		fmt.Printf("recorded %d drain cells into %s\n", len(res.Cells), *writeBaselineFile)
+	}
 	return nil
 }
 

@@ -332,6 +332,10 @@ func moduleRoot() (string, error) {
 	}
 }
 
+// RepoRoot is the repository's root directory, found from the working
+// directory.
+func RepoRoot() (string, error) { return moduleRoot() }
+
 // ResultsDir is where results are written: bench/results of the repository.
 func ResultsDir() (string, error) {
 	root, err := moduleRoot()
