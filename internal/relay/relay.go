@@ -123,10 +123,9 @@ type pauser interface {
 //     yet are abandoned (no done runs after Close returns). Run closes it
 //     before it returns.
 type Producer interface {
-	Produce(m sink.Message, done sink.Done) error
-	Healthy() bool
-	Retrying() bool
-	CircuitClosed() <-chan struct{}
+	producer
+	health
+	pauser
 	dedup.Reader
 	Close() error
 }
