@@ -201,3 +201,38 @@ func TestRecycleReusesEvent(t *testing.T) {
 		t.Error("no recycled event was decoded into again")
 	}
 }
+
+// TestReuseEventHeaders: a recycled event serves a table with any number of
+// header columns (tables differ): its header slice when it has room, a new
+// one when it has not, none when the table has no headers.
+func TestReuseEventHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		had, nh int
+		wantCap int
+	}{
+		{"no headers wanted", 2, 0, 0},
+		{"room for them", 2, 2, 2},
+		{"room for fewer", 3, 1, 1},
+		{"no room: a new slice", 1, 3, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var d Decoder
+			var hdr []outbox.Header
+			reused := false
+			// sync.Pool may drop what it is given (under -race, a quarter at random).
+			for range 100 {
+				d.Recycle(&outbox.Event{Values: []byte("x"), Headers: make([]outbox.Header, tc.had)})
+				if _, hdr, reused = d.reuseEvent(tc.nh); reused {
+					break
+				}
+			}
+			if !reused {
+				t.Fatal("no recycled event was reused in 100 tries")
+			}
+			if len(hdr) != 0 || cap(hdr) != tc.wantCap || (tc.nh == 0) != (hdr == nil) {
+				t.Errorf("reuseEvent(%d) after %d headers: len %d cap %d nil %v; want empty, cap %d", tc.nh, tc.had, len(hdr), cap(hdr), hdr == nil, tc.wantCap)
+			}
+		})
+	}
+}
