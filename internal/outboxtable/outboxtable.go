@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,6 +87,34 @@ type ReplayOptions struct {
 	// Headers are added to every published event, after
 	// replay.HeaderReplay (e.g. replay.HeaderBackfill).
 	Headers []outbox.Header
+	// Snapshot, when not "", is a pg_snapshot as text
+	// (pg_current_snapshot()::text): only rows whose inserting transaction is
+	// visible in it are read, the rows a transaction with that snapshot saw,
+	// less those deleted since (a join resumed after a crash reads what its
+	// snapshot held, not the rows the stream carries since); see Through.
+	Snapshot string
+	// CommittedSince, when not zero, reads only rows whose transaction
+	// committed at or after it (pg_xact_commit_timestamp), and rows whose
+	// commit time is unknown. It needs track_commit_timestamp = on: Replay
+	// and Count refuse it otherwise.
+	CommittedSince time.Time
+	// After resumes the read after this position, one Progress gave (a
+	// Position's Encode); "" reads from the start.
+	After string
+	// Through, when not "", ends the read at this position (inclusive), one
+	// Last gave. pg_current_snapshot lists no subtransactions, so Snapshot
+	// alone also admits rows a subtransaction of a transaction in progress at
+	// the snapshot wrote; in commit order those come after every row the
+	// snapshot saw, and Last's position taken in the snapshot excludes them.
+	Through string
+	// Progress, when not nil, is called after each batch Kafka acknowledged,
+	// or whose failures the history recorded, with the position of its last
+	// row: every row up to it is done. An error stops the replay.
+	Progress func(ctx context.Context, pos string) error
+	// OnOrder, when not nil, is told the order the read uses (ReadOrder)
+	// before the first row, for the line that says so and what it can
+	// misorder (Order.Caveat).
+	OnOrder func(Order)
 }
 
 func (o ReplayOptions) describe(table string) map[string]any {
@@ -108,6 +137,18 @@ func (o ReplayOptions) describe(table string) map[string]any {
 	if o.Limit > 0 {
 		m["limit"] = o.Limit
 	}
+	if o.Snapshot != "" {
+		m["snapshot"] = o.Snapshot
+	}
+	if !o.CommittedSince.IsZero() {
+		m["committed_since"] = o.CommittedSince.UTC().Format(time.RFC3339Nano)
+	}
+	if o.After != "" {
+		m["after"] = o.After
+	}
+	if o.Through != "" {
+		m["through"] = o.Through
+	}
 	return m
 }
 
@@ -118,9 +159,10 @@ func quoteTable(table string) string {
 
 func quoteColumn(c string) string { return pgx.Identifier{c}.Sanitize() }
 
-// Querier runs a query: *pgxpool.Pool, *pgx.Conn, pgx.Tx. A transaction that
-// imported a snapshot makes Replay read the table as of that snapshot (the
-// relay's initial snapshot).
+// Querier runs a query: *pgxpool.Pool, *pgx.Conn, pgx.Tx. Replay reads in a
+// transaction: the one given (a transaction that imported a snapshot makes it
+// read the table as of that snapshot: the relay's initial snapshot, a join),
+// else one it opens on the pool or connection.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
@@ -128,64 +170,68 @@ type Querier interface {
 var _ Querier = (*pgxpool.Pool)(nil)
 
 // Replay publishes rows still present in the outbox table again, for
-// consumers that rebuild their state, ordered by created_at then as each
-// transaction inserted its rows (cursor): each as the
-// relay publishes it (key aggregate_id, value payload, the same "id" header and
-// header columns) plus the header replay.HeaderReplay, to the topic o.Topic
-// renders. commit_lsn is 0/0 (unknown) and commit_time carries created_at,
-// since a row read from the table has no commit position. The replay is
-// recorded in history as kind "outbox"; outbox rows are not
-// marked. Rows are read through db (usually the pool; a transaction for a
-// snapshot) in pages, so the table is not locked or held in memory. p may be
-// nil for a dry run. On ctx's end it behaves as
+// consumers that rebuild their state, in the reader's order (reader.go:
+// commit order where the server tracks commit timestamps, else created_at;
+// each transaction's rows as it inserted them), each as the relay publishes it
+// (key aggregate_id, value payload, the same "id" header and header columns)
+// plus the header replay.HeaderReplay, to the topic o.Topic renders.
+// commit_lsn is 0/0 (unknown) and commit_time carries created_at, since a row
+// read from the table has no commit position. The replay is recorded in
+// history as kind "outbox"; outbox rows are not marked. Rows are read through
+// one server-side cursor in one transaction (db's, when db is one; else a
+// REPEATABLE READ one Replay opens), a batch at a time: one snapshot, one scan,
+// never a row skipped or read twice, the table neither locked nor held in
+// memory. p may be nil for a dry run. On ctx's end it behaves as
 // deadletter.Store.ReplayDeadLetters.
 func Replay(ctx context.Context, db Querier, history *replay.History, table string, cols Columns, p replay.Publisher, o ReplayOptions) (replay.Outcome, error) {
-	if cols.CreatedAt == "" {
-		cols.CreatedAt = "created_at"
-	}
-	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.Payload} {
-		if c == "" {
-			return replay.Outcome{}, errors.New("replay outbox: a column name is empty")
-		}
-	}
-	if cols.EventType == "" && o.EventType != "" {
-		return replay.Outcome{}, errors.New("replay outbox: the table has no event type column to select by")
+	q, err := newQuery(table, cols, o)
+	if err != nil {
+		return replay.Outcome{}, err
 	}
 	router, err := route.NewWithRegex(o.Topic, o.TopicRegex)
 	if err != nil {
 		return replay.Outcome{}, fmt.Errorf("replay outbox: %w", err)
-	}
-	if !o.Since.IsZero() && !o.Until.IsZero() && !o.Until.After(o.Since) {
-		return replay.Outcome{}, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
-			o.Until.Format(time.RFC3339), o.Since.Format(time.RFC3339))
 	}
 	r, err := history.StartRun(ctx, p, replay.Entry{Kind: replay.KindOutbox, Actor: o.Actor, Filters: o.describe(table),
 		DryRun: o.DryRun, RatePerSec: o.Rate}, o.BatchSize, nil)
 	if err != nil {
 		return replay.Outcome{}, err
 	}
-	q := outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
-	q.schema, q.tableName, _ = strings.Cut(table, ".")
-	if q.tableName == "" { // unqualified: the search path's, as Postgres reads it
-		q.schema, q.tableName = "", table
-	}
-	if err := q.describe(ctx, db); err != nil {
+	tx, end, err := inTx(ctx, db)
+	if err != nil {
 		return r.Finish(ctx, err)
 	}
-	var after *cursor
+	defer end()
+	if err := q.prepare(ctx, tx); err != nil {
+		return r.Finish(ctx, err)
+	}
+	if o.OnOrder != nil {
+		o.OnOrder(q.order)
+	}
+	sql, args := q.sql(rowsQuery)
+	if err := declare(ctx, tx, sql, args); err != nil {
+		return r.Finish(ctx, outboxErr(err, q.name, q.cols.Names))
+	}
+	batch := r.BatchSize()
+	var last Position
 	for {
-		limit := r.BatchSize()
-		if o.Limit > 0 {
-			if limit = min(limit, o.Limit-r.Selected()); limit <= 0 {
+		var page []*outbox.Event
+		var pos []Position
+		n, err := fetch(ctx, tx, batch, func(rows pgx.Rows) error {
+			ev, p, err := q.scan(rows)
+			page, pos = append(page, ev), append(pos, p)
+			return err
+		})
+		if err != nil {
+			return r.Finish(ctx, outboxErr(err, q.name, q.cols.Names))
+		}
+		for i, ev := range page {
+			if o.Limit > 0 && r.Selected() >= o.Limit {
+				n = 0 // the end
 				break
 			}
-		}
-		page, last, err := q.page(ctx, db, after, limit)
-		if err != nil {
-			return r.Finish(ctx, err)
-		}
-		for _, ev := range page {
 			r.Select()
+			last = pos[i]
 			topic, terr := router.Topic(ev)
 			switch {
 			case terr != nil:
@@ -201,32 +247,164 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 				return r.Finish(ctx, err)
 			}
 		}
-		if len(page) < limit {
+		// One batch: published, acknowledged and recorded before the next is
+		// read, so Progress names a position every row before has reached.
+		if err := r.Flush(ctx); err != nil {
+			return r.Finish(ctx, err)
+		}
+		if o.Progress != nil && len(page) > 0 {
+			if err := o.Progress(ctx, last.Encode()); err != nil {
+				return r.Finish(ctx, fmt.Errorf("replay outbox: record progress: %w", err))
+			}
+		}
+		if n < batch {
 			break
 		}
-		after = &last
 	}
-	return r.Finish(ctx, r.Flush(ctx))
+	if err := closeCursor(ctx, tx); err != nil {
+		return r.Finish(ctx, outboxErr(err, q.name, q.cols.Names))
+	}
+	return r.Finish(ctx, nil)
 }
 
-// cursor is the place of the last row of a page in the replay's order:
-// created_at, then the command of its transaction that inserted it (cmin),
-// then its place in the table (ctid), then id.
-//
-// created_at defaults to now(), the start of the inserting transaction, so
-// the rows of one transaction share it: an aggregate's events written in one
-// transaction come in the order they were inserted only through cmin (one
-// per statement) and ctid (the rows of one statement, in the order it wrote
-// them), never through id, a random UUID as often as not. A join or initial
-// snapshot feeds these rows in front of the stream, which carries them in
-// that order. cmin is what Postgres keeps of the insert until a later
-// UPDATE or DELETE of the row, even one rolled back, overwrites it (outbox
-// rows are inserted only).
-type cursor struct {
-	createdAt time.Time
-	cmin      int64
-	ctid      string
-	id        string
+// Count returns how many rows Replay with options o would select from table
+// (its filters, Snapshot, CommittedSince, After and Through; not Limit), read
+// through db.
+func Count(ctx context.Context, db Querier, table string, cols Columns, o ReplayOptions) (int64, error) {
+	q, err := newQuery(table, cols, o)
+	if err != nil {
+		return 0, err
+	}
+	if err := q.prepare(ctx, db); err != nil {
+		return 0, err
+	}
+	sql, args := q.sql(countQuery)
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return 0, outboxErr(err, q.name, q.cols.Names)
+	}
+	n, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, outboxErr(err, q.name, q.cols.Names)
+	}
+	return n, nil
+}
+
+// Last returns the position of the last row Replay with options o would
+// select from table (its filters, Snapshot, CommittedSince, After, Through;
+// not Limit), read through db; ok is false when it selects none. Taken in the
+// transaction of a snapshot, it is the Through of a read that resumes that
+// snapshot's later.
+func Last(ctx context.Context, db Querier, table string, cols Columns, o ReplayOptions) (pos string, ok bool, err error) {
+	q, err := newQuery(table, cols, o)
+	if err != nil {
+		return "", false, err
+	}
+	if err := q.prepare(ctx, db); err != nil {
+		return "", false, err
+	}
+	sql, args := q.sql(lastQuery)
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return "", false, outboxErr(err, q.name, q.cols.Names)
+	}
+	p := Position{Order: q.order}
+	found := false
+	for rows.Next() {
+		if err := rows.Scan(&p.Known, &p.At, &p.Cmin, &p.Rel, &p.TID); err != nil {
+			rows.Close()
+			return "", false, outboxErr(err, q.name, q.cols.Names)
+		}
+		found = true
+	}
+	if err := rows.Err(); err != nil {
+		return "", false, outboxErr(err, q.name, q.cols.Names)
+	}
+	if !found {
+		return "", false, nil
+	}
+	return p.Encode(), true, nil
+}
+
+// newQuery checks what Replay and Count are given and returns their query.
+func newQuery(table string, cols Columns, o ReplayOptions) (*outboxQuery, error) {
+	if cols.CreatedAt == "" {
+		cols.CreatedAt = "created_at"
+	}
+	for _, c := range []string{cols.ID, cols.AggregateType, cols.AggregateID, cols.Payload} {
+		if c == "" {
+			return nil, errors.New("replay outbox: a column name is empty")
+		}
+	}
+	if cols.EventType == "" && o.EventType != "" {
+		return nil, errors.New("replay outbox: the table has no event type column to select by")
+	}
+	if !o.Since.IsZero() && !o.Until.IsZero() && !o.Until.After(o.Since) {
+		return nil, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
+			o.Until.Format(time.RFC3339), o.Since.Format(time.RFC3339))
+	}
+	q := &outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
+	q.schema, q.tableName, _ = strings.Cut(table, ".")
+	if q.tableName == "" { // unqualified: the search path's, as Postgres reads it
+		q.schema, q.tableName = "", table
+	}
+	if o.Snapshot != "" {
+		x, err := snapshotXmax(o.Snapshot)
+		if err != nil {
+			return nil, fmt.Errorf("replay outbox: %w", err)
+		}
+		q.snapXmax = x
+	}
+	if o.After != "" {
+		a, err := ParsePosition(o.After)
+		if err != nil {
+			return nil, fmt.Errorf("replay outbox: resume: %w", err)
+		}
+		q.after = &a
+	}
+	if o.Through != "" {
+		a, err := ParsePosition(o.Through)
+		if err != nil {
+			return nil, fmt.Errorf("replay outbox: end: %w", err)
+		}
+		q.through = &a
+	}
+	return q, nil
+}
+
+// prepare reads what the query depends on: the table's columns and the
+// order the server allows.
+func (q *outboxQuery) prepare(ctx context.Context, db Querier) error {
+	if err := q.describe(ctx, db); err != nil {
+		return err
+	}
+	var err error
+	if q.order, err = ReadOrder(ctx, db); err != nil {
+		return fmt.Errorf("read outbox table %s: %w", q.name, err)
+	}
+	if !q.o.CommittedSince.IsZero() && q.order != CommitOrder {
+		return fmt.Errorf("read outbox table %s: rows committed since %s can be told only with track_commit_timestamp = on (the server has it off)",
+			q.name, q.o.CommittedSince.UTC().Format(time.RFC3339))
+	}
+	for _, p := range []*Position{q.after, q.through} {
+		if p != nil && p.Order != q.order {
+			return fmt.Errorf("read outbox table %s: %w: it was %s order, the server now gives %s order", q.name, errOrderChanged, p.Order, q.order)
+		}
+	}
+	return nil
+}
+
+// snapshotXmax reads xmax of a pg_snapshot's text (xmin:xmax:xip,...).
+func snapshotXmax(snap string) (uint64, error) {
+	parts := strings.Split(snap, ":")
+	if len(parts) != 3 {
+		return 0, fmt.Errorf("snapshot %q is not a pg_snapshot (xmin:xmax:xip_list)", snap)
+	}
+	x, err := strconv.ParseUint(parts[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("snapshot %q is not a pg_snapshot (xmin:xmax:xip_list): %w", snap, err)
+	}
+	return x, nil
 }
 
 // outboxQuery reads the outbox rows a replay selects, page by page.
@@ -243,6 +421,10 @@ type outboxQuery struct {
 	payType           uint32               // type OID of the payload column
 	json              *connectjson.Encoder // nil: raw keys and values
 	hasVersion        bool                 // cols.SchemaVersion is read
+	headerCols        []string             // cols.Headers' columns, sorted
+	order             Order                // set by prepare
+	snapXmax          uint64               // xmax of o.Snapshot, when set
+	after, through    *Position            // o.After, o.Through, when set
 }
 
 // NotNullColumns returns the columns of table that are NOT NULL, which
@@ -357,19 +539,27 @@ func (q *outboxQuery) describeJSON(cols map[string]connectjson.Column) error {
 	return nil
 }
 
-func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit int) ([]*outbox.Event, cursor, error) {
+// The forms of the query sql returns.
+const (
+	rowsQuery  = iota // the rows, in the reader's order
+	countQuery        // their number
+	lastQuery         // the last one's position
+)
+
+// sql returns the query of the rows the read selects, in the reader's order
+// with each row's sort key first (reader.go), or another form of it.
+func (q *outboxQuery) sql(form int) (string, []any) {
 	c := q.cols
 	created, id := quoteColumn(c.CreatedAt), quoteColumn(c.ID)
-	headerCols := slices.Sorted(maps.Keys(c.Headers))
+	q.headerCols = slices.Sorted(maps.Keys(c.Headers))
 	eventType := "NULL" // no event type column: an empty event_type header, as the relay sends
 	if c.EventType != "" {
 		eventType = quoteColumn(c.EventType)
 	}
-	// cid has no ordering operators: cmin is compared as a number.
-	const cmin = "cmin::text::int8"
-	sel := []string{id + "::text", quoteColumn(c.AggregateType) + "::text", quoteColumn(c.AggregateID) + "::text",
-		eventType + "::text", quoteColumn(c.Payload) + "::text", created, cmin, "ctid::text"}
-	for _, h := range headerCols {
+	key := keyExprs(q.order, created)
+	sel := append(key[:], id+"::text", quoteColumn(c.AggregateType)+"::text", quoteColumn(c.AggregateID)+"::text",
+		eventType+"::text", quoteColumn(c.Payload)+"::text", created)
+	for _, h := range q.headerCols {
 		sel = append(sel, quoteColumn(h)+"::text")
 	}
 	if q.tracing {
@@ -411,101 +601,115 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	if len(q.o.IDs) > 0 {
 		add(id+"::text = ANY($?::text[])", q.o.IDs)
 	}
-	if after != nil {
-		add("("+created+", "+cmin+", ctid, "+id+"::text) > ($?::timestamptz, $?::int8, $?::tid, $?::text)", after.createdAt, after.cmin, after.ctid, after.id)
+	if q.o.Snapshot != "" {
+		// xmin is a 32-bit xid; pg_visible_in_snapshot takes the 64-bit
+		// one: placed within 2^31 of the snapshot's xmax, the rule Postgres
+		// compares xids by (TransactionIdPrecedes).
+		d := "((xmin::text::int8 - ($?::int8 & 4294967295)) % 4294967296 + 4294967296) % 4294967296"
+		add("pg_visible_in_snapshot((CASE WHEN "+d+" < 2147483648 THEN $?::int8 + "+d+
+			" ELSE GREATEST($?::int8 - 4294967296 + "+d+", 2) END)::text::xid8, $?::pg_snapshot)",
+			int64(q.snapXmax), int64(q.snapXmax), int64(q.snapXmax), int64(q.snapXmax), int64(q.snapXmax), q.o.Snapshot)
 	}
-	sql := "SELECT " + strings.Join(sel, ", ") + " FROM " + q.table
+	if !q.o.CommittedSince.IsZero() {
+		add("(pg_xact_commit_timestamp(xmin) IS NULL OR pg_xact_commit_timestamp(xmin) >= $?)", q.o.CommittedSince)
+	}
+	if a := q.after; a != nil {
+		add("("+strings.Join(key[:], ", ")+") > ($?::bool, $?::timestamptz, $?::int8, $?::int8, $?::tid)", a.Known, a.At, a.Cmin, a.Rel, a.TID)
+	}
+	if a := q.through; a != nil {
+		add("("+strings.Join(key[:], ", ")+") <= ($?::bool, $?::timestamptz, $?::int8, $?::int8, $?::tid)", a.Known, a.At, a.Cmin, a.Rel, a.TID)
+	}
+	from := " FROM " + q.table
 	if len(conds) > 0 {
-		sql += " WHERE " + strings.Join(conds, " AND ")
+		from += " WHERE " + strings.Join(conds, " AND ")
 	}
-	sql += fmt.Sprintf(" ORDER BY %s, %s, ctid, %s::text LIMIT %d", created, cmin, id, limit)
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, cursor{}, outboxErr(err, q.name, q.cols.Names)
+	switch form {
+	case countQuery:
+		return "SELECT count(*)" + from, args
+	case lastQuery:
+		return "SELECT " + strings.Join(key[:], ", ") + from + " ORDER BY 1 DESC, 2 DESC, 3 DESC, 4 DESC, 5 DESC LIMIT 1", args
 	}
-	defer rows.Close()
-	var out []*outbox.Event
-	var last cursor
-	for rows.Next() {
-		vals := make([]*string, 5+len(headerCols))
-		var createdAt time.Time
-		var rowCmin int64
-		var ctid string
-		var trace, ts, part *string
-		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt, &rowCmin, &ctid}
-		for i := range headerCols {
-			dest = append(dest, &vals[5+i])
-		}
-		if q.tracing {
-			dest = append(dest, &trace)
-		}
-		if q.tsType != 0 {
-			dest = append(dest, &ts)
-		}
-		if q.partType != 0 {
-			dest = append(dest, &part)
-		}
-		env := make([]*string, len(c.Envelope))
-		for i := range env {
-			dest = append(dest, &env[i])
-		}
-		var version *string
-		if q.hasVersion {
-			dest = append(dest, &version)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, cursor{}, fmt.Errorf("read outbox table %s: %w", q.name, err)
-		}
-		b := func(v *string) []byte {
-			if v == nil {
-				return nil
-			}
-			return []byte(*v)
-		}
-		ev := &outbox.Event{ID: b(vals[0]), AggregateType: b(vals[1]), AggregateID: b(vals[2]),
-			EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt, CreatedAt: createdAt,
-			Schema: q.schema, Table: q.tableName}
-		for i, col := range headerCols {
-			if v := vals[5+i]; v != nil {
-				ev.Headers = append(ev.Headers, outbox.Header{Key: c.Headers[col], Value: []byte(*v)})
-			}
-		}
-		// A bad trace context goes out without trace headers, as from the
-		// stream (whose relay counts and logs it).
-		if _, err := q.format.Apply(ev, b(trace)); err != nil {
-			return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
-		}
-		if ts != nil {
-			if ev.Timestamp, err = decoder.ParseTimestamp(q.tsType, []byte(*ts)); err != nil {
-				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
-			}
-		}
-		if q.json != nil {
-			if err := q.encodeJSON(ev, env, b(version)); err != nil {
-				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
-			}
-		} else if len(c.Envelope) > 0 {
-			aliases := make([]string, len(c.Envelope))
-			vals := make([][]byte, len(c.Envelope))
-			for i, ec := range c.Envelope {
-				aliases[i], vals[i] = ec.Alias, b(env[i])
-			}
-			ev.Payload = decoder.Envelope(ev.Payload, q.payType, aliases, vals)
-			ev.PayloadType = outbox.PayloadJSON
-		}
-		if part != nil {
-			if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {
-				return nil, cursor{}, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
-			}
-			ev.HasTargetPartition = true
-		}
-		out = append(out, ev)
-		last = cursor{createdAt: createdAt, cmin: rowCmin, ctid: ctid, id: string(ev.ID)}
+	// By the key's positions: the expressions, typed, never their text.
+	return "SELECT " + strings.Join(sel, ", ") + from + " ORDER BY 1, 2, 3, 4, 5", args
+}
+
+// scan reads one row of the query sql returns into an event and its
+// position.
+func (q *outboxQuery) scan(rows pgx.Rows) (*outbox.Event, Position, error) {
+	c := q.cols
+	pos := Position{Order: q.order}
+	vals := make([]*string, 5+len(q.headerCols))
+	var createdAt time.Time
+	var trace, ts, part *string
+	dest := []any{&pos.Known, &pos.At, &pos.Cmin, &pos.Rel, &pos.TID, &vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
+	for i := range q.headerCols {
+		dest = append(dest, &vals[5+i])
 	}
-	if err := rows.Err(); err != nil {
-		return nil, cursor{}, outboxErr(err, q.name, q.cols.Names)
+	if q.tracing {
+		dest = append(dest, &trace)
 	}
-	return out, last, nil
+	if q.tsType != 0 {
+		dest = append(dest, &ts)
+	}
+	if q.partType != 0 {
+		dest = append(dest, &part)
+	}
+	env := make([]*string, len(c.Envelope))
+	for i := range env {
+		dest = append(dest, &env[i])
+	}
+	var version *string
+	if q.hasVersion {
+		dest = append(dest, &version)
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return nil, pos, fmt.Errorf("read outbox table %s: %w", q.name, err)
+	}
+	b := func(v *string) []byte {
+		if v == nil {
+			return nil
+		}
+		return []byte(*v)
+	}
+	ev := &outbox.Event{ID: b(vals[0]), AggregateType: b(vals[1]), AggregateID: b(vals[2]),
+		EventType: b(vals[3]), Payload: b(vals[4]), CommitTime: createdAt, CreatedAt: createdAt,
+		Schema: q.schema, Table: q.tableName}
+	for i, col := range q.headerCols {
+		if v := vals[5+i]; v != nil {
+			ev.Headers = append(ev.Headers, outbox.Header{Key: c.Headers[col], Value: []byte(*v)})
+		}
+	}
+	// A bad trace context goes out without trace headers, as from the
+	// stream (whose relay counts and logs it).
+	var err error
+	if _, err := q.format.Apply(ev, b(trace)); err != nil {
+		return nil, pos, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+	}
+	if ts != nil {
+		if ev.Timestamp, err = decoder.ParseTimestamp(q.tsType, []byte(*ts)); err != nil {
+			return nil, pos, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+		}
+	}
+	if q.json != nil {
+		if err := q.encodeJSON(ev, env, b(version)); err != nil {
+			return nil, pos, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+		}
+	} else if len(c.Envelope) > 0 {
+		aliases := make([]string, len(c.Envelope))
+		vals := make([][]byte, len(c.Envelope))
+		for i, ec := range c.Envelope {
+			aliases[i], vals[i] = ec.Alias, b(env[i])
+		}
+		ev.Payload = decoder.Envelope(ev.Payload, q.payType, aliases, vals)
+		ev.PayloadType = outbox.PayloadJSON
+	}
+	if part != nil {
+		if ev.TargetPartition, err = decoder.ParsePartition([]byte(*part)); err != nil {
+			return nil, pos, fmt.Errorf("read outbox table %s: event %s: %w", q.name, ev.ID, err)
+		}
+		ev.HasTargetPartition = true
+	}
+	return ev, pos, nil
 }
 
 // encodeJSON writes ev's key and value with the JSON encoder; env holds the
