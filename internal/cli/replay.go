@@ -135,6 +135,10 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 	res, err := outboxtable.Replay(ctx, pool, store.History(), firstTable(r.Table), cols, pub, outboxtable.ReplayOptions{
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
+		// Before the first row: which order, and what it can misorder.
+		OnOrder: func(o outboxtable.Order) {
+			fmt.Fprintf(env.Stderr, "replay: reading %s in %s order: %s\n", firstTable(r.Table), o, o.Caveat())
+		},
 	})
 	return reportReplay(env.Stdout, report.ReplaySummary{Kind: "outbox", Actor: r.actor(), DryRun: r.DryRun, Result: res}, err)
 }

@@ -106,6 +106,9 @@ func (r Republisher) Republish(ctx context.Context, db Querier, tables []decoder
 			TopicRegex: t.TopicRegex,
 			Actor:      r.Actor,
 			Headers:    []outbox.Header{mark},
+			OnOrder: func(o Order) {
+				r.Log.Info().Str("table", table).Str("order", o.String()).Msgf("%s: reading outbox table %s in %s order: %s", r.Component, table, o, o.Caveat())
+			},
 		})
 		published += res.Published
 		if m := r.Metrics; m != nil {
