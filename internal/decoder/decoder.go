@@ -185,6 +185,11 @@ type Config struct {
 	// Names names the settings of this configuration in errors (see
 	// package setting): the caller's, Within the field that holds it.
 	Names setting.Namer
+	// PoisonRecycled, a check for tests, makes Recycle overwrite the bytes
+	// of each event it takes back before it keeps them: a stage that reads
+	// an event, or bytes it kept of one, after its done reads garbage, not
+	// an empty event or another row's values by chance.
+	PoisonRecycled bool
 }
 
 // Kind says what a decoded Message carries.
@@ -428,7 +433,8 @@ type Decoder struct {
 
 	msgs *messageOutbox // nil: the message outbox is off
 
-	names setting.Namer // Config.Names
+	names  setting.Namer // Config.Names
+	poison bool          // Config.PoisonRecycled
 }
 
 // New returns a Decoder for cfg, or a *setting.FieldError naming the setting
@@ -446,7 +452,7 @@ func New(cfg Config) (*Decoder, error) {
 		return nil, err
 	}
 	d := &Decoder{schema: cfg.Schema, table: cfg.Table, layout: *first, layouts: map[TableName]*layout{}, names: names,
-		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel), members: make(map[uint32]TableName)}
+		known: make(map[uint32]struct{}), outs: make(map[uint32]*outboxRel), members: make(map[uint32]TableName), poison: cfg.PoisonRecycled}
 	if cfg.Table != "" {
 		t := TableName{cfg.Schema, cfg.Table}
 		d.tables = append(d.tables, t)

@@ -72,6 +72,10 @@ func (p *valuePool) put(b []byte) {
 	p.bytes += c
 }
 
+// Poison is the byte Config.PoisonRecycled writes over a recycled event's
+// values.
+const Poison = 0xEE
+
 // Recycle takes back ev, an event a Decoder returned, and its value buffer
 // (outbox.Event.Values), for the events decoded next. Call it once per
 // event, once the event is done, acknowledged by Kafka or stored as a dead
@@ -85,6 +89,11 @@ func (d *Decoder) Recycle(ev *outbox.Event) {
 		return
 	}
 	buf := ev.Values
+	if d.poison {
+		for i := range buf[:cap(buf)] {
+			buf[:cap(buf)][i] = Poison
+		}
+	}
 	hdr := ev.Headers[:cap(ev.Headers)]
 	clear(hdr) // their values are in buf
 	*ev = outbox.Event{Headers: hdr[:0]}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The table reader: one order, one cursor.
@@ -183,21 +184,38 @@ type txBeginner interface {
 }
 
 // inTx returns the transaction to read in: db itself when it is one (a
-// snapshot's), else a new REPEATABLE READ READ ONLY transaction on db, whose
-// snapshot the whole read sees, ended by the returned function.
+// snapshot's), else a new REPEATABLE READ READ ONLY transaction, whose
+// snapshot the whole read sees, ended by the returned function. From a pool
+// it is on a connection of its own, not one of the pool's: the read holds it
+// for as long as it publishes, while the replay history writes through the
+// pool (the relay's holds two connections, one of them busy at start-up).
 func inTx(ctx context.Context, db Querier) (pgx.Tx, func(), error) {
 	if tx, ok := db.(pgx.Tx); ok {
 		return tx, func() {}, nil
 	}
-	b, ok := db.(txBeginner)
-	if !ok {
+	var b txBeginner
+	closeConn := func() {}
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
+		if err != nil {
+			return nil, nil, fmt.Errorf("read the outbox table: connect: %w", err)
+		}
+		b, closeConn = conn, func() { _ = conn.Close(context.WithoutCancel(ctx)) }
+	case txBeginner:
+		b = db
+	default:
 		return nil, nil, fmt.Errorf("read the outbox table: %T can open no transaction", db)
 	}
 	tx, err := b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
+		closeConn()
 		return nil, nil, fmt.Errorf("read the outbox table: begin: %w", err)
 	}
-	return tx, func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }, nil
+	return tx, func() {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		closeConn()
+	}, nil
 }
 
 // cursorName is the reader's cursor; a transaction reads one table at a time

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jackc/pglogrepl"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
@@ -57,13 +56,9 @@ type handler struct {
 	// travels with its sink.Message (Tag: its transaction), not in a record
 	// of its own beside it.
 	done sink.Done
-	// spans records the relay's trace span of each event (Config.Spans); nil
-	// when spans are not exported. spanOf holds the spans of the events in
-	// flight, under spanMu (set on the stream's goroutine, ended where Kafka's
-	// answers arrive).
-	spans  Spans
-	spanMu sync.Mutex
-	spanOf map[*outbox.Event]trace.Span
+	// flight bounds the events between the stream and their settlement,
+	// holds their spans, and recycles each (invariant 5, inflight.go).
+	flight *inflight
 
 	seq   uint64
 	inTxn bool
@@ -76,9 +71,6 @@ type handler struct {
 	gate   *dedup.Gate
 	ledger *dedup.Ledger
 
-	max      int64
-	inFlight atomic.Int64 // bytes of the events in flight (sizeOf)
-	room     chan struct{}
 	// lastAckCommit is the commit time (UnixNano) of the newest acknowledged event.
 	lastAckCommit atomic.Int64
 
@@ -116,17 +108,8 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 		if routeErr == nil {
 			topic, routeErr = h.routerFor(ev).Topic(ev)
 		}
-		m := sink.Message{Topic: topic, Event: ev, Origin: h.origin, Tag: h.seq}
-		if h.spans != nil {
-			var span trace.Span
-			span, m.TraceParent = h.spans.Start(m)
-			h.spanMu.Lock()
-			h.spanOf[ev] = span
-			h.spanMu.Unlock()
-		}
+		m := h.flight.admit(sink.Message{Topic: topic, Event: ev, Origin: h.origin, Tag: h.seq})
 		h.tracker.Add(h.seq, 1)
-		n := h.inFlight.Add(sizeOf(m))
-		h.m.InFlightBytes.Set(float64(n))
 		if routeErr != nil {
 			h.m.ProduceErrors.WithLabelValues("permanent").Inc()
 			h.m.PermanentFailures.WithLabelValues(sink.Code(routeErr)).Inc()
@@ -140,9 +123,8 @@ func (h *handler) HandleData(ctx context.Context, _ pglogrepl.LSN, data []byte) 
 			}
 			if present {
 				h.ledger.Acked(m, at)
-				h.endSpan(m, at, nil, false)
 				h.ack(m)
-				h.dec.Recycle(ev)
+				h.flight.release(m, at, nil, false)
 				return nil
 			}
 		}
@@ -219,7 +201,7 @@ func (h *handler) settle(ctx context.Context, m sink.Message, at sink.Stored, er
 	ev := m.Event
 	if err != nil {
 		if herr := h.permanent(ctx, m, err); herr != nil {
-			h.endSpan(m, at, err, false)
+			h.flight.endSpan(m, at, err, false)
 			h.halt(herr)
 			return herr
 		}
@@ -229,24 +211,11 @@ func (h *handler) settle(ctx context.Context, m sink.Message, at sink.Stored, er
 		}
 		h.published.get(h.m, ev, metrics.TableResultPublished).Inc()
 	}
-	h.endSpan(m, at, err, err != nil)
 	h.ack(m)
 	// Nothing reads the event after this: the sink is done with it and
 	// the dead letter, if any, is stored.
-	h.dec.Recycle(ev)
+	h.flight.release(m, at, err, err != nil)
 	return nil
-}
-
-// endSpan ends the trace span of m's event, if spans are recorded.
-func (h *handler) endSpan(m sink.Message, at sink.Stored, err error, deadLettered bool) {
-	if h.spans == nil {
-		return
-	}
-	h.spanMu.Lock()
-	span := h.spanOf[m.Event]
-	delete(h.spanOf, m.Event)
-	h.spanMu.Unlock()
-	h.spans.End(m, span, at, err, deadLettered)
 }
 
 // routerFor is the router of ev's table.
@@ -309,39 +278,16 @@ func (tc *tableCounter) get(m *metrics.Metrics, ev *outbox.Event, result string)
 // acknowledged, and the reconnect, which waits until every event in flight
 // is, would wait forever (and its bytes would bound reading ever after).
 func (h *handler) abandon(m sink.Message, err error) {
-	h.endSpan(m, sink.Stored{}, err, false)
-	h.untrack(m)
-	h.dec.Recycle(m.Event)
+	h.tracker.Ack(m.Tag, 1)
+	h.flight.release(m, sink.Stored{}, err, false)
 }
 
-// sizeOf is what m's event counts against the read-ahead bound: the heap it
-// costs until Kafka acknowledges it (with its traceparent) and its
-// transaction's tracker entry. The event is not written to while in flight,
-// so acknowledging it counts off what reading it counted.
-func sizeOf(m sink.Message) int64 {
-	return int64(m.Event.Footprint()+checkpoint.TxnBytes) + int64(len(m.TraceParent))
-}
-
-// ack counts m's event as done: Kafka acknowledged it, or its dead letter is
-// stored.
+// ack counts m's event as done in its transaction (m.Tag): Kafka
+// acknowledged it, or its dead letter is stored. The caller releases it
+// after.
 func (h *handler) ack(m sink.Message) {
 	h.lastAckCommit.Store(m.Event.CommitTime.UnixNano())
-	h.untrack(m)
-}
-
-// untrack counts m's event out of the tracker (its transaction is m.Tag) and
-// the bytes in flight.
-func (h *handler) untrack(m sink.Message) {
 	h.tracker.Ack(m.Tag, 1)
-	size := sizeOf(m)
-	before := h.inFlight.Add(-size) + size
-	h.m.InFlightBytes.Set(float64(before - size))
-	if before >= h.max && before-size < h.max {
-		select {
-		case h.room <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // permanent applies the failure policy to the event of m, which failed
@@ -420,10 +366,7 @@ func (h *handler) Backpressure() <-chan struct{} {
 		// (keepalives and status updates go on).
 		return closed
 	}
-	if h.inFlight.Load() < h.max {
-		return nil
-	}
-	return h.room
+	return h.flight.full()
 }
 
 func (h *handler) AtBoundary() bool { return !h.inTxn }

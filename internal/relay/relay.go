@@ -119,6 +119,12 @@ type pauser interface {
 //   - PartitionCount, Ranges and Scan read what Kafka holds (dedup.Reader):
 //     the effectively-once start-up reconciliation reads the relay's
 //     records back through them, with the partitions Produce maps keys to.
+//   - Once done for m returned, the producer reads nothing of m.Event nor
+//     of bytes it kept of it: the relay recycles the event at once
+//     (inflight.release), and the next row decoded may fill the same
+//     *outbox.Event and buffer. sinktest's EventLifetime case poisons every
+//     event after its done; the relay's own tests poison every recycled
+//     event (decoder.Config.PoisonRecycled).
 //   - Close stops every goroutine of the producer; messages not reported
 //     yet are abandoned (no done runs after Close returns). Run closes it
 //     before it returns.
@@ -673,16 +679,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		router:  router,
 		routers: routers,
 		halts:   cfg.HaltTables,
-		max:     cfg.MaxInFlightBytes,
-		room:    make(chan struct{}, 1),
+		flight:  newInflight(cfg.MaxInFlightBytes, r.m.InFlightBytes, cfg.Spans, dec.Recycle),
 		halted:  make(chan struct{}),
 		m:       r.m,
-		spans:   cfg.Spans,
 	}
 	h.done = h.delivered
-	if h.spans != nil {
-		h.spanOf = make(map[*outbox.Event]trace.Span)
-	}
 	if cfg.DeadLetterStore != nil {
 		if err := cfg.DeadLetterStore.Ensure(ctx); err != nil {
 			return err

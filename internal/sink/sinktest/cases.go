@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 	"github.com/cdc-relay/cdc-relay/internal/sink"
@@ -609,4 +611,64 @@ func testBoundedMemory(t *testing.T, open Opener) {
 		t.Errorf("the producer holds %d KiB for %d KiB of queued events", held>>10, queued>>10)
 	}
 	awaitDelivery(t, b, rec, topic, evs, false)
+}
+
+// testEventLifetime poisons every event right after its done returns:
+// each byte of its values, key and headers is overwritten, as the relay's
+// decoder reuses an event and its buffer for the next row once it is
+// settled. Produce requests fail as in Order/TransientErrors, so batches are
+// retried around events already reported. A producer that reads an event,
+// or bytes it kept of one, after its done (to re-encode a retried batch, to
+// count or log it) writes garbage or another event into Kafka: the log must
+// hold every event exactly as produced, in order.
+func testEventLifetime(t *testing.T, open Opener) {
+	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
+	produce := []kmsg.Key{kmsg.Produce}
+	faults := b.Cluster().Fault(
+		kfake.Fault{Keys: produce, Err: kerr.NotLeaderForPartition, Count: -1, When: coin(3, 0.15)},
+		kfake.Fault{Keys: produce, Err: kerr.NotEnoughReplicas, Count: -1, When: coin(4, 0.18)},
+	)
+	want := orderStream()
+	given := make([]*outbox.Event, len(want)) // what the producer is given, and what is poisoned
+	for i, ev := range want {
+		given[i] = cloneEvent(ev)
+	}
+	rec := &recorder{react: func(ev *outbox.Event, _ error) error {
+		poison(ev)
+		return nil
+	}}
+	p := b.open(open, orderOptions, orderTopic)
+	rec.produce(t, p, orderTopic, given...)
+	testenv.Eventually(t, deliverTimeout, rec.reached(len(given)))
+	rec.checkReported(t, given, nil)
+	checkLog(t, readLog(t, b, orderTopic), want, false)
+	if faults.Hits() < 10 {
+		t.Fatalf("only %d produce requests failed: the case tested little", faults.Hits())
+	}
+}
+
+// cloneEvent returns a copy of ev that shares no bytes with it.
+func cloneEvent(ev *outbox.Event) *outbox.Event {
+	c := *ev
+	c.ID, c.AggregateType, c.AggregateID = slices.Clone(ev.ID), slices.Clone(ev.AggregateType), slices.Clone(ev.AggregateID)
+	c.EventType, c.Payload = slices.Clone(ev.EventType), slices.Clone(ev.Payload)
+	c.Headers = nil
+	for _, h := range ev.Headers {
+		c.Headers = append(c.Headers, outbox.Header{Key: h.Key, Value: slices.Clone(h.Value)})
+	}
+	return &c
+}
+
+// poison overwrites every byte ev holds, in place, with decoder.Poison.
+func poison(ev *outbox.Event) {
+	for _, b := range [][]byte{ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, ev.Payload} {
+		for i := range b {
+			b[i] = decoder.Poison
+		}
+	}
+	for _, h := range ev.Headers {
+		for i := range h.Value {
+			h.Value[i] = decoder.Poison
+		}
+	}
 }

@@ -25,6 +25,9 @@
 //     returns that error.
 //   - BoundedMemory: while the broker fails every produce, retries do not make
 //     the heap grow beyond a bound of the queued bytes.
+//   - EventLifetime: every event is poisoned (each of its bytes overwritten)
+//     right after its done returns, while retries go on around it: a
+//     producer that reads an event after its done puts garbage in the log.
 //
 // Every case also checks that each produce request asks for acks=all, that
 // no Done runs after Close returned, and that Done calls never overlap
@@ -52,6 +55,10 @@ import (
 // within Produce for failures known at once, such as an empty key. A done that returns an error
 // halts the producer: nothing more is sent, every event not yet reported is
 // abandoned, and Err returns that error.
+//
+// Once done for m returned, the producer reads nothing of m.Event nor of
+// bytes it kept of it: the relay gives the event back to its decoder, which
+// fills the same *outbox.Event and buffer with the next row.
 //
 // Close stops every goroutine of the producer without waiting for Kafka;
 // events not yet reported stay unreported. Err returns the error that halted
@@ -113,6 +120,7 @@ func Run(t *testing.T, open Opener) {
 		{"Permanent/EmptyKey", testEmptyKey},
 		{"Permanent/RefusedTopic", testRefusedTopic},
 		{"HaltOnDoneError", testHaltOnDoneError},
+		{"EventLifetime", testEventLifetime},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
