@@ -116,7 +116,7 @@ func (r *schedRun) joinLarge(ctx context.Context, s Step) error {
 	if err := r.writeLarge(ctx, s.Rows, r.currentStep()); err != nil {
 		return err
 	}
-	const joins = "joins publication"
+	const joins = logJoinBegins
 	before := strings.Count(r.relay.Logs(), joins)
 	r.relay.SetArgs(r.relayArgs())
 	if err := r.relay.Start(); err != nil {

@@ -383,11 +383,31 @@ func (r *schedRun) scrapeFallbacks(ctx context.Context) {
 	}
 }
 
+// What the relay logs when a table joins the publication, when that join
+// is done, and when it takes again an initial snapshot that did not
+// complete (internal/relay).
+const (
+	logJoinBegins      = "joins publication"
+	logJoinDone        = "join snapshot done"
+	logSnapshotRetaken = "the initial snapshot did not complete"
+)
+
 // duplicatesReason says why the run may have duplicates, or "".
 func (r *schedRun) duplicatesReason() string {
 	var why []string
 	if r.plan.Delivery == "at-least-once" {
 		why = append(why, "--delivery at-least-once: events sent but not checkpointed before a stop are sent again")
+	}
+	if r.relay != nil {
+		logs := r.relay.Logs()
+		// docs/guarantee.md: a join or an initial snapshot cut short is
+		// taken again, so the rows the first attempt published arrive twice.
+		if began, done := strings.Count(logs, logJoinBegins), strings.Count(logs, logJoinDone); began > done {
+			why = append(why, fmt.Sprintf("%d of %d joins of a table were cut short and taken again (docs/guarantee.md)", began-done, began))
+		}
+		if n := strings.Count(logs, logSnapshotRetaken); n > 0 {
+			why = append(why, fmt.Sprintf("the initial snapshot was cut short and taken again %d times (docs/guarantee.md)", n))
+		}
 	}
 	all := addCounts(r.fallbacks, r.runFallbacks)
 	for _, k := range slices.Sorted(maps.Keys(all)) {
