@@ -131,10 +131,12 @@ const WorldSnapshot = "snapshot-initial"
 // merge of its fix; when the map is empty, delete it and its use.
 var AwaitingFix = map[string]string{
 	// The table reader's page query skips or repeats rows of one
-	// statement and orders by start time, not commit time (the lead, in
-	// internal/outboxtable on main).
-	"replay":      "internal/outboxtable's page query: rows of one bulk statement skipped or repeated, transactions ordered by start, not commit",
-	WorldSnapshot: "internal/outboxtable's page query: rows of one bulk statement skipped or repeated, transactions ordered by start, not commit",
+	// statement, orders one statement's rows by ctid (where free space
+	// put them, not the order they were inserted in) and transactions by
+	// start time, not commit time (the lead, in internal/outboxtable on
+	// main).
+	"replay":      "internal/outboxtable's page query: rows of one bulk statement skipped, repeated or out of insertion order, transactions ordered by start, not commit",
+	WorldSnapshot: "internal/outboxtable's page query: rows of one bulk statement skipped, repeated or out of insertion order, transactions ordered by start, not commit",
 	// The join holds a SHARE lock on the table while it publishes every
 	// row to Kafka (h-join), and reads its rows with the same page query
 	// (50k rows of one statement: thousands lost or repeated).
