@@ -325,7 +325,9 @@ func NewPlan(seed uint64, cfg PlanConfig) Plan {
 	if r.IntN(6) == 0 {
 		p.Delivery = "at-least-once"
 	}
-	p.Snapshot = r.IntN(4) == 0
+	// The snapshot only on the primary: a schedule on a standby tests the
+	// standby, not this.
+	p.Snapshot = r.IntN(4) == 0 && p.Source == "primary"
 	s := &planState{cfg: cfg, plan: &p, bMember: p.BMember, attached: slices.Clone(p.Buckets), next: 3}
 	for len(p.Steps) < cfg.Steps {
 		var cands []planOp
