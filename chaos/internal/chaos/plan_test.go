@@ -43,6 +43,10 @@ func TestNewPlanPreconditions(t *testing.T) {
 		if major < 14 && p.Messages || major < 16 && p.Source != "primary" {
 			t.Fatalf("seed %d: messages or a standby on PostgreSQL %d: %s", seed, major, p)
 		}
+		if p.Snapshot && p.Source != "primary" {
+			t.Fatalf("seed %d: an initial snapshot on a standby: %s", seed, p)
+		}
+		seen[WorldSnapshot] = seen[WorldSnapshot] || p.Snapshot
 		in, attached, detached := p.BMember, slices.Clone(p.Buckets), []int{}
 		for i, s := range p.Steps {
 			seen[s.Op] = true
@@ -84,6 +88,9 @@ func TestNewPlanPreconditions(t *testing.T) {
 		if !seen[o.name] {
 			t.Errorf("600 plans never drew %s", o.name)
 		}
+	}
+	if !seen[WorldSnapshot] {
+		t.Errorf("600 plans never drew an initial snapshot")
 	}
 }
 
