@@ -22,8 +22,9 @@ type scheduleFlags struct {
 
 func (f *scheduleFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.on, "schedule", false, "run seeded random schedules of operations (tables join and leave, partitions attached, detached and dropped, "+
-		"relay SIGKILL/SIGTERM, broker restarts and a broker that stops reading, Postgres restarts) while writers commit rows and messages, "+
-		"each checked against a ledger of every event; -seed N is the first seed (seeds N, N+1, …), -list lists the operations")
+		"relay SIGKILL/SIGTERM, broker restarts and a broker that stops reading, Postgres restarts, a large table joining, cdc-relay replay beside the stream; "+
+		"sometimes an initial snapshot first) while writers commit rows and messages, "+
+		"each checked against a ledger of every event and the writers' INSERT/COMMIT times (none over 1s); -seed N is the first seed (seeds N, N+1, …), -list lists the operations")
 	fs.IntVar(&f.seeds, "seeds", 0, "with -schedule: how many seeds to run (default 10; with -duration, as many as fit unless this caps them)")
 	fs.DurationVar(&f.duration, "duration", 0, "with -schedule: start no new seed after this long (0: run -seeds seeds)")
 	fs.IntVar(&f.steps, "steps", 8, "with -schedule: operations per seed")
@@ -68,7 +69,7 @@ func runSchedules(ctx context.Context, env *chaos.Env, f scheduleFlags, first ui
 			status = "FAIL"
 			failed = append(failed, res)
 		}
-		fmt.Fprintf(stdout, "%s seed=%d steps=%d/%d %v %s\n", status, seed, res.StepsRun, len(res.Plan.Steps), res.Duration.Round(100*time.Millisecond), res.Verdict)
+		fmt.Fprintf(stdout, "%s seed=%d steps=%d/%d %v %s %s\n", status, seed, res.StepsRun, len(res.Plan.Steps), res.Duration.Round(100*time.Millisecond), res.Verdict, res.Waits)
 	}
 	fmt.Fprintf(stdout, "\ncdc-relay chaos schedules: %d seeds from %d, %d operations, %d failed, %v\n", seeds, first, steps, len(failed), time.Since(start).Round(time.Second))
 	for _, r := range failed {

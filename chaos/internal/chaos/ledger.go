@@ -83,15 +83,38 @@ type Verdict struct {
 	// not allow (a failure).
 	DeadLettered, BadDeadLetters int
 	DeadLetteredBy               map[string]int
+	// Replays is how many cdc-relay replay runs the schedule ran beside the
+	// stream, Replayed their records in Kafka (not counted above: a replay
+	// is no duplicate of the stream). ReplayMissing: rows of a replay's
+	// window it never published; ReplayRepeated: rows twice within one
+	// replay; ReplayUnselected: records of no row of its window;
+	// ReplayOrder: a key's rows out of commit order within one replay;
+	// ReplayCounts: replays whose printed counts are not what reached Kafka
+	// (checkReplays).
+	Replays, Replayed                                                          int
+	ReplayMissing, ReplayRepeated, ReplayUnselected, ReplayOrder, ReplayCounts int
 	// Samples are the first problems of each kind.
 	Samples []string
+	sampled map[string]int
+}
+
+// sample adds a problem of kind to the samples, the first maxSamples of
+// each kind.
+func (v *Verdict) sample(kind string, format string, args ...any) {
+	if v.sampled == nil {
+		v.sampled = map[string]int{}
+	}
+	if v.sampled[kind]++; v.sampled[kind] <= maxSamples {
+		v.Samples = append(v.Samples, kind+": "+fmt.Sprintf(format, args...))
+	}
 }
 
 // ok reports whether nothing was lost, reordered, invented or altered, and
 // duplicates only when allowed.
 func (v Verdict) ok(duplicatesAllowed bool) bool {
 	return v.Lost == 0 && v.BadDeadLetters == 0 && v.Phantoms == 0 && v.Mismatched == 0 && v.OrderViolations == 0 &&
-		(v.Duplicated == 0 || duplicatesAllowed)
+		(v.Duplicated == 0 || duplicatesAllowed) &&
+		v.ReplayMissing == 0 && v.ReplayRepeated == 0 && v.ReplayUnselected == 0 && v.ReplayOrder == 0 && v.ReplayCounts == 0
 }
 
 // String is the Verdict on one line.
@@ -111,6 +134,10 @@ func (v Verdict) String() string {
 			parts = append(parts, fmt.Sprintf("%s: %d", k, v.DeadLetteredBy[k]))
 		}
 		s += fmt.Sprintf(" dead_lettered=%d [%s] bad_dead_letters=%d", v.DeadLettered, strings.Join(parts, ", "), v.BadDeadLetters)
+	}
+	if v.Replays > 0 {
+		s += fmt.Sprintf(" replays=%d replayed=%d replay_missing=%d replay_repeated=%d replay_unselected=%d replay_order=%d replay_counts=%d",
+			v.Replays, v.Replayed, v.ReplayMissing, v.ReplayRepeated, v.ReplayUnselected, v.ReplayOrder, v.ReplayCounts)
 	}
 	return s
 }
@@ -138,12 +165,7 @@ func checkLedger(committed, aborted map[string]ledgerEvent, records []sandbox.Re
 	slices.SortStableFunc(recs, func(a, b sandbox.Record) int {
 		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	})
-	counts := map[string]int{}
-	sample := func(kind string, format string, args ...any) {
-		if counts[kind]++; counts[kind] <= maxSamples {
-			v.Samples = append(v.Samples, kind+": "+fmt.Sprintf(format, args...))
-		}
-	}
+	sample := v.sample
 	seen := make(map[string]string, len(committed)) // id: where it first is
 	home := map[string]int32{}
 	lastSeq := map[string]int{}

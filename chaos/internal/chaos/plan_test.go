@@ -43,12 +43,16 @@ func TestNewPlanPreconditions(t *testing.T) {
 		if major < 14 && p.Messages || major < 16 && p.Source != "primary" {
 			t.Fatalf("seed %d: messages or a standby on PostgreSQL %d: %s", seed, major, p)
 		}
+		if p.Snapshot && p.Source != "primary" {
+			t.Fatalf("seed %d: an initial snapshot on a standby: %s", seed, p)
+		}
+		seen[WorldSnapshot] = seen[WorldSnapshot] || p.Snapshot
 		in, attached, detached := p.BMember, slices.Clone(p.Buckets), []int{}
 		for i, s := range p.Steps {
 			seen[s.Op] = true
 			bad := ""
 			switch s.Op {
-			case "table-join":
+			case "table-join", "table-join-large":
 				bad, in = map[bool]string{true: "joins while in"}[in], true
 			case "table-leave":
 				bad, in = map[bool]string{false: "leaves while out"}[in], false
@@ -84,6 +88,9 @@ func TestNewPlanPreconditions(t *testing.T) {
 		if !seen[o.name] {
 			t.Errorf("600 plans never drew %s", o.name)
 		}
+	}
+	if !seen[WorldSnapshot] {
+		t.Errorf("600 plans never drew an initial snapshot")
 	}
 }
 
@@ -184,5 +191,80 @@ func TestScheduleResultReport(t *testing.T) {
 				t.Errorf("last line %q, want %q", last, want)
 			}
 		})
+	}
+}
+
+func TestCheckReplays(t *testing.T) {
+	ev := func(id, key string, seq int) ledgerEvent {
+		return ledgerEvent{ID: id, Key: key, Seq: seq, Where: tableMain, Step: 1}
+	}
+	a1, a2, b1, c1 := ev("a1", "k1", 1), ev("a2", "k1", 2), ev("b1", "k2", 1), ev("c1", "k3", 1)
+	committed := map[string]ledgerEvent{"a1": a1, "a2": a2, "b1": b1, "c1": c1}
+	rec := func(off int64, e ledgerEvent, replayID string) sandbox.Record {
+		return sandbox.Record{Partition: 0, Offset: off, Key: []byte(e.Key),
+			Value:   []byte(fmt.Sprintf(`{"agg": %q, "seq": %d}`, e.Key, e.Seq)),
+			Headers: map[string]string{"id": e.ID, headerReplay: replayID}}
+	}
+	window := []string{"a1", "a2", "b1"}
+	for _, tc := range []struct {
+		name      string
+		published int
+		recs      []sandbox.Record
+		want      [5]int // missing, repeated, unselected, order, counts
+	}{
+		{"exactly its window", 3, []sandbox.Record{rec(0, a1, "7"), rec(1, b1, "7"), rec(2, a2, "7")}, [5]int{}},
+		{"a row missing", 2, []sandbox.Record{rec(0, a1, "7"), rec(2, a2, "7")}, [5]int{0: 1}},
+		{"a row twice", 3, []sandbox.Record{rec(0, a1, "7"), rec(1, b1, "7"), rec(2, a2, "7"), rec(3, b1, "7")}, [5]int{1: 1, 4: 1}},
+		{"a row of no window", 3, []sandbox.Record{rec(0, a1, "7"), rec(1, b1, "7"), rec(2, a2, "7"), rec(3, c1, "7")}, [5]int{2: 1, 4: 1}},
+		{"out of commit order", 3, []sandbox.Record{rec(0, a2, "7"), rec(1, b1, "7"), rec(2, a1, "7")}, [5]int{3: 1}},
+		{"printed more than reached Kafka", 4, []sandbox.Record{rec(0, a1, "7"), rec(1, b1, "7"), rec(2, a2, "7")}, [5]int{4: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			replays := []replayRun{{Step: 1, ID: "7", Selected: 3, Published: tc.published, Window: window}}
+			// The stream's records and a join's (cdc_relay_snapshot) stay
+			// with the stream.
+			stream := []sandbox.Record{rec(10, a1, ""), rec(11, a2, "99"), rec(12, b1, "7")}
+			delete(stream[0].Headers, headerReplay)
+			stream[2].Headers[headerSnapshot] = "join"
+			streamOut, replayed := splitReplayed(append(slices.Clone(stream), tc.recs...), replays)
+			if len(streamOut) != len(stream) || len(replayed["7"]) != len(tc.recs) {
+				t.Fatalf("split: %d stream records, %d of replay 7; want %d, %d", len(streamOut), len(replayed["7"]), len(stream), len(tc.recs))
+			}
+			var v Verdict
+			checkReplays(&v, committed, replays, replayed)
+			got := [5]int{v.ReplayMissing, v.ReplayRepeated, v.ReplayUnselected, v.ReplayOrder, v.ReplayCounts}
+			if got != tc.want || v.Replays != 1 {
+				t.Fatalf("missing, repeated, unselected, order, counts = %v, want %v: %s %v", got, tc.want, v, v.Samples)
+			}
+			if v.ok(false) != (tc.want == [5]int{}) {
+				t.Errorf("ok(false) = %v with %s", v.ok(false), v)
+			}
+		})
+	}
+}
+
+func TestWaitStats(t *testing.T) {
+	var waits []writerWait
+	for i := range 200 {
+		waits = append(waits, writerWait{took: time.Duration(i+1) * time.Millisecond, step: i / 50})
+	}
+	w := waitStats(waits)
+	if w.N != 200 || w.Max != 200*time.Millisecond || w.MaxStep != 3 || w.P99 != 198*time.Millisecond {
+		t.Errorf("waitStats = %+v, want 200 waits, max 200ms in step 3, p99 198ms", w)
+	}
+	res := ScheduleResult{Plan: NewPlan(42, PlanConfig{PGMajor: 15}), Verdict: Verdict{Committed: 10, Records: 10}, Waits: w}
+	if res.Failed() {
+		t.Errorf("a seed whose writers waited at most 200ms failed")
+	}
+	res.Waits.Max = maxWriterWait + time.Millisecond
+	if !res.Failed() || !strings.Contains(res.Report(), "a writer waited more than 1s") {
+		t.Errorf("a seed whose writer waited %v: Failed() = %v, report:\n%s", res.Waits.Max, res.Failed(), res.Report())
+	}
+}
+
+func TestLargeRowID(t *testing.T) {
+	// md5('7-3-0')::uuid in Postgres; the schedule's ledger matches Kafka by it.
+	if got, want := largeRowID("7-3-", 0), "41970780-0789-a593-4442-a79dd24ea6be"; got != want {
+		t.Errorf("largeRowID = %s, want %s", got, want)
 	}
 }

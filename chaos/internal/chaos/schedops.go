@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +39,8 @@ func (r *schedRun) apply(ctx context.Context, s Step) error {
 			return err
 		}
 		return r.startRelay(ctx)
+	case "table-join-large":
+		return r.joinLarge(ctx, s)
 	case "table-leave":
 		r.st.mu.Lock()
 		r.st.bMember = false
@@ -75,6 +78,8 @@ func (r *schedRun) apply(ctx context.Context, s Step) error {
 		return err
 	case "standby-lag":
 		return r.standbyLag(ctx, s)
+	case "replay":
+		return r.replayBeside(ctx, r.currentStep())
 	case "pg-restart":
 		stopErr := r.env.pg.Stop(s.Mode)
 		// Start even after a failed stop: the cluster is shared.
@@ -84,6 +89,64 @@ func (r *schedRun) apply(ctx context.Context, s Step) error {
 		return r.relay.WaitReady(ctx, readyTimeout)
 	}
 	return fmt.Errorf("unknown operation %q", s.Op)
+}
+
+// currentStep is the step running (its number, from 1).
+func (r *schedRun) currentStep() int {
+	r.st.mu.RLock()
+	defer r.st.mu.RUnlock()
+	return r.st.step
+}
+
+// joinLargeTimeout bounds how long the relay takes to join a large table
+// and be ready again after the broker came back.
+const joinLargeTimeout = 90 * time.Second
+
+// joinLarge stops the relay, writes s.Rows rows into outbox_b at once while
+// the writers write it too, and starts the relay with outbox_b in its
+// --table list; once the relay says the table joins, the broker stops for
+// s.Down, mid-join, and starts again on its data.
+func (r *schedRun) joinLarge(ctx context.Context, s Step) error {
+	if err := r.stopRelay(ctx, s.Mode); err != nil {
+		return err
+	}
+	r.st.mu.Lock()
+	r.st.bMember = true
+	r.st.mu.Unlock()
+	if err := r.writeLarge(ctx, s.Rows, r.currentStep()); err != nil {
+		return err
+	}
+	const joins = logJoinBegins
+	before := strings.Count(r.relay.Logs(), joins)
+	r.relay.SetArgs(r.relayArgs())
+	if err := r.relay.Start(); err != nil {
+		return err
+	}
+	began := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, joinLargeTimeout)
+	defer cancel()
+	for strings.Count(r.relay.Logs(), joins) == before {
+		if !r.relay.Running() {
+			return fmt.Errorf("the relay exited with code %d before outbox_b joined: %s", r.relay.ExitCode(), lastLines(r.relay.Logs(), 3))
+		}
+		if err := sleep(wctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("the relay did not say %q: %w: %s", joins, err, lastLines(r.relay.Logs(), 3))
+		}
+	}
+	r.kafka.stop()
+	serr := sleep(ctx, s.Down)
+	if err := r.kafka.start(); err != nil {
+		return err
+	}
+	if serr != nil {
+		return serr
+	}
+	if err := r.relay.WaitReady(ctx, joinLargeTimeout); err != nil {
+		return fmt.Errorf("%w: %s", err, lastLines(r.relay.Logs(), 3))
+	}
+	r.note("step %d table-join-large: the broker stopped %v after the join began; the relay ready %v after its start",
+		r.currentStep(), s.Down, time.Since(began).Round(10*time.Millisecond))
+	return nil
 }
 
 // exec runs statements in the schedule's database, in order.

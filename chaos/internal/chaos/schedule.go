@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -47,7 +48,12 @@ type Plan struct {
 	BMember bool
 	// Buckets are the partitions of outbox_p at the start.
 	Buckets []int
-	Steps   []Step
+	// Snapshot says whether the relay's first start creates its slot with
+	// --snapshot initial, the tables already holding rows the writers and
+	// a bulk burst (multi-row INSERT ... SELECT, COPY, transactions that
+	// commit in another order than they began) wrote before it.
+	Snapshot bool
+	Steps    []Step
 }
 
 // Step is one operation of a plan, with the parameters drawn for it.
@@ -62,6 +68,7 @@ type Step struct {
 	Lagging bool          // partition-detach: with the relay down, so it reads the rows after the detach
 	Drop    bool          // partition-detach: drop the table right after
 	Reorder bool          // partition-attach: the new table has its columns in another order
+	Rows    int           // table-join-large: the rows outbox_b holds when it joins
 }
 
 // String prints the step as the schedule line shows it.
@@ -85,6 +92,9 @@ func (s Step) String() string {
 	if s.Reorder {
 		p = append(p, "reordered")
 	}
+	if s.Rows > 0 {
+		p = append(p, fmt.Sprintf("rows=%d", s.Rows))
+	}
 	return fmt.Sprintf("+%v %s(%s)", s.Wait, s.Op, strings.Join(p, ","))
 }
 
@@ -95,9 +105,58 @@ func (p Plan) String() string {
 	for i, s := range p.Steps {
 		steps[i] = fmt.Sprintf("%d:%s", i+1, s)
 	}
-	return fmt.Sprintf("seed=%d schedule=[source=%s layout=%s delivery=%s messages=%v outbox_b=%v partitions=%v; %s]",
-		p.Seed, p.Source, p.Layout, p.Delivery, p.Messages, p.BMember, p.Buckets, strings.Join(steps, "; "))
+	snapshot := ""
+	if p.Snapshot {
+		snapshot = " snapshot=initial"
+	}
+	return fmt.Sprintf("seed=%d schedule=[source=%s layout=%s delivery=%s messages=%v outbox_b=%v partitions=%v%s; %s]",
+		p.Seed, p.Source, p.Layout, p.Delivery, p.Messages, p.BMember, p.Buckets, snapshot, strings.Join(steps, "; "))
 }
+
+// Uses reports whether the plan's world or one of its steps is name: an
+// operation, or "snapshot-initial" for Plan.Snapshot.
+func (p Plan) Uses(name string) bool {
+	if name == WorldSnapshot {
+		return p.Snapshot
+	}
+	return slices.ContainsFunc(p.Steps, func(s Step) bool { return s.Op == name })
+}
+
+// WorldSnapshot names Plan.Snapshot in AwaitingFix and Plan.Uses.
+const WorldSnapshot = "snapshot-initial"
+
+// AwaitingFix names the parts of a schedule that fail on main until a fix
+// merges, with the fix: TestSchedule skips a seed that draws one (the
+// -schedule command runs them all, and fails). Delete an entry in the
+// merge of its fix; when the map is empty, delete it and its use.
+var AwaitingFix = map[string]string{
+	// The table reader's page query skips or repeats rows of one
+	// statement, orders one statement's rows by ctid (where free space
+	// put them, not the order they were inserted in) and transactions by
+	// start time, not commit time (the lead, in internal/outboxtable on
+	// main).
+	"replay":      "internal/outboxtable's page query: rows of one bulk statement skipped, repeated or out of insertion order, transactions ordered by start, not commit",
+	WorldSnapshot: "internal/outboxtable's page query: rows of one bulk statement skipped, repeated or out of insertion order, transactions ordered by start, not commit",
+	// The join holds a SHARE lock on the table while it publishes every
+	// row to Kafka (h-join), and reads its rows with the same page query
+	// (50k rows of one statement: thousands lost or repeated).
+	"table-join-large": "h-join: the join holds SHARE on the table while Kafka takes every row, so inserts wait (INSERT latency > 1s); and internal/outboxtable's page query (rows of one statement skipped or repeated)",
+}
+
+// Pending returns the AwaitingFix entries the plan uses, as "name: fix".
+func (p Plan) Pending() []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(AwaitingFix)) {
+		if p.Uses(name) {
+			out = append(out, name+": "+AwaitingFix[name])
+		}
+	}
+	return out
+}
+
+// largeJoinRows is how many rows outbox_b holds when table-join-large
+// joins it.
+const largeJoinRows = 50_000
 
 // planState is what the plan has done so far, for the preconditions.
 type planState struct {
@@ -147,6 +206,14 @@ var planOps = []planOp{
 		draw: func(r *rand.Rand, s *planState) Step {
 			s.bMember = true
 			return Step{Mode: []string{"kill", "term"}[r.IntN(2)], Down: between(r, 100*time.Millisecond, time.Second)}
+		},
+	},
+	{
+		name: "table-join-large", weight: 1, ok: func(s *planState) bool { return !s.bMember },
+		doc: "stop the relay (SIGKILL or SIGTERM), write outbox_b 50k rows at once (INSERT ... SELECT generate_series) while the writers write it too, start the relay with outbox_b added to --table; once it says the table joins, stop the broker for 0.5-1.5s and start it on its data",
+		draw: func(r *rand.Rand, s *planState) Step {
+			s.bMember = true
+			return Step{Mode: []string{"kill", "term"}[r.IntN(2)], Down: between(r, 500*time.Millisecond, 1500*time.Millisecond), Rows: largeJoinRows}
 		},
 	},
 	{
@@ -212,6 +279,11 @@ var planOps = []planOp{
 		},
 	},
 	{
+		name: "replay", weight: 2, ok: always,
+		doc:  "write a bulk burst to outbox_events (multi-row INSERT ... SELECT and COPY, larger than a replay page; transactions that commit in another order than they began), then run cdc-relay replay of a window of outbox_events around it while the relay streams and the writers write",
+		draw: func(_ *rand.Rand, _ *planState) Step { return Step{} },
+	},
+	{
 		name: "pg-restart", weight: 2, ok: always,
 		doc: "restart Postgres (pg_ctl -m fast or immediate)",
 		draw: func(r *rand.Rand, _ *planState) Step {
@@ -253,6 +325,9 @@ func NewPlan(seed uint64, cfg PlanConfig) Plan {
 	if r.IntN(6) == 0 {
 		p.Delivery = "at-least-once"
 	}
+	// The snapshot only on the primary: a schedule on a standby tests the
+	// standby, not this.
+	p.Snapshot = r.IntN(4) == 0 && p.Source == "primary"
 	s := &planState{cfg: cfg, plan: &p, bMember: p.BMember, attached: slices.Clone(p.Buckets), next: 3}
 	for len(p.Steps) < cfg.Steps {
 		var cands []planOp

@@ -18,22 +18,31 @@ const (
 	EnvScheduleSeeds = "CDC_RELAY_CHAOS_SCHEDULE_SEEDS"
 	// EnvScheduleSteps replaces the steps per seed (8).
 	EnvScheduleSteps = "CDC_RELAY_CHAOS_SCHEDULE_STEPS"
+	// EnvSchedulePending, set to 1, runs the seeds that draw a part
+	// chaos.AwaitingFix names instead of skipping them: to try a fix
+	// before deleting its entry.
+	EnvSchedulePending = "CDC_RELAY_CHAOS_SCHEDULE_PENDING"
 )
 
 // scheduleSeeds are the seeds CI runs. Together they draw every operation
-// but standby-lag (16+), on both publication layouts: 7 (root: a table
-// leaves and joins after a SIGKILL, a partition attached and detached,
-// Postgres restarted), 22 (listed: SIGTERMs, a table joining after one,
-// the broker reading no more, then restarted), 30 (listed: the broker
-// restarted and reading no more, partitions detached, dropped and
-// attached, the last detached with the relay down).
-var scheduleSeeds = []uint64{7, 22, 30}
+// but standby-lag (16+), on both publication layouts: 13 (root: SIGKILLs,
+// Postgres restarted, a partition detached then dropped, the broker
+// restarted, a table leaving), 16 (listed: SIGKILL and SIGTERM, a partition
+// attached, a table joining after a SIGKILL, the broker reading no more
+// twice, a partition detached), 60 (listed, the combinations of issue 42:
+// an initial snapshot of tables already holding bulk-written rows, two
+// replays beside the stream, a 50k-row table joining with the broker
+// stopped mid-join, the broker reading no more and restarted, a detached
+// partition dropped). Seed 60 waits on chaos.AwaitingFix today.
+var scheduleSeeds = []uint64{13, 16, 60}
 
 // TestSchedule runs a fixed set of seeded schedules: each draws a sequence
-// of operations (tables joining and leaving, partitions attached, detached
-// and dropped, relay kills and stops, broker restarts and a broker that
-// stops reading, Postgres restarts) run while writers commit rows and
-// messages, then checks Kafka against the ledger of every event tried.
+// of operations (tables joining and leaving, a large one among them,
+// partitions attached, detached and dropped, relay kills and stops, broker
+// restarts and a broker that stops reading, Postgres restarts, replays
+// beside the stream), sometimes after an initial snapshot, run while
+// writers commit rows and messages, then checks Kafka against the ledger of
+// every event tried and the writers' INSERT/COMMIT times.
 func TestSchedule(t *testing.T) {
 	seeds, steps, err := scheduleConfig()
 	if err != nil {
@@ -42,6 +51,11 @@ func TestSchedule(t *testing.T) {
 	for _, seed := range seeds {
 		plan := chaos.NewPlan(seed, chaos.PlanConfig{Steps: steps, PGMajor: env.PGMajor()})
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			if pending := plan.Pending(); len(pending) > 0 && os.Getenv(EnvSchedulePending) != "1" {
+				// chaos.AwaitingFix: the seed fails on main until these
+				// fixes merge.
+				t.Skipf("seed %d waits on fixes not merged yet (chaos.AwaitingFix; %s=1 runs it): %s", seed, EnvSchedulePending, strings.Join(pending, "; "))
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			res := env.RunSchedule(ctx, plan)

@@ -60,6 +60,16 @@ type schedWriter struct {
 	next map[string]int
 
 	txns, rollbacks, uncertain, reconnects atomic.Int64
+	// waits are how long each transaction's INSERTs and COMMIT took, from
+	// BEGIN to the answer (an error's too), with the step it ran in; read
+	// once run returned.
+	waits []writerWait
+}
+
+// writerWait is how long one transaction of a writer waited.
+type writerWait struct {
+	took time.Duration
+	step int
 }
 
 // writerTxn is one transaction's plan.
@@ -210,7 +220,9 @@ func (w *schedWriter) run(ctx context.Context, stop <-chan struct{}, rate float6
 		}
 		w.st.mu.RLock()
 		t := w.plan()
+		began := time.Now()
 		err := w.exec(ctx, conn, t)
+		w.waits = append(w.waits, writerWait{took: time.Since(began), step: w.st.step})
 		if err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil
