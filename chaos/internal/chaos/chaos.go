@@ -203,7 +203,9 @@ func NewEnv(ctx context.Context, opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	pg, err := sandbox.StartPostgres(ctx, sandbox.PGOptions{})
+	// Commit timestamps: the table reader (replay, the initial snapshot, a
+	// join) then publishes in commit order, as docs/postgres.md recommends.
+	pg, err := sandbox.StartPostgres(ctx, sandbox.PGOptions{Settings: map[string]string{"track_commit_timestamp": "on"}})
 	if err != nil {
 		return nil, fmt.Errorf("chaos: %w", err)
 	}
