@@ -86,6 +86,21 @@ type ReplayOptions struct {
 	// Headers are added to every published event, after
 	// replay.HeaderReplay (e.g. replay.HeaderBackfill).
 	Headers []outbox.Header
+	// Snapshot, when not "", is a pg_snapshot as text (pg_current_snapshot()::text):
+	// only rows whose inserting transaction is visible in it are read — the rows a
+	// transaction with that snapshot saw, less those deleted since.
+	Snapshot string
+	// CommittedSince, when not zero, reads only rows whose transaction committed at
+	// or after it by pg_xact_commit_timestamp, and rows whose commit time is
+	// unknown (needs track_commit_timestamp = on: Replay errors otherwise).
+	CommittedSince time.Time
+	// After resumes the read after this position, one a Progress call gave;
+	// "" reads from the start.
+	After string
+	// Progress, when not nil, is called after each batch that Kafka acknowledged
+	// (or whose failures are recorded in the history), with the position of its
+	// last row: every row up to it is done. An error stops the replay.
+	Progress func(ctx context.Context, pos string) error
 }
 
 func (o ReplayOptions) describe(table string) map[string]any {
@@ -172,7 +187,10 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 	if err := q.describe(ctx, db); err != nil {
 		return r.Finish(ctx, err)
 	}
-	var after *cursor
+	after, err := parseCursor(o.After)
+	if err != nil {
+		return r.Finish(ctx, err)
+	}
 	for {
 		limit := r.BatchSize()
 		if o.Limit > 0 {
@@ -198,6 +216,14 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 				err = r.Publish(ctx, replay.Item{Event: ev, Topic: topic})
 			}
 			if err != nil {
+				return r.Finish(ctx, err)
+			}
+		}
+		if o.Progress != nil && len(page) > 0 && !o.DryRun {
+			if err := r.Flush(ctx); err != nil {
+				return r.Finish(ctx, err)
+			}
+			if err := o.Progress(ctx, last.String()); err != nil {
 				return r.Finish(ctx, err)
 			}
 		}
@@ -411,6 +437,7 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	if len(q.o.IDs) > 0 {
 		add(id+"::text = ANY($?::text[])", q.o.IDs)
 	}
+	q.o.filters(add)
 	if after != nil {
 		add("("+created+", "+cmin+", ctid, "+id+"::text) > ($?::timestamptz, $?::int8, $?::tid, $?::text)", after.createdAt, after.cmin, after.ctid, after.id)
 	}
