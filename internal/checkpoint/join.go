@@ -1,0 +1,190 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Join is a join in progress: outbox tables the relay added to the
+// publication of its slot whose rows committed before are still to be
+// published (relay: join.go). It is stored beside the checkpoint of the slot
+// (TableStore: column pending_join; FileStore: pending_join), written in the
+// transaction that adds the tables (JoinStore.RecordJoin), moved on after
+// each batch Kafka acknowledged and removed once every row is published
+// (JoinStore.SaveJoin). A start that finds one publishes what is left before
+// it streams.
+type Join struct {
+	// Tables are the joining tables, as schema.table.
+	Tables []string `json:"tables"`
+	// Snapshot is the snapshot of the transaction that added them, taken
+	// holding the lock that keeps their writers out
+	// (pg_current_snapshot()::text): it holds every row committed into them
+	// before the change and none after, which the stream carries.
+	Snapshot string `json:"snapshot"`
+	// Mode is what the join publishes: all, after-checkpoint.
+	Mode string `json:"mode"`
+	// CommittedSince, for after-checkpoint, is the commit time from which
+	// rows are published. Zero: all.
+	CommittedSince time.Time `json:"committed_since,omitzero"`
+	// After is each table's position up to which its rows are in Kafka
+	// (outboxtable.ReplayOptions.After); a table absent starts from its first row.
+	After map[string]string `json:"after,omitempty"`
+}
+
+// clone returns a copy of j that shares nothing with it.
+func (j *Join) clone() *Join {
+	if j == nil {
+		return nil
+	}
+	c := *j
+	c.Tables = slices.Clone(j.Tables)
+	c.After = maps.Clone(j.After)
+	return &c
+}
+
+// JoinStore keeps the Join beside the checkpoint of a slot (TableStore,
+// FileStore). The Save of the Store leaves it as it is.
+type JoinStore interface {
+	// RecordJoin stores cp.Join as the slot's join in progress and adds
+	// cp.Tables to the stored checkpoint's Tables (when those are known),
+	// inserting cp when the slot has no checkpoint. A TableStore writes
+	// through tx, the transaction that adds the tables to the publication,
+	// so both commit or neither does; a FileStore writes its file at once
+	// (nil tx).
+	RecordJoin(ctx context.Context, tx pgx.Tx, cp Checkpoint) error
+	// SaveJoin replaces the slot's join in progress with j; nil removes it.
+	SaveJoin(ctx context.Context, slot string, j *Join) error
+}
+
+var (
+	_ JoinStore = (*TableStore)(nil)
+	_ JoinStore = (*FileStore)(nil)
+)
+
+func encodeJoin(j *Join) (any, error) {
+	if j == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(j)
+	if err != nil {
+		return nil, fmt.Errorf("encode the join in progress: %w", err)
+	}
+	return string(b), nil
+}
+
+func decodeJoin(b []byte) (*Join, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var j Join
+	if err := json.Unmarshal(b, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// RecordJoin implements JoinStore: one statement through tx, the
+// transaction that adds the tables to the publication.
+func (s *TableStore) RecordJoin(ctx context.Context, tx pgx.Tx, cp Checkpoint) error {
+	join, err := encodeJoin(cp.Join)
+	if err != nil {
+		return err
+	}
+	var offsets any
+	if enc, err := encodeOffsets(cp.Offsets); err != nil {
+		return fmt.Errorf("record the join of %v in %s: encode kafka offsets: %w", cp.Tables, s.name, err)
+	} else if enc != nil {
+		offsets = string(enc)
+	}
+	var commit any
+	if !cp.CommitTime.IsZero() {
+		commit = cp.CommitTime
+	}
+	// A new row's tables are unknown (NULL), as a slot's without a checkpoint;
+	// a stored row's known ones gain the joining tables.
+	_, err = tx.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, commit_time, kafka_offsets, pending_join)
+VALUES ($1, $2, $3::text::pg_lsn, $4, $5::timestamptz, $6::jsonb, $7::jsonb)
+ON CONFLICT (slot_name) DO UPDATE SET
+    outbox_tables = CASE WHEN c.outbox_tables IS NULL THEN NULL
+        ELSE ARRAY(SELECT DISTINCT t FROM unnest(c.outbox_tables || $8::text[]) AS t ORDER BY t) END,
+    pending_join = excluded.pending_join`,
+		cp.Slot, cp.SystemID, cp.LSN.String(), cp.RelayName, commit, offsets, join, cp.Tables)
+	if err != nil {
+		return fmt.Errorf("record the join of %v in checkpoint table %s: %w", cp.Tables, s.name, err)
+	}
+	return nil
+}
+
+// SaveJoin implements JoinStore.
+func (s *TableStore) SaveJoin(ctx context.Context, slot string, j *Join) error {
+	join, err := encodeJoin(j)
+	if err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET pending_join = $2::jsonb WHERE slot_name = $1", slot, join); err != nil {
+		return fmt.Errorf("store the join in progress of slot %q in %s: %w", slot, s.name, err)
+	}
+	return nil
+}
+
+// RecordJoin implements JoinStore; tx is not used: the file is written at
+// once, before the transaction that adds the tables commits. Should that
+// transaction fail, the file names tables the publication lacks: the next
+// start adds them again and records a new join over this one (so the gap
+// checks never see them as covered while they are not joined by the relay).
+func (s *FileStore) RecordJoin(_ context.Context, _ pgx.Tx, cp Checkpoint) error {
+	return s.update(cp.Slot, func(e *fileEntry, ok bool) {
+		if !ok {
+			*e = fileEntry{SystemID: cp.SystemID, LSN: cp.LSN.String(), UpdatedAt: time.Now().UTC(), RelayName: cp.RelayName}
+			if !cp.CommitTime.IsZero() {
+				t := cp.CommitTime.UTC()
+				e.CommitTime = &t
+			}
+			if cp.Offsets != nil {
+				e.KafkaOffsets = &cp.Offsets
+			}
+		} else if e.OutboxTables != nil {
+			tables := append(slices.Clone(*e.OutboxTables), cp.Tables...)
+			slices.Sort(tables)
+			tables = slices.Compact(tables)
+			e.OutboxTables = &tables
+		}
+		e.PendingJoin = cp.Join.clone()
+	})
+}
+
+// SaveJoin implements JoinStore.
+func (s *FileStore) SaveJoin(_ context.Context, slot string, j *Join) error {
+	return s.update(slot, func(e *fileEntry, ok bool) {
+		if ok {
+			e.PendingJoin = j.clone()
+		}
+	})
+}
+
+// update rewrites the entry of slot with change (ok: the entry existed;
+// a new one is written only when change sets its LSN).
+func (s *FileStore) update(slot string, change func(e *fileEntry, ok bool)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	doc, err := s.read()
+	if err != nil {
+		return err
+	}
+	e, ok := doc.Checkpoints[slot]
+	change(&e, ok)
+	if !ok && e.LSN == "" {
+		return nil
+	}
+	doc.Checkpoints[slot] = e
+	if err := s.write(doc); err != nil {
+		return fmt.Errorf("store the join in progress of slot %q: %w", slot, err)
+	}
+	return nil
+}
