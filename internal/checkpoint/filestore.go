@@ -40,8 +40,8 @@ type fileEntry struct {
 	OldestUnrelayedAt *time.Time `json:"oldest_unrelayed_at,omitempty"`
 	// OutboxTables is Checkpoint.Tables; absent when unknown.
 	OutboxTables *[]string `json:"outbox_tables,omitempty"`
-	// PendingJoin is Checkpoint.Join; absent when none.
-	PendingJoin *Join `json:"pending_join,omitempty"`
+	// PendingJoins is Checkpoint.Joins; absent when none.
+	PendingJoins []Join `json:"pending_joins,omitempty"`
 }
 
 // FileStore keeps checkpoints in a local JSON file, one entry per slot. Every Save
@@ -96,12 +96,12 @@ func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, erro
 	if e.OutboxTables != nil {
 		c.Tables = append([]string{}, *e.OutboxTables...)
 	}
-	c.Join = e.PendingJoin.clone()
+	c.Joins = CloneJoins(e.PendingJoins)
 	return c, true, nil
 }
 
-// Save inserts or replaces the checkpoint of c.Slot but for its Join, which it
-// leaves as stored, keeping the other slots' entries.
+// Save inserts or replaces the checkpoint of c.Slot but for its Joins, which
+// it leaves as stored, keeping the other slots' entries.
 // A zero c.UpdatedAt is stored as the current time. If the existing file cannot be
 // parsed, Save fails rather than overwrite it.
 func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
@@ -135,7 +135,7 @@ func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
 		tables := append([]string{}, c.Tables...)
 		e.OutboxTables = &tables
 	}
-	e.PendingJoin = doc.Checkpoints[c.Slot].PendingJoin
+	e.PendingJoins = doc.Checkpoints[c.Slot].PendingJoins
 	doc.Checkpoints[c.Slot] = e
 	if err := s.write(doc); err != nil {
 		return fmt.Errorf("save checkpoint of slot %q: %w", c.Slot, err)

@@ -13,11 +13,12 @@ import (
 
 // Join is a join in progress: outbox tables the relay added to the
 // publication of its slot whose rows committed before are still to be
-// published (relay: join.go). It is stored beside the checkpoint of the slot
-// (TableStore: column pending_join; FileStore: pending_join), written in the
+// published (relay: join.go). The joins in progress of a slot are stored
+// beside its checkpoint (TableStore: column pending_joins, a JSON array;
+// FileStore: pending_joins), each written in the
 // transaction that adds the tables (JoinStore.RecordJoin), moved on after
 // each batch Kafka acknowledged and removed once every row is published
-// (JoinStore.SaveJoin). A start that finds one publishes what is left before
+// (JoinStore.SaveJoins). A start that finds one publishes what is left before
 // it streams.
 type Join struct {
 	// Tables are the joining tables, as schema.table.
@@ -37,29 +38,32 @@ type Join struct {
 	After map[string]string `json:"after,omitempty"`
 }
 
-// clone returns a copy of j that shares nothing with it.
-func (j *Join) clone() *Join {
-	if j == nil {
+// CloneJoins returns a copy of joins that shares nothing with it.
+func CloneJoins(joins []Join) []Join {
+	if joins == nil {
 		return nil
 	}
-	c := *j
-	c.Tables = slices.Clone(j.Tables)
-	c.After = maps.Clone(j.After)
-	return &c
+	out := make([]Join, len(joins))
+	for i, j := range joins {
+		j.Tables = slices.Clone(j.Tables)
+		j.After = maps.Clone(j.After)
+		out[i] = j
+	}
+	return out
 }
 
-// JoinStore keeps the Join beside the checkpoint of a slot (TableStore,
-// FileStore). The Save of the Store leaves it as it is.
+// JoinStore keeps the joins in progress beside the checkpoint of a slot
+// (TableStore, FileStore). The Save of the Store leaves them as they are.
 type JoinStore interface {
-	// RecordJoin stores cp.Join as the slot's join in progress and adds
+	// RecordJoin adds cp.Joins to the slot's joins in progress and
 	// cp.Tables to the stored checkpoint's Tables (when those are known),
 	// inserting cp when the slot has no checkpoint. A TableStore writes
 	// through tx, the transaction that adds the tables to the publication,
 	// so both commit or neither does; a FileStore writes its file at once
 	// (nil tx).
 	RecordJoin(ctx context.Context, tx pgx.Tx, cp Checkpoint) error
-	// SaveJoin replaces the slot's join in progress with j; nil removes it.
-	SaveJoin(ctx context.Context, slot string, j *Join) error
+	// SaveJoins replaces the slot's joins in progress; none removes them.
+	SaveJoins(ctx context.Context, slot string, joins []Join) error
 }
 
 var (
@@ -67,32 +71,32 @@ var (
 	_ JoinStore = (*FileStore)(nil)
 )
 
-func encodeJoin(j *Join) (any, error) {
-	if j == nil {
+func encodeJoins(joins []Join) (any, error) {
+	if len(joins) == 0 {
 		return nil, nil
 	}
-	b, err := json.Marshal(j)
+	b, err := json.Marshal(joins)
 	if err != nil {
-		return nil, fmt.Errorf("encode the join in progress: %w", err)
+		return nil, fmt.Errorf("encode the joins in progress: %w", err)
 	}
 	return string(b), nil
 }
 
-func decodeJoin(b []byte) (*Join, error) {
+func decodeJoins(b []byte) ([]Join, error) {
 	if b == nil {
 		return nil, nil
 	}
-	var j Join
-	if err := json.Unmarshal(b, &j); err != nil {
+	var joins []Join
+	if err := json.Unmarshal(b, &joins); err != nil {
 		return nil, err
 	}
-	return &j, nil
+	return joins, nil
 }
 
 // RecordJoin implements JoinStore: one statement through tx, the
 // transaction that adds the tables to the publication.
 func (s *TableStore) RecordJoin(ctx context.Context, tx pgx.Tx, cp Checkpoint) error {
-	join, err := encodeJoin(cp.Join)
+	join, err := encodeJoins(cp.Joins)
 	if err != nil {
 		return err
 	}
@@ -108,12 +112,13 @@ func (s *TableStore) RecordJoin(ctx context.Context, tx pgx.Tx, cp Checkpoint) e
 	}
 	// A new row's tables are unknown (NULL), as a slot's without a checkpoint;
 	// a stored row's known ones gain the joining tables.
-	_, err = tx.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, commit_time, kafka_offsets, pending_join)
+	_, err = tx.Exec(ctx, "INSERT INTO "+s.table+` AS c (slot_name, system_id, lsn, relay_name, commit_time, kafka_offsets, pending_joins)
 VALUES ($1, $2, $3::text::pg_lsn, $4, $5::timestamptz, $6::jsonb, $7::jsonb)
 ON CONFLICT (slot_name) DO UPDATE SET
     outbox_tables = CASE WHEN c.outbox_tables IS NULL THEN NULL
         ELSE ARRAY(SELECT DISTINCT t FROM unnest(c.outbox_tables || $8::text[]) AS t ORDER BY t) END,
-    pending_join = excluded.pending_join`,
+    pending_joins = CASE WHEN excluded.pending_joins IS NULL THEN c.pending_joins
+        ELSE coalesce(c.pending_joins, '[]') || excluded.pending_joins END`,
 		cp.Slot, cp.SystemID, cp.LSN.String(), cp.RelayName, commit, offsets, join, cp.Tables)
 	if err != nil {
 		return fmt.Errorf("record the join of %v in checkpoint table %s: %w", cp.Tables, s.name, err)
@@ -121,14 +126,14 @@ ON CONFLICT (slot_name) DO UPDATE SET
 	return nil
 }
 
-// SaveJoin implements JoinStore.
-func (s *TableStore) SaveJoin(ctx context.Context, slot string, j *Join) error {
-	join, err := encodeJoin(j)
+// SaveJoins implements JoinStore.
+func (s *TableStore) SaveJoins(ctx context.Context, slot string, joins []Join) error {
+	join, err := encodeJoins(joins)
 	if err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET pending_join = $2::jsonb WHERE slot_name = $1", slot, join); err != nil {
-		return fmt.Errorf("store the join in progress of slot %q in %s: %w", slot, s.name, err)
+	if _, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET pending_joins = $2::jsonb WHERE slot_name = $1", slot, join); err != nil {
+		return fmt.Errorf("store the joins in progress of slot %q in %s: %w", slot, s.name, err)
 	}
 	return nil
 }
@@ -155,15 +160,18 @@ func (s *FileStore) RecordJoin(_ context.Context, _ pgx.Tx, cp Checkpoint) error
 			tables = slices.Compact(tables)
 			e.OutboxTables = &tables
 		}
-		e.PendingJoin = cp.Join.clone()
+		e.PendingJoins = append(e.PendingJoins, CloneJoins(cp.Joins)...)
 	})
 }
 
-// SaveJoin implements JoinStore.
-func (s *FileStore) SaveJoin(_ context.Context, slot string, j *Join) error {
+// SaveJoins implements JoinStore.
+func (s *FileStore) SaveJoins(_ context.Context, slot string, joins []Join) error {
 	return s.update(slot, func(e *fileEntry, ok bool) {
 		if ok {
-			e.PendingJoin = j.clone()
+			e.PendingJoins = CloneJoins(joins)
+			if len(joins) == 0 {
+				e.PendingJoins = nil
+			}
 		}
 	})
 }
@@ -184,7 +192,7 @@ func (s *FileStore) update(slot string, change func(e *fileEntry, ok bool)) erro
 	}
 	doc.Checkpoints[slot] = e
 	if err := s.write(doc); err != nil {
-		return fmt.Errorf("store the join in progress of slot %q: %w", slot, err)
+		return fmt.Errorf("store the joins in progress of slot %q: %w", slot, err)
 	}
 	return nil
 }

@@ -78,7 +78,7 @@ func (o *Opening) MarkSnapshot(ctx context.Context) error {
 	if err := o.store.Save(ctx, marker); err != nil {
 		return fmt.Errorf("store the marker of a snapshot in progress: %w", err)
 	}
-	marker.Join = o.stored.Join // Save leaves it
+	marker.Joins = o.stored.Joins // Save leaves them
 	o.stored, o.have = marker, true
 	return nil
 }
@@ -96,7 +96,7 @@ func (o *Opening) Reposition(ctx context.Context, lsn pglogrepl.LSN, commitTime 
 	if err := o.store.Save(ctx, cp); err != nil {
 		return fmt.Errorf("store the new position %s: %w", lsn, err)
 	}
-	cp.Join = o.stored.Join // Save leaves it
+	cp.Joins = o.stored.Joins // Save leaves them
 	o.stored, o.have = cp, true
 	return nil
 }
