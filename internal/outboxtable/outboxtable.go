@@ -445,7 +445,9 @@ func (q outboxQuery) page(ctx context.Context, db Querier, after *cursor, limit 
 	if len(conds) > 0 {
 		sql += " WHERE " + strings.Join(conds, " AND ")
 	}
-	sql += fmt.Sprintf(" ORDER BY %s, %s, ctid, %s::text LIMIT %d", created, cmin, id, limit)
+	// ctid::tid: a bare ctid would name the select list's ctid::text, ordering
+	// "(10,1)" before "(2,1)" unlike the cursor's comparison.
+	sql += fmt.Sprintf(" ORDER BY %s, %s, ctid::tid, %s::text LIMIT %d", created, cmin, id, limit)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, cursor{}, outboxErr(err, q.name, q.cols.Names)
