@@ -150,3 +150,71 @@ func TestJoinTables(t *testing.T) {
 		})
 	}
 }
+
+// TestJoinTablesDoesNotQueueWriters: while a long transaction writing to the
+// table keeps JoinTables from locking it, other inserts into the table go on
+// (each waits at most one lock attempt, JoinLockAttempt, not the long
+// transaction), and JoinTables joins once that transaction ended.
+func TestJoinTablesDoesNotQueueWriters(t *testing.T) {
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	url := p.URL("postgres")
+	connect := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	admin := connect()
+	if _, err := admin.Exec(ctx, `CREATE TABLE public.outbox_a (id int PRIMARY KEY); CREATE TABLE public.outbox_b (id serial PRIMARY KEY);
+		CREATE PUBLICATION joins FOR TABLE public.outbox_a`); err != nil {
+		t.Fatal(err)
+	}
+	long, err := connect().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := long.Exec(ctx, `INSERT INTO public.outbox_b DEFAULT VALUES`); err != nil {
+		t.Fatal(err)
+	}
+	joined := make(chan error, 1)
+	go func() {
+		joined <- replication.JoinTables(ctx, connect(), "joins", []decoder.TableName{{Schema: "public", Table: "outbox_b"}},
+			func(context.Context, pgx.Tx, []decoder.TableName, string) error { return nil })
+	}()
+	committed := make(chan error, 1)
+	go func() {
+		// The long transaction ends while the join keeps trying.
+		<-time.After(1500 * time.Millisecond)
+		committed <- long.Commit(ctx)
+	}()
+	writer := connect()
+	var slowest time.Duration
+	n := 0
+	for done := false; !done; {
+		select {
+		case err := <-joined:
+			if err != nil {
+				t.Fatalf("JoinTables: %v", err)
+			}
+			done = true
+		case <-time.After(20 * time.Millisecond):
+			began := time.Now()
+			if _, err := writer.Exec(ctx, `INSERT INTO public.outbox_b DEFAULT VALUES`); err != nil {
+				t.Fatal(err)
+			}
+			slowest, n = max(slowest, time.Since(began)), n+1
+		}
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d inserts while the join waited for the long transaction, the slowest took %s", n, slowest)
+	if slowest > time.Second {
+		t.Errorf("an insert waited %s behind the join's lock, want < 1s (one lock attempt is %s)", slowest, replication.JoinLockAttempt)
+	}
+}
