@@ -133,6 +133,9 @@ func (r *Relay) recordJoin(ctx context.Context, tx pgx.Tx, tables []decoder.Tabl
 		names = append(names, t.String())
 	}
 	mode := r.joinMode()
+	if r.cfg.Join == nil && mode != JoinNone {
+		return errors.New("the relay was built without a way to publish the rows of an outbox table that joins the publication (Config.Join)")
+	}
 	if mode == JoinAfterCheckpoint {
 		var on bool
 		if err := tx.QueryRow(ctx, "SELECT current_setting('track_commit_timestamp')::bool").Scan(&on); err != nil {
