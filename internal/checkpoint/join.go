@@ -140,9 +140,11 @@ func (s *TableStore) SaveJoins(ctx context.Context, slot string, joins []Join) e
 
 // RecordJoin implements JoinStore; tx is not used: the file is written at
 // once, before the transaction that adds the tables commits. Should that
-// transaction fail, the file names tables the publication lacks: the next
-// start adds them again and records a new join over this one (so the gap
-// checks never see them as covered while they are not joined by the relay).
+// transaction fail, the file names tables the publication lacks, a superset
+// the gap checks accept: the next start finds them outside the publication,
+// adds them again and records a new join, which replaces a join in progress
+// of the same tables (its snapshot holds every row the older one had left).
+// Only a table added by hand after such a failure would escape table_joined.
 func (s *FileStore) RecordJoin(_ context.Context, _ pgx.Tx, cp Checkpoint) error {
 	return s.update(cp.Slot, func(e *fileEntry, ok bool) {
 		if !ok {
@@ -160,6 +162,13 @@ func (s *FileStore) RecordJoin(_ context.Context, _ pgx.Tx, cp Checkpoint) error
 			tables = slices.Compact(tables)
 			e.OutboxTables = &tables
 		}
+		var joining []string
+		for _, j := range cp.Joins {
+			joining = append(joining, j.Tables...)
+		}
+		e.PendingJoins = slices.DeleteFunc(e.PendingJoins, func(j Join) bool {
+			return slices.ContainsFunc(j.Tables, func(t string) bool { return slices.Contains(joining, t) })
+		})
 		e.PendingJoins = append(e.PendingJoins, CloneJoins(cp.Joins)...)
 	})
 }

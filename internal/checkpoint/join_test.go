@@ -94,6 +94,20 @@ func testJoinStoreContract(t *testing.T, s joinStore, begin func(ctx context.Con
 func TestFileStoreJoins(t *testing.T) {
 	s := NewFileStore(filepath.Join(t.TempDir(), "checkpoints.json"))
 	testJoinStoreContract(t, s, func(_ context.Context, fn func(tx pgx.Tx) error) error { return fn(nil) })
+
+	// The file is written before the change commits: a change that failed
+	// leaves a join the next start's join of the same table replaces.
+	ctx := t.Context()
+	failed := Join{Tables: []string{"public.e"}, Snapshot: "300:300:", Mode: "all"}
+	again := Join{Tables: []string{"public.e"}, Snapshot: "310:310:", Mode: "all"}
+	for _, j := range []Join{failed, again} {
+		if err := s.RecordJoin(ctx, nil, Checkpoint{Slot: "s", Tables: j.Tables, Joins: []Join{j}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, _, err := s.Load(ctx, "s"); err != nil || len(c.Joins) != 1 || c.Joins[0].Snapshot != again.Snapshot {
+		t.Errorf("after a join of the same table again: %+v, %v", c.Joins, err)
+	}
 }
 
 func TestTableStoreJoins(t *testing.T) {
