@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS public.cdc_relay_checkpoints (
     commit_time timestamptz,
     kafka_offsets jsonb,
     oldest_unrelayed_at timestamptz,
-    outbox_tables text[]
+    outbox_tables text[],
+    pending_joins jsonb
 );
 
 -- Added after the first version of this table: run this file again on an older table.
@@ -33,6 +34,7 @@ ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS commit_time ti
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS kafka_offsets jsonb;
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS oldest_unrelayed_at timestamptz;
 ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS outbox_tables text[];
+ALTER TABLE public.cdc_relay_checkpoints ADD COLUMN IF NOT EXISTS pending_joins jsonb;
 
 COMMENT ON TABLE public.cdc_relay_checkpoints IS
     'cdc-relay checkpoints: per replication slot, the LSN up to which all events were acknowledged by Kafka. Written by the relay; do not edit while it runs.';
@@ -54,3 +56,5 @@ COMMENT ON COLUMN public.cdc_relay_checkpoints.oldest_unrelayed_at IS
     'Commit time of the oldest transaction whose events the relay had read and Kafka had not acknowledged at this write; NULL when none waited. cdc-relay status reports its age while the relay runs.';
 COMMENT ON COLUMN public.cdc_relay_checkpoints.outbox_tables IS
     'The tables (schema.table, a partition as its root) the publication covered from lsn on, read or not by the relay: the stream resumed from lsn carries every row committed into them after it. An outbox table the relay reads later that is not named here and that it did not add to the publication itself stops it (table_joined); NULL when unknown (an older relay).';
+COMMENT ON COLUMN public.cdc_relay_checkpoints.pending_joins IS
+    'Joins in progress, a JSON array: each names outbox tables the relay added to the publication (in the transaction that wrote this) whose rows committed before are still being published, with the snapshot of that transaction, the --join mode and each table''s position in Kafka. A start that finds one publishes what is left before streaming; NULL when none.';

@@ -40,6 +40,8 @@ type fileEntry struct {
 	OldestUnrelayedAt *time.Time `json:"oldest_unrelayed_at,omitempty"`
 	// OutboxTables is Checkpoint.Tables; absent when unknown.
 	OutboxTables *[]string `json:"outbox_tables,omitempty"`
+	// PendingJoins is Checkpoint.Joins; absent when none.
+	PendingJoins []Join `json:"pending_joins,omitempty"`
 }
 
 // FileStore keeps checkpoints in a local JSON file, one entry per slot. Every Save
@@ -94,10 +96,12 @@ func (s *FileStore) Load(_ context.Context, slot string) (Checkpoint, bool, erro
 	if e.OutboxTables != nil {
 		c.Tables = append([]string{}, *e.OutboxTables...)
 	}
+	c.Joins = CloneJoins(e.PendingJoins)
 	return c, true, nil
 }
 
-// Save inserts or replaces the checkpoint of c.Slot, keeping the other slots' entries.
+// Save inserts or replaces the checkpoint of c.Slot but for its Joins, which
+// it leaves as stored, keeping the other slots' entries.
 // A zero c.UpdatedAt is stored as the current time. If the existing file cannot be
 // parsed, Save fails rather than overwrite it.
 func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
@@ -131,13 +135,22 @@ func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
 		tables := append([]string{}, c.Tables...)
 		e.OutboxTables = &tables
 	}
+	e.PendingJoins = doc.Checkpoints[c.Slot].PendingJoins
 	doc.Checkpoints[c.Slot] = e
+	if err := s.write(doc); err != nil {
+		return fmt.Errorf("save checkpoint of slot %q: %w", c.Slot, err)
+	}
+	return nil
+}
+
+// write replaces the file with doc. Called with mu held.
+func (s *FileStore) write(doc fileDoc) error {
 	data, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode checkpoint file %s: %w", s.path, err)
 	}
 	if err := writeFileAtomic(s.path, append(data, '\n')); err != nil {
-		return fmt.Errorf("save checkpoint of slot %q to %s: %w", c.Slot, s.path, err)
+		return fmt.Errorf("write %s: %w", s.path, err)
 	}
 	return nil
 }

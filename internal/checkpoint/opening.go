@@ -78,6 +78,7 @@ func (o *Opening) MarkSnapshot(ctx context.Context) error {
 	if err := o.store.Save(ctx, marker); err != nil {
 		return fmt.Errorf("store the marker of a snapshot in progress: %w", err)
 	}
+	marker.Joins = o.stored.Joins // Save leaves them
 	o.stored, o.have = marker, true
 	return nil
 }
@@ -95,6 +96,7 @@ func (o *Opening) Reposition(ctx context.Context, lsn pglogrepl.LSN, commitTime 
 	if err := o.store.Save(ctx, cp); err != nil {
 		return fmt.Errorf("store the new position %s: %w", lsn, err)
 	}
+	cp.Joins = o.stored.Joins // Save leaves them
 	o.stored, o.have = cp, true
 	return nil
 }

@@ -46,6 +46,10 @@ type Checkpoint struct {
 	// (internal/gaps, table_joined). Nil when unknown (saved by an older
 	// relay).
 	Tables []string
+	// Joins are the joins in progress of outbox tables to the publication,
+	// oldest first; nil when none. Load reads them; Save leaves the stored
+	// ones as they are: only a JoinStore's methods write them.
+	Joins []Join
 }
 
 // DefaultTable is the checkpoint table TableStore uses when given no name.
@@ -68,7 +72,8 @@ func TableDDL(table string) string {
     commit_time timestamptz,
     kafka_offsets jsonb,
     oldest_unrelayed_at timestamptz,
-    outbox_tables text[]
+    outbox_tables text[],
+    pending_joins jsonb
 )`
 }
 
@@ -80,6 +85,7 @@ var addedColumns = []struct{ name, typ string }{
 	{"kafka_offsets", "jsonb"},
 	{"oldest_unrelayed_at", "timestamptz"},
 	{"outbox_tables", "text[]"},
+	{"pending_joins", "jsonb"},
 }
 
 // addColumnsDDL adds the columns named (of addedColumns) to a checkpoint table
@@ -187,11 +193,11 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	c := Checkpoint{Slot: slot}
 	var lsn string
 	var commit, oldest *time.Time
-	var offsets []byte
+	var offsets, join []byte
 	var tables *[]string
 	err := s.pool.QueryRow(ctx,
-		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at, outbox_tables FROM "+s.table+" WHERE slot_name = $1", slot,
-	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets, &oldest, &tables)
+		"SELECT system_id, lsn::text, relay_name, updated_at, commit_time, kafka_offsets, oldest_unrelayed_at, outbox_tables, pending_joins FROM "+s.table+" WHERE slot_name = $1", slot,
+	).Scan(&c.SystemID, &lsn, &c.RelayName, &c.UpdatedAt, &commit, &offsets, &oldest, &tables, &join)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, false, nil
 	}
@@ -213,11 +219,14 @@ func (s *TableStore) Load(ctx context.Context, slot string) (Checkpoint, bool, e
 	if c.Offsets, err = decodeOffsets(offsets); err != nil {
 		return Checkpoint{}, false, fmt.Errorf("decode kafka_offsets of slot %q in %s: %w", slot, s.name, err)
 	}
+	if c.Joins, err = decodeJoins(join); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("decode pending_joins of slot %q in %s: %w", slot, s.name, err)
+	}
 	return c, true, nil
 }
 
-// Save inserts or replaces the checkpoint of c.Slot. A zero c.UpdatedAt is stored as
-// the server's current time. Save does not refuse an LSN lower than the stored one:
+// Save inserts or replaces the checkpoint of c.Slot, but for its Joins,
+// which it leaves as stored. A zero c.UpdatedAt is stored as the server's current time. Save does not refuse an LSN lower than the stored one:
 // keeping the watermark monotonic is the Tracker's job.
 func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
 	var updated, commit, oldest any // NULL lets the server set now(); NULL commit_time is unknown

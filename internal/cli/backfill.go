@@ -57,17 +57,16 @@ func (r *RunCmd) setSnapshot(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.
 }
 
 // setJoin installs in cfg the publishing of the rows of outbox tables that
-// join the publication of an existing slot (relay.Config.Join): every row tx
-// sees in them, through a replay recorded like a backfill's, marked with the
-// header replay.HeaderSnapshot: join. pool is the relay's (cfg.Pool).
+// join the publication of an existing slot (relay.Config.Join): a replay
+// recorded like a backfill's, which the relay marks with the header
+// replay.HeaderSnapshot: join; and what it publishes (--join). pool is the
+// relay's (cfg.Pool).
 func (r *RunCmd) setJoin(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger) {
+	cfg.JoinMode = r.Join
 	if cfg.Decoder.Table == "" {
 		return // a message outbox alone: no table joins
 	}
-	rp := r.republisher(cfg, pool, log, "join", "cdc-relay run "+cfg.RelayName+" (a table joins the publication)")
-	cfg.Join = func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) (int, error) {
-		return rp.Republish(ctx, tx, tables, time.Time{}, outbox.Header{Key: replay.HeaderSnapshot, Value: []byte("join")})
-	}
+	cfg.Join = r.republisher(cfg, pool, log, "join", "cdc-relay run "+cfg.RelayName+" (a table joins the publication)")
 }
 
 // republisher returns the republishing of outbox rows the relay's backfill,

@@ -140,7 +140,7 @@ func TestPartialCoverage(t *testing.T) {
 		Also: []replication.TableSetup{{Name: decoder.TableName{Schema: "public", Table: "b"}}}}
 	covered := replication.Coverage{TableOID: 1, RelOID: 10, PubExists: true, PubInsert: true, Covered: true}
 	outside := replication.Coverage{TableOID: 2, PubExists: true, PubInsert: true}
-	snapshot := func(context.Context, pgx.Tx, []decoder.TableName) error { return nil }
+	snapshot := func(context.Context, pgx.Tx, []decoder.TableName, string) error { return nil }
 	tests := []struct {
 		name     string
 		create   bool

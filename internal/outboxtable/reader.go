@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,6 +107,14 @@ func keyExprs(o Order, created string) [5]string {
 	}
 	// cid and oid have no ordering operators: compared as numbers.
 	return [5]string{known, at, "cmin::text::int8", "tableoid::int8", "ctid"}
+}
+
+// CommittedThrough returns the position (ReplayOptions.Through) that ends a
+// commit-order read after every row committed at or before at, and the rows
+// whose commit time is unknown.
+func CommittedThrough(at time.Time) string {
+	return Position{Order: CommitOrder, Known: true, At: pgtype.Timestamptz{Time: at, Valid: true},
+		Cmin: math.MaxInt64, Rel: math.MaxInt64, TID: pgtype.TID{BlockNumber: math.MaxUint32, OffsetNumber: math.MaxUint16, Valid: true}}.Encode()
 }
 
 // Position is where a read stands: the sort key of a row. Its text (Encode)

@@ -70,46 +70,96 @@ type Republisher struct {
 	Names setting.Namer
 }
 
+// Pass is what one republishing selects: the rows of Tables (nil: every one
+// of the Republisher's) that Options' filters select (Since, Snapshot,
+// CommittedSince), each table's read resuming at After (a position Progress
+// was given), each event with Options.Headers. Options' Topic, TopicRegex,
+// Actor and After are each table's, set by the Republisher.
+type Pass struct {
+	Tables  []decoder.TableName
+	Options ReplayOptions
+	// After is where each table's read resumes (ReplayOptions.After); a
+	// table absent reads from its first row.
+	After map[decoder.TableName]string
+	// Progress, when not nil, is told after each batch Kafka acknowledged
+	// the position up to which table's rows are done (ReplayOptions.Progress).
+	Progress func(ctx context.Context, table decoder.TableName, pos string) error
+}
+
+// options returns the ReplayOptions of t's read in p.
+func (r Republisher) options(p Pass, t TableReplay) ReplayOptions {
+	o := p.Options
+	o.Topic, o.TopicRegex, o.Actor, o.After = t.Topic, t.TopicRegex, r.Actor, p.After[t.Table]
+	o.Progress = nil
+	if p.Progress != nil {
+		table := t.Table
+		o.Progress = func(ctx context.Context, pos string) error { return p.Progress(ctx, table, pos) }
+	}
+	return o
+}
+
+// selected returns the Tables p reads, in the Republisher's order.
+func (r Republisher) selected(p Pass) []TableReplay {
+	var out []TableReplay
+	for _, t := range r.Tables {
+		if p.Tables == nil || slices.Contains(p.Tables, t.Table) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Count returns how many rows Publish would select with p, read through db.
+func (r Republisher) Count(ctx context.Context, db Querier, p Pass) (int64, error) {
+	var n int64
+	for _, t := range r.selected(p) {
+		c, err := Count(ctx, db, t.Table.String(), t.Columns, r.options(p, t))
+		if err != nil {
+			return n, err
+		}
+		n += c
+	}
+	return n, nil
+}
+
 // Republish republishes the outbox rows db reads (the pool, or a transaction
 // that imported a snapshot) of the tables named (nil: every one of
-// Tables) that were created at or after since (zero: all), table after
-// table, each table's rows in Replay's order, each event with header mark
-// after replay.HeaderReplay, and returns how many Kafka acknowledged. Rows
-// that fail stay in the outbox table: they are recorded in the history,
-// counted and logged, and the others go on; an error stops the
-// republishing.
+// Tables) that were created at or after since (zero: all), each event with
+// header mark: Publish of that Pass.
 func (r Republisher) Republish(ctx context.Context, db Querier, tables []decoder.TableName, since time.Time, mark outbox.Header) (int, error) {
+	return r.Publish(ctx, db, Pass{Tables: tables, Options: ReplayOptions{Since: since, Headers: []outbox.Header{mark}}})
+}
+
+// Publish republishes the outbox rows db reads (the pool, or a transaction
+// that imported a snapshot) that p selects, table after table, each table's
+// rows in Replay's order, each event with p.Options.Headers after
+// replay.HeaderReplay, and returns how many Kafka acknowledged. Rows that
+// fail stay in the outbox table: they are recorded in the history, counted
+// and logged, and the others go on; an error stops the republishing.
+func (r Republisher) Publish(ctx context.Context, db Querier, p Pass) (int, error) {
 	if err := r.DeadLetterStore.Ensure(ctx); err != nil {
 		return 0, fmt.Errorf("open the replay history in dead-letter table %s %s: %w", r.DeadLetterStore.Table(), r.Names.Name("DeadLetterStore"), err)
 	}
 	sinkCfg := r.Sink
 	sinkCfg.Logger = r.Log.With().Str("component", r.Component).Logger()
 	octx, cancel := context.WithTimeout(ctx, r.Wait)
-	p, err := sink.NewPublisher(octx, sinkCfg)
+	pub, err := sink.NewPublisher(octx, sinkCfg)
 	cancel()
 	if err != nil {
 		return 0, err
 	}
-	defer p.Close()
-	p.TopicWait = r.Wait
+	defer pub.Close()
+	pub.TopicWait = r.Wait
 	// Each outbox table in turn: each one's rows in their order; events of
 	// different tables have none between them.
 	published := 0
-	for _, t := range r.Tables {
-		if tables != nil && !slices.Contains(tables, t.Table) {
-			continue
-		}
+	for _, t := range r.selected(p) {
 		table := t.Table.String()
-		res, err := Replay(ctx, db, r.DeadLetterStore.History(), table, t.Columns, p, ReplayOptions{
-			Since:      since,
-			Topic:      t.Topic,
-			TopicRegex: t.TopicRegex,
-			Actor:      r.Actor,
-			Headers:    []outbox.Header{mark},
-			OnOrder: func(o Order) {
-				r.Log.Info().Str("table", table).Str("order", o.String()).Msgf("%s: reading outbox table %s in %s order: %s", r.Component, table, o, o.Caveat())
-			},
-		})
+		o := r.options(p, t)
+		o.OnOrder = func(ord Order) {
+			r.Log.Info().Str("table", table).Str("order", ord.String()).Msgf("%s: reading outbox table %s in %s order: %s", r.Component, table, ord, ord.Caveat())
+		}
+		res, err := Replay(ctx, db, r.DeadLetterStore.History(), table, t.Columns, pub, o)
 		published += res.Published
 		if m := r.Metrics; m != nil {
 			m.Replays.WithLabelValues(replay.KindOutbox, replay.ResultPublished).Add(float64(res.Published))

@@ -58,6 +58,7 @@ import (
 type Store interface {
 	Ensure(ctx context.Context) error
 	checkpoint.Store
+	checkpoint.JoinStore
 }
 
 // DeadLetterStore is the table behind the dlq failure policy
@@ -286,12 +287,16 @@ type Config struct {
 	// Kafka acknowledged every one. A slot that already exists takes no
 	// snapshot. See snapshot.go for restarts during the snapshot.
 	Snapshot func(ctx context.Context, tx pgx.Tx) (int, error)
-	// Join publishes every row tx sees in the outbox tables named, marked as
-	// snapshot rows and without a source position, and returns how many
-	// Kafka acknowledged. The relay calls it when it adds outbox tables to
-	// the publication of a slot that exists (a table joins: join.go), with
-	// the transaction that adds them, whatever Snapshot is.
-	Join func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) (int, error)
+	// Join publishes the rows of outbox tables the relay adds to the
+	// publication of a slot that exists (a table joins: join.go), marked as
+	// snapshot rows (cdc_relay_snapshot: join) and without a source
+	// position, whatever Snapshot is, after the change committed and before
+	// the stream starts. Nil: a table that joins stops the relay, unless
+	// JoinMode is JoinNone.
+	Join Joiner
+	// JoinMode is what a join publishes: JoinAll ("" too), JoinAfterCheckpoint
+	// or JoinNone.
+	JoinMode string
 
 	// BackfillMargin is subtracted from the stored commit time: it covers
 	// transactions that inserted their rows (created_at) that long before they
@@ -505,6 +510,11 @@ func (c Config) Validate() error {
 	if c.Checkpoints == nil {
 		return c.Names.Errorf("Checkpoints", "no checkpoint store configured")
 	}
+	switch c.JoinMode {
+	case "", JoinAll, JoinAfterCheckpoint, JoinNone:
+	default:
+		return c.Names.Errorf("JoinMode", "%q is not a join mode: %s, %s or %s", c.JoinMode, JoinAll, JoinAfterCheckpoint, JoinNone)
+	}
 	if c.Decoder.Table == "" {
 		// A message outbox alone: its events exist only in the WAL.
 		if c.Snapshot != nil {
@@ -569,6 +579,8 @@ type Relay struct {
 	// enableFailover: the slot lacks failover and was in use when the relay
 	// started; the stream switches it on before it first acquires the slot.
 	enableFailover bool
+	// join is what a join this start makes stores with it (join.go).
+	join joinBase
 	// joined are the outbox tables (schema.table) this start added to the
 	// publication, publishing their rows (join.go).
 	joined []string
@@ -639,6 +651,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	// Postgres: server, table, publication, slot, stored checkpoint.
 	pool := cfg.Pool
 	if err := r.checkServer(ctx, pool); err != nil {
+		return err
+	}
+	if err := r.publishJoins(ctx); err != nil {
 		return err
 	}
 	if cfg.Decoder.Table != "" {

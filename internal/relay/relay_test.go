@@ -93,6 +93,12 @@ func (e *env) setRelayURL(url string) {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvOn(t, pg)
+}
+
+// newEnvOn is newEnv on cluster pg rather than the package's.
+func newEnvOn(t *testing.T, pg *sandbox.Postgres) *env {
+	t.Helper()
 	ctx := context.Background()
 	db := strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name()))
 	if len(db) > 40 { // slot and database names are limited to 63 bytes

@@ -63,14 +63,23 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	setup := r.setupConfig()
 	// A slot that exists resumes from a position before any table joins the
-	// publication now: the rows of a joining table are published from a
-	// snapshot (join.go). A slot yet to be created streams them all.
+	// publication now: the rows of a joining table are published from the
+	// snapshot taken with the change (join.go). A slot yet to be created
+	// streams them all.
 	slot, err := replication.ReadSlot(ctx, pc.Conn(), r.cfg.Slot)
 	if err != nil {
 		return err
 	}
 	if slot.Exists {
-		setup.JoinSnapshot = r.joinSnapshot
+		setup.JoinSnapshot = r.recordJoin
+		partial := setup.PartialCoverage
+		setup.PartialCoverage = func(cfg replication.SetupConfig, covs []replication.Coverage) ([]decoder.TableName, error) {
+			joining, err := partial(cfg, covs)
+			if err == nil && len(joining) > 0 {
+				err = r.prepareJoin(ctx, slot)
+			}
+			return joining, err
+		}
 	}
 	if err := replication.CheckServer(ctx, check, setup); err != nil {
 		return err

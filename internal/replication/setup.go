@@ -77,11 +77,13 @@ type SetupConfig struct {
 	// the publication it creates covers none.
 	Messages bool
 	// JoinSnapshot, set when the slot exists (the stream resumes from a
-	// position before any change made now), publishes the rows of outbox
-	// tables that join the publication (JoinTables). Nil when the slot is
-	// yet to be created: it streams every table of the publication from its
-	// creation, so a table may join with a plain ALTER PUBLICATION.
-	JoinSnapshot func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) error
+	// position before any change made now), records the join of outbox
+	// tables to the publication with the snapshot that holds their rows the
+	// stream never carries, in the transaction that adds them (JoinTables).
+	// Nil when the slot is yet to be created: it streams every table of the
+	// publication from its creation, so a table may join with a plain ALTER
+	// PUBLICATION.
+	JoinSnapshot func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName, snapshot string) error
 	// PartialCoverage judges an existing publication that covers some of
 	// the outbox tables and not others, given the Coverage of each table of
 	// PerTable (gaps.PartialCoverage, the one owner of that judgment): it
@@ -266,54 +268,102 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) erro
 }
 
 // JoinLockTimeout bounds JoinTables' wait for the writers of the joining
-// tables: while it waits, their new inserts wait behind it.
+// tables, over all its attempts.
 const JoinLockTimeout = 10 * time.Second
 
+// JoinLockAttempt bounds one attempt of JoinTables to lock the joining
+// tables: while it waits in the lock queue, their new inserts wait behind it,
+// so it gives up soon and tries again after a pause in which they go on.
+const JoinLockAttempt = 200 * time.Millisecond
+
 // JoinTables adds tables to publication pub for a slot that resumes from a
-// position before the change, and calls read to publish the rows the tables
-// hold, inside the transaction that adds them, before it commits.
+// position before the change, and calls record, in the transaction that adds
+// them, with that transaction's snapshot (pg_current_snapshot()::text): the
+// rows visible in it are the ones the stream never carries, which the caller
+// publishes after the commit (relay: join.go), reading the table without a
+// lock. record stores that durably in the same transaction (a checkpoint
+// table), so a crash after the commit resumes the publishing and never finds
+// the table joined by no one.
 //
-// Postgres decodes each change with the publication as it was when the change
-// was written, so the slot never streams the rows committed into a table
-// before it joined. To hand over without a gap or a duplicate, the
-// transaction locks the tables in SHARE mode first: the lock waits for every
-// transaction writing to them to end and holds back new writes until the
-// commit. Its snapshot (REPEATABLE READ, taken after the lock) so holds every
-// row committed before the commit and the slot streams every row committed
-// after it: a writer held back inserts once the change is committed and
-// decoded. Inserts into the joining tables wait while read publishes.
+// Why the seam is exact. Postgres decodes each change with the publication as
+// it was when the change was written, so the slot never streams the rows
+// committed into a table before it joined. The transaction locks the tables in
+// SHARE mode first. Writers hold ROW EXCLUSIVE, which conflicts with SHARE: once
+// the lock is granted no transaction that wrote to the tables is in progress
+// (they committed or aborted, and a writer leaves the process array before it
+// releases its locks), and none can write until the commit. So the snapshot,
+// taken after the lock, holds every row committed into them before, and none
+// committed after: a writer held back inserts after the commit record of the
+// change, and the slot decodes its rows with the tables in the publication.
+// A writer whose transaction began earlier but writes to the tables only
+// after the commit is in the snapshot's in-progress list (or started after
+// it): not visible, streamed.
 //
-// Nothing is committed until read returned: when it fails or the relay dies,
-// the tables are not in the publication and the next start joins them again
-// (the rows read publishes may then be published twice, never lost).
-func JoinTables(ctx context.Context, conn *pgx.Conn, publication string, tables []decoder.TableName, read func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName) error) error {
+// The lock is held for milliseconds: lock, change, snapshot, record, commit;
+// no row is read and nothing waits on Kafka while it is held. Each attempt
+// to lock waits at most JoinLockAttempt, and JoinTables tries again with
+// growing pauses until JoinLockTimeout has passed: a long transaction writing
+// to a table holds the join back, never the application's other writers
+// (between attempts nothing is queued behind the relay).
+//
+// Nothing is committed when record fails: the tables are not in the
+// publication and the next start joins them again.
+func JoinTables(ctx context.Context, conn *pgx.Conn, publication string, tables []decoder.TableName, record func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName, snapshot string) error) error {
 	var quoted []string
 	for _, t := range tables {
 		quoted = append(quoted, pgx.Identifier{t.Schema, t.Table}.Sanitize())
 	}
 	list := strings.Join(quoted, ", ")
+	began := time.Now()
+	pause := 20 * time.Millisecond
+	for {
+		err := joinOnce(ctx, conn, publication, tables, list, record)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+			return err
+		}
+		if time.Since(began)+pause > JoinLockTimeout {
+			return fmt.Errorf("join outbox table %s to publication %q: a transaction writing to it did not end within %s "+
+				"(see pg_locks and pg_stat_activity); restart the relay once it has: %w", list, publication, JoinLockTimeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("join outbox table %s to publication %q: %w", list, publication, ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// joinOnce is one attempt of JoinTables; a *pgconn.PgError 55P03 when the
+// lock was not granted within JoinLockAttempt.
+func joinOnce(ctx context.Context, conn *pgx.Conn, publication string, tables []decoder.TableName, list string, record func(ctx context.Context, tx pgx.Tx, tables []decoder.TableName, snapshot string) error) error {
 	pub := pgx.Identifier{publication}.Sanitize()
 	alter := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pub, list)
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("join outbox table %s to publication %q: %w", list, publication, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", JoinLockTimeout.Milliseconds())); err != nil {
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", JoinLockAttempt.Milliseconds())); err != nil {
 		return fmt.Errorf("join outbox table %s to publication %q: %w", list, publication, err)
 	}
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+list+" IN SHARE MODE"); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-			return fmt.Errorf("join outbox table %s to publication %q: a transaction writing to it did not end within %s "+
-				"(see pg_locks and pg_stat_activity); restart the relay once it has: %w", list, publication, JoinLockTimeout, err)
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			return err
 		}
 		return fmt.Errorf("join outbox table %s to publication %q: lock it: %w", list, publication, err)
 	}
 	if _, err := tx.Exec(ctx, alter); err != nil {
 		return configErr("extend publication %q to outbox table %s: %v: run %s; as the table owner", publication, list, err, alter)
 	}
-	if err := read(ctx, tx, tables); err != nil {
+	// READ COMMITTED: this statement's snapshot is taken now, after the lock.
+	var snapshot string
+	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snapshot); err != nil {
+		return fmt.Errorf("join outbox table %s to publication %q: read the snapshot: %w", list, publication, err)
+	}
+	if err := record(ctx, tx, tables, snapshot); err != nil {
 		return fmt.Errorf("join outbox table %s to publication %q (not joined; the next start tries again): %w", list, publication, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
