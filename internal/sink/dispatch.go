@@ -484,7 +484,7 @@ func (k *Kafka) settle(p *partition, f *flight, r *request, answers *responseInd
 		f.state, f.offset, f.answered = appended, rp.BaseOffset, answeredAt
 		if b.gen == p.sess.gen && p.sess.gen == k.sess.gen {
 			p.confirmed = true
-			p.appendedTs = max(p.appendedTs, b.ts)
+			p.appendedTs = max(p.appendedTs, b.times.ts)
 		}
 		if p.firstFailed() == nil {
 			if p.failing {

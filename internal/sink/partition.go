@@ -20,10 +20,10 @@ type item struct {
 // copy it already appended.
 type batch struct {
 	items []item
-	built bool           // pf, gen and ts are set (see Kafka.stamp)
+	built bool           // pf, gen and times are set (see Kafka.stamp)
 	pf    producerFields // producer id, epoch and base sequence
 	gen   int            // the producer session pf belongs to
-	ts    int64          // the records' timestamp, Unix ms
+	times recordTimes    // the records' timestamps
 	// unknown: the last attempt ended without an answer, so the broker may
 	// have appended it; everUnknown: some attempt in this session did.
 	unknown, everUnknown bool
