@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -33,16 +34,18 @@ func newExpiryModel(t *testing.T, idle time.Duration) *expiryModel {
 	ctx, cancel := context.WithCancel(t.Context())
 	t.Cleanup(cancel)
 	k := &Kafka{
-		cfg:  Config{ProducerIdle: idle, BatchMaxEvents: 2, Idempotent: true, Metrics: metrics.New(prometheus.NewRegistry())},
+		cfg:  Config{ProducerIdle: idle, BatchMaxEvents: 2, Metrics: metrics.New(prometheus.NewRegistry())},
 		ctx:  ctx,
 		sess: session{gen: 1, id: 7, epoch: 0},
 		wake: make(chan struct{}, 1),
 	}
 	k.cfg.setDefaults()
 	k.idempotent.Store(true)
-	return &expiryModel{t: t, k: k, p: newPartition(k, "outbox.model", 0, 1),
-		now: time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC), maxTs: map[*flight]int64{}}
+	return &expiryModel{t: t, k: k, p: newPartition(k, "outbox.model", 0, 1), now: modelStart, maxTs: map[*flight]int64{}}
 }
+
+// modelStart is the model's clock when it starts.
+var modelStart = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 
 // rows queues one event per age: a record timestamp age before the model's
 // clock, or none (the record then takes the batch's) for noTimestamp.
@@ -95,7 +98,7 @@ func (m *expiryModel) send() {
 		// The broker's last batch before a failed one ahead: the last it
 		// appended, or one ahead of that one.
 		if !m.known {
-			m.t.Errorf("at %v: batch %d sent beside %d in flight to a broker that never appended one of the producer", m.at(), m.p.seq, len(ahead))
+			m.t.Errorf("at %v: a batch sent beside %d in flight to a broker that never appended one of the producer", m.at(), len(ahead))
 			continue
 		}
 		lasts := []int64{m.last}
@@ -139,9 +142,11 @@ func (m *expiryModel) ack(n int) {
 	}
 }
 
-func (m *expiryModel) at() time.Duration {
-	return m.now.Sub(time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC))
-}
+// at is how long the model has run, for messages.
+func (m *expiryModel) at() time.Duration { return m.now.Sub(modelStart) }
+
+// flying counts the batches in flight.
+func (m *expiryModel) flying() int { return m.p.flying() }
 
 // TestExpiryModel: schedules of rows, acknowledgements and clock steps,
 // each batch the sink sends beside others checked against the broker's
@@ -198,5 +203,37 @@ func TestExpiryModel(t *testing.T) {
 				t.Errorf("at most %d batches in flight at once, want %d", m.peak, tt.peak)
 			}
 		})
+	}
+}
+
+// TestExpiryModelRandom: random schedules of clock steps, rows of every age
+// (none, fresh, under and over the bound) and acknowledgements, each batch
+// sent beside others checked against the broker's rule as in
+// TestExpiryModel.
+func TestExpiryModelRandom(t *testing.T) {
+	const idle = 10 * time.Second
+	ages := []time.Duration{noTimestamp, 0, idle / 2, idle - time.Millisecond, idle, 2 * idle, 48 * time.Hour}
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, 43))
+		m := newExpiryModel(t, idle)
+		for step := 0; step < 40 && !t.Failed(); step++ {
+			m.now = m.now.Add(time.Duration(rng.Int64N(int64(2 * idle))))
+			rows := make([]time.Duration, rng.IntN(7))
+			for i := range rows {
+				rows[i] = ages[rng.IntN(len(ages))]
+			}
+			m.rows(rows...)
+			m.send()
+			m.ack(rng.IntN(m.flying() + 1))
+		}
+		for m.flying() > 0 && !t.Failed() {
+			m.ack(1)
+		}
+		if t.Failed() {
+			t.Fatalf("seed %d", seed)
+		}
+		if len(m.p.out) != 0 || m.p.hasQueued() {
+			t.Fatalf("seed %d: %d batches not acknowledged, events queued: %v", seed, len(m.p.out), m.p.hasQueued())
+		}
 	}
 }
