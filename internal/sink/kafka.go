@@ -8,7 +8,9 @@
 // ahead of anything newer, so events of one key reach Kafka in the order
 // Produce saw them and a retry never lets a later event overtake an earlier
 // one: with idempotence up to Config.MaxInFlight batches of a partition are in
-// flight, which the broker appends only in sequence order; without it, one.
+// flight, which the broker appends only in sequence order (one while the
+// broker may have forgotten the producer, by its records' timestamps: see
+// Config.ProducerIdle); without it, one.
 //
 // The producer is given each event's topic beside it (Message): routing
 // (internal/route) happens once, in the caller, so the live relay and every
