@@ -40,13 +40,13 @@ type producerFields struct {
 var noProducer = producerFields{id: -1, epoch: -1, seq: -1}
 
 // appendBatch appends the RecordBatch v2 of items to dst: each record stamped
-// with its event's Timestamp (Unix ms) or, when that is zero, with ts, the
-// batch's; the base timestamp is the least of them, the max timestamp the
-// greatest, each record's timestampDelta its own less the base; offset deltas
-// 0..n-1; the records section compressed with codec unless it is nil.
-func (e *encoder) appendBatch(dst []byte, items []item, ts int64, pf producerFields, codec compress.Codec) ([]byte, error) {
+// with its event's Timestamp (Unix ms) or, when that is zero, with times.ts,
+// the batch's; the base timestamp is times.base, the max timestamp
+// times.max, each record's timestampDelta its own less the base; offset
+// deltas 0..n-1; the records section compressed with codec unless it is nil.
+func (e *encoder) appendBatch(dst []byte, items []item, times recordTimes, pf producerFields, codec compress.Codec) ([]byte, error) {
 	start := len(dst)
-	base, maxTS := batchTimestamps(items, ts)
+	ts, base, maxTS := times.ts, times.base, times.max
 	var attrs int16
 	if codec != nil {
 		attrs = int16(codec.Code()) & 0x7
@@ -101,18 +101,28 @@ func recordTimestamp(ev *outbox.Event, ts int64) int64 {
 	return ev.Timestamp.UnixMilli()
 }
 
-// batchTimestamps returns the least and greatest record timestamp of items.
-func batchTimestamps(items []item, ts int64) (base, maxTS int64) {
+// recordTimes are a batch's record timestamps, Unix ms: ts, when the relay
+// built the batch, for records whose event has none; base and max, the least
+// and greatest of all its records'. The broker keeps max as the producer's
+// last timestamp on the partition, from which it expires the producer (see
+// partition.stale).
+type recordTimes struct{ ts, base, max int64 }
+
+// timesOf returns the record times of items in a batch built at ts. The
+// batch's one pass over its events' timestamps: the encoder and the
+// dispatcher read the result.
+func timesOf(items []item, ts int64) recordTimes {
+	r := recordTimes{ts: ts}
 	for i, it := range items {
 		t := recordTimestamp(it.m.Event, ts)
-		if i == 0 || t < base {
-			base = t
+		if i == 0 || t < r.base {
+			r.base = t
 		}
-		if i == 0 || t > maxTS {
-			maxTS = t
+		if i == 0 || t > r.max {
+			r.max = t
 		}
 	}
-	return base, maxTS
+	return r
 }
 
 // appendRecord appends m as the i-th record of a batch, delta ms after the

@@ -86,7 +86,7 @@ func TestBatchEncoding(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/pid=%d", c, pf.id), func(t *testing.T) {
 				var e encoder
 				prefix := []byte("earlier batch")
-				raw, err := e.appendBatch(prefix, items, ts, pf, c.Codec())
+				raw, err := e.appendBatch(prefix, items, timesOf(items, ts), pf, c.Codec())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -228,7 +228,7 @@ func TestBatchRecordTimestamps(t *testing.T) {
 					lo, hi = min(lo, want[i]), max(hi, want[i])
 				}
 				var e encoder
-				raw, err := e.appendBatch(nil, items, ts.UnixMilli(), noProducer, c.Codec())
+				raw, err := e.appendBatch(nil, items, timesOf(items, ts.UnixMilli()), noProducer, c.Codec())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -270,7 +270,7 @@ func TestBatchTombstones(t *testing.T) {
 					items[i] = item{m: Message{Event: ev}}
 				}
 				e := encoder{tombstones: tc.tombstones}
-				raw, err := e.appendBatch(nil, items, 1, noProducer, c.Codec())
+				raw, err := e.appendBatch(nil, items, timesOf(items, 1), noProducer, c.Codec())
 				if err != nil {
 					t.Fatal(err)
 				}

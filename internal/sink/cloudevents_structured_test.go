@@ -224,7 +224,7 @@ func encodeOne(t *testing.T, cfg Config, m Message) kmsg.Record {
 	t.Helper()
 	var e encoder
 	e.configure(&cfg)
-	raw, err := e.appendBatch(nil, []item{{m: m}}, commitBase.UnixMilli(), noProducer, nil)
+	raw, err := e.appendBatch(nil, []item{{m: m}}, timesOf([]item{{m: m}}, commitBase.UnixMilli()), noProducer, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

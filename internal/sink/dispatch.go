@@ -313,10 +313,11 @@ func (k *Kafka) collect(now time.Time, parts []*partition, byBroker, bytesOut ma
 // else a new batch from the queue when p is open. A failed batch of unknown
 // fate from a session that is gone is looked up first (verify.go).
 func (k *Kafka) nextFlight(p *partition, now time.Time, room, limit int) *flight {
-	if p.confirmed && p.flying() == 0 && now.UnixMilli()-p.appendedTs >= k.cfg.ProducerIdle.Milliseconds() {
-		// The broker may have expired the producer on the partition meanwhile
-		// and would take any first sequence: as in a new session, one batch
-		// goes alone until Kafka acknowledges one.
+	if p.confirmed && p.stale(now.UnixMilli()-k.cfg.ProducerIdle.Milliseconds()) {
+		// The broker may have expired the producer on the partition, or may
+		// before the next batch arrives, and would take any first sequence:
+		// as in a new session, one batch goes alone until Kafka acknowledges
+		// one.
 		p.confirmed = false
 	}
 	if (p.sess.gen != k.sess.gen || !p.confirmed) && p.flying() > 0 {
@@ -484,7 +485,6 @@ func (k *Kafka) settle(p *partition, f *flight, r *request, answers *responseInd
 		f.state, f.offset, f.answered = appended, rp.BaseOffset, answeredAt
 		if b.gen == p.sess.gen && p.sess.gen == k.sess.gen {
 			p.confirmed = true
-			p.appendedTs = max(p.appendedTs, b.ts)
 		}
 		if p.firstFailed() == nil {
 			if p.failing {
@@ -571,6 +571,10 @@ func (k *Kafka) drain(p *partition) bool {
 		f := p.out[0]
 		switch f.state {
 		case appended:
+			if f.b.gen == p.sess.gen {
+				// In sequence order, as the broker keeps its last timestamp.
+				p.appendedTs = f.b.times.max
+			}
 			p.out[0] = nil
 			p.out = p.out[1:]
 			if !k.acked(p, f.b, f.offset, f.start, f.answered) {

@@ -113,7 +113,7 @@ func (e *encoder) build(k *Kafka, r *request) (*produceExchange, error) {
 		at := len(b)
 		b = append(b, 0, 0, 0, 0) // the record set's size
 		bt := &r.flights[i].b
-		if b, err = e.appendBatch(b, bt.items, bt.ts, bt.pf, codec); err != nil {
+		if b, err = e.appendBatch(b, bt.items, bt.times, bt.pf, codec); err != nil {
 			buf.b = b[:0]
 			e.free = append(e.free, buf)
 			return nil, fmt.Errorf("encode %d events for %s/%d: %w", len(bt.items), p.topic, p.id, err)

@@ -167,7 +167,7 @@ func (k *Kafka) stamp(p *partition, b *batch, now time.Time) {
 		p.sess, p.seq, p.confirmed = k.sess, 0, false
 	}
 	if !b.built {
-		b.ts = now.UnixMilli()
+		b.times = timesOf(b.items, now.UnixMilli())
 	}
 	b.built, b.gen, b.everUnknown, b.undecided = true, k.sess.gen, false, false
 	b.pf = noProducer

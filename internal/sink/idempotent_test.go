@@ -719,3 +719,125 @@ func TestIdempotentRefusedFirstBatchKeepsOrder(t *testing.T) {
 		})
 	}
 }
+
+// kafkaProducerExpiration is Kafka's default producer.id.expiration.ms.
+const kafkaProducerExpiration = 24 * time.Hour
+
+// brokerExpires is Kafka's rule for forgetting an idempotent producer on a
+// partition (ProducerStateManager.removeExpiredProducers): the greatest
+// record timestamp of the last batch it appended (lastTimestamp) is
+// expiration or more before the broker's clock. Record time, not when the
+// batch arrived.
+func brokerExpires(lastMaxTimestamp, now time.Time, expiration time.Duration) bool {
+	return now.Sub(lastMaxTimestamp) >= expiration
+}
+
+// TestIdempotentOldRecordsKeepOrder: rows whose record timestamps
+// (--column-timestamp) are older than producer.id.expiration.ms, as a
+// backlog or a replay has them, go out as five batches in flight to one
+// partition, while the relay's own clock says the partition was written a
+// moment ago (ProducerIdle an hour). The broker's rule forgets the producer
+// by the records' time: kfake keeps producer state for good, so the test
+// applies the rule to what the broker appended and, where it says so, makes
+// kfake forget the producer as the other test above does (recreate the
+// topic, another client writes a record). The burst's first request then
+// fails with NOT_ENOUGH_REPLICAS.
+//
+//   - old rows: the producer must send one batch at a time, else a broker
+//     that forgot it appends the second batch before the failed first one
+//     and a key is reordered.
+//   - fresh rows: the broker knows the producer; the batches behind the
+//     failed one come back out of order and go again behind it. Five are in
+//     flight: the fast path keeps its pipelining.
+func TestIdempotentOldRecordsKeepOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		age  time.Duration // of the rows' record timestamps
+	}{{"old rows", 2 * kafkaProducerExpiration}, {"fresh rows", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const warm, burst = 10, 10
+			r := startIdem(t, true, 1, warm+burst, func(c *Config) {
+				c.BatchMaxEvents, c.MaxInFlight = 2, 5
+				c.FlushEvents, c.Linger, c.QuietGap = burst, time.Second, time.Second
+				c.ProducerIdle = time.Hour // the relay's clock never calls the partition idle here
+			})
+			r.evs = stream(2, warm+burst)
+			rowTime := time.Now().Add(-tc.age)
+			for i, ev := range r.evs {
+				ev.Timestamp = rowTime.Add(time.Duration(i) * time.Millisecond)
+			}
+			sendFrom(t, r.k, idemTopic, r.evs[:warm], nil, r.acks.ack)
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if n := r.acks.count(); n < warm {
+					return fmt.Errorf("%d of %d events acknowledged", n, warm)
+				}
+				return nil
+			})
+			ctx := t.Context()
+			var last time.Time // an upper bound of the last batch's max timestamp
+			for _, rec := range testenv.MustReadAll(t, r.kf, idemTopic) {
+				if rec.Timestamp.After(last) {
+					last = rec.Timestamp
+				}
+			}
+			forgets := brokerExpires(last, time.Now(), kafkaProducerExpiration)
+			if forgets != (tc.age > 0) {
+				t.Fatalf("the broker's rule says forgotten: %v (records up to %v)", forgets, last)
+			}
+			if forgets {
+				if err := r.kf.RecreateTopic(ctx, idemTopic, 1); err != nil {
+					t.Fatal(err)
+				}
+				cl, err := kgo.NewClient(append(r.kf.ClientOpts(), kgo.SeedBrokers(r.kf.Brokers()...))...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = cl.ProduceSync(ctx, &kgo.Record{Topic: idemTopic, Value: []byte(`{"key":"other"}`)}).FirstErr()
+				cl.Close()
+				if err != nil {
+					t.Fatalf("write another producer's record: %v", err)
+				}
+			}
+			var failed atomic.Bool
+			onProduce(r.kf.Cluster(), func(_ int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
+				if failed.CompareAndSwap(false, true) {
+					return testenv.ProduceError(req, kerr.NotEnoughReplicas.Code), nil, true
+				}
+				return nil, nil, false
+			})
+			sendFrom(t, r.k, idemTopic, r.evs[warm:], nil, r.acks.ack)
+			r.acks.wait(t, 10*time.Second)
+			r.acks.checkExactlyOnce(t, r.evs)
+
+			var got []string
+			for _, rec := range testenv.MustReadAll(t, r.kf, idemTopic) {
+				if id := rec.Headers[HeaderID]; id != "" {
+					got = append(got, id)
+				}
+			}
+			from := 0
+			if forgets {
+				from = warm // the recreated topic holds the burst only
+			}
+			want := make([]string, 0, warm+burst)
+			for _, ev := range r.evs[from:] {
+				want = append(want, string(ev.ID))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("Kafka holds, in order:\n%v\nwant (commit order):\n%v", got, want)
+			}
+			if !failed.Load() {
+				t.Error("no produce request failed: the fault did not happen")
+			}
+			peak := PeakInFlight(r.k)
+			if forgets && peak != 1 {
+				t.Errorf("%d batches in flight at once; want 1 while the records are older than ProducerIdle", peak)
+			}
+			if !forgets && peak != 5 {
+				t.Errorf("%d batches in flight at once; want 5 (MaxInFlight) with fresh records", peak)
+			}
+		})
+	}
+}

@@ -8,7 +8,9 @@
 // ahead of anything newer, so events of one key reach Kafka in the order
 // Produce saw them and a retry never lets a later event overtake an earlier
 // one: with idempotence up to Config.MaxInFlight batches of a partition are in
-// flight, which the broker appends only in sequence order; without it, one.
+// flight, which the broker appends only in sequence order (one while the
+// broker may have forgotten the producer, by its records' timestamps: see
+// Config.ProducerIdle); without it, one.
 //
 // The producer is given each event's topic beside it (Message): routing
 // (internal/route) happens once, in the caller, so the live relay and every
@@ -148,13 +150,18 @@ type Config struct {
 	// per broker is in flight, whatever this says. Requests to one broker
 	// share one connection, written back to back (pipe.go).
 	MaxInFlight int
-	// ProducerIdle is how long a partition may go without a batch appended
-	// before the producer assumes the broker forgot it (Kafka drops an
-	// idempotent producer's state of a partition after
-	// producer.id.expiration.ms, one day by default, without a write from
-	// it): its next batch then goes alone, as in a new session, until Kafka
-	// acknowledges one (default DefaultProducerIdle). Keep it below the
-	// broker's producer.id.expiration.ms.
+	// ProducerIdle is how old the records of a partition's last batch may
+	// be before the producer assumes the broker forgot it: Kafka drops an
+	// idempotent producer's state of a partition once the greatest record
+	// timestamp of its last batch there is producer.id.expiration.ms (one
+	// day by default) old. Without a timestamp column that is when the
+	// batch was built, so a partition idle this long; with one it is the
+	// rows' own time, which a backlog or a replay has old from the start.
+	// The partition's next batch then goes alone, as in a new session,
+	// until Kafka acknowledges one, and no batch goes beside one in flight
+	// whose records are this old, so records older than this go one batch
+	// at a time (default DefaultProducerIdle). Keep it below the broker's
+	// producer.id.expiration.ms.
 	ProducerIdle time.Duration
 	// BreakerThreshold is how many produce requests in a row must fail before
 	// the circuit opens (default 5). While it is open the caller should stop
@@ -183,7 +190,8 @@ const (
 	// DefaultProducerIdle is far below any producer.id.expiration.ms a
 	// broker is likely to run with (Kafka's default is a day, and it looks
 	// for expired producers every ten minutes): a partition idle this long
-	// costs one round trip before its batches are pipelined again.
+	// costs one round trip before its batches are pipelined again, and
+	// records this old (rows' timestamps) go one batch at a time.
 	DefaultProducerIdle = 10 * time.Second
 )
 

@@ -20,10 +20,10 @@ type item struct {
 // copy it already appended.
 type batch struct {
 	items []item
-	built bool           // pf, gen and ts are set (see Kafka.stamp)
+	built bool           // pf, gen and times are set (see Kafka.stamp)
 	pf    producerFields // producer id, epoch and base sequence
 	gen   int            // the producer session pf belongs to
-	ts    int64          // the records' timestamp, Unix ms
+	times recordTimes    // the records' timestamps
 	// unknown: the last attempt ended without an answer, so the broker may
 	// have appended it; everUnknown: some attempt in this session did.
 	unknown, everUnknown bool
@@ -94,9 +94,9 @@ type partition struct {
 	// then one batch at a time is in flight: a broker that does not know
 	// the producer on the partition yet may take any first sequence, so a
 	// later batch could land before a failed first one. A broker forgets a
-	// producer that did not write to a partition for a while
-	// (producer.id.expiration.ms), so a partition idle for
-	// Config.ProducerIdle is no longer confirmed (Kafka.nextFlight).
+	// producer whose last batch's records are older than
+	// producer.id.expiration.ms, so a stale partition is no longer
+	// confirmed (Kafka.nextFlight).
 	confirmed bool
 	verifying bool // a batch of unknown fate is being looked up (verify.go)
 	limit     int  // event limit while splitting a rejected batch
@@ -104,9 +104,10 @@ type partition struct {
 	notBefore time.Time
 	failing   bool
 
-	// appendedTs is the timestamp (Unix ms) of the newest batch of the
-	// session acknowledged: a broker measures a producer's idleness on the
-	// partition from its last batch's timestamp.
+	// appendedTs is the greatest record timestamp (Unix ms) of the last
+	// batch of the session reported acknowledged: the broker's last
+	// timestamp of the producer on the partition, unless a batch still in
+	// out is (see stale).
 	appendedTs int64
 	// spares are delivered batches' slices (at most maxSpares), for the
 	// queue to reuse, so a queue taken whole as a batch is replaced without
@@ -127,6 +128,24 @@ func (p *partition) flying() int {
 		}
 	}
 	return n
+}
+
+// stale reports whether the broker may have forgotten the producer on p by
+// the time a batch sent now arrives: Kafka expires a producer whose last
+// batch appended on the partition has a greatest record timestamp older
+// than producer.id.expiration.ms, which rows' own timestamps (a backlog, a
+// replay) can be from the start; bound is now less Config.ProducerIdle. Any
+// batch in flight or acknowledged out of order may be that last batch.
+func (p *partition) stale(bound int64) bool {
+	if p.appendedTs <= bound {
+		return true
+	}
+	for _, f := range p.out {
+		if (f.state == flying || f.state == appended) && f.b.times.max <= bound {
+			return true
+		}
+	}
+	return false
 }
 
 // firstFailed returns p's first batch to send again, or nil.

@@ -34,7 +34,7 @@ func wireRequest(t *testing.T, n int) (*request, *produceExchange) {
 			items[j] = item{m: Message{Event: ev}}
 		}
 		r.parts = append(r.parts, &partition{topic: tp.topic, id: tp.id})
-		r.flights = append(r.flights, &flight{b: batch{items: items, ts: 1700000000000, pf: producerFields{id: 9, epoch: 2, seq: int32(10 * i)}}})
+		r.flights = append(r.flights, &flight{b: batch{items: items, times: timesOf(items, 1700000000000), pf: producerFields{id: 9, epoch: 2, seq: int32(10 * i)}}})
 	}
 	var e encoder
 	x, err := e.build(k, r)
@@ -216,13 +216,13 @@ func TestEncoderGroup(t *testing.T) {
 			r := &request{}
 			for i, c := range tt.topics {
 				r.parts = append(r.parts, &partition{topic: string(c), id: i})
-				r.flights = append(r.flights, &flight{b: batch{ts: int64(i)}})
+				r.flights = append(r.flights, &flight{b: batch{times: recordTimes{ts: int64(i)}}})
 			}
 			topics, counts := e.group(r)
 			var got []string
 			for i, p := range r.parts {
-				if r.flights[i].b.ts != int64(p.id) {
-					t.Fatalf("partition %s/%d has the batch of partition %d", p.topic, p.id, r.flights[i].b.ts)
+				if r.flights[i].b.times.ts != int64(p.id) {
+					t.Fatalf("partition %s/%d has the batch of partition %d", p.topic, p.id, r.flights[i].b.times.ts)
 				}
 				got = append(got, fmt.Sprintf("%s%d", p.topic, p.id))
 			}
@@ -360,7 +360,8 @@ func BenchmarkProduceExchange(b *testing.B) {
 				for i := range c.parts {
 					e := 2 * (tp*c.parts + i)
 					r.parts = append(r.parts, &partition{topic: rt.Topic, id: i})
-					r.flights = append(r.flights, &flight{b: batch{items: []item{{m: Message{Event: evs[e]}}, {m: Message{Event: evs[e+1]}}}, ts: 1, pf: producerFields{id: 1, seq: 5}}})
+					items := []item{{m: Message{Event: evs[e]}}, {m: Message{Event: evs[e+1]}}}
+					r.flights = append(r.flights, &flight{b: batch{items: items, times: timesOf(items, 1), pf: producerFields{id: 1, seq: 5}}})
 					rp := kmsg.NewProduceResponseTopicPartition()
 					rp.Partition, rp.BaseOffset = int32(i), int64(100*i)
 					rt.Partitions = append(rt.Partitions, rp)
