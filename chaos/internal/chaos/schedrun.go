@@ -96,9 +96,6 @@ func (r ScheduleResult) Report() string {
 	if r.DuplicatesReason != "" {
 		fmt.Fprintf(&b, "  duplicates allowed: %s\n", r.DuplicatesReason)
 	}
-	for _, p := range r.Plan.Pending() {
-		fmt.Fprintf(&b, "  waits on a fix not merged yet (AwaitingFix): %s\n", p)
-	}
 	if r.Err != nil {
 		fmt.Fprintf(&b, "  error: %v\n", r.Err)
 	}

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -122,37 +121,8 @@ func (p Plan) Uses(name string) bool {
 	return slices.ContainsFunc(p.Steps, func(s Step) bool { return s.Op == name })
 }
 
-// WorldSnapshot names Plan.Snapshot in AwaitingFix and Plan.Uses.
+// WorldSnapshot names Plan.Snapshot in Plan.Uses.
 const WorldSnapshot = "snapshot-initial"
-
-// AwaitingFix names the parts of a schedule that fail on main until a fix
-// merges, with the fix: TestSchedule skips a seed that draws one (the
-// -schedule command runs them all, and fails). Delete an entry in the
-// merge of its fix; when the map is empty, delete it and its use.
-var AwaitingFix = map[string]string{
-	// The table reader's page query skips or repeats rows of one
-	// statement, orders one statement's rows by ctid (where free space
-	// put them, not the order they were inserted in) and transactions by
-	// start time, not commit time (the lead, in internal/outboxtable on
-	// main).
-	"replay":      "internal/outboxtable's page query: rows of one bulk statement skipped, repeated or out of insertion order, transactions ordered by start, not commit",
-	WorldSnapshot: "internal/outboxtable's page query: rows of one bulk statement skipped, repeated or out of insertion order, transactions ordered by start, not commit",
-	// The join holds a SHARE lock on the table while it publishes every
-	// row to Kafka (h-join), and reads its rows with the same page query
-	// (50k rows of one statement: thousands lost or repeated).
-	"table-join-large": "h-join: the join holds SHARE on the table while Kafka takes every row, so inserts wait (INSERT latency > 1s); and internal/outboxtable's page query (rows of one statement skipped or repeated)",
-}
-
-// Pending returns the AwaitingFix entries the plan uses, as "name: fix".
-func (p Plan) Pending() []string {
-	var out []string
-	for _, name := range slices.Sorted(maps.Keys(AwaitingFix)) {
-		if p.Uses(name) {
-			out = append(out, name+": "+AwaitingFix[name])
-		}
-	}
-	return out
-}
 
 // largeJoinRows is how many rows outbox_b holds when table-join-large
 // joins it.

@@ -18,10 +18,6 @@ const (
 	EnvScheduleSeeds = "CDC_RELAY_CHAOS_SCHEDULE_SEEDS"
 	// EnvScheduleSteps replaces the steps per seed (8).
 	EnvScheduleSteps = "CDC_RELAY_CHAOS_SCHEDULE_STEPS"
-	// EnvSchedulePending, set to 1, runs the seeds that draw a part
-	// chaos.AwaitingFix names instead of skipping them: to try a fix
-	// before deleting its entry.
-	EnvSchedulePending = "CDC_RELAY_CHAOS_SCHEDULE_PENDING"
 )
 
 // scheduleSeeds are the seeds CI runs. Together they draw every operation
@@ -33,7 +29,7 @@ const (
 // an initial snapshot of tables already holding bulk-written rows, two
 // replays beside the stream, a 50k-row table joining with the broker
 // stopped mid-join, the broker reading no more and restarted, a detached
-// partition dropped). Seed 60 waits on chaos.AwaitingFix today.
+// partition dropped).
 var scheduleSeeds = []uint64{13, 16, 60}
 
 // TestSchedule runs a fixed set of seeded schedules: each draws a sequence
@@ -51,11 +47,6 @@ func TestSchedule(t *testing.T) {
 	for _, seed := range seeds {
 		plan := chaos.NewPlan(seed, chaos.PlanConfig{Steps: steps, PGMajor: env.PGMajor()})
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			if pending := plan.Pending(); len(pending) > 0 && os.Getenv(EnvSchedulePending) != "1" {
-				// chaos.AwaitingFix: the seed fails on main until these
-				// fixes merge.
-				t.Skipf("seed %d waits on fixes not merged yet (chaos.AwaitingFix; %s=1 runs it): %s", seed, EnvSchedulePending, strings.Join(pending, "; "))
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			res := env.RunSchedule(ctx, plan)
