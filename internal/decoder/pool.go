@@ -88,10 +88,22 @@ func (d *Decoder) Recycle(ev *outbox.Event) {
 	if ev.Values == nil {
 		return
 	}
-	buf := ev.Values
 	if d.poison {
-		for i := range buf[:cap(buf)] {
-			buf[:cap(buf)][i] = Poison
+		// On a goroutine of its own: under -race, a stage that reads ev
+		// after its done races with this write, whichever runs first.
+		go d.recycle(ev, true)
+		return
+	}
+	d.recycle(ev, false)
+}
+
+// recycle is Recycle's work, with ev's bytes poisoned first when poison.
+func (d *Decoder) recycle(ev *outbox.Event, poison bool) {
+	buf := ev.Values
+	if poison {
+		full := buf[:cap(buf)]
+		for i := range full {
+			full[i] = Poison
 		}
 	}
 	hdr := ev.Headers[:cap(ev.Headers)]

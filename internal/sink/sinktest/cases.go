@@ -613,8 +613,9 @@ func testBoundedMemory(t *testing.T, open Opener) {
 	awaitDelivery(t, b, rec, topic, evs, false)
 }
 
-// testEventLifetime poisons every event right after its done returns:
-// each byte of its values, key and headers is overwritten, as the relay's
+// testEventLifetime poisons every event right after its done returns, on
+// another goroutine: each byte of its values, key and headers is
+// overwritten, as the relay's
 // decoder reuses an event and its buffer for the next row once it is
 // settled. Produce requests fail as in Order/TransientErrors, so batches are
 // retried around events already reported. A producer that reads an event,
@@ -633,13 +634,18 @@ func testEventLifetime(t *testing.T, open Opener) {
 	for i, ev := range want {
 		given[i] = cloneEvent(ev)
 	}
+	// Poisoned on a goroutine of its own, as the relay's next decode may
+	// run on another: under -race any read of the event after its done,
+	// even one that sends nothing, is a data race with the poisoning.
+	var poisoners sync.WaitGroup
 	rec := &recorder{react: func(ev *outbox.Event, _ error) error {
-		poison(ev)
+		poisoners.Go(func() { poison(ev) })
 		return nil
 	}}
 	p := b.open(open, orderOptions, orderTopic)
 	rec.produce(t, p, orderTopic, given...)
 	testenv.Eventually(t, deliverTimeout, rec.reached(len(given)))
+	poisoners.Wait()
 	rec.checkReported(t, given, nil)
 	checkLog(t, readLog(t, b, orderTopic), want, false)
 	if faults.Hits() < 10 {
