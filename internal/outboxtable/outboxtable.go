@@ -213,25 +213,22 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 		return r.Finish(ctx, outboxErr(err, q.name, q.cols.Names))
 	}
 	batch := r.BatchSize()
+	pages, stop := readAhead(ctx, tx, batch, q.scan)
 	var last Position
-	for {
-		var page []*outbox.Event
-		var pos []Position
-		n, err := fetch(ctx, tx, batch, func(rows pgx.Rows) error {
-			ev, p, err := q.scan(rows)
-			page, pos = append(page, ev), append(pos, p)
-			return err
-		})
-		if err != nil {
-			return r.Finish(ctx, outboxErr(err, q.name, q.cols.Names))
+	for pg := range pages {
+		if pg.err != nil {
+			stop()
+			return r.Finish(ctx, outboxErr(pg.err, q.name, q.cols.Names))
 		}
-		for i, ev := range page {
+		end := pg.last
+		var err error
+		for i, ev := range pg.evs {
 			if o.Limit > 0 && r.Selected() >= o.Limit {
-				n = 0 // the end
+				end = true
 				break
 			}
 			r.Select()
-			last = pos[i]
+			last = pg.pos[i]
 			topic, terr := router.Topic(ev)
 			switch {
 			case terr != nil:
@@ -244,23 +241,27 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 				err = r.Publish(ctx, replay.Item{Event: ev, Topic: topic})
 			}
 			if err != nil {
+				stop()
 				return r.Finish(ctx, err)
 			}
 		}
-		// One batch: published, acknowledged and recorded before the next is
-		// read, so Progress names a position every row before has reached.
+		// One batch: published, acknowledged and recorded before Progress
+		// names its last row, so every row before that position is done.
 		if err := r.Flush(ctx); err != nil {
+			stop()
 			return r.Finish(ctx, err)
 		}
-		if o.Progress != nil && len(page) > 0 {
+		if o.Progress != nil && len(pg.evs) > 0 {
 			if err := o.Progress(ctx, last.Encode()); err != nil {
+				stop()
 				return r.Finish(ctx, fmt.Errorf("replay outbox: record progress: %w", err))
 			}
 		}
-		if n < batch {
+		if end {
 			break
 		}
 	}
+	stop()
 	if err := closeCursor(ctx, tx); err != nil {
 		return r.Finish(ctx, outboxErr(err, q.name, q.cols.Names))
 	}

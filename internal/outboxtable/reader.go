@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/outbox"
 )
 
 // The table reader: one order, one cursor.
@@ -253,6 +256,52 @@ func fetch(ctx context.Context, tx pgx.Tx, batch int, scan func(pgx.Rows) error)
 		}
 	}
 	return n, rows.Err()
+}
+
+// page is one batch of the cursor's rows: the events, each one's position,
+// and whether the rows ended with it (or err stopped the read).
+type page struct {
+	evs  []*outbox.Event
+	pos  []Position
+	last bool
+	err  error
+}
+
+// readAhead fetches the cursor's rows batch at a time on a goroutine of its
+// own, one batch ahead of the caller, which publishes a batch while the next
+// is read (a read waits on Postgres, Kafka and the history in turn: without
+// it a replay ran at a third of its speed). Each row is read with scan. The
+// channel closes after the last page or one with an error; stop ends the
+// goroutine and waits for it (a fetch cut short leaves the cursor unusable:
+// only at an error or an early end).
+func readAhead(ctx context.Context, tx pgx.Tx, batch int, scan func(pgx.Rows) (*outbox.Event, Position, error)) (pages <-chan page, stop func()) {
+	out := make(chan page, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(out)
+		for {
+			var pg page
+			n, err := fetch(ctx, tx, batch, func(rows pgx.Rows) error {
+				ev, pos, err := scan(rows)
+				pg.evs, pg.pos = append(pg.evs, ev), append(pg.pos, pos)
+				return err
+			})
+			pg.err, pg.last = err, err != nil || n < batch
+			select {
+			case out <- pg:
+			case <-ctx.Done():
+				return
+			}
+			if pg.last {
+				return
+			}
+		}
+	})
+	return out, func() {
+		cancel()
+		wg.Wait()
+	}
 }
 
 // closeCursor closes the reader's cursor, so that tx can read another table.
