@@ -100,8 +100,8 @@ func runBench(ctx context.Context, args []string) error {
 	brokerLatency := fs.Duration("broker-latency", 0, "delay every answer of the in-process broker by this much, as a network to a remote broker would (one way), e.g. 2ms to see what requests in flight (--max-in-flight-requests) buy")
 	relayFlags := fs.String("relay-flags", "", "flags added to every relay and limit reader run, space-separated (e.g. \"--read-coalesce 0\" to compare a setting)")
 	profileDir := fs.String("profile", "", "save a CPU and a heap profile of the relay's first effectively-once drain of each drain cell in this directory (<cell>-cpu.pprof, <cell>-heap.pprof; read with go tool pprof), and print the CPU split by part: read, decode, encode+produce, checkpoint+ack, gc")
-	baselineFile := fs.String("baseline", "bench/baseline.json", "compare each drain cell's relay CPU per event with this baseline (relative: to the repository's root) and print the verdicts; a RISE is a missed target, never an error")
-	writeBaselineFile := fs.String("write-baseline", "", "record this run's drain cells into this baseline file (relative: to the repository's root), replacing those cells; needs -delivery-rounds 2 or more")
+	baselineFile := fs.String("baseline", "bench/baseline.json", "compare each drain cell's relay CPU per event, and each table cell's rows/s, with this baseline (relative: to the repository's root) and print the verdicts; a RISE or DROP is a missed target, never an error")
+	writeBaselineFile := fs.String("write-baseline", "", "record this run's drain and table cells into this baseline file (relative: to the repository's root), replacing those cells; drain cells need -delivery-rounds 2 or more, table cells every row in Kafka once")
 	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
 	var cellList []string
 	fs.Func("cell", "run only this cell (a name -list-cells prints, e.g. drain/txn=1 or latency/rate=10000,txn=10); give it more than once, or several names separated by commas or spaces, for more", func(v string) error {
@@ -226,7 +226,7 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	// The regression guard (issue 38): its block is printed after the
-	// tables, a RISE is also a missed target.
+	// tables, a RISE or DROP is also a missed target.
 	var guardOut strings.Builder
 	if *baselineFile != "" {
 		res.Targets = append(res.Targets, guard(&guardOut, repoPath(root, *baselineFile), *baselineFile, res)...)
@@ -251,7 +251,7 @@ func runBench(ctx context.Context, args []string) error {
 		if err := writeBaseline(ctx, root, repoPath(root, *writeBaselineFile), res); err != nil {
 			return err
 		}
-		fmt.Printf("recorded %d drain cells into %s\n", len(res.Cells), *writeBaselineFile)
+		fmt.Printf("recorded %d drain and %d table cells into %s\n", len(res.Cells), len(res.TableCells), *writeBaselineFile)
 	}
 	return nil
 }
