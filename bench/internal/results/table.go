@@ -38,6 +38,11 @@ type TableCell struct {
 	// or the relay from its start to the joined rows all being in Kafka (its
 	// "join snapshot done" line). Run.Rate is the cell's rows/s.
 	Run Drain `json:"run"`
+	// Published is the rows the process said it published: the replay's
+	// summary ("published N"), the relay's join snapshot done line
+	// ("events"). Below Rows, the process's reader missed rows; at Rows
+	// with rows lost in Kafka, it published some twice and others never.
+	Published int `json:"published"`
 	// Kafka is the check of the rows' topic: every row of the table once.
 	Kafka Verify `json:"kafka"`
 	// App is the application's writer during a join (join cells only).
@@ -137,8 +142,8 @@ func rowsLabel(n int) string {
 // printTableCells prints one line per table cell, its figures beside its
 // goals.
 func (r *Results) printTableCells(w io.Writer) {
-	fmt.Fprintln(w, "table cells (replay: `cdc-relay replay --rate 0` from its start to its exit; join: the relay's start to the joined rows all in Kafka; app: the application's INSERT+COMMIT during the join, from when it was due; other: the share of the machine that processes outside the benchmark took; CPU wait: the share of the time some task waited for a CPU):")
-	rows := [][]string{{"cell", "rows", "seconds", "rows/s (goal ≥ 50k)", "CPU µs/row", "PG CPU µs/row", "app INSERTs", "p50 ms", "p99 ms (goal ≤ 50)", "max ms (goal ≤ 1000)", "lost", "dup", "other", "CPU wait"}}
+	fmt.Fprintln(w, "table cells (replay: `cdc-relay replay --rate 0` from its start to its exit; join: the relay's start to the joined rows all in Kafka; app: the application's INSERT+COMMIT during the join, from when it was due; said published: the rows the process said it published; lost, dup: the table's rows missing from Kafka, and records of a row seen before; other: the share of the machine that processes outside the benchmark took; CPU wait: the share of the time some task waited for a CPU):")
+	rows := [][]string{{"cell", "rows", "seconds", "rows/s (goal ≥ 50k)", "CPU µs/row", "PG CPU µs/row", "app INSERTs", "p50 ms", "p99 ms (goal ≤ 50)", "max ms (goal ≤ 1000)", "said published", "lost", "dup", "other", "CPU wait"}}
 	mark := func(s string, ok bool) string {
 		if ok {
 			return s
@@ -153,7 +158,7 @@ func (r *Results) printTableCells(w io.Writer) {
 		} else {
 			row = append(row, "-", "-", "-", "-")
 		}
-		row = append(row, mark(fmt.Sprint(c.Kafka.Missing), c.Kafka.Missing == 0), mark(fmt.Sprint(c.Kafka.Duplicates), c.Kafka.Duplicates == 0),
+		row = append(row, fmt.Sprint(c.Published), mark(fmt.Sprint(c.Kafka.Missing), c.Kafka.Missing == 0), mark(fmt.Sprint(c.Kafka.Duplicates), c.Kafka.Duplicates == 0),
 			fmt.Sprintf("%.0f%%", 100*c.Run.ForeignShare), waitShare(c.Run.CPUWaitShare))
 		rows = append(rows, row)
 	}

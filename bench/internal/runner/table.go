@@ -6,6 +6,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -69,8 +70,13 @@ const (
 	appConns      = 40 // the application writer's pool: INSERTs that wait pile up to this many
 	appWarmUp     = time.Second
 	joinDoneRegex = `^join snapshot done`
-	countIdle     = 5 // empty polls of a second that end countRecords short of its count
+	// replayPublished finds the rows a replay published in its summary:
+	// "replay 1 (outbox, by bench): selected N, published N, …".
+	replayPublishedRegex = `published (\d+)`
+	countIdle            = 5 // empty polls of a second that end countRecords short of its count
 )
+
+var replayPublished = regexp.MustCompile(replayPublishedRegex)
 
 // tablePhase runs the selected table cells in order; a failed cell is
 // recorded and the next one runs.
@@ -199,6 +205,9 @@ func (b *bench) replayCell(ctx context.Context, t tableCell) (results.TableCell,
 	cell.Run = d
 	for _, l := range out {
 		b.say("    replay: %s", l)
+		if m := replayPublished.FindStringSubmatch(l); m != nil {
+			cell.Published, _ = strconv.Atoi(m[1])
+		}
 	}
 	if cell.Kafka, err = countRecords(ctx, b.brokers, t.name()+" replay", t.topic(fillAggType), t.rows, 3*time.Minute); err != nil {
 		return cell, err
@@ -275,10 +284,18 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 		return cell, err
 	}
 	defer func() { _, _ = r.Stop(stopGrace) }() // a no-op once stopped; cleanup on early return
-	if _, err := logs.wait(ctx, tableTimeout(t.rows)); err != nil {
+	line, err := logs.wait(ctx, tableTimeout(t.rows))
+	if err != nil {
 		return cell, fmt.Errorf("%w%s", err, stderrSuffix(r.StderrTail()))
 	}
 	joined := time.Now()
+	var done struct {
+		Events int `json:"events"`
+	}
+	if err := json.Unmarshal([]byte(line), &done); err != nil {
+		return cell, fmt.Errorf("parse the relay's join snapshot done line %q: %w", line, err)
+	}
+	cell.Published = done.Events
 	d.Seconds = joined.Sub(r.Started()).Seconds()
 	lat, total := app.stop()
 	a := &results.AppInserts{Total: total}
@@ -306,8 +323,8 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	if cell.Kafka, err = countRecords(ctx, b.brokers, t.name()+" joined rows", t.topic(fillAggType), t.rows, 3*time.Minute); err != nil {
 		return cell, err
 	}
-	b.say("    %.0f rows/s (%.2fs to the joined rows all in Kafka), relay CPU %.2f µs/row (its whole run); app INSERT+COMMIT during the join: %d, p50 %.1f p99 %.1f max %.1f ms; Kafka: %d lost, %d duplicates; app rows %d of %d streamed, %d duplicates; other processes %.0f%% of the machine",
-		d.Rate, d.Seconds, d.CPUPerEventUS, a.Count, a.P50Ms, a.P99Ms, a.MaxMs, cell.Kafka.Missing, cell.Kafka.Duplicates, a.Kafka.Unique, total, a.Kafka.Duplicates, 100*d.ForeignShare)
+	b.say("    %.0f rows/s (%.2fs to the joined rows all in Kafka; the relay said it published %d), relay CPU %.2f µs/row (its whole run); app INSERT+COMMIT during the join: %d, p50 %.1f p99 %.1f max %.1f ms; Kafka: %d lost, %d duplicates; app rows %d of %d streamed, %d duplicates; other processes %.0f%% of the machine",
+		d.Rate, d.Seconds, cell.Published, d.CPUPerEventUS, a.Count, a.P50Ms, a.P99Ms, a.MaxMs, cell.Kafka.Missing, cell.Kafka.Duplicates, a.Kafka.Unique, total, a.Kafka.Duplicates, 100*d.ForeignShare)
 	return cell, b.dropDatabase(ctx, "table_"+t.tag())
 }
 
