@@ -94,6 +94,7 @@ func runBench(ctx context.Context, args []string) error {
 	pollerIdle := fs.Duration("poller-idle", 100*time.Millisecond, "poller sleep after a round that found nothing")
 	rounds := fs.Int("delivery-rounds", 2, "relay drains and latency runs per --delivery mode (effectively-once and at-least-once, alternating)")
 	tableRows := fs.String("table-rows", "100000,1000000", "table cells (issue 42): rows filled into an outbox table, published by cdc-relay replay (replay/rows=N) and by the relay when the table joins its slot's publication while an application inserts into it (join/rows=N); \"\" skips them")
+	tableTimeout := fs.Duration("table-timeout", 0, "table cells: give up a replay or join after this long and say how many rows Kafka held by then (0: two minutes plus 2 ms a row)")
 	reconcile := fs.String("reconcile-partitions", "8,256", "start-up cells: partition counts of the topics the relay drains the headline backlog into, is killed -9 mid-drain and restarted; \"\" skips them")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
@@ -156,7 +157,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := runner.Config{Events: *events, Aggregates: *aggregates, Duration: *duration, Quick: *quick,
 		DeliveryRounds: *rounds, PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, QuietWait: *quietWait,
-		RelayBin: *relayBin, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
+		RelayBin: *relayBin, TableTimeout: *tableTimeout, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
 	var err error
 	for _, l := range []struct {
 		flag  string

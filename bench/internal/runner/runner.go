@@ -57,6 +57,9 @@ type Config struct {
 	// TableRows are the table cells' sizes: a replay cell and a join cell of
 	// each (issue 42 point 7).
 	TableRows []int
+	// TableTimeout bounds each table cell's replay or join; 0: two minutes
+	// plus 2 ms a row (500 rows/s).
+	TableTimeout time.Duration
 	// Rates and LatencyTxnSizes make the steady-load cells (LatencyCells).
 	Rates           []int
 	LatencyTxnSizes []int

@@ -159,10 +159,24 @@ func (b *bench) fillTable(ctx context.Context, url, table string, rows int) (int
 	return statements, secs, nil
 }
 
-// tableTimeout bounds one table cell's publishing: at least 500 rows/s,
-// plus start-up.
-func tableTimeout(rows int) time.Duration {
+// tableTimeout bounds one table cell's publishing: Config.TableTimeout, or
+// else at least 500 rows/s, plus start-up.
+func (b *bench) tableTimeout(rows int) time.Duration {
+	if b.cfg.TableTimeout > 0 {
+		return b.cfg.TableTimeout
+	}
 	return 2*time.Minute + time.Duration(rows)*2*time.Millisecond
+}
+
+// tooSlow is the error of a cell whose process did not finish within
+// timeout: how many of the rows Kafka held by then.
+func (b *bench) tooSlow(ctx context.Context, t tableCell, what string, timeout time.Duration) error {
+	v, err := countRecords(ctx, b.brokers, t.name(), t.topic(fillAggType), t.rows, time.Minute)
+	if err != nil {
+		return fmt.Errorf("%s did not finish within %s (-table-timeout), and reading Kafka failed: %w", what, timeout, err)
+	}
+	return fmt.Errorf("%s did not finish within %s (-table-timeout): Kafka held %d of the %d rows by then (%.0f rows/s), %d duplicates",
+		what, timeout, v.Unique, t.rows, float64(v.Unique)/timeout.Seconds(), v.Duplicates)
 }
 
 // replayCell fills the outbox table and times `cdc-relay replay --rate 0`
@@ -191,9 +205,13 @@ func (b *bench) replayCell(ctx context.Context, t tableCell) (results.TableCell,
 	if err != nil {
 		return cell, err
 	}
-	usage, err := p.Wait(tableTimeout(t.rows), stopGrace)
+	timeout := b.tableTimeout(t.rows)
+	usage, err := p.Wait(timeout, stopGrace)
 	end := time.Now()
 	out := drainLines(p)
+	if end.Sub(p.Started()) >= timeout {
+		return cell, b.tooSlow(ctx, t, "the replay", timeout)
+	}
 	if err != nil {
 		return cell, fmt.Errorf("replay: %w; its output: %s", err, strings.Join(out, " | "))
 	}
@@ -284,8 +302,13 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 		return cell, err
 	}
 	defer func() { _, _ = r.Stop(stopGrace) }() // a no-op once stopped; cleanup on early return
-	line, err := logs.wait(ctx, tableTimeout(t.rows))
+	timeout := b.tableTimeout(t.rows)
+	line, err := logs.wait(ctx, timeout)
 	if err != nil {
+		if ctx.Err() == nil && time.Since(r.Started()) >= timeout {
+			_, _ = r.Stop(stopGrace)
+			return cell, b.tooSlow(ctx, t, "the join", timeout)
+		}
 		return cell, fmt.Errorf("%w%s", err, stderrSuffix(r.StderrTail()))
 	}
 	joined := time.Now()
