@@ -100,7 +100,7 @@ func (b *bench) tablePhase(ctx context.Context) error {
 			}
 			b.say("  cell %s FAILED: %v", t.name(), err)
 			b.res.FailedCells = append(b.res.FailedCells, results.FailedCell{Name: t.name(), Error: err.Error()})
-			if err := b.pg.Exec(ctx, "postgres", "DROP DATABASE IF EXISTS "+pgx.Identifier{"table_" + t.tag()}.Sanitize()+" WITH (FORCE)"); err != nil {
+			if err := b.dropDatabase(ctx, "table_"+t.tag()); err != nil {
 				b.say("  (could not drop database table_%s: %v)", t.tag(), err)
 			}
 			continue
@@ -286,7 +286,7 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	if err != nil {
 		return cell, err
 	}
-	defer app.stop()
+	defer func() { _, _, _ = app.stop() }() // a no-op once stopped; cleanup on early return
 	select {
 	case <-ctx.Done():
 		return cell, ctx.Err()
@@ -303,13 +303,18 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	}
 	defer func() { _, _ = r.Stop(stopGrace) }() // a no-op once stopped; cleanup on early return
 	timeout := b.tableTimeout(t.rows)
-	line, err := logs.wait(ctx, timeout)
-	if err != nil {
-		if ctx.Err() == nil && time.Since(r.Started()) >= timeout {
-			_, _ = r.Stop(stopGrace)
-			return cell, b.tooSlow(ctx, t, "the join", timeout)
-		}
-		return cell, fmt.Errorf("%w%s", err, stderrSuffix(r.StderrTail()))
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var line string
+	select {
+	case line = <-logs.found:
+	case <-r.Done():
+		return cell, r.exited()
+	case <-ctx.Done():
+		return cell, ctx.Err()
+	case <-timer.C:
+		_, _ = r.Stop(stopGrace)
+		return cell, b.tooSlow(ctx, t, "the join", timeout)
 	}
 	joined := time.Now()
 	var done struct {
@@ -320,7 +325,10 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	}
 	cell.Published = done.Events
 	d.Seconds = joined.Sub(r.Started()).Seconds()
-	lat, total := app.stop()
+	lat, total, failed := app.stop()
+	if failed != nil {
+		return cell, fmt.Errorf("the application's INSERTs failed: %w", failed)
+	}
 	a := &results.AppInserts{Total: total}
 	var during []float64
 	for _, s := range lat {
@@ -421,8 +429,9 @@ func (a *appWriter) insert(n int, due time.Time) {
 }
 
 // stop ends the writer, waits for its INSERTs in flight and returns the
-// samples and how many rows it committed. Later calls return the same.
-func (a *appWriter) stop() ([]appSample, int) {
+// samples, how many rows it committed and the errors of those that failed.
+// Later calls return the same.
+func (a *appWriter) stop() ([]appSample, int, error) {
 	a.once.Do(func() {
 		a.cancel()
 		a.ticks.Wait()
@@ -431,7 +440,7 @@ func (a *appWriter) stop() ([]appSample, int) {
 	})
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.samples, len(a.samples)
+	return a.samples, len(a.samples), a.failed
 }
 
 // countRecords reads topic from its start with kgo and checks that it holds
