@@ -313,8 +313,14 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	case <-ctx.Done():
 		return cell, ctx.Err()
 	case <-timer.C:
+		// Stopping the relay ends the join's transaction, and with it the
+		// lock the application's INSERTs wait on.
 		_, _ = r.Stop(stopGrace)
-		return cell, b.tooSlow(ctx, t, "the join", timeout)
+		stopped := time.Now()
+		err := b.tooSlow(ctx, t, "the join", timeout)
+		lat, _, _ := app.stop()
+		p50, p99, mx := results.Quantiles(appDuring(lat, r.Started(), stopped))
+		return cell, fmt.Errorf("%w; the application's INSERTs due meanwhile: p50 %.1f p99 %.1f max %.1f ms", err, p50, p99, mx)
 	}
 	joined := time.Now()
 	var done struct {
@@ -330,12 +336,7 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 		return cell, fmt.Errorf("the application's INSERTs failed: %w", failed)
 	}
 	a := &results.AppInserts{Total: total}
-	var during []float64
-	for _, s := range lat {
-		if !s.due.Before(r.Started()) && !s.due.After(joined) {
-			during = append(during, s.ms)
-		}
-	}
+	during := appDuring(lat, r.Started(), joined)
 	a.Count = len(during)
 	a.P50Ms, a.P99Ms, a.MaxMs = results.Quantiles(during)
 	cell.App = a
@@ -441,6 +442,17 @@ func (a *appWriter) stop() ([]appSample, int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.samples, len(a.samples), a.failed
+}
+
+// appDuring is the latency of the samples due from start to end, in ms.
+func appDuring(samples []appSample, start, end time.Time) []float64 {
+	var out []float64
+	for _, s := range samples {
+		if !s.due.Before(start) && !s.due.After(end) {
+			out = append(out, s.ms)
+		}
+	}
+	return out
 }
 
 // countRecords reads topic from its start with kgo and checks that it holds
