@@ -171,7 +171,7 @@ func (b *bench) tableTimeout(rows int) time.Duration {
 // tooSlow is the error of a cell whose process did not finish within
 // timeout: how many of the rows Kafka held by then.
 func (b *bench) tooSlow(ctx context.Context, t tableCell, what string, timeout time.Duration) error {
-	v, err := countRecords(ctx, b.brokers, t.name(), t.topic(fillAggType), t.rows, time.Minute)
+	v, err := countRecords(ctx, b.brokers, t.name(), t.topic(fillAggType), t.rows, true, time.Minute)
 	if err != nil {
 		return fmt.Errorf("%s did not finish within %s (-table-timeout), and reading Kafka failed: %w", what, timeout, err)
 	}
@@ -227,7 +227,7 @@ func (b *bench) replayCell(ctx context.Context, t tableCell) (results.TableCell,
 			cell.Published, _ = strconv.Atoi(m[1])
 		}
 	}
-	if cell.Kafka, err = countRecords(ctx, b.brokers, t.name()+" replay", t.topic(fillAggType), t.rows, 3*time.Minute); err != nil {
+	if cell.Kafka, err = countRecords(ctx, b.brokers, t.name()+" replay", t.topic(fillAggType), t.rows, true, 3*time.Minute); err != nil {
 		return cell, err
 	}
 	b.say("    %.0f rows/s (%.2fs), CPU %.2f µs/row, Postgres %.2f µs/row; Kafka: %d records, %d lost, %d duplicates; other processes %.0f%% of the machine",
@@ -340,7 +340,7 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	a.Count = len(during)
 	a.P50Ms, a.P99Ms, a.MaxMs = results.Quantiles(during)
 	cell.App = a
-	if a.Kafka, err = countRecords(ctx, b.brokers, t.name()+" app rows", t.topic(appAggType), total, time.Minute); err != nil {
+	if a.Kafka, err = countRecords(ctx, b.brokers, t.name()+" app rows", t.topic(appAggType), total, false, 3*time.Minute); err != nil {
 		return cell, err
 	}
 	usage, err := r.Stop(stopGrace)
@@ -352,7 +352,7 @@ func (b *bench) joinCell(ctx context.Context, t tableCell) (results.TableCell, e
 	}
 	d.Fill()
 	cell.Run = d
-	if cell.Kafka, err = countRecords(ctx, b.brokers, t.name()+" joined rows", t.topic(fillAggType), t.rows, 3*time.Minute); err != nil {
+	if cell.Kafka, err = countRecords(ctx, b.brokers, t.name()+" joined rows", t.topic(fillAggType), t.rows, true, 3*time.Minute); err != nil {
 		return cell, err
 	}
 	b.say("    %.0f rows/s (%.2fs to the joined rows all in Kafka; the relay said it published %d), relay CPU %.2f µs/row (its whole run); app INSERT+COMMIT during the join: %d, p50 %.1f p99 %.1f max %.1f ms; Kafka: %d lost, %d duplicates; app rows %d of %d streamed, %d duplicates; other processes %.0f%% of the machine",
@@ -457,11 +457,13 @@ func appDuring(samples []appSample, start, end time.Time) []float64 {
 
 // countRecords reads topic from its start with kgo and checks that it holds
 // want distinct event ids (the "id" header), each once: the records, the
-// distinct ids, the duplicates and the ids missing. Whatever wrote the topic
-// is done, so it reads until a poll of a second brings nothing once it has
-// seen want ids, or countIdle polls in a row bring nothing short of them, or
-// timeout. Only the ids are kept, so a million records fit.
-func countRecords(ctx context.Context, brokers []string, system, topic string, want int, timeout time.Duration) (results.Verify, error) {
+// distinct ids, the duplicates and the ids missing. It reads until a poll of
+// a second brings nothing once it has seen want ids, or timeout; when done
+// is set, whatever wrote the topic has finished, and countIdle polls in a
+// row that bring nothing end it short of want too (a relay still streaming
+// may be silent longer: it decodes the WAL before the rows). Only the ids
+// are kept, so a million records fit.
+func countRecords(ctx context.Context, brokers []string, system, topic string, want int, done bool, timeout time.Duration) (results.Verify, error) {
 	v := results.Verify{System: system, Topic: topic}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(250*time.Millisecond))
@@ -503,7 +505,7 @@ func countRecords(ctx context.Context, brokers []string, system, topic string, w
 			idle = 0
 			continue
 		}
-		if idle++; len(seen) >= want || idle >= countIdle {
+		if idle++; len(seen) >= want || done && idle >= countIdle {
 			break
 		}
 	}
