@@ -21,11 +21,12 @@ func repoPath(root, p string) string {
 	return filepath.Join(root, p)
 }
 
-// guard prints the block comparing res's drain cells with the baseline file
-// at path (shown as name) to w, and returns a missed target for each RISE.
+// guard prints the block comparing res's drain and table cells with the
+// baseline file at path (shown as name) to w, and returns a missed target
+// for each RISE and DROP.
 // A baseline it cannot read is said, never an error: the guard informs.
 func guard(w io.Writer, path, name string, res *results.Results) []results.Target {
-	if len(res.Cells) == 0 {
+	if len(res.Cells) == 0 && len(res.TableCells) == 0 {
 		return nil
 	}
 	f, err := baseline.Load(path)
@@ -47,10 +48,22 @@ func guard(w io.Writer, path, name string, res *results.Results) []results.Targe
 			rises = append(rises, results.Target{Name: "regression guard " + c.Name, Got: fmt.Sprintf("RISE %s (baseline %s, %s)", v, base.Commit, base.Recorded)})
 		}
 	}
+	for _, c := range res.TableCells {
+		base, ok := f.Cells[c.Name]
+		if !ok || base.RowsPerSecond <= 0 {
+			fmt.Fprintf(w, "  %-22s no baseline\n", c.Name)
+			continue
+		}
+		v := baseline.CompareRate(base, c)
+		fmt.Fprintf(w, "  %-22s %s\n", c.Name, v)
+		if v.Mark == baseline.Drop {
+			rises = append(rises, results.Target{Name: "regression guard " + c.Name, Got: fmt.Sprintf("DROP %s (baseline %s, %s)", v, base.Commit, base.Recorded)})
+		}
+	}
 	return rises
 }
 
-// writeBaseline records res's drain cells, measured at the repository's
+// writeBaseline records res's drain and table cells, measured at the repository's
 // commit, into the baseline file at path, replacing those cells.
 func writeBaseline(ctx context.Context, root, path string, res *results.Results) error {
 	cells, err := baseline.Record(res)

@@ -97,6 +97,60 @@ func TestWriteBaselineMerges(t *testing.T) {
 	}
 }
 
+func TestGuardTableCells(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "baseline.json")
+	f := baseline.File{Cells: map[string]baseline.Cell{
+		"replay/rows=100000": {Commit: "abc", RowsPerSecond: 60000},
+		"join/rows=100000":   {Commit: "abc", RowsPerSecond: 50000},
+		"join/rows=1000000":  {Commit: "abc", RowsPerSecond: 50000},
+	}}
+	if err := f.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	table := func(name string, rate, busy float64) results.TableCell {
+		return results.TableCell{Name: name, Run: results.Drain{Rate: rate, ForeignShare: busy}, Kafka: results.Verify{OK: true}}
+	}
+	res := &results.Results{TableCells: []results.TableCell{
+		table("replay/rows=100000", 30000, 0.02),  // -50 %, quiet
+		table("join/rows=100000", 30000, 0.5),     // -40 %, busy
+		table("join/rows=1000000", 52000, 0),      // +4 %
+		table("replay/rows=1000000", 60000, 0.02), // not in the baseline
+	}}
+	var out strings.Builder
+	drops := guard(&out, path, "bench/baseline.json", res)
+	for _, want := range []string{
+		"replay/rows=100000     30000 rows/s (baseline 60000, -50.0%), other processes 2% of the machine, threshold 20%: DROP",
+		"join/rows=100000       30000 rows/s (baseline 50000, -40.0%), other processes 50% of the machine, threshold 20%: down, machine busy",
+		"join/rows=1000000      52000 rows/s (baseline 50000, +4.0%), other processes 0% of the machine, threshold 20%: ok",
+		"replay/rows=1000000    no baseline",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("guard printed\n%s\nwithout %q", out.String(), want)
+		}
+	}
+	if len(drops) != 1 || drops[0].Name != "regression guard replay/rows=100000" || drops[0].Pass || !strings.HasPrefix(drops[0].Got, "DROP ") {
+		t.Errorf("guard targets = %+v, want one missed DROP for replay/rows=100000", drops)
+	}
+}
+
+func TestWriteBaselineTableCells(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "baseline.json")
+	res := &results.Results{TableCells: []results.TableCell{
+		{Name: "join/rows=100000", Run: results.Drain{Rate: 51000}, Kafka: results.Verify{OK: true}},
+	}}
+	if err := writeBaseline(context.Background(), dir, path, res); err != nil {
+		t.Fatal(err)
+	}
+	got, err := baseline.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := got.Cells["join/rows=100000"]; c.RowsPerSecond != 51000 {
+		t.Errorf("join/rows=100000 = %+v, want 51000 rows/s", c)
+	}
+}
+
 func TestRepoPath(t *testing.T) {
 	if got := repoPath("/repo", "bench/baseline.json"); got != "/repo/bench/baseline.json" {
 		t.Errorf("relative: %s", got)

@@ -93,14 +93,16 @@ func runBench(ctx context.Context, args []string) error {
 	pollerBatch := fs.Int("poller-batch", 1000, "rows per poller round")
 	pollerIdle := fs.Duration("poller-idle", 100*time.Millisecond, "poller sleep after a round that found nothing")
 	rounds := fs.Int("delivery-rounds", 2, "relay drains and latency runs per --delivery mode (effectively-once and at-least-once, alternating)")
+	tableRows := fs.String("table-rows", "100000,1000000", "table cells (issue 42): rows filled into an outbox table, published by cdc-relay replay (replay/rows=N) and by the relay when the table joins its slot's publication while an application inserts into it (join/rows=N); \"\" skips them")
+	tableTimeout := fs.Duration("table-timeout", 0, "table cells: give up a replay or join after this long and say how many rows Kafka held by then (0: two minutes plus 2 ms a row)")
 	reconcile := fs.String("reconcile-partitions", "8,256", "start-up cells: partition counts of the topics the relay drains the headline backlog into, is killed -9 mid-drain and restarted; \"\" skips them")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
 	brokerLatency := fs.Duration("broker-latency", 0, "delay every answer of the in-process broker by this much, as a network to a remote broker would (one way), e.g. 2ms to see what requests in flight (--max-in-flight-requests) buy")
 	relayFlags := fs.String("relay-flags", "", "flags added to every relay and limit reader run, space-separated (e.g. \"--read-coalesce 0\" to compare a setting)")
 	profileDir := fs.String("profile", "", "save a CPU and a heap profile of the relay's first effectively-once drain of each drain cell in this directory (<cell>-cpu.pprof, <cell>-heap.pprof; read with go tool pprof), and print the CPU split by part: read, decode, encode+produce, checkpoint+ack, gc")
-	baselineFile := fs.String("baseline", "bench/baseline.json", "compare each drain cell's relay CPU per event with this baseline (relative: to the repository's root) and print the verdicts; a RISE is a missed target, never an error")
-	writeBaselineFile := fs.String("write-baseline", "", "record this run's drain cells into this baseline file (relative: to the repository's root), replacing those cells; needs -delivery-rounds 2 or more")
+	baselineFile := fs.String("baseline", "bench/baseline.json", "compare each drain cell's relay CPU per event, and each table cell's rows/s, with this baseline (relative: to the repository's root) and print the verdicts; a RISE or DROP is a missed target, never an error")
+	writeBaselineFile := fs.String("write-baseline", "", "record this run's drain and table cells into this baseline file (relative: to the repository's root), replacing those cells; drain cells need -delivery-rounds 2 or more, table cells every row in Kafka once")
 	chartOnly := fs.String("chart-only", "", "only print the tables of this results JSON and redraw its charts (next to it, as .png)")
 	var cellList []string
 	fs.Func("cell", "run only this cell (a name -list-cells prints, e.g. drain/txn=1 or latency/rate=10000,txn=10); give it more than once, or several names separated by commas or spaces, for more", func(v string) error {
@@ -138,6 +140,7 @@ func runBench(ctx context.Context, args []string) error {
 			"latency-txn-sizes":    func() { *latTxn = "10" },
 			"duration":             func() { *duration = 5 * time.Second },
 			"reconcile-partitions": func() { *reconcile = "8" },
+			"table-rows":           func() { *tableRows = "" },
 			"delivery-rounds":      func() { *rounds = 1 },
 			"quiet-wait":           func() { *quietWait = time.Second },
 		}
@@ -154,7 +157,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := runner.Config{Events: *events, Aggregates: *aggregates, Duration: *duration, Quick: *quick,
 		DeliveryRounds: *rounds, PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, QuietWait: *quietWait,
-		RelayBin: *relayBin, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
+		RelayBin: *relayBin, TableTimeout: *tableTimeout, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
 	var err error
 	for _, l := range []struct {
 		flag  string
@@ -166,6 +169,7 @@ func runBench(ctx context.Context, args []string) error {
 		{"-topics", *topics, &cfg.TopicCounts, false}, {"-payloads", *payloads, &cfg.Payloads, false},
 		{"-rates", *rates, &cfg.Rates, true}, {"-latency-txn-sizes", *latTxn, &cfg.LatencyTxnSizes, false},
 		{"-reconcile-partitions", *reconcile, &cfg.ReconcilePartitions, true},
+		{"-table-rows", *tableRows, &cfg.TableRows, true},
 	} {
 		if *l.into, err = parseCounts(l.flag, l.value); err != nil {
 			return err
@@ -188,8 +192,9 @@ func runBench(ctx context.Context, args []string) error {
 		return errors.New("-poller-batch must be positive")
 	case *rounds <= 0:
 		return errors.New("-delivery-rounds must be positive")
-	case *writeBaselineFile != "" && *rounds < 2:
-		return errors.New("-write-baseline needs -delivery-rounds 2 or more (the rounds' spread is the guard's threshold)")
+	}
+	if *writeBaselineFile != "" && *rounds < 2 && cfg.RunsDrainCells() {
+		return errors.New("-write-baseline needs -delivery-rounds 2 or more for drain cells (the rounds' spread is the guard's threshold)")
 	}
 	if *listCells {
 		for _, n := range cfg.CellNames() {
@@ -222,7 +227,7 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	// The regression guard (issue 38): its block is printed after the
-	// tables, a RISE is also a missed target.
+	// tables, a RISE or DROP is also a missed target.
 	var guardOut strings.Builder
 	if *baselineFile != "" {
 		res.Targets = append(res.Targets, guard(&guardOut, repoPath(root, *baselineFile), *baselineFile, res)...)
@@ -247,7 +252,7 @@ func runBench(ctx context.Context, args []string) error {
 		if err := writeBaseline(ctx, root, repoPath(root, *writeBaselineFile), res); err != nil {
 			return err
 		}
-		fmt.Printf("recorded %d drain cells into %s\n", len(res.Cells), *writeBaselineFile)
+		fmt.Printf("recorded %d drain and %d table cells into %s\n", len(res.Cells), len(res.TableCells), *writeBaselineFile)
 	}
 	return nil
 }
@@ -262,7 +267,7 @@ func writeCharts(r *results.Results, base string) ([]string, error) {
 }
 
 // splitCells splits a -cell value into cell names: at spaces, and at commas
-// that start a new cell (a name starts with drain/, startup/ or latency/;
+// that start a new cell (a name starts with drain/, startup/, replay/, join/ or latency/;
 // latency/rate=R,txn=T holds a comma itself).
 func splitCells(v string) []string {
 	var out []string

@@ -17,6 +17,7 @@ func TestSplitCells(t *testing.T) {
 		{"drain/txn=1,drain/txn=10", []string{"drain/txn=1", "drain/txn=10"}},
 		{"latency/rate=10000,txn=10", []string{"latency/rate=10000,txn=10"}},
 		{"latency/rate=10000,txn=10,drain/txn=1 startup/partitions=8", []string{"latency/rate=10000,txn=10", "drain/txn=1", "startup/partitions=8"}},
+		{"replay/rows=100000,join/rows=100000 latency/rate=1000,txn=1", []string{"replay/rows=100000", "join/rows=100000", "latency/rate=1000,txn=1"}},
 		{" ", nil},
 	}
 	for _, tt := range tests {

@@ -57,6 +57,9 @@ type Cell struct {
 	// of one delivery mode and between the relay's read path before and
 	// after the relay: the noise of the recording run.
 	Spread float64 `json:"spread"`
+	// RowsPerSecond is a table cell's rows/s (replay/rows=N, join/rows=N;
+	// the figures above are then zero): see CompareRate.
+	RowsPerSecond float64 `json:"rows_per_second,omitempty"`
 }
 
 // Load reads the baseline file at path; a missing file is an empty one.
@@ -93,9 +96,10 @@ func (f File) Save(path string) error {
 	return nil
 }
 
-// Record takes the baseline figures of every drain cell of res. Each cell
-// needs at least two rounds per delivery mode (the spread is the threshold)
-// and the lean loop's run. Commit is left for the caller.
+// Record takes the baseline figures of every drain and table cell of res.
+// Each drain cell needs at least two rounds per delivery mode (the spread is
+// the threshold) and the lean loop's run; each table cell every row in Kafka
+// once. Commit is left for the caller.
 func Record(res *results.Results) (map[string]Cell, error) {
 	out := map[string]Cell{}
 	for _, c := range res.Cells {
@@ -116,6 +120,13 @@ func Record(res *results.Results) (map[string]Cell, error) {
 		}
 		if rec.LeanUS = leanCPU(c); rec.LeanUS <= 0 {
 			return nil, fmt.Errorf("record baseline of %s: no %s run", c.Name, LeanRun)
+		}
+		out[c.Name] = rec
+	}
+	for _, c := range res.TableCells {
+		rec, err := recordTable(c, Cell{Recorded: res.Started.UTC().Format(time.RFC3339), Load: res.Host.LoadAvgStart})
+		if err != nil {
+			return nil, err
 		}
 		out[c.Name] = rec
 	}

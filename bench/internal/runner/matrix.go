@@ -147,10 +147,24 @@ func (c Config) CellNames() []string {
 	for _, n := range c.ReconcilePartitions {
 		out = append(out, startupCellName(n))
 	}
+	for _, t := range c.tableCells() {
+		out = append(out, t.name())
+	}
 	for _, l := range c.LatencyCells() {
 		out = append(out, l.Name())
 	}
 	return out
+}
+
+// RunsDrainCells reports whether a drain cell runs (the regression guard
+// records those only with two rounds per delivery mode).
+func (c Config) RunsDrainCells() bool {
+	for _, d := range c.DrainCells() {
+		if c.selected(d.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 // selected reports whether the cell name runs: every cell when Config.Cells

@@ -97,3 +97,22 @@ func TestCheckCells(t *testing.T) {
 		t.Errorf("selected: want only drain/txn=1")
 	}
 }
+
+func TestTableCellNames(t *testing.T) {
+	cfg := Config{TxnSizes: []int{1}, TableRows: []int{100000, 1000000}, Rates: []int{1000}, LatencyTxnSizes: []int{1}}
+	want := []string{"drain/txn=1", "replay/rows=100000", "join/rows=100000", "replay/rows=1000000", "join/rows=1000000", "latency/rate=1000,txn=1"}
+	if got := cfg.CellNames(); !slices.Equal(got, want) {
+		t.Errorf("CellNames = %q, want %q", got, want)
+	}
+	cfg.Cells = []string{"join/rows=100000"}
+	if err := cfg.CheckCells(); err != nil {
+		t.Error(err)
+	}
+	if cfg.RunsDrainCells() {
+		t.Error("RunsDrainCells with only a join cell selected")
+	}
+	cfg.Cells = append(cfg.Cells, "drain/txn=1")
+	if !cfg.RunsDrainCells() {
+		t.Error("RunsDrainCells false with drain/txn=1 selected")
+	}
+}

@@ -33,6 +33,7 @@ type relayOptions struct {
 	delivery    string    // --delivery
 	logLevel    string    // --log-level; "" is warn
 	pprof       bool      // --pprof
+	tables      []string  // --table, each; none: the default, public.outbox_events
 	stderr      io.Writer // also receives the relay's log, when set
 }
 
@@ -60,6 +61,9 @@ func (b *bench) relayArgs(o relayOptions, addr string) []string {
 	}
 	if o.pprof {
 		args = append(args, "--pprof")
+	}
+	for _, t := range o.tables {
+		args = append(args, "--table", t)
 	}
 	return append(args, b.cfg.RelayFlags...)
 }

@@ -54,6 +54,12 @@ type Config struct {
 	PartitionCounts []int // partitions of every topic
 	TopicCounts     []int // aggregate types, one topic each
 	Payloads        []int // approximate payload bytes
+	// TableRows are the table cells' sizes: a replay cell and a join cell of
+	// each (issue 42 point 7).
+	TableRows []int
+	// TableTimeout bounds each table cell's replay or join; 0: two minutes
+	// plus 2 ms a row (500 rows/s).
+	TableTimeout time.Duration
 	// Rates and LatencyTxnSizes make the steady-load cells (LatencyCells).
 	Rates           []int
 	LatencyTxnSizes []int
@@ -150,7 +156,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 			Partitions: head.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
 			DeliveryRounds: cfg.DeliveryRounds, ReconcilePartitions: cfg.ReconcilePartitions,
 			TxnSizes: cfg.TxnSizes, PartitionSet: cfg.PartitionCounts, TopicCounts: cfg.TopicCounts, Payloads: cfg.Payloads,
-			LatencyCells: b.latencyCells(), Cells: cfg.Cells,
+			LatencyCells: b.latencyCells(), Cells: cfg.Cells, TableRows: cfg.TableRows,
 		},
 	}
 	var err error
@@ -222,6 +228,9 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 	b.brokers = kafka.Brokers()
 
 	if err := b.drainPhase(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.tablePhase(ctx); err != nil {
 		return nil, err
 	}
 	if err := b.latencyPhase(ctx); err != nil {
