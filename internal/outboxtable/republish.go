@@ -86,10 +86,19 @@ type Pass struct {
 	Progress func(ctx context.Context, table decoder.TableName, pos string) error
 }
 
+// RepublishBatch is how many rows a Republisher publishes, records and
+// moves its position by at once, unless Pass.Options.BatchSize says: ten
+// times a replay's default, as nothing rate-limits it and each batch waits
+// on Kafka and the history once.
+const RepublishBatch = 1000
+
 // options returns the ReplayOptions of t's read in p.
 func (r Republisher) options(p Pass, t TableReplay) ReplayOptions {
 	o := p.Options
 	o.Topic, o.TopicRegex, o.Actor, o.After = t.Topic, t.TopicRegex, r.Actor, p.After[t.Table]
+	if o.BatchSize == 0 {
+		o.BatchSize = RepublishBatch
+	}
 	o.Progress = nil
 	if p.Progress != nil {
 		table := t.Table
