@@ -14,9 +14,11 @@
 package replay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -167,10 +169,10 @@ func (h *History) record(ctx context.Context, replayID int64, events []Event, co
 			}
 		}
 		if len(events) > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO `+h.events+` (replay_id, event_id, dead_letter_id, result, error, at)
-SELECT $1, e, nullif(d, 0), r, nullif(x, ''), a
-FROM unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[]) AS u(e, d, r, x, a)`,
-				replayID, ids, letters, results, errs, at); err != nil {
+			// COPY: a table replay records a row per event, and COPY costs
+			// Postgres about half what INSERT … unnest did per row.
+			if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(copyText(replayID, ids, letters, results, errs, at)),
+				`COPY `+h.events+` (replay_id, event_id, dead_letter_id, result, error, at) FROM STDIN`); err != nil {
 				return err
 			}
 		}
@@ -271,4 +273,52 @@ FROM `+h.events+` WHERE replay_id = $1 ORDER BY id`, replayID)
 		return nil, h.wrapf(err, "list results of replay %d", replayID)
 	}
 	return out, nil
+}
+
+// copyText returns the rows of the events table in COPY's text format.
+func copyText(replayID int64, ids []string, letters []int64, results, errs []string, at []time.Time) []byte {
+	var b []byte
+	for i := range ids {
+		b = strconv.AppendInt(b, replayID, 10)
+		b = append(b, '\t')
+		b = appendCopyField(b, ids[i])
+		b = append(b, '\t')
+		if letters[i] == 0 {
+			b = append(b, `\N`...)
+		} else {
+			b = strconv.AppendInt(b, letters[i], 10)
+		}
+		b = append(b, '\t')
+		b = appendCopyField(b, results[i])
+		b = append(b, '\t')
+		if errs[i] == "" {
+			b = append(b, `\N`...)
+		} else {
+			b = appendCopyField(b, errs[i])
+		}
+		b = append(b, '\t')
+		b = at[i].UTC().AppendFormat(b, "2006-01-02 15:04:05.999999+00")
+		b = append(b, '\n')
+	}
+	return b
+}
+
+// appendCopyField appends s escaped for COPY's text format: backslash,
+// and the delimiters tab, newline and carriage return.
+func appendCopyField(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\':
+			b = append(b, '\\', '\\')
+		case '\t':
+			b = append(b, '\\', 't')
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
 }

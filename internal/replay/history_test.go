@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -84,5 +85,39 @@ func TestReplayTotals(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("ReplayTotals = %v, want %v", got, want)
+	}
+}
+
+// TestRecordEventsText: results are recorded with COPY's text format, so
+// every character an event id or an error can hold comes back as written.
+func TestRecordEventsText(t *testing.T) {
+	ctx := t.Context()
+	h := newHistory(t)
+	id, err := h.Start(ctx, replay.Entry{Kind: replay.KindOutbox, Actor: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 7, 1, 2, 3, 456789000, time.UTC)
+	want := []replay.Event{
+		{EventID: "plain", Result: replay.ResultPublished, At: at},
+		{EventID: `back\slash`, DeadLetterID: 17, Result: replay.ResultFailed, Error: "tab\there, newline\nthere, cr\r, \\N and \\. too", At: at},
+		{EventID: "ünïcode ✓", Result: replay.ResultSkipped, Error: `\`, At: at},
+		{EventID: "", Result: replay.ResultDryRun, At: at},
+	}
+	if err := h.RecordEvents(ctx, id, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := h.Events(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d events recorded, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.EventID != w.EventID || g.DeadLetterID != w.DeadLetterID || g.Result != w.Result || g.Error != w.Error || !g.At.Equal(w.At) {
+			t.Errorf("event %d recorded as %+v, want %+v", i, g, w)
+		}
 	}
 }
