@@ -239,12 +239,16 @@ func (s stopAfter) Publish(ctx context.Context, db outboxtable.Querier, p outbox
 // TestJoinResumesAfterACrash: a join cut short after some batches Kafka
 // acknowledged resumes on the next start after the stored position: no row
 // is lost, and none before the position is published again (at most the
-// batch in flight at the crash, 100 rows, arrives twice).
+// batch in flight at the crash, outboxtable.RepublishBatch rows, arrives
+// twice).
 func TestJoinResumesAfterACrash(t *testing.T) {
 	e := newEnv(t)
 	e.beforeJoin()
 	want := e.insertB(3000)
-	e.joining(func(j relay.Joiner) relay.Joiner { return stopAfter{Joiner: j, e: e, n: 1000} }, nil)
+	// Cut in the third batch: two are acknowledged and stored.
+	e.joining(func(j relay.Joiner) relay.Joiner {
+		return stopAfter{Joiner: j, e: e, n: 2*outboxtable.RepublishBatch + outboxtable.RepublishBatch/2}
+	}, nil)
 	e.startNoWait()
 	err := e.waitStopped(60 * time.Second)
 	t.Logf("the join was cut short: %v", err)
@@ -263,8 +267,8 @@ func TestJoinResumesAfterACrash(t *testing.T) {
 	recs := e.waitRecords(1 + len(want))
 	dups := checkOnce(t, recs, want)
 	t.Logf("%d rows published twice", dups)
-	if dups > 100 {
-		t.Errorf("%d rows published twice after a crash with %d in Kafka, want at most the batch in flight (100)", dups, before)
+	if dups > outboxtable.RepublishBatch {
+		t.Errorf("%d rows published twice after a crash with %d in Kafka, want at most the batch in flight (%d)", dups, before, outboxtable.RepublishBatch)
 	}
 	if !strings.Contains(e.logs.String(), "resuming after the rows") {
 		t.Error("the start after the crash did not say it resumes the join")
