@@ -344,7 +344,7 @@ func newQuery(table string, cols Columns, o ReplayOptions) (*outboxQuery, error)
 		return nil, fmt.Errorf("replay outbox: until (%s) is not after since (%s)",
 			o.Until.Format(time.RFC3339), o.Since.Format(time.RFC3339))
 	}
-	q := &outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o}
+	q := &outboxQuery{table: quoteTable(table), name: table, cols: cols, o: o, headerCols: slices.Sorted(maps.Keys(cols.Headers))}
 	q.schema, q.tableName, _ = strings.Cut(table, ".")
 	if q.tableName == "" { // unqualified: the search path's, as Postgres reads it
 		q.schema, q.tableName = "", table
@@ -552,7 +552,6 @@ const (
 func (q *outboxQuery) sql(form int) (string, []any) {
 	c := q.cols
 	created, id := quoteColumn(c.CreatedAt), quoteColumn(c.ID)
-	q.headerCols = slices.Sorted(maps.Keys(c.Headers))
 	eventType := "NULL" // no event type column: an empty event_type header, as the relay sends
 	if c.EventType != "" {
 		eventType = quoteColumn(c.EventType)

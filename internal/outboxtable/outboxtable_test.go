@@ -306,3 +306,34 @@ func TestReplayTransactionOrder(t *testing.T) {
 		t.Errorf("one transaction's rows in Kafka in order\n%v\nwant the order they were inserted\n%v", got, want)
 	}
 }
+
+// TestReplayLimit: a limit that ends the read between two batches ends it
+// cleanly, while the next batch is being read ahead: exactly the first rows
+// in the reader's order are published, and the replay reports no error.
+func TestReplayLimit(t *testing.T) {
+	ctx := t.Context()
+	pool := newPool(t, "cdc_relay_outboxtable_limit")
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{})
+	s := newStore(t, pool)
+	p := newPublisher(t, kafka)
+	table := outboxTable(t, pool)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (aggregate_type, aggregate_id, event_type, payload)
+SELECT 'order', 'K', 'Numbered', jsonb_build_object('n', g) FROM generate_series(1, 2000) g ORDER BY g`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := outboxtable.Replay(ctx, pool, s.History(), table, outboxtable.Columns{Columns: decoder.DefaultColumns()}, p,
+		outboxtable.ReplayOptions{Topic: "limit", BatchSize: 100, Limit: 150})
+	if err != nil {
+		t.Fatalf("replay with a limit: %v", err)
+	}
+	checkResult(t, "replay with a limit", res, replay.Counts{Selected: 150, Published: 150})
+	recs := testenv.MustReadAll(t, kafka, "limit")
+	for i, r := range recs {
+		if want := fmt.Sprintf(`{"n": %d}`, i+1); string(r.Value) != want {
+			t.Fatalf("record %d is %s, want %s (the first rows, in order)", i, r.Value, want)
+		}
+	}
+	if len(recs) != 150 {
+		t.Errorf("%d records, want 150", len(recs))
+	}
+}

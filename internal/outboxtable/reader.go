@@ -271,12 +271,13 @@ type page struct {
 // own, one batch ahead of the caller, which publishes a batch while the next
 // is read (a read waits on Postgres, Kafka and the history in turn: without
 // it a replay ran at a third of its speed). Each row is read with scan. The
-// channel closes after the last page or one with an error; stop ends the
-// goroutine and waits for it (a fetch cut short leaves the cursor unusable:
-// only at an error or an early end).
+// channel closes after the last page or one with an error. stop, which the
+// caller calls once it reads no more pages, lets the fetch under way finish
+// and fetches no more, so the cursor stays usable (an early end by a limit
+// still closes it); only ctx's end cuts a fetch short.
 func readAhead(ctx context.Context, tx pgx.Tx, batch int, scan func(pgx.Rows) (*outbox.Event, Position, error)) (pages <-chan page, stop func()) {
 	out := make(chan page, 1)
-	ctx, cancel := context.WithCancel(ctx)
+	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(out)
@@ -290,7 +291,7 @@ func readAhead(ctx context.Context, tx pgx.Tx, batch int, scan func(pgx.Rows) (*
 			pg.err, pg.last = err, err != nil || n < batch
 			select {
 			case out <- pg:
-			case <-ctx.Done():
+			case <-quit:
 				return
 			}
 			if pg.last {
@@ -298,8 +299,9 @@ func readAhead(ctx context.Context, tx pgx.Tx, batch int, scan func(pgx.Rows) (*
 			}
 		}
 	})
+	var once sync.Once
 	return out, func() {
-		cancel()
+		once.Do(func() { close(quit) })
 		wg.Wait()
 	}
 }
