@@ -136,7 +136,7 @@ func (r *ReplayCmd) Run(ctx context.Context, env Env) error {
 		Since: r.since, Until: r.until, AggregateID: r.AggregateID, EventType: r.EventType, IDs: r.ID,
 		Limit: r.Limit, Topic: r.Topic, TopicRegex: r.topicRegex(), Rate: r.Rate, BatchSize: r.BatchSize, DryRun: r.DryRun, Actor: r.actor(),
 		// Before the first row: which order, and what it can misorder.
-		OnOrder: func(o outboxtable.Order) {
+		OnOrder: func(o outboxtable.Ordering) {
 			fmt.Fprintf(env.Stderr, "replay: reading %s in %s order: %s\n", firstTable(r.Table), o, o.Caveat())
 		},
 	})

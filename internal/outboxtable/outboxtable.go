@@ -111,10 +111,10 @@ type ReplayOptions struct {
 	// or whose failures the history recorded, with the position of its last
 	// row: every row up to it is done. An error stops the replay.
 	Progress func(ctx context.Context, pos string) error
-	// OnOrder, when not nil, is told the order the read uses (ReadOrder)
-	// before the first row, for the line that says so and what it can
-	// misorder (Order.Caveat).
-	OnOrder func(Order)
+	// OnOrder, when not nil, is told the ordering the read uses (ReadOrder,
+	// and the table's insertion-order column) before the first row, for the
+	// line that says so and what it can misorder (Ordering.Caveat).
+	OnOrder func(Ordering)
 }
 
 func (o ReplayOptions) describe(table string) map[string]any {
@@ -206,7 +206,7 @@ func Replay(ctx context.Context, db Querier, history *replay.History, table stri
 		return r.Finish(ctx, err)
 	}
 	if o.OnOrder != nil {
-		o.OnOrder(q.order)
+		o.OnOrder(Ordering{Order: q.order, Column: q.insertOrder})
 	}
 	sql, args := q.sql(rowsQuery)
 	if err := declare(ctx, tx, sql, args); err != nil {
@@ -312,7 +312,7 @@ func Last(ctx context.Context, db Querier, table string, cols Columns, o ReplayO
 	p := Position{Order: q.order}
 	found := false
 	for rows.Next() {
-		if err := rows.Scan(&p.Known, &p.At, &p.Cmin, &p.Rel, &p.TID); err != nil {
+		if err := rows.Scan(&p.Known, &p.At, &p.Cmin, &p.Ord, &p.Rel, &p.TID); err != nil {
 			rows.Close()
 			return "", false, outboxErr(err, q.name, q.cols.Names)
 		}
@@ -426,6 +426,7 @@ type outboxQuery struct {
 	order             Order                // set by prepare
 	snapXmax          uint64               // xmax of o.Snapshot, when set
 	after, through    *Position            // o.After, o.Through, when set
+	insertOrder       string               // the insertion-order column, "" when none; set by describe
 }
 
 // NotNullColumns returns the columns of table that are NOT NULL, which
@@ -453,8 +454,15 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attnotnull
 // tracing column exists from the catalog, as the relay learns them from the
 // Relation message (pg_attribute.atttypid is the type OID pgoutput sends).
 func (q *outboxQuery) describe(ctx context.Context, db Querier) error {
-	rows, err := db.Query(ctx, `SELECT attname, atttypid::int8, atttypmod, attnotnull FROM pg_attribute
-WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
+	// An insertion-order column is an integer one that a sequence fills:
+	// an identity column, or one whose default is nextval() (serial; the
+	// only kind a partitioned table has before PostgreSQL 17).
+	rows, err := db.Query(ctx, `SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull,
+       a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype)
+       AND (a.attidentity <> '' OR COALESCE(pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%', false))
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum`, q.table)
 	if err != nil {
 		return outboxErr(err, q.name, q.cols.Names)
 	}
@@ -465,11 +473,14 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, q.table)
 		var name string
 		var oid int64
 		var typmod int32
-		var notNull bool
-		if err := rows.Scan(&name, &oid, &typmod, &notNull); err != nil {
+		var notNull, ordered bool
+		if err := rows.Scan(&name, &oid, &typmod, &notNull, &ordered); err != nil {
 			return fmt.Errorf("read columns of outbox table %s: %w", q.name, err)
 		}
 		cols[name] = connectjson.Column{Name: name, Type: uint32(oid), Typmod: typmod, NotNull: notNull}
+		if ordered && q.insertOrder == "" {
+			q.insertOrder = name
+		}
 		switch name {
 		case q.cols.Payload:
 			payloadType = uint32(oid)
@@ -556,7 +567,11 @@ func (q *outboxQuery) sql(form int) (string, []any) {
 	if c.EventType != "" {
 		eventType = quoteColumn(c.EventType)
 	}
-	key := keyExprs(q.order, created)
+	insertOrder := ""
+	if q.insertOrder != "" {
+		insertOrder = quoteColumn(q.insertOrder)
+	}
+	key := keyExprs(q.order, created, insertOrder)
 	sel := append(key[:], id+"::text", quoteColumn(c.AggregateType)+"::text", quoteColumn(c.AggregateID)+"::text",
 		eventType+"::text", quoteColumn(c.Payload)+"::text", created)
 	for _, h := range q.headerCols {
@@ -614,10 +629,10 @@ func (q *outboxQuery) sql(form int) (string, []any) {
 		add("(pg_xact_commit_timestamp(xmin) IS NULL OR pg_xact_commit_timestamp(xmin) >= $?)", q.o.CommittedSince)
 	}
 	if a := q.after; a != nil {
-		add("("+strings.Join(key[:], ", ")+") > ($?::bool, $?::timestamptz, $?::int8, $?::int8, $?::tid)", a.Known, a.At, a.Cmin, a.Rel, a.TID)
+		add("("+strings.Join(key[:], ", ")+") > ($?::bool, $?::timestamptz, $?::int8, $?::int8, $?::int8, $?::tid)", a.Known, a.At, a.Cmin, a.Ord, a.Rel, a.TID)
 	}
 	if a := q.through; a != nil {
-		add("("+strings.Join(key[:], ", ")+") <= ($?::bool, $?::timestamptz, $?::int8, $?::int8, $?::tid)", a.Known, a.At, a.Cmin, a.Rel, a.TID)
+		add("("+strings.Join(key[:], ", ")+") <= ($?::bool, $?::timestamptz, $?::int8, $?::int8, $?::int8, $?::tid)", a.Known, a.At, a.Cmin, a.Ord, a.Rel, a.TID)
 	}
 	from := " FROM " + q.table
 	if len(conds) > 0 {
@@ -627,10 +642,10 @@ func (q *outboxQuery) sql(form int) (string, []any) {
 	case countQuery:
 		return "SELECT count(*)" + from, args
 	case lastQuery:
-		return "SELECT " + strings.Join(key[:], ", ") + from + " ORDER BY 1 DESC, 2 DESC, 3 DESC, 4 DESC, 5 DESC LIMIT 1", args
+		return "SELECT " + strings.Join(key[:], ", ") + from + " ORDER BY 1 DESC, 2 DESC, 3 DESC, 4 DESC, 5 DESC, 6 DESC LIMIT 1", args
 	}
 	// By the key's positions: the expressions, typed, never their text.
-	return "SELECT " + strings.Join(sel, ", ") + from + " ORDER BY 1, 2, 3, 4, 5", args
+	return "SELECT " + strings.Join(sel, ", ") + from + " ORDER BY 1, 2, 3, 4, 5, 6", args
 }
 
 // scan reads one row of the query sql returns into an event and its
@@ -641,7 +656,7 @@ func (q *outboxQuery) scan(rows pgx.Rows) (*outbox.Event, Position, error) {
 	vals := make([]*string, 5+len(q.headerCols))
 	var createdAt time.Time
 	var trace, ts, part *string
-	dest := []any{&pos.Known, &pos.At, &pos.Cmin, &pos.Rel, &pos.TID, &vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
+	dest := []any{&pos.Known, &pos.At, &pos.Cmin, &pos.Ord, &pos.Rel, &pos.TID, &vals[0], &vals[1], &vals[2], &vals[3], &vals[4], &createdAt}
 	for i := range q.headerCols {
 		dest = append(dest, &vals[5+i])
 	}

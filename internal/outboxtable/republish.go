@@ -165,8 +165,8 @@ func (r Republisher) Publish(ctx context.Context, db Querier, p Pass) (int, erro
 	for _, t := range r.selected(p) {
 		table := t.Table.String()
 		o := r.options(p, t)
-		o.OnOrder = func(ord Order) {
-			r.Log.Info().Str("table", table).Str("order", ord.String()).Msgf("%s: reading outbox table %s in %s order: %s", r.Component, table, ord, ord.Caveat())
+		o.OnOrder = func(ord Ordering) {
+			r.Log.Info().Str("table", table).Str("order", ord.String()).Str("insert_order_column", ord.Column).Msgf("%s: reading outbox table %s in %s order: %s", r.Component, table, ord, ord.Caveat())
 		}
 		res, err := Replay(ctx, db, r.DeadLetterStore.History(), table, t.Columns, pub, o)
 		published += res.Published
