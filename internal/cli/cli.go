@@ -209,6 +209,8 @@ var defaults = map[string]string{
 	"default_status_interval":        config.ShortDuration(relay.DefaultStatusInterval),
 	"default_read_coalesce":          config.ShortDuration(relay.DefaultReadCoalesce),
 	"default_read_buffer_kib":        strconv.Itoa(relay.DefaultReadBuffer >> 10),
+	"default_catch_up_threshold_mib": strconv.Itoa(relay.DefaultCatchUpThreshold >> 20),
+	"default_catch_up_batch":         strconv.Itoa(relay.DefaultCatchUpBatch),
 	"default_shutdown_timeout":       config.ShortDuration(relay.DefaultShutdownTimeout),
 	"default_kafka_start_timeout":    config.ShortDuration(relay.DefaultKafkaStartWait),
 	"default_request_timeout":        config.ShortDuration(sink.DefaultRequestTimeout),

@@ -85,6 +85,8 @@ type RunCmd struct {
 	StatusInterval      time.Duration `key:"source.status_interval" check:"positive" example:"500ms or 10s" group:"postgres" default:"${default_status_interval}" help:"How often the checkpointed position is confirmed to the slot (the checkpoint itself is persisted within 100ms of Kafka's acknowledgements)."`
 	ReadCoalesce        time.Duration `key:"source.read_coalesce" check:"zero=wake for every message" example:"500us" group:"postgres" default:"${default_read_coalesce}" help:"Over TCP, how long a read of the replication stream may wait for more bytes before it wakes the relay: the kernel wakes it once a chunk sized from the recent byte rate has arrived (SO_RCVLOWAT), instead of for every message Postgres sends. Adds at most about this much latency; saves most of the relay's and much of the walsender's CPU at one event per transaction. 0 wakes for every message."`
 	ReadBufferKiB       int           `key:"source.read_buffer_kib" check:"zero=the kernel's" example:"a size in KiB such as 32" group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
+	CatchUpThresholdMiB int           `key:"source.catch_up_threshold_mib" field:"CatchUpThreshold" check:"zero=off" example:"64" group:"postgres" name:"catch-up-threshold-mib" default:"${default_catch_up_threshold_mib}" help:"When the slot is this many MiB of WAL behind (after a restart, an outage, a burst), read the backlog in batches through pg_logical_slot_peek_binary_changes, at Postgres' decode speed rather than the replication protocol's send speed, and stream once caught up. Each batch is acknowledged by Kafka and checkpointed before the slot is advanced past it. 0 always streams."`
+	CatchUpBatch        int           `key:"source.catch_up_batch" field:"CatchUpBatch" check:"min=1" group:"postgres" name:"catch-up-batch" default:"${default_catch_up_batch}" help:"pgoutput messages one catch-up batch asks Postgres for (three per one-event transaction); Postgres returns whole transactions, decoded into its memory and spilled to disk past work_mem."`
 	ShutdownTimeout     time.Duration `key:"operations.shutdown_timeout" check:"positive" example:"500ms or 10s" group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
 	kafkaStartFlag      `embed:""`
 	RequestTimeout      time.Duration `key:"kafka.request_timeout" check:"positive" example:"500ms or 10s" group:"kafka" name:"request-timeout" default:"${default_request_timeout}" help:"How long a produce request may take, being written and answered, before it fails and is retried (as Kafka's request.timeout.ms): a broker that stops reading or answering is noticed after this."`
@@ -233,6 +235,8 @@ func (r *RunCmd) config(log zerolog.Logger, m *metrics.Metrics) (relay.Config, e
 		StatusInterval:   r.StatusInterval,
 		ReadCoalesce:     r.ReadCoalesce,
 		ReadBuffer:       r.ReadBufferKiB << 10,
+		CatchUpThreshold: int64(r.CatchUpThresholdMiB) << 20,
+		CatchUpBatch:     r.CatchUpBatch,
 		ShutdownTimeout:  r.ShutdownTimeout,
 		KafkaStartWait:   r.KafkaStartTimeout,
 		Heartbeat:        r.HeartbeatInterval,

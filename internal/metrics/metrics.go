@@ -23,6 +23,12 @@ const (
 	StateStopping      = "stopping"
 )
 
+// Paths of the catch_up_switches_total counter: the relay switched to it.
+const (
+	CatchUpTo = "catch_up"
+	StreamTo  = "stream"
+)
+
 // States lists every relay state, in the order they are exported.
 var States = []string{StateStarting, StateStreaming, StateBackpressured, StateRetrying, StateWaitingSlot, StateStopping}
 
@@ -124,9 +130,19 @@ type Metrics struct {
 	// OutboxWait is the time from an outbox row's insert (its created-at
 	// column, else its commit) to Kafka's acknowledgement, by event type; see
 	// ObserveOutboxWait.
-	OutboxWait       *prometheus.HistogramVec
-	waitTypes        *waitTypes
-	Reconnects       prometheus.Counter
+	OutboxWait *prometheus.HistogramVec
+	waitTypes  *waitTypes
+	Reconnects prometheus.Counter
+	// CatchUpSwitches counts switches between the catch-up path (a backlog
+	// read in batches through SQL) and the replication stream, by the path
+	// switched to (CatchUpTo, StreamTo); CatchingUp is 1 while the relay
+	// catches up; CatchUpBatches counts the batches; CatchUpRedecoded the
+	// bytes of WAL the batches decoded again before their first row (from
+	// the slot's restart point to its confirmed position).
+	CatchUpSwitches  *prometheus.CounterVec
+	CatchingUp       prometheus.Gauge
+	CatchUpBatches   prometheus.Counter
+	CatchUpRedecoded prometheus.Counter
 	CheckpointSaves  prometheus.Counter
 	CheckpointErrors prometheus.Counter
 	// TrackerAnomalies counts acknowledgement-accounting misuse the tracker
@@ -305,6 +321,22 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: namespace, Name: "replication_reconnects_total",
 			Help: "Times the replication connection was re-established after a failure.",
 		}),
+		CatchUpSwitches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "catch_up_switches_total",
+			Help: "Switches between reading a backlog in batches (to=\"catch_up\": pg_logical_slot_peek_binary_changes, source.catch_up_threshold_mib) and the replication stream (to=\"stream\").",
+		}, []string{"to"}),
+		CatchingUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "catching_up",
+			Help: "1 while the relay reads a backlog in batches instead of streaming it, else 0.",
+		}),
+		CatchUpBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "catch_up_batches_total",
+			Help: "Batches of a backlog read through pg_logical_slot_peek_binary_changes.",
+		}),
+		CatchUpRedecoded: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "catch_up_redecoded_bytes_total",
+			Help: "WAL the catch-up batches decoded again before their first row: each decodes from the slot's restart point, which moves only at running-transactions records and stays before the oldest open transaction.",
+		}),
 		CheckpointSaves: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "checkpoint_saves_total",
 			Help: "Checkpoints persisted to the store.",
@@ -444,6 +476,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.ProduceLatency, m.EndToEndLatency, m.ReadLatency, m.QueueLatency, m.ProduceRetries, m.ProduceErrors,
 		m.PermanentFailures, m.ConfirmedLSN, m.ReceivedLSN, m.ServerWALEnd, m.LagBytes,
 		m.LagSeconds, m.InFlightEvents, m.InFlightBytes, m.Reconnects, m.CheckpointSaves,
+		m.CatchUpSwitches, m.CatchingUp, m.CatchUpBatches, m.CatchUpRedecoded,
 		m.CheckpointErrors, m.TrackerAnomalies, m.DuplicatesSuppressed, m.UnknownFateResent, m.OutOfOrderBehind,
 		m.DeliveryFallbacks, m.ReconcileDuration, m.SlotProblems, m.BackfilledEvents, m.State, m.Source, m.BuildInfo,
 		m.CircuitState, m.DeadLetters, m.DeadLetterBacklog, m.DeadLettersByStatus, m.DeadLetterRetries,
@@ -462,6 +495,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.Heartbeats.WithLabelValues("error")
 	m.TraceSpans.WithLabelValues("exported")
 	m.TraceSpans.WithLabelValues("failed")
+	m.CatchUpSwitches.WithLabelValues(CatchUpTo)
+	m.CatchUpSwitches.WithLabelValues(StreamTo)
 	m.ProduceErrors.WithLabelValues("transient")
 	m.ProduceErrors.WithLabelValues("permanent")
 	for _, r := range DeadLetterRetryResults {

@@ -315,6 +315,16 @@ type Config struct {
 	// (replication.StreamConfig); 0, the zero value, leaves it to the
 	// kernel. The command line's default is DefaultReadBuffer.
 	ReadBuffer int
+	// CatchUpThreshold, when positive, is how far behind the slot may be, in
+	// bytes of WAL between its confirmed position and the server's WAL, before
+	// the relay reads the backlog in batches of CatchUpBatch pgoutput messages
+	// through SQL instead of streaming it, switching to the stream once caught
+	// up (catchup.go). 0, the zero value, always streams. The command line's
+	// default is DefaultCatchUpThreshold.
+	CatchUpThreshold int64
+	// CatchUpBatch is how many pgoutput messages one catch-up batch asks for
+	// (DefaultCatchUpBatch); Postgres returns whole transactions.
+	CatchUpBatch int
 	// PersistInterval bounds how long a watermark moved by acknowledged events
 	// waits to be persisted; saves are coalesced to one per interval
 	// (DefaultPersistInterval). A restart after a crash starts from the store,
@@ -406,6 +416,15 @@ const (
 	// cost the walsender less, but 10-event ones drain slower (bench/README.md).
 	DefaultReadBuffer      = 0
 	DefaultPersistInterval = 100 * time.Millisecond
+	// DefaultCatchUpThreshold is the command line's source.catch_up_threshold_mib:
+	// a backlog of 64 MiB of WAL takes the streaming protocol seconds at one
+	// event per transaction, and is worth a batch's fixed costs.
+	DefaultCatchUpThreshold = 64 << 20
+	// DefaultCatchUpBatch is a batch of about 33,000 one-event transactions
+	// (three messages each): large enough that its fixed costs (decoding again
+	// from the slot's restart point, the checkpoint, the advance) are small
+	// per event, small enough that Postgres holds it in a few tens of MB.
+	DefaultCatchUpBatch    = 100_000
 	DefaultIdleCheckpoint  = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultKafkaStartWait  = 30 * time.Second
@@ -426,6 +445,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PersistInterval <= 0 {
 		c.PersistInterval = DefaultPersistInterval
+	}
+	if c.CatchUpBatch <= 0 {
+		c.CatchUpBatch = DefaultCatchUpBatch
 	}
 	if c.IdleCheckpoint <= 0 {
 		c.IdleCheckpoint = DefaultIdleCheckpoint
@@ -579,6 +601,9 @@ type Relay struct {
 	// enableFailover: the slot lacks failover and was in use when the relay
 	// started; the stream switches it on before it first acquires the slot.
 	enableFailover bool
+	// noCatchUp: the catch-up path failed for a reason the stream does not
+	// share (catchup.go); this run streams only.
+	noCatchUp bool
 	// join is what a join this start makes stores with it (join.go).
 	join joinBase
 	// joined are the outbox tables (schema.table) this start added to the

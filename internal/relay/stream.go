@@ -50,9 +50,29 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 		if err := h.err(); err != nil {
 			return r.finish(nil, ck, err)
 		}
-		from := h.tracker.Watermark()
 		var s *replication.Stream
 		err := r.pendingFailover(runCtx)
+		if err == nil {
+			var armed bool
+			armed, err = r.catchUp(runCtx, stop, h, k, ck, !connected)
+			if armed {
+				connected = true // the reconcile was logged; a stream after it is no reconnect
+			}
+			if errors.Is(err, replication.ErrStopped) || (err != nil && ctx.Err() != nil) {
+				return r.finish(nil, ck, nil)
+			}
+			if herr := h.err(); herr != nil {
+				return r.finish(nil, ck, herr)
+			}
+			if errors.Is(err, decoder.ErrMissingColumn) {
+				return r.finish(nil, ck, &replication.ConfigError{Err: err})
+			}
+			if errors.As(err, new(*replication.ConfigError)) || errors.As(err, new(*gaps.GapError)) {
+				return r.finish(nil, ck, err)
+			}
+		}
+		// The stream starts where the catch-up left the watermark.
+		from := h.tracker.Watermark()
 		if err == nil {
 			s, err = replication.Open(runCtx, streamCfg, from)
 		}

@@ -1,0 +1,256 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/replication"
+)
+
+// The catch-up path (Config.CatchUpThreshold): before each stream starts, a
+// slot further behind than the threshold is read in batches through
+// pg_logical_slot_peek_binary_changes on a connection of Config.Pool, fed to
+// the same handler as the stream (same decoder, tracker, gate and committer),
+// and moved with pg_replication_slot_advance only once Kafka acknowledged
+// the batch and its checkpoint is persisted: peek → produce → ack → persist
+// → advance, one batch at a time, since a peek before the advance would read
+// the batch again. The stream then starts from the watermark, where the last
+// batch ended: no gap, and nothing read twice.
+
+// catchUpReadyAfter bounds how long a batch waits for the standby the slot
+// is on to replay the checkpoint that moves it; past it the relay streams.
+const catchUpReadyAfter = 30 * time.Second
+
+// errCatchUpFallback ends a catch-up that cannot go on for a reason the
+// stream does not share; the relay streams instead.
+var errCatchUpFallback = errors.New("catch-up not possible")
+
+// catchUp drains the slot's backlog in batches when it is behind by more
+// than Config.CatchUpThreshold, and returns nil once the stream should take
+// over (caught up, not behind, or catch-up unusable here: logged).
+// It returns replication.ErrStopped once stop was closed and what it read
+// is confirmed, replication.ErrSlotBusy when another process holds the slot,
+// and otherwise the error that ended it, as a stream's.
+func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k health, ck *checkpoint.Committer, first bool) (armed bool, err error) {
+	threshold := r.cfg.CatchUpThreshold
+	if threshold <= 0 || r.noCatchUp {
+		return false, nil
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("catch up: acquire a connection: %w", err)
+	}
+	defer conn.Release()
+	lag, err := replication.ReadSlotLag(ctx, conn, r.cfg.Slot)
+	if err != nil {
+		return false, fmt.Errorf("catch up: %w", err)
+	}
+	if lag.Behind() < uint64(threshold) {
+		return false, nil
+	}
+
+	// The batch stops when the relay halts, a gap check fails or Postgres
+	// shuts down, as the stream does (runStream).
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			// Catching up is producing: the relay is ready while Kafka is.
+			r.ready.Store(k.Healthy())
+			select {
+			case <-done:
+				return
+			case <-h.halted:
+				cancel(h.err())
+				return
+			case err := <-r.fatal:
+				cancel(err)
+				return
+			case err := <-ck.ServerDown():
+				cancel(fmt.Errorf("postgres is shutting down: %w", err))
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+		r.ready.Store(false)
+	}()
+
+	r.log.Info().Uint64("lag_bytes", lag.Behind()).Str("confirmed_lsn", lag.Confirmed.String()).Str("wal_lsn", lag.End.String()).
+		Int64("threshold_bytes", threshold).Int("batch", r.cfg.CatchUpBatch).
+		Msgf("slot is %d MiB behind: catching up in batches (source.catch_up_threshold_mib)", lag.Behind()>>20)
+	r.m.CatchUpSwitches.WithLabelValues(metrics.CatchUpTo).Inc()
+	r.m.CatchingUp.Set(1)
+	r.m.SetState(metrics.StateStreaming)
+	defer r.m.CatchingUp.Set(0)
+
+	c := catchUpRun{r: r, h: h, ck: ck, conn: conn}
+	start := time.Now()
+	batches, txns0 := 0, h.tracker.Delivered()
+	err = c.run(cctx, stop, &lag, first, &armed, &batches)
+	if cause := context.Cause(cctx); cause != nil && ctx.Err() == nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, errCatchUpFallback):
+		r.log.Warn().Err(err).Msg("catch-up stopped; streaming the rest, and streaming only until the relay restarts")
+		r.noCatchUp = true
+	case errors.Is(err, replication.ErrStopped):
+		return armed, err
+	default:
+		r.log.Warn().Err(err).Int("batches", batches).Msg("catch-up failed")
+		return armed, err
+	}
+	r.m.CatchUpSwitches.WithLabelValues(metrics.StreamTo).Inc()
+	r.log.Info().Int("batches", batches).Uint64("transactions", h.tracker.Delivered()-txns0).
+		Int64("duration_ms", time.Since(start).Milliseconds()).Uint64("lag_bytes", lag.Behind()).Str("lsn", h.tracker.Watermark().String()).
+		Msg("caught up: switching to streaming")
+	return armed, nil
+}
+
+// catchUpRun is one catch-up's batches.
+type catchUpRun struct {
+	r    *Relay
+	h    *handler
+	ck   *checkpoint.Committer
+	conn *pgxpool.Conn
+}
+
+func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replication.SlotLag, first bool, armed *bool, batches *int) error {
+	r, h := c.r, c.h
+	// A reconnect may leave acknowledged events unpersisted, or the store
+	// ahead of the slot: a peek starts at the slot, so it must be where the
+	// watermark is.
+	if err := c.confirm(ctx, lag); err != nil {
+		return err
+	}
+	if err := r.arm(ctx, h, h.tracker.Watermark(), first); err != nil {
+		return err
+	}
+	*armed = true
+	threshold := uint64(r.cfg.CatchUpThreshold)
+	cfg := replication.PeekConfig{Slot: r.cfg.Slot, Publication: r.cfg.Publication, Messages: r.cfg.Decoder.MessagePrefix != ""}
+	for {
+		if lag.Behind() < threshold {
+			return nil
+		}
+		if redo := lag.Redecode(); redo > threshold && redo > lag.Behind() {
+			// A long-running transaction holds the restart point: every
+			// batch would decode more again than is left, where the stream
+			// decodes it once.
+			return fmt.Errorf("%w: each batch would decode %d MiB again from the slot's restart point %s (held by the oldest open transaction), more than the %d MiB left",
+				errCatchUpFallback, redo>>20, lag.Restart, lag.Behind()>>20)
+		}
+		r.m.CatchUpBatches.Inc()
+		r.m.CatchUpRedecoded.Add(float64(lag.Redecode()))
+		*batches++
+		upto := *lag
+		began := time.Now()
+		res, err := replication.Peek(ctx, c.conn, cfg, upto.End, r.cfg.CatchUpBatch, stop, h)
+		if err != nil {
+			return fmt.Errorf("catch up: %w", err)
+		}
+		read := time.Since(began)
+		if err := h.tracker.WaitDrained(ctx); err != nil {
+			return fmt.Errorf("catch up: %w", err)
+		}
+		if res.Complete && h.AtBoundary() {
+			// Every transaction before upto.End was read and acknowledged:
+			// the slot may move to it, as a keepalive moves an idle stream.
+			h.tracker.Idle(upto.End, upto.Time)
+		}
+		if err := c.confirm(ctx, lag); err != nil {
+			return err
+		}
+		r.log.Debug().Int("rows", res.Rows).Int64("read_ms", read.Milliseconds()).Int64("total_ms", time.Since(began).Milliseconds()).
+			Uint64("redecoded_bytes", upto.Redecode()).Str("lsn", lag.Confirmed.String()).Uint64("lag_bytes", lag.Behind()).Msg("catch-up batch")
+		if res.Stopped {
+			return replication.ErrStopped
+		}
+		if res.Complete {
+			return nil
+		}
+	}
+}
+
+// confirm persists the watermark (every event before it acknowledged) and
+// moves the slot to what the committer hands out, then reads the slot's lag
+// into lag.
+func (c catchUpRun) confirm(ctx context.Context, lag *replication.SlotLag) error {
+	h, ck := c.h, c.ck
+	if err := h.tracker.WaitDrained(ctx); err != nil {
+		return fmt.Errorf("catch up: %w", err)
+	}
+	if _, err := ck.Save(ctx); err != nil {
+		return fmt.Errorf("catch up: %w", err)
+	}
+	want := h.tracker.Watermark()
+	if ck.Flushed() < want {
+		// On a standby the committer hands out only what the standby holds
+		// of the checkpoint: wait until it has replayed it.
+		wait := time.NewTimer(catchUpReadyAfter)
+		defer wait.Stop()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for ck.Flushed() < want {
+			_ = ck.Refresh(ctx) // a failure is logged; the wait bounds it
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("catch up: %w", ctx.Err())
+			case <-wait.C:
+				return fmt.Errorf("%w: the checkpoint at %s is not on the server the slot is on after %v", errCatchUpFallback, want, catchUpReadyAfter)
+			case <-tick.C:
+			}
+		}
+	}
+	to := ck.Flushed()
+	if to > lag.Confirmed {
+		if err := replication.AdvanceSlot(ctx, c.conn, c.r.cfg.Slot, to); err != nil {
+			if fallback(err) {
+				return fmt.Errorf("%w: %w", errCatchUpFallback, err)
+			}
+			return fmt.Errorf("catch up: %w", err)
+		}
+	}
+	l, err := replication.ReadSlotLag(ctx, c.conn, c.r.cfg.Slot)
+	if err != nil {
+		return fmt.Errorf("catch up: %w", err)
+	}
+	*lag = l
+	return nil
+}
+
+// fallback reports whether err says the server refuses to move the slot
+// through SQL for a reason the stream does not share (a slot synchronized
+// from the primary, privileges): the relay then streams.
+func fallback(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "55006": // busy: the caller waits as for a stream
+		return false
+	case "55000", "42501", "0A000":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,278 @@
+package relay_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/metrics"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// backlog commits txns transactions of perTxn events each while no relay
+// runs, over keys k0..k(keys-1), each event's payload counting up per key
+// ({"seq": n}), plus a rolled-back transaction and an UPDATE of an outbox
+// row among them, which publish nothing. It returns how many events
+// committed.
+func (e *env) backlog(first, txns, perTxn, keys int, seq map[string]int) int {
+	e.t.Helper()
+	n := 0
+	for i := first; i < first+txns; i++ {
+		var sql strings.Builder
+		sql.WriteString("BEGIN;")
+		for j := 0; j < perTxn; j++ {
+			key := fmt.Sprintf("k%d", (i*perTxn+j)%keys)
+			seq[key]++
+			n++
+			fmt.Fprintf(&sql, `INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', '%s', 'E', '{"seq": %d, "fill": "%s"}');`,
+				key, seq[key], strings.Repeat("x", 200))
+		}
+		sql.WriteString("COMMIT;")
+		e.exec(sql.String())
+		if i%97 == 0 {
+			e.exec(`BEGIN; INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('t', 'k0', 'RolledBack', '{}'); ROLLBACK;`)
+			e.exec(`UPDATE outbox_events SET event_type = 'Updated' WHERE ctid = (SELECT min(ctid) FROM outbox_events)`)
+		}
+	}
+	return n
+}
+
+// checkExactlyOnceInOrder fails unless recs hold want events, each id once,
+// none rolled back, and each key's seq counting up 1, 2, 3… in partition
+// order.
+func checkExactlyOnceInOrder(t *testing.T, recs []sandbox.Record, want int) {
+	t.Helper()
+	ids := map[string]int{}
+	last := map[string]int{}
+	for _, r := range recs {
+		ids[r.Headers["id"]]++
+		if r.Headers["event_type"] != "E" {
+			t.Fatalf("record of event type %q published", r.Headers["event_type"])
+		}
+		var p struct{ Seq int }
+		if err := json.Unmarshal(r.Value, &p); err != nil {
+			t.Fatal(err)
+		}
+		k := string(r.Key)
+		if p.Seq != last[k]+1 {
+			t.Fatalf("key %s: seq %d after %d (partition %d offset %d): lost, duplicated or out of order", k, p.Seq, last[k], r.Partition, r.Offset)
+		}
+		last[k] = p.Seq
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Errorf("event %s in Kafka %d times", id, n)
+		}
+	}
+	if len(recs) != want || len(ids) != want {
+		t.Fatalf("%d records, %d distinct events, want %d", len(recs), len(ids), want)
+	}
+}
+
+func switches(m *metrics.Metrics, to string) float64 {
+	return testutil.ToFloat64(m.CatchUpSwitches.WithLabelValues(to))
+}
+
+// TestCatchUpDrainsBacklog: a relay that restarts behind by more than
+// CatchUpThreshold reads the backlog in batches (several here), delivers it
+// exactly once in commit order, logs and counts the switch to streaming, and
+// then streams what comes after, with no gap at the switch.
+func TestCatchUpDrainsBacklog(t *testing.T) {
+	e := newEnv(t)
+	e.start() // creates the slot, streams
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	seq := map[string]int{}
+	n := e.backlog(0, 1500, 1, 40, seq)
+	n += e.backlog(1500, 100, 7, 40, seq)
+	e.cfgHook = func(c *relay.Config) {
+		c.CatchUpThreshold = 1
+		c.CatchUpBatch = 900 // about 300 one-event transactions
+	}
+	e.start()
+	recs := e.waitRecords(n)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := switches(e.m, metrics.StreamTo); got != 1 {
+			return fmt.Errorf("switches to the stream = %v, want 1", got)
+		}
+		return nil
+	})
+	if got := switches(e.m, metrics.CatchUpTo); got != 1 {
+		t.Errorf("switches to catch-up = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(e.m.CatchUpBatches); got < 4 {
+		t.Errorf("catch-up batches = %v, want at least 4 (a backlog of %d events in batches of about 300 transactions)", got, n)
+	}
+	if got := testutil.ToFloat64(e.m.CatchingUp); got != 0 {
+		t.Errorf("catching_up = %v after the switch, want 0", got)
+	}
+	logs := e.logs.String()
+	for _, want := range []string{"catching up in batches", "caught up: switching to streaming", "streaming started"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the logs lack %q", want)
+		}
+	}
+	if strings.Index(logs, "caught up: switching to streaming") > strings.LastIndex(logs, "streaming started") {
+		t.Errorf("the stream started before the catch-up ended")
+	}
+	checkExactlyOnceInOrder(t, recs, n)
+
+	// Streaming after the switch: what commits now arrives, after the backlog.
+	n += e.backlog(1600, 50, 2, 40, seq)
+	recs = e.waitRecords(n)
+	checkExactlyOnceInOrder(t, recs, n)
+	e.waitSlotConfirmed(e.currentLSN())
+	if got := testutil.ToFloat64(e.m.CatchUpBatches); got > 40 {
+		t.Errorf("catch-up batches = %v: the relay kept catching up instead of streaming", got)
+	}
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCatchUpOffStreams: with the threshold at 0 (the relay's zero value) a
+// backlog is streamed: the catch-up path is off.
+func TestCatchUpOffStreams(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	seq := map[string]int{}
+	n := e.backlog(0, 200, 1, 10, seq)
+	e.start()
+	checkExactlyOnceInOrder(t, e.waitRecords(n), n)
+	if got := switches(e.m, metrics.CatchUpTo) + testutil.ToFloat64(e.m.CatchUpBatches); got != 0 {
+		t.Errorf("catch-up ran with the threshold at 0 (switches + batches = %v)", got)
+	}
+}
+
+// holdProduce makes the broker hold every produce request until release;
+// held reports how many it holds.
+func holdProduce(t *testing.T, k *sandbox.Kafka) (release func(), held func() int64) {
+	testenv.RequireLocalKafka(t, k)
+	c := k.Cluster()
+	ch := make(chan struct{})
+	var once sync.Once
+	var n atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		select {
+		case <-ch:
+		default:
+			n.Add(1)
+			c.SleepControl(func() { <-ch })
+		}
+		return nil, nil, false
+	})
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return release, n.Load
+}
+
+// TestCatchUpBatchCutByPostgresRestart: Postgres restarts (fast shutdown)
+// while a batch is half read, with part of a multi-event transaction sent
+// to Kafka: the relay catches up again from its checkpoint, the gate skips
+// what Kafka already holds, and every event is in Kafka exactly once, in
+// order.
+func TestCatchUpBatchCutByPostgresRestart(t *testing.T) {
+	testenv.RequireLocal(t, pg)
+	e := newEnv(t)
+	e.start()
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	seq := map[string]int{}
+	n := e.backlog(0, 400, 5, 20, seq)
+	release, held := holdProduce(t, e.kafka)
+	e.cfgHook = func(c *relay.Config) {
+		c.CatchUpThreshold = 1
+		c.CatchUpBatch = 100_000 // one batch
+		c.MaxInFlightBytes = 64 << 10
+	}
+	e.startNoWait()
+	// The batch is read until the in-flight bound, then waits for Kafka.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if testutil.ToFloat64(e.m.CatchingUp) != 1 || held() == 0 || testutil.ToFloat64(e.m.CatchUpBatches) != 1 {
+			return fmt.Errorf("catching_up %v, %d produce requests held, batches %v", testutil.ToFloat64(e.m.CatchingUp), held(), testutil.ToFloat64(e.m.CatchUpBatches))
+		}
+		return nil
+	})
+	if err := pg.Restart("fast"); err != nil {
+		t.Fatalf("restart postgres: %v", err)
+	}
+	e.pool.Reset()
+	release()
+	recs := e.waitRecords(n)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if got := switches(e.m, metrics.StreamTo); got != 1 {
+			return fmt.Errorf("switches to the stream = %v, want 1", got)
+		}
+		return nil
+	})
+	if got := switches(e.m, metrics.CatchUpTo); got < 2 {
+		t.Errorf("switches to catch-up = %v, want 2 or more: the cut batch is read again", got)
+	}
+	if !strings.Contains(e.logs.String(), "catch-up failed") {
+		t.Errorf("the logs do not say the catch-up failed")
+	}
+	e.waitSlotConfirmed(e.currentLSN())
+	checkExactlyOnceInOrder(t, recs, n)
+	checkExactlyOnceInOrder(t, e.readAll(), n)
+	t.Logf("%d events; catch-up batches %v; the gate skipped %v events Kafka already held; %d produce requests held at the restart",
+		n, testutil.ToFloat64(e.m.CatchUpBatches), testutil.ToFloat64(e.m.DuplicatesSuppressed), held())
+}
+
+// TestCatchUpStopsCleanly: SIGTERM (the context) during a catch-up batch
+// stops at a transaction boundary, confirms what Kafka acknowledged, and a
+// restart (streaming) delivers the rest without a duplicate.
+func TestCatchUpStopsCleanly(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	seq := map[string]int{}
+	n := e.backlog(0, 300, 3, 10, seq)
+	release, held := holdProduce(t, e.kafka)
+	e.cfgHook = func(c *relay.Config) {
+		c.CatchUpThreshold = 1
+		c.CatchUpBatch = 100_000
+		c.MaxInFlightBytes = 32 << 10
+	}
+	e.startNoWait()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if testutil.ToFloat64(e.m.CatchingUp) != 1 || held() == 0 {
+			return errors.New("not yet catching up with produce requests held")
+		}
+		return nil
+	})
+	go func() {
+		// Kafka answers while the relay stops: the stop drains in-flight events.
+		time.Sleep(200 * time.Millisecond)
+		release()
+	}()
+	if err := e.stop(); err != nil {
+		t.Fatalf("stop during catch-up: %v", err)
+	}
+	mid := len(e.readAll())
+	if mid == 0 || mid >= n {
+		t.Logf("stopped with %d of %d events in Kafka", mid, n)
+	}
+	e.cfgHook = nil
+	e.start()
+	e.waitRecords(n)
+	e.waitSlotConfirmed(e.currentLSN())
+	checkExactlyOnceInOrder(t, e.readAll(), n)
+}
