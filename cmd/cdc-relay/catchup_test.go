@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/relayproc"
+	"github.com/cdc-relay/cdc-relay/internal/testenv"
+)
+
+// TestCatchUpKilled (issue 44): the built binary catches up a backlog of the
+// table-less outbox (transactional logical decoding messages) in batches and
+// is killed with SIGKILL twice in the middle of a batch; each restart catches
+// up again from its checkpoint. Every committed message is in Kafka once, in
+// per-key order, none of those that must never be published; then the relay
+// streams.
+func TestCatchUpKilled(t *testing.T) {
+	if sharedPG.Major() < 14 {
+		t.Skipf("PostgreSQL %d has no pgoutput messages option", sharedPG.Major())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	f := newFixture(t, sharedPG, "catchup_killed", true)
+	f.applyOutboxEmit(ctx, t)
+	testenv.RequireLocalKafka(t, f.kafka)
+	args := f.relayArgs("--messages-prefix", "outbox", "--catch-up-threshold-mib", "1", "--catch-up-batch", "900")
+	r := newRelay(t, args)
+	r.Start() // creates the slot
+	r.WaitReady(30 * time.Second)
+	r.Stop(10 * time.Second)
+
+	conn := f.connect(ctx, t)
+	w := newMessageWriter()
+	if err := w.write(ctx, conn, 0, 5000); err != nil {
+		t.Fatal(err)
+	}
+	var behind int64
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&behind); err != nil {
+		t.Fatal(err)
+	}
+	if behind < 1<<20 {
+		t.Fatalf("the backlog is %d bytes of WAL, want over the 1 MiB threshold", behind)
+	}
+	// Slow produce answers, so that a catch-up takes long enough to be killed in.
+	c := f.kafka.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() { time.Sleep(30 * time.Millisecond) })
+		return nil, nil, false
+	})
+
+	for kill := 1; kill <= 2; kill++ {
+		r.Start()
+		var batch float64
+		testenv.Eventually(t, 60*time.Second, func() error {
+			requireRunning(t, r, "while catching up")
+			m, err := r.P.Scrape(ctx) // refused until the run serves metrics
+			if err != nil {
+				return err
+			}
+			if batch = m["cdc_relay_catch_up_batches_total"]; m["cdc_relay_catching_up"] != 1 || batch < 2 {
+				return fmt.Errorf("catching_up %v, batches %v", m["cdc_relay_catching_up"], batch)
+			}
+			return nil
+		})
+		r.Kill()
+		t.Logf("SIGKILL %d in catch-up batch %v of this run, %d records in Kafka", kill, batch, len(f.read(ctx, t)))
+	}
+	r.Start()
+	r.WaitLog("caught up: switching to streaming", 90*time.Second)
+	r.WaitReady(30 * time.Second)
+	if err := w.write(ctx, conn, 5000, 100); err != nil { // streamed
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	ids, never := append([]string(nil), w.committed...), w.never
+	w.mu.Unlock()
+	f.waitRecords(ctx, t, len(ids), 90*time.Second)
+	recs := f.read(ctx, t)
+	t.Logf("%d messages committed, %d never to be published, %d records in Kafka, %d runs", len(ids), len(never), len(recs), r.Runs())
+	checkOrderedOnce(t, recs, ids, never)
+	requireRunning(t, r, "after delivering everything")
+	r.Stop(10 * time.Second)
+	if t.Failed() {
+		t.Logf("relay logs:\n%s", relayproc.Tail(r.Logs(), 60))
+	}
+}
