@@ -104,15 +104,19 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	c := catchUpRun{r: r, h: h, ck: ck, conn: conn}
 	start := time.Now()
 	batches, txns0 := 0, h.tracker.Delivered()
-	err = c.run(cctx, stop, &lag, first, &armed, &batches)
+	var reason string
+	err = c.run(cctx, stop, &lag, first, &armed, &batches, &reason)
 	if cause := context.Cause(cctx); cause != nil && ctx.Err() == nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}
 	switch {
 	case err == nil:
 	case errors.Is(err, errCatchUpFallback):
-		r.log.Warn().Err(err).Msg("catch-up stopped; streaming the rest, and streaming only until the relay restarts")
+		r.m.CatchUpSwitches.WithLabelValues(metrics.StreamTo).Inc()
+		r.log.Warn().Err(err).Int("batches", batches).Str("lsn", h.tracker.Watermark().String()).
+			Msg("catch-up stopped: switching to streaming, and streaming only until the relay restarts")
 		r.noCatchUp = true
+		return armed, nil
 	case errors.Is(err, replication.ErrStopped):
 		return armed, err
 	default:
@@ -122,7 +126,7 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	r.m.CatchUpSwitches.WithLabelValues(metrics.StreamTo).Inc()
 	r.log.Info().Int("batches", batches).Uint64("transactions", h.tracker.Delivered()-txns0).
 		Int64("duration_ms", time.Since(start).Milliseconds()).Uint64("lag_bytes", lag.Behind()).Str("lsn", h.tracker.Watermark().String()).
-		Msg("caught up: switching to streaming")
+		Str("reason", reason).Msg("caught up: switching to streaming")
 	return armed, nil
 }
 
@@ -134,7 +138,7 @@ type catchUpRun struct {
 	conn *pgxpool.Conn
 }
 
-func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replication.SlotLag, first bool, armed *bool, batches *int) error {
+func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replication.SlotLag, first bool, armed *bool, batches *int, reason *string) error {
 	r, h := c.r, c.h
 	// A reconnect may leave acknowledged events unpersisted, or the store
 	// ahead of the slot: a peek starts at the slot, so it must be where the
@@ -150,14 +154,16 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 	cfg := replication.PeekConfig{Slot: r.cfg.Slot, Publication: r.cfg.Publication, Messages: r.cfg.Decoder.MessagePrefix != ""}
 	for {
 		if lag.Behind() < threshold {
+			*reason = "behind by less than the threshold"
 			return nil
 		}
 		if redo := lag.Redecode(); redo > threshold && redo > lag.Behind() {
-			// A long-running transaction holds the restart point: every
-			// batch would decode more again than is left, where the stream
-			// decodes it once.
-			return fmt.Errorf("%w: each batch would decode %d MiB again from the slot's restart point %s (held by the oldest open transaction), more than the %d MiB left",
-				errCatchUpFallback, redo>>20, lag.Restart, lag.Behind()>>20)
+			// The next batch would decode more again, from the slot's
+			// restart point (held back by the last running-transactions
+			// record or by a long-running transaction), than is left: the
+			// stream decodes the rest once.
+			*reason = fmt.Sprintf("a batch would decode %d KiB again from the slot's restart point %s, more than the %d KiB left", redo>>10, lag.Restart, lag.Behind()>>10)
+			return nil
 		}
 		r.m.CatchUpBatches.Inc()
 		r.m.CatchUpRedecoded.Add(float64(lag.Redecode()))
@@ -186,6 +192,7 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 			return replication.ErrStopped
 		}
 		if res.Complete {
+			*reason = "caught up with the WAL"
 			return nil
 		}
 	}
@@ -203,7 +210,7 @@ func (c catchUpRun) confirm(ctx context.Context, lag *replication.SlotLag) error
 		return fmt.Errorf("catch up: %w", err)
 	}
 	want := h.tracker.Watermark()
-	if ck.Flushed() < want {
+	if want > lag.Confirmed && ck.Flushed() < want {
 		// On a standby the committer hands out only what the standby holds
 		// of the checkpoint: wait until it has replayed it.
 		wait := time.NewTimer(catchUpReadyAfter)
