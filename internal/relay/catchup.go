@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
@@ -44,18 +43,19 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	if threshold <= 0 || r.noCatchUp {
 		return false, nil
 	}
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return false, fmt.Errorf("catch up: acquire a connection: %w", err)
-	}
-	defer conn.Release()
-	lag, err := replication.ReadSlotLag(ctx, conn, r.cfg.Slot)
+	lag, err := replication.ReadSlotLag(ctx, r.pool, r.cfg.Slot)
 	if err != nil {
 		return false, fmt.Errorf("catch up: %w", err)
 	}
 	if lag.Behind() < uint64(threshold) {
 		return false, nil
 	}
+
+	conn, err := replication.ConnectSQL(ctx, r.cfg.PGURL, r.cfg.Names)
+	if err != nil {
+		return false, fmt.Errorf("catch up: %w", err)
+	}
+	defer conn.Close(context.Background())
 
 	// The batch stops when the relay halts, a gap check fails or Postgres
 	// shuts down, as the stream does (runStream).
@@ -135,7 +135,7 @@ type catchUpRun struct {
 	r    *Relay
 	h    *handler
 	ck   *checkpoint.Committer
-	conn *pgxpool.Conn
+	conn *replication.SQLConn
 }
 
 func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replication.SlotLag, first bool, armed *bool, batches *int, reason *string) error {

@@ -1,15 +1,20 @@
 package replication
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // The catch-up path reads a slot through SQL instead of a walsender:
@@ -86,9 +91,50 @@ func ReadSlotLag(ctx context.Context, db QueryRower, slot string) (SlotLag, erro
 	return l, nil
 }
 
-// Querier runs a query returning rows: a *pgx.Conn or a *pgxpool.Conn.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+// SQLConn is the catch-up's own connection to the server the slot is on. It
+// keeps the server's warnings, which a walsender's stream ends on (Run): from
+// PostgreSQL 18 a dropped publication is only a warning, after which
+// decoding goes on without it and would skip the outbox's rows.
+type SQLConn struct {
+	*pgx.Conn
+	mu      sync.Mutex
+	warning *pgconn.Notice
+}
+
+// ConnectSQL opens an SQLConn to url (the relay's Postgres URL).
+func ConnectSQL(ctx context.Context, url string, names setting.Namer) (*SQLConn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse Postgres URL %s: %w", names.Name("PGURL"), redactErr(err))
+	}
+	c := &SQLConn{}
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		severity := cmp.Or(n.SeverityUnlocalized, n.Severity)
+		// A failover slot's peek warns while it waits for the standbys of
+		// synchronized_standby_slots, as the walsender waits: not a change
+		// of what is decoded.
+		if severity != "WARNING" || strings.Contains(n.Message, "synchronized_standby_slots") {
+			return
+		}
+		c.mu.Lock()
+		if c.warning == nil {
+			c.warning = n
+		}
+		c.mu.Unlock()
+	}
+	if c.Conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("open the catch-up connection: %w", ConnectError(url, err, names))
+	}
+	return c, nil
+}
+
+// takeWarning returns the first warning since the last call, or nil.
+func (c *SQLConn) takeWarning() *pgconn.Notice {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.warning
+	c.warning = nil
+	return w
 }
 
 // PeekConfig says which slot a peek reads and how pgoutput decodes it: the
@@ -120,8 +166,9 @@ type PeekResult struct {
 // Postgres decodes the whole batch before it sends the first row (into a
 // tuplestore, spilled to disk past work_mem); the rows then come in as the
 // relay reads them.
-func Peek(ctx context.Context, db Querier, cfg PeekConfig, upto pglogrepl.LSN, limit int, stop <-chan struct{}, h Handler) (PeekResult, error) {
+func Peek(ctx context.Context, db *SQLConn, cfg PeekConfig, upto pglogrepl.LSN, limit int, stop <-chan struct{}, h Handler) (PeekResult, error) {
 	var res PeekResult
+	db.takeWarning() // one from an earlier statement is not this batch's
 	sql := "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3, 'proto_version', '1', 'publication_names', $4"
 	if cfg.Messages {
 		sql += ", 'messages', 'true'"
@@ -161,6 +208,11 @@ func Peek(ctx context.Context, db Querier, cfg PeekConfig, upto pglogrepl.LSN, l
 	}
 	if err := rows.Err(); err != nil {
 		return res, peekError(cfg.Slot, err)
+	}
+	if w := db.takeWarning(); w != nil {
+		// As the stream: the caller decides (gaps.StreamError); nothing
+		// of this batch may be confirmed.
+		return res, fmt.Errorf("peek slot %q: server warning: %w", cfg.Slot, (*pgconn.PgError)(w))
 	}
 	res.Complete = res.Rows < limit
 	return res, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -163,4 +164,36 @@ func largeRowID(prefix string, g int) string {
 	sum := md5.Sum([]byte(prefix + strconv.Itoa(g)))
 	h := hex.EncodeToString(sum[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+// backlogRows is how many one-event transactions backlogBurst commits: with
+// their padding, over 2 MiB of WAL, twice the catch-up threshold the
+// catch-up world runs with.
+const backlogRows = 4000
+
+// backlogBurst commits backlogRows one-event transactions into
+// outbox_events on keys of its own, as a burst while the relay is down
+// (Plan.CatchUp), recording each in the ledger once it committed.
+func (r *schedRun) backlogBurst(ctx context.Context, step int) error {
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, r.url)
+	if err != nil {
+		return fmt.Errorf("backlog burst: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	next := map[string]int{}
+	pad := strings.Repeat("b", 300)
+	for i := range backlogRows {
+		key := fmt.Sprintf("backlog%d-s%d-k%d", r.plan.Seed, step, i%bulkKeys)
+		next[key]++
+		ev := ledgerEvent{ID: newUUIDv4(), Key: key, Seq: next[key], Where: tableMain, Step: step}
+		b := &pgx.Batch{}
+		queueEvents(b, []ledgerEvent{ev}, pad)
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("backlog burst: row %d: %w", i, err)
+		}
+		r.led.commit([]ledgerEvent{ev}, nil)
+	}
+	return nil
 }

@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// catchUpLine is what the relay logs when it starts catching up in batches.
+const catchUpLine = "catching up in batches"
+
 // drainTimeout bounds the wait for the slot to confirm a position before a
 // table leaves the relay.
 const drainTimeout = 30 * time.Second
@@ -22,10 +25,23 @@ func (r *schedRun) apply(ctx context.Context, s Step) error {
 		if err := r.stopRelay(ctx, s.Mode); err != nil {
 			return err
 		}
+		if r.plan.CatchUp {
+			// A backlog over the threshold: the start catches up.
+			if err := r.backlogBurst(ctx, r.currentStep()); err != nil {
+				return err
+			}
+		}
 		if err := sleep(ctx, s.Down); err != nil {
 			return err
 		}
-		return r.startRelay(ctx)
+		before := strings.Count(r.relay.Logs(), catchUpLine)
+		if err := r.startRelay(ctx); err != nil {
+			return err
+		}
+		if r.plan.CatchUp {
+			r.note("step %d %s: caught up in batches %v", r.currentStep(), s.Op, strings.Count(r.relay.Logs(), catchUpLine) > before)
+		}
+		return nil
 	case "table-join":
 		if err := r.stopRelay(ctx, s.Mode); err != nil {
 			return err

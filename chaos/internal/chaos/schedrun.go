@@ -325,6 +325,9 @@ func (r *schedRun) relayArgs() []string {
 	if r.standby != nil {
 		args = append(args, "--primary-pg-url", r.url)
 	}
+	if r.plan.CatchUp {
+		args = append(args, "--catch-up-threshold-mib", "1", "--catch-up-batch", "1500")
+	}
 	return args
 }
 

@@ -52,7 +52,13 @@ type Plan struct {
 	// a bulk burst (multi-row INSERT ... SELECT, COPY, transactions that
 	// commit in another order than they began) wrote before it.
 	Snapshot bool
-	Steps    []Step
+	// CatchUp says whether the relay runs with the catch-up path at its
+	// lowest threshold (--catch-up-threshold-mib 1, small batches), and each
+	// relay-kill or relay-stop leaves it a backlog of one-event transactions
+	// over the threshold, which its restart reads in batches before it
+	// streams (issue 44).
+	CatchUp bool
+	Steps   []Step
 }
 
 // Step is one operation of a plan, with the parameters drawn for it.
@@ -108,6 +114,9 @@ func (p Plan) String() string {
 	if p.Snapshot {
 		snapshot = " snapshot=initial"
 	}
+	if p.CatchUp {
+		snapshot += " catch-up"
+	}
 	return fmt.Sprintf("seed=%d schedule=[source=%s layout=%s delivery=%s messages=%v outbox_b=%v partitions=%v%s; %s]",
 		p.Seed, p.Source, p.Layout, p.Delivery, p.Messages, p.BMember, p.Buckets, snapshot, strings.Join(steps, "; "))
 }
@@ -118,11 +127,17 @@ func (p Plan) Uses(name string) bool {
 	if name == WorldSnapshot {
 		return p.Snapshot
 	}
+	if name == WorldCatchUp {
+		return p.CatchUp
+	}
 	return slices.ContainsFunc(p.Steps, func(s Step) bool { return s.Op == name })
 }
 
 // WorldSnapshot names Plan.Snapshot in Plan.Uses.
 const WorldSnapshot = "snapshot-initial"
+
+// WorldCatchUp names Plan.CatchUp in Plan.Uses.
+const WorldCatchUp = "catch-up"
 
 // largeJoinRows is how many rows outbox_b holds when table-join-large
 // joins it.
@@ -321,5 +336,8 @@ func NewPlan(seed uint64, cfg PlanConfig) Plan {
 		st.Op, st.Wait = op.name, wait
 		p.Steps = append(p.Steps, st)
 	}
+	// Drawn after the steps, so that adding it changed no earlier seed's
+	// schedule; it takes effect at the relay's kills and stops.
+	p.CatchUp = r.IntN(2) == 0
 	return p
 }
