@@ -25,7 +25,8 @@ const (
 // Postgres restarted, a partition detached then dropped, the broker
 // restarted, a table leaving), 16 (listed: SIGKILL and SIGTERM, a partition
 // attached, a table joining after a SIGKILL, the broker reading no more
-// twice, a partition detached). Seed 60 (listed, the combinations of
+// twice, a partition detached; the catch-up world, both restarts reading a
+// backlog in batches). Seed 60 (listed, the combinations of
 // issue 42: an initial snapshot of tables holding bulk-written rows, two
 // replays beside the stream, a 50k-row table joining with the broker
 // stopped mid-join, the broker reading no more and restarted) is not among
