@@ -165,6 +165,11 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 			*reason = fmt.Sprintf("a batch would decode %d KiB again from the slot's restart point %s, more than the %d KiB left", redo>>10, lag.Restart, lag.Behind()>>10)
 			return nil
 		}
+		select {
+		case <-stop:
+			return replication.ErrStopped // what was read is confirmed
+		default:
+		}
 		r.m.CatchUpBatches.Inc()
 		r.m.CatchUpRedecoded.Add(float64(lag.Redecode()))
 		*batches++

@@ -107,6 +107,11 @@ func ConnectSQL(ctx context.Context, url string, names setting.Namer) (*SQLConn,
 	if err != nil {
 		return nil, fmt.Errorf("parse Postgres URL %s: %w", names.Name("PGURL"), redactErr(err))
 	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		// Tells the batches' backend apart from the walsender's in
+		// pg_stat_activity (and to the benchmark's CPU accounting).
+		cfg.RuntimeParams["application_name"] = "cdc-relay catch-up"
+	}
 	c := &SQLConn{}
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
 		severity := cmp.Or(n.SeverityUnlocalized, n.Severity)
@@ -181,11 +186,18 @@ func Peek(ctx context.Context, db *SQLConn, cfg PeekConfig, upto pglogrepl.LSN, 
 		return res, peekError(cfg.Slot, err)
 	}
 	defer rows.Close()
+	stopping := false
 	for rows.Next() {
 		for wait := h.Backpressure(); wait != nil; wait = h.Backpressure() {
 			select {
 			case <-ctx.Done():
 				return res, ctx.Err()
+			case <-stopIf(!stopping, stop):
+				stopping = true
+				if h.AtBoundary() {
+					res.Stopped = true
+					return res, nil
+				}
 			case <-wait:
 			}
 		}
@@ -197,13 +209,16 @@ func Peek(ctx context.Context, db *SQLConn, cfg PeekConfig, upto pglogrepl.LSN, 
 			return res, err
 		}
 		res.Rows++
-		select {
-		case <-stop:
-			if h.AtBoundary() {
-				res.Stopped = true
-				return res, nil
+		if !stopping {
+			select {
+			case <-stop:
+				stopping = true
+			default:
 			}
-		default:
+		}
+		if stopping && h.AtBoundary() {
+			res.Stopped = true
+			return res, nil
 		}
 	}
 	if err := rows.Err(); err != nil {
