@@ -47,7 +47,9 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	if err != nil {
 		return false, fmt.Errorf("catch up: %w", err)
 	}
-	if lag.Behind() < uint64(threshold) {
+	if lag.Behind() < uint64(threshold) || lag.Active {
+		// Held by another relay (or by the walsender of this one's last
+		// stream, still exiting): the stream's start decides, and waits.
 		return false, nil
 	}
 

@@ -39,6 +39,8 @@ type SlotLag struct {
 	// Time is the server's clock when it read End: every transaction that
 	// commits before End committed before Time.
 	Time time.Time
+	// Active says a process holds the slot (a walsender, or a peek).
+	Active bool
 }
 
 // Behind is how many bytes of WAL lie between the slot and End.
@@ -68,8 +70,9 @@ const readableWALSQL = "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_l
 func ReadSlotLag(ctx context.Context, db QueryRower, slot string) (SlotLag, error) {
 	var confirmed, restart, end *string
 	var at time.Time
-	err := db.QueryRow(ctx, "SELECT confirmed_flush_lsn::text, restart_lsn::text, "+readableWALSQL+"::text, now() FROM pg_replication_slots WHERE slot_name = $1", slot).
-		Scan(&confirmed, &restart, &end, &at)
+	var active bool
+	err := db.QueryRow(ctx, "SELECT confirmed_flush_lsn::text, restart_lsn::text, "+readableWALSQL+"::text, now(), active FROM pg_replication_slots WHERE slot_name = $1", slot).
+		Scan(&confirmed, &restart, &end, &at, &active)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotLag{}, fmt.Errorf("read the lag of slot %q: the slot does not exist", slot)
 	}
@@ -79,7 +82,7 @@ func ReadSlotLag(ctx context.Context, db QueryRower, slot string) (SlotLag, erro
 	if confirmed == nil || restart == nil || end == nil {
 		return SlotLag{}, fmt.Errorf("read the lag of slot %q: the slot has no confirmed or restart position (invalidated, or not a logical slot)", slot)
 	}
-	l := SlotLag{Time: at}
+	l := SlotLag{Time: at, Active: active}
 	for _, f := range []struct {
 		text *string
 		lsn  *pglogrepl.LSN
