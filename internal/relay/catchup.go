@@ -59,6 +59,13 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	}
 	defer conn.Close(context.Background())
 
+	// A save that failed while Postgres shut down before this catch-up
+	// left its error; this catch-up's own statements fail if it still is.
+	select {
+	case <-ck.ServerDown():
+	default:
+	}
+
 	// The batch stops when the relay halts, a gap check fails or Postgres
 	// shuts down, as the stream does (runStream).
 	cctx, cancel := context.WithCancelCause(ctx)
@@ -154,6 +161,7 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 	*armed = true
 	threshold := uint64(r.cfg.CatchUpThreshold)
 	cfg := replication.PeekConfig{Slot: r.cfg.Slot, Publication: r.cfg.Publication, Messages: r.cfg.Decoder.MessagePrefix != ""}
+	limit, growing := r.cfg.CatchUpBatch, 0
 	for {
 		if lag.Behind() < threshold {
 			*reason = "behind by less than the threshold"
@@ -177,7 +185,7 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 		*batches++
 		upto := *lag
 		began := time.Now()
-		res, err := replication.Peek(ctx, c.conn, cfg, upto.End, r.cfg.CatchUpBatch, stop, h)
+		res, err := replication.Peek(ctx, c.conn, cfg, upto.End, limit, stop, h)
 		if err != nil {
 			return fmt.Errorf("catch up: %w", err)
 		}
@@ -193,7 +201,7 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 		if err := c.confirm(ctx, lag); err != nil {
 			return err
 		}
-		r.log.Debug().Int("rows", res.Rows).Int64("read_ms", read.Milliseconds()).Int64("total_ms", time.Since(began).Milliseconds()).
+		r.log.Debug().Int("rows", res.Rows).Int("limit", limit).Int64("read_ms", read.Milliseconds()).Int64("total_ms", time.Since(began).Milliseconds()).
 			Uint64("redecoded_bytes", upto.Redecode()).Str("lsn", lag.Confirmed.String()).Uint64("lag_bytes", lag.Behind()).Msg("catch-up batch")
 		if res.Stopped {
 			return replication.ErrStopped
@@ -202,8 +210,40 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 			*reason = "caught up with the WAL"
 			return nil
 		}
+		// A batch that decoded more again than it moved the slot is mostly
+		// re-decoding: the next asks for twice as much, up to
+		// maxBatchGrowth times the setting, beyond which the stream,
+		// which decodes once, is cheaper.
+		moved := uint64(0)
+		if lag.Confirmed > upto.Confirmed {
+			moved = uint64(lag.Confirmed - upto.Confirmed)
+		}
+		if upto.Redecode() > moved {
+			if limit >= r.cfg.CatchUpBatch*maxBatchGrowth {
+				*reason = fmt.Sprintf("a batch of %d messages decoded %d KiB again from the slot's restart point to move it %d KiB", limit, upto.Redecode()>>10, moved>>10)
+				return nil
+			}
+			limit *= 2
+		}
+		// Writers faster than the batches: the stream keeps up better.
+		if lag.Behind() >= upto.Behind() {
+			if growing++; growing >= notShrinking {
+				*reason = fmt.Sprintf("the backlog did not shrink over %d batches (%d KiB)", notShrinking, lag.Behind()>>10)
+				return nil
+			}
+		} else {
+			growing = 0
+		}
 	}
 }
+
+// maxBatchGrowth bounds how far a catch-up grows its batches past
+// Config.CatchUpBatch when re-decoding dominates them.
+const maxBatchGrowth = 16
+
+// notShrinking is how many batches in a row may end with the slot as far
+// behind as before, or further, before the relay streams instead.
+const notShrinking = 3
 
 // confirm persists the watermark (every event before it acknowledged) and
 // moves the slot to what the committer hands out, then reads the slot's lag
