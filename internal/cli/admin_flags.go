@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -26,6 +27,9 @@ type AdminFlags struct {
 // calls it last; it is no kong Validate hook, so config print, which embeds
 // run's flags, reads no token file). Errors never show the token.
 func (a *AdminFlags) validate() error {
+	if err := checkListenAddr(a.MetricsAddr); err != nil {
+		return flagError("metrics-addr", err.Error())
+	}
 	if a.MetricsTokenFile != "" {
 		if a.MetricsToken != "" {
 			return flagError("metrics-token-file", "and --metrics-token (CDC_RELAY_METRICS_TOKEN) are both set: use one")
@@ -45,6 +49,23 @@ func (a *AdminFlags) validate() error {
 	}
 	if a.MetricsToken != "" && !admin.ValidToken(a.MetricsToken) {
 		return flagError("metrics-token", "has a space or a character other than printable ASCII")
+	}
+	return nil
+}
+
+// checkListenAddr checks addr as net.Listen("tcp", addr) will read it,
+// without listening: host:port with a port from 0 to 65535 (or a service
+// name); "" (no server) is fine. A port in use is found only at start.
+func checkListenAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("is %q, not host:port (127.0.0.1:9187, :9187): %v", addr, strings.TrimPrefix(err.Error(), "address "+addr+": "))
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("is %q, whose port %q is not a port number from 0 to 65535", addr, port)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 // ConfigCmd is "cdc-relay config".
 type ConfigCmd struct {
 	Print        ConfigPrintCmd        `cmd:"" help:"Show the effective configuration of run: every run flag's value and where it came from (flag, env, file, debezium or default), with secrets redacted. Takes the same flags as run, and checks nothing but their syntax."`
+	Check        ConfigCheckCmd        `cmd:"" help:"Check the configuration of run as run does before it connects (bounds, values, tables: entries, topic templates), without connecting: exit 0 when run would start with it, 2 naming the key to fix."`
 	FromDebezium ConfigFromDebeziumCmd `cmd:"" name:"from-debezium" help:"Print the --config YAML equivalent to a Debezium connector configuration (see --debezium-config)."`
 }
 

@@ -453,10 +453,12 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate checks everything in c that can be checked without connecting,
-// and returns a *setting.FieldError naming the field to fix. Run calls it
-// first.
-func (c Config) Validate() error {
+// CheckSettings checks the settings in c, those a configuration sets
+// (what Validate checks but the values built over the database: Pool,
+// Checkpoints, the snapshot and the backfill), and returns a
+// *setting.FieldError naming the field to fix. cdc-relay config check calls
+// it without connecting anywhere.
+func (c Config) CheckSettings() error {
 	if !replication.ValidName(c.Slot) {
 		return c.Names.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
 	}
@@ -500,6 +502,21 @@ func (c Config) Validate() error {
 	if len(c.Sink.Brokers) == 0 {
 		return c.Names.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
+	switch c.JoinMode {
+	case "", JoinAll, JoinAfterCheckpoint, JoinNone:
+	default:
+		return c.Names.Errorf("JoinMode", "%q is not a join mode: %s, %s or %s", c.JoinMode, JoinAll, JoinAfterCheckpoint, JoinNone)
+	}
+	return nil
+}
+
+// Validate checks everything in c that can be checked without connecting,
+// and returns a *setting.FieldError naming the field to fix. Run calls it
+// first.
+func (c Config) Validate() error {
+	if err := c.CheckSettings(); err != nil {
+		return err
+	}
 	if c.Pool == nil {
 		return c.Names.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
 	}
@@ -509,11 +526,6 @@ func (c Config) Validate() error {
 	}
 	if c.Checkpoints == nil {
 		return c.Names.Errorf("Checkpoints", "no checkpoint store configured")
-	}
-	switch c.JoinMode {
-	case "", JoinAll, JoinAfterCheckpoint, JoinNone:
-	default:
-		return c.Names.Errorf("JoinMode", "%q is not a join mode: %s, %s or %s", c.JoinMode, JoinAll, JoinAfterCheckpoint, JoinNone)
 	}
 	if c.Decoder.Table == "" {
 		// A message outbox alone: its events exist only in the WAL.
