@@ -16,7 +16,7 @@ import (
 // /healthz, /readyz). It listens on loopback unless told otherwise, and takes
 // an optional bearer token.
 type AdminFlags struct {
-	MetricsAddr       string `key:"operations.metrics_addr" field:"Admin.Addr" default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables). Loopback by default: set e.g. 0.0.0.0:9187 for Prometheus on another host, preferably with --metrics-token-file."`
+	MetricsAddr       string `key:"operations.metrics_addr" field:"Admin.Addr" default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables); loopback unless set, e.g. to 0.0.0.0:9187 with --metrics-token-file."`
 	MetricsToken      string `key:"operations.metrics_token" help:"Bearer token every request to the HTTP endpoints must send (Authorization: Bearer TOKEN); prefer --metrics-token-file." placeholder:"TOKEN"`
 	MetricsTokenFile  string `key:"operations.metrics_token_file" field:"Admin.Token" type:"path" help:"Read --metrics-token from this file instead (e.g. a mounted secret)." placeholder:"FILE"`
 	MetricsOpenProbes bool   `key:"operations.metrics_open_probes" help:"With a token, serve /healthz and /readyz without it (for probes that cannot send a secret header); /metrics still needs it."`

@@ -107,3 +107,54 @@ func TestRunRefusesBadMetricsAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigPrintTablesGolden: config print shows the whole document: the
+// tables entries with their overrides, the rows by section (source,
+// tables, outbox, format, kafka, delivery, dead_letters, operations), and
+// with --changed only what differs from the defaults; as text and as JSON
+// (testdata/config-print-tables.golden).
+func TestConfigPrintTablesGolden(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	path := writeFile(t, dir, "relay.yaml", `source:
+  pg_url: postgres://relay:secret-1@db:5432/app
+kafka:
+  brokers: [kafka-1:9092, kafka-2:9092]
+  compression: zstd
+tables:
+  - public.outbox_events
+  - name: shipping.parcels_outbox
+    topic: 'shipping.{aggregate_type}'
+    columns: {aggregate_id: parcel_id}
+    on-error: halt
+    header_columns: [carrier, region=x-region]
+delivery:
+  mode: at-least-once
+operations:
+  metrics_addr: 0.0.0.0:9187
+`)
+	var b strings.Builder
+	for _, args := range [][]string{{"--changed"}, {"--changed", "--json"}} {
+		err, out, _ := run(t, canceled(), append([]string{"config", "print", "--config", path, "--set", "slot=orders"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "$ cdc-relay config print --config relay.yaml --set slot=orders %s\n%s\n", strings.Join(args, " "), strings.ReplaceAll(out, dir+"/", ""))
+	}
+	golden(t, "config-print-tables.golden", b.String())
+	// Without --changed every setting is there, by section.
+	err, out, _ := run(t, canceled(), "config", "print", "--config", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sections []string
+	for _, line := range strings.Split(out, "\n")[2:] {
+		if sec, _, _ := strings.Cut(strings.Fields(line + " x")[0], "."); len(sections) == 0 || sections[len(sections)-1] != sec {
+			sections = append(sections, sec)
+		}
+	}
+	want := "source tables tables[shipping messages outbox format kafka delivery dead_letters operations x"
+	if got := strings.Join(sections, " "); got != want {
+		t.Errorf("sections in the order %s, want %s", got, want)
+	}
+}

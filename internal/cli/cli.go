@@ -33,8 +33,8 @@ const EnvPrefix = "CDC_RELAY"
 type CLI struct {
 	HelpAll helpAllFlag `name:"help-all" env:"-" help:"Show every flag, not only the common ones."`
 
-	ConfigFile     string   `name:"config" help:"YAML file of settings by key, in sections (source: {slot: …}, kafka: {brokers: [a:9092]}), or by flag name without the dashes (pg-url: …); the environment, --set and flags override it. See cdc-relay config print." placeholder:"FILE"`
-	Set            []string `name:"set" sep:"none" env:"-" placeholder:"KEY=VALUE" help:"Set one setting by its key (--set source.slot=orders, --set kafka.brokers=k1:9092,k2:9092), over the environment and the files; repeat it for several. docs/configuration.md lists every key."`
+	ConfigFile     string   `name:"config" help:"YAML file of settings by key (source: {slot: …}); the environment, --set and flags override it." placeholder:"FILE"`
+	Set            []string `name:"set" sep:"none" env:"-" placeholder:"KEY=VALUE" help:"Set one setting by key (source.slot=orders), over the environment and the file; repeat it."`
 	DebeziumConfig string   `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these settings; flags, --set, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka, each once in the Kafka log (at least once with --delivery at-least-once)."`
@@ -105,6 +105,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.Description(description),
 		kong.ExplicitGroups(helpGroups),
 		kong.Help(printHelp),
+		kong.ValueFormatter(helpValue),
 		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),

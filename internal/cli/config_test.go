@@ -389,7 +389,7 @@ metrics-token-file: `+tokenFile+`
 		}
 	}
 
-	// JSON: every run flag, in run's order, each with its variable.
+	// JSON: every run flag, by section (sectionOrder), each with its variable.
 	var p printed
 	if err := json.Unmarshal([]byte(js), &p); err != nil {
 		t.Fatal(err)
@@ -422,7 +422,8 @@ metrics-token-file: `+tokenFile+`
 	}
 }
 
-// runFlagNames are the run command's flags, in --help order.
+// runFlagNames are the run command's flags, in config print's order: by
+// section, in --help order within one.
 func runFlagNames(t *testing.T) []string {
 	t.Helper()
 	var c CLI
@@ -435,7 +436,9 @@ func runFlagNames(t *testing.T) []string {
 		if n.Name != "run" {
 			continue
 		}
-		for _, f := range n.Flags {
+		flags := slices.Clone(n.Flags)
+		slices.SortStableFunc(flags, func(a, b *kong.Flag) int { return sectionRank(a.Tag.Get("key")) - sectionRank(b.Tag.Get("key")) })
+		for _, f := range flags {
 			if f.Name != "help" {
 				names = append(names, f.Name)
 			}

@@ -36,7 +36,7 @@ import (
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
 	PGURL       string   `key:"source.pg_url" field:"PGURL,Pool" name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
-	PGURLFile   string   `key:"source.pg_url_file" name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
+	PGURLFile   string   `key:"source.pg_url_file" name:"pg-url-file" type:"path" help:"Read --pg-url from this file (a mounted secret), keeping the password off the command line and out of the environment." placeholder:"FILE"`
 	Slot        string   `key:"source.slot" field:"Slot" default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
 	Publication string   `key:"source.publication" field:"Publication" default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
 	Table       []string `key:"tables" field:"Decoder.Schema,Decoder.Table" default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`

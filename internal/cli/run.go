@@ -36,7 +36,7 @@ type RunCmd struct {
 	// Each flag is in one help group (help.go), and the groups appear in the
 	// order of their first flag here: Postgres, Kafka, routing and format,
 	// delivery and failures, operations.
-	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone). Repeat it, or separate with commas, for several outbox tables of one column layout behind one relay and one slot: the publication covers them all (extended on restart when a table joins the list), events keep their order within each table, and the {schema} and {table} placeholders of --topic name the table of each event'"`
+	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone). Repeat it, or separate with commas, for several behind one slot; an entry of the tables: list of the --config file may override the outbox settings of one table ({name: s.t, topic: …})'"`
 	messagesFlag `embed:"" group:"postgres"`
 	KafkaFlags   `embed:""` // its --topic flags are in group routing
 
