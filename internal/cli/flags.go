@@ -229,7 +229,7 @@ func (f *headerColumnFlags) headerColumns() (map[string]string, error) {
 // payloadFormatFlags say what the relay derives from the payload column's type
 // and the tracing column (run, replay; see docs/kafka.md#formats).
 type payloadFormatFlags struct {
-	ContentType   string `key:"outbox.content_type" field:"Sink.ContentType,Decoder.ContentType" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
+	ContentType   string `key:"outbox.content_type" field:"Decoder.ContentType" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `key:"outbox.columns.tracing" field:"Decoder.TracingColumn" default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
 	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
@@ -557,7 +557,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	conn.Log(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
-	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport, Names: runNames.Within("Sink")}
+	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport, Names: runNames.Within("Sink"), DecoderNames: runNames.Within("Decoder")}
 	rf.apply(&cfg)
 	p, err := sink.NewPublisher(octx, cfg)
 	if err != nil {

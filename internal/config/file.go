@@ -336,7 +336,7 @@ func (cf *File) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, er
 
 // TableEntry is one entry of the file's table list: a table's name, and
 // for an entry written as a mapping ({name: schema.table, topic: …}) the
-// settings it overrides for that table (see RunCmd.applyTable).
+// settings it overrides for that table (see cli.RunCmd.forTable).
 type TableEntry struct {
 	Name      string
 	Line      int

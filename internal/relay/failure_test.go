@@ -169,7 +169,7 @@ func TestPoisonEventHalts(t *testing.T) {
 	select {
 	case err := <-e.done:
 		e.cancel = nil
-		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), setting.Namer{}.Name("OpenDeadLetters")) ||
+		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), setting.Namer{}.Name("DeadLetter")) ||
 			!strings.Contains(err.Error(), "message_too_large") {
 			t.Fatalf("Run = %v; want an error naming event %s, the code and the dead-letter setting", err, bigID)
 		}

@@ -719,7 +719,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	h.deadLetter = cfg.DeadLetter
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = r.log
-	sinkCfg.Names = cfg.Names.Within("Sink")
+	sinkCfg.Names, sinkCfg.DecoderNames = cfg.Names.Within("Sink"), cfg.Names.Within("Decoder")
 	sinkCfg.Metrics = r.m
 	sinkCfg.Idempotent = cfg.Delivery == DeliveryEffectivelyOnce
 	if sinkCfg.Idempotent {
