@@ -72,7 +72,7 @@ func checkListenAddr(addr string) error {
 
 // startAdmin starts the HTTP server, or returns nil when --metrics-addr is
 // empty.
-func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log zerolog.Logger) (*admin.Server, error) {
+func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, notReady func() string, log zerolog.Logger) (*admin.Server, error) {
 	if a.MetricsAddr == "" {
 		return nil, nil
 	}
@@ -80,7 +80,7 @@ func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log
 		return nil, err
 	}
 	srv, err := admin.Start(admin.Config{
-		Addr: a.MetricsAddr, Registry: reg, Ready: ready,
+		Addr: a.MetricsAddr, Registry: reg, Ready: ready, NotReady: notReady,
 		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Pprof: a.Pprof, Logger: log, Names: runNames.Within("Admin"),
 	})
 	if err != nil {

@@ -486,7 +486,7 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	if env.OnRelay != nil {
 		env.OnRelay(rl)
 	}
-	srv, err := r.startAdmin(reg, rl.Ready, log)
+	srv, err := r.startAdmin(reg, rl.Ready, rl.NotReady, log)
 	if err != nil {
 		return err
 	}

@@ -571,6 +571,8 @@ type Relay struct {
 	log   zerolog.Logger
 	m     *metrics.Metrics
 	ready atomic.Bool
+	// why says what keeps the relay from ready (NotReady), set with ready.
+	why atomic.Pointer[string]
 	// eventLog logs per-event failures: at most 10 lines a minute.
 	eventLog zerolog.Logger
 	// pool reaches the source database (Config.Pool, set by Run).
@@ -615,6 +617,25 @@ func New(cfg Config) *Relay {
 
 // Ready reports whether the relay is streaming and Kafka is accepting events.
 func (r *Relay) Ready() bool { return r.ready.Load() }
+
+// NotReady says what keeps the relay from ready, for /readyz: "" while it
+// is ready, else which side is down (Postgres, Kafka) or that it is not
+// streaming yet.
+func (r *Relay) NotReady() string {
+	if r.ready.Load() {
+		return ""
+	}
+	if why := r.why.Load(); why != nil {
+		return *why
+	}
+	return "not streaming yet: starting (connecting to Postgres and Kafka, checking the slot)"
+}
+
+// setReady records whether the relay is ready and, when not, why.
+func (r *Relay) setReady(ready bool, why string) {
+	r.why.Store(&why)
+	r.ready.Store(ready)
+}
 
 // autoRetry runs the dead letters' automatic retries until ctx ends, again
 // after a backoff whenever they fail.
