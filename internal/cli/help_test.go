@@ -148,6 +148,7 @@ func TestRequiredMarkers(t *testing.T) {
 	want := map[string][]string{
 		"run":          {"pg-url", "kafka-brokers"},
 		"config print": {"pg-url", "kafka-brokers"}, // run's, as config print shows them
+		"config check": {"pg-url", "kafka-brokers"}, // run's, which config check requires as run does
 		"replay":       {"pg-url", "kafka-brokers", "since"},
 		"dlq replay":   {"pg-url", "kafka-brokers"},
 		"dlq list":     {"pg-url"},
@@ -170,7 +171,7 @@ func TestRequiredMarkers(t *testing.T) {
 	}
 	for _, n := range cmds {
 		for _, f := range ownFlags(n) {
-			if f.Name == "kafka-brokers" && !slices.Contains([]string{"run", "config print"}, commandPath(n)) && !strings.HasPrefix(f.Help, "Required unless --dry-run.") {
+			if f.Name == "kafka-brokers" && !slices.Contains([]string{"run", "config print", "config check"}, commandPath(n)) && !strings.HasPrefix(f.Help, "Required unless --dry-run.") {
 				t.Errorf("%s --kafka-brokers: help %q, want it to start \"Required unless --dry-run.\"", commandPath(n), f.Help)
 			}
 		}
