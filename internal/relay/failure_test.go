@@ -270,6 +270,9 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 	if e.relay.Ready() {
 		t.Error("relay ready while Kafka fails every request")
 	}
+	if why := e.relay.NotReady(); !strings.HasPrefix(why, "Kafka: ") {
+		t.Errorf("NotReady = %q while Kafka fails every request, want it to name Kafka", why)
+	}
 	failing.Lock()
 	broken = false
 	failing.Unlock()
