@@ -453,10 +453,12 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate checks everything in c that can be checked without connecting,
-// and returns a *setting.FieldError naming the field to fix. Run calls it
-// first.
-func (c Config) Validate() error {
+// CheckSettings checks the settings in c, those a configuration sets
+// (what Validate checks but the values built over the database: Pool,
+// Checkpoints, the snapshot and the backfill), and returns a
+// *setting.FieldError naming the field to fix. cdc-relay config check calls
+// it without connecting anywhere.
+func (c Config) CheckSettings() error {
 	if !replication.ValidName(c.Slot) {
 		return c.Names.Errorf("Slot", "slot name %q is invalid: use lowercase letters, digits and underscores, at most 63", c.Slot)
 	}
@@ -500,6 +502,21 @@ func (c Config) Validate() error {
 	if len(c.Sink.Brokers) == 0 {
 		return c.Names.Errorf("Sink.Brokers", "no Kafka brokers configured")
 	}
+	switch c.JoinMode {
+	case "", JoinAll, JoinAfterCheckpoint, JoinNone:
+	default:
+		return c.Names.Errorf("JoinMode", "%q is not a join mode: %s, %s or %s", c.JoinMode, JoinAll, JoinAfterCheckpoint, JoinNone)
+	}
+	return nil
+}
+
+// Validate checks everything in c that can be checked without connecting,
+// and returns a *setting.FieldError naming the field to fix. Run calls it
+// first.
+func (c Config) Validate() error {
+	if err := c.CheckSettings(); err != nil {
+		return err
+	}
 	if c.Pool == nil {
 		return c.Names.Errorf("Pool", "no connection pool to the source database: open it with relay.OpenPool")
 	}
@@ -509,11 +526,6 @@ func (c Config) Validate() error {
 	}
 	if c.Checkpoints == nil {
 		return c.Names.Errorf("Checkpoints", "no checkpoint store configured")
-	}
-	switch c.JoinMode {
-	case "", JoinAll, JoinAfterCheckpoint, JoinNone:
-	default:
-		return c.Names.Errorf("JoinMode", "%q is not a join mode: %s, %s or %s", c.JoinMode, JoinAll, JoinAfterCheckpoint, JoinNone)
 	}
 	if c.Decoder.Table == "" {
 		// A message outbox alone: its events exist only in the WAL.
@@ -559,6 +571,8 @@ type Relay struct {
 	log   zerolog.Logger
 	m     *metrics.Metrics
 	ready atomic.Bool
+	// why says what keeps the relay from ready (NotReady), set with ready.
+	why atomic.Pointer[string]
 	// eventLog logs per-event failures: at most 10 lines a minute.
 	eventLog zerolog.Logger
 	// pool reaches the source database (Config.Pool, set by Run).
@@ -603,6 +617,25 @@ func New(cfg Config) *Relay {
 
 // Ready reports whether the relay is streaming and Kafka is accepting events.
 func (r *Relay) Ready() bool { return r.ready.Load() }
+
+// NotReady says what keeps the relay from ready, for /readyz: "" while it
+// is ready, else which side is down (Postgres, Kafka) or that it is not
+// streaming yet.
+func (r *Relay) NotReady() string {
+	if r.ready.Load() {
+		return ""
+	}
+	if why := r.why.Load(); why != nil {
+		return *why
+	}
+	return "not streaming yet: starting (connecting to Postgres and Kafka, checking the slot)"
+}
+
+// setReady records whether the relay is ready and, when not, why.
+func (r *Relay) setReady(ready bool, why string) {
+	r.why.Store(&why)
+	r.ready.Store(ready)
+}
 
 // autoRetry runs the dead letters' automatic retries until ctx ends, again
 // after a backoff whenever they fail.
@@ -707,7 +740,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	h.deadLetter = cfg.DeadLetter
 	sinkCfg := cfg.Sink
 	sinkCfg.Logger = r.log
-	sinkCfg.Names = cfg.Names.Within("Sink")
+	sinkCfg.Names, sinkCfg.DecoderNames = cfg.Names.Within("Sink"), cfg.Names.Within("Decoder")
 	sinkCfg.Metrics = r.m
 	sinkCfg.Idempotent = cfg.Delivery == DeliveryEffectivelyOnce
 	if sinkCfg.Idempotent {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -104,8 +105,12 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 		if ctx.Err() != nil {
 			return r.finish(nil, ck, nil)
 		}
-		r.ready.Store(false)
 		busy := errors.Is(err, replication.ErrSlotBusy)
+		if busy {
+			r.setReady(false, "not streaming: the slot is held by another process (this relay waits as a standby)")
+		} else {
+			r.setReady(false, "Postgres: the replication connection failed, reconnecting: "+oneLine(err))
+		}
 		if !failing {
 			failing = true
 			if busy {
@@ -199,13 +204,17 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			r.ready.Store(k.Healthy())
+			if k.Healthy() {
+				r.setReady(true, "")
+			} else {
+				r.setReady(false, "Kafka: not accepting events (produce requests failing, retrying)")
+			}
 			if k.Retrying() {
 				r.m.SetState(metrics.StateRetrying)
 			}
 			select {
 			case <-done:
-				r.ready.Store(false)
+				r.setReady(false, "not streaming: the replication connection ended")
 				return
 			case <-t.C:
 			}
@@ -249,7 +258,7 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 // finish drains in-flight events (bounded) unless the relay halted, persists
 // the final checkpoint and confirms it on s when there is a stream.
 func (r *Relay) finish(s *replication.Stream, ck *checkpoint.Committer, cause error) error {
-	r.ready.Store(false)
+	r.setReady(false, "stopping")
 	r.m.SetState(metrics.StateStopping)
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout/2)
 	defer cancel()
@@ -264,3 +273,6 @@ func (r *Relay) finish(s *replication.Stream, ck *checkpoint.Committer, cause er
 	r.log.Info().Str("lsn", lsn.String()).Msg("stopped")
 	return cause
 }
+
+// oneLine is err's message on one line, for the /readyz body.
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }

@@ -167,11 +167,13 @@ type Config struct {
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
 	BreakerThreshold int
-	// Names names settings in errors and log lines (see package setting):
-	// the fields of this Config, and ContentType, the content type of the
-	// events it is given (decoder.Config.ContentType), which a structured
-	// CloudEvent's data must match.
+	// Names names the fields of this Config in errors and log lines (see
+	// package setting).
 	Names setting.Namer
+	// DecoderNames names the fields of the decoder configuration that made
+	// the events (decoder.Config): its ContentType, which a structured
+	// CloudEvent's data must match.
+	DecoderNames setting.Namer
 }
 
 // Defaults of Config that the command line offers as flags, stated once.
@@ -461,7 +463,7 @@ func (k *Kafka) Produce(m Message, done Done) error {
 	if k.structured {
 		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
 			return k.fail(it, &outbox.EventError{Code: "invalid_json",
-				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, k.cfg.Names.Name("ContentType"))})
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, k.cfg.DecoderNames.Name("ContentType"))})
 		}
 	}
 	ts := k.topic(m.Topic)
