@@ -584,6 +584,9 @@ type Relay struct {
 	// joined are the outbox tables (schema.table) this start added to the
 	// publication, publishing their rows (join.go).
 	joined []string
+	// stopOnce starts the clock of a clean stop once (stopping).
+	stopOnce sync.Once
+	stop     stopBudget
 }
 
 // New returns a relay for cfg.
@@ -633,6 +636,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// A stop before the stream begins says so at once (the stream says
+	// what its own stop waits for).
+	streaming := make(chan struct{})
+	var startupDone sync.Once
+	endStartup := func() { startupDone.Do(func() { close(streaming) }) }
+	defer endStartup()
+	go func() {
+		select {
+		case <-ctx.Done():
+			b := r.stopping()
+			r.log.Info().Int64("shutdown_timeout_ms", b.total.Milliseconds()).
+				Msgf("stopping during start-up: the step under way is abandoned (a table join or initial snapshot cut short goes on or starts again at the next start); the relay exits within %s, its %s",
+					b.total, r.cfg.Names.Name("ShutdownTimeout"))
+		case <-streaming:
+		}
+	}()
 	dec, err := decoder.New(cfg.decoderConfig())
 	if err != nil {
 		return err
@@ -805,6 +824,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
+	endStartup()
 	return r.stream(ctx, h, k, ck)
 }
 
