@@ -120,6 +120,10 @@ type pauser interface {
 //   - PartitionCount, Ranges and Scan read what Kafka holds (dedup.Reader):
 //     the effectively-once start-up reconciliation reads the relay's
 //     records back through them, with the partitions Produce maps keys to.
+//     A producer that also has sink.Kafka's Claim and Fence is fenced with
+//     the stream's transactional id before the partitions are read, so a
+//     killed run's last requests cannot land after the read; one without
+//     them is read unfenced.
 //   - Once done for m returned, the producer reads nothing of m.Event nor
 //     of bytes it kept of it: the relay recycles the event at once
 //     (inflight.release), and the next row decoded may fill the same
