@@ -71,11 +71,7 @@ func (k *Kafka) claim(ctx context.Context, id string) error {
 	defer cancel()
 	s, err := k.txnSession(cctx, id)
 	if err == nil {
-		select {
-		case k.sessions <- s:
-		case <-cctx.Done():
-			err = cctx.Err()
-		}
+		err = k.handOver(cctx, s)
 	}
 	if err != nil {
 		if err := k.giveUp(ctx, err); err != nil {
@@ -221,9 +217,16 @@ func (k *Kafka) fenceTopic(ctx context.Context, id, topic string, partitions int
 		return err
 	}
 	f.sess = s
+	return k.handOver(ctx, s)
+}
+
+// handOver gives the dispatcher a session to produce under from now on.
+func (k *Kafka) handOver(ctx context.Context, s session) error {
 	select {
 	case k.sessions <- s:
 		return nil
+	case <-k.ctx.Done():
+		return errors.New("the producer is closed")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
