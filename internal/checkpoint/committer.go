@@ -317,16 +317,20 @@ func (c *Committer) save(ctx context.Context, force bool) (pglogrepl.LSN, error)
 	return w, nil
 }
 
-// Finish ends a run: when drain is set it waits (within ctx) until Kafka
-// acknowledged every event in flight, then persists the watermark and, when
-// that succeeded and confirm is not nil, confirms Flushed through it (the
-// persisted LSN, or with a Replica what it holds of it). It returns the
-// persisted LSN. Failures are logged, not returned: the
-// relay stops either way, and whatever was not confirmed is delivered again
-// after a restart.
-func (c *Committer) Finish(ctx context.Context, drain bool, confirm func(context.Context, pglogrepl.LSN) error) pglogrepl.LSN {
-	if drain {
-		if err := c.tracker.WaitDrained(ctx); err != nil {
+// Finish ends a run: unless drainBy is zero it waits, until then (and within
+// ctx), for Kafka to acknowledge every event in flight, then persists the
+// watermark and, when that succeeded and confirm is not nil, confirms
+// Flushed through it (the persisted LSN, or with a Replica what it holds of
+// it), within ctx: the wait ends before ctx does, so that the save gets
+// its share of the time left. It returns the persisted LSN. Failures are
+// logged, not returned: the relay stops either way, and whatever was not
+// confirmed is delivered again after a restart.
+func (c *Committer) Finish(ctx context.Context, drainBy time.Time, confirm func(context.Context, pglogrepl.LSN) error) pglogrepl.LSN {
+	if !drainBy.IsZero() {
+		dctx, cancel := context.WithDeadline(ctx, drainBy)
+		err := c.tracker.WaitDrained(dctx)
+		cancel()
+		if err != nil {
 			_, events := c.tracker.InFlight()
 			c.log.Warn().Int("events", events).Msg("stopping before Kafka acknowledged every event; they will be delivered again after restart")
 		}

@@ -134,7 +134,7 @@ func TestCommitterFinish(t *testing.T) {
 			store.fail = errors.New("read-only")
 		}
 		var confirmed []pglogrepl.LSN
-		lsn := c.Finish(ctx, true, func(_ context.Context, l pglogrepl.LSN) error {
+		lsn := c.Finish(ctx, time.Now().Add(time.Second), func(_ context.Context, l pglogrepl.LSN) error {
 			confirmed = append(confirmed, l)
 			return nil
 		})
@@ -427,7 +427,7 @@ func TestCommitterConfirmsWhatReplicaHolds(t *testing.T) {
 	// Finish confirms what the replica holds, not the persisted watermark.
 	ack(400)
 	var confirmed pglogrepl.LSN
-	c.Finish(ctx, true, func(_ context.Context, lsn pglogrepl.LSN) error { confirmed = lsn; return nil })
+	c.Finish(ctx, time.Now().Add(time.Second), func(_ context.Context, lsn pglogrepl.LSN) error { confirmed = lsn; return nil })
 	if confirmed != 300 {
 		t.Errorf("Finish confirmed %s, want 0/12C (what the replica holds)", confirmed)
 	}

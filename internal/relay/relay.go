@@ -120,6 +120,10 @@ type pauser interface {
 //   - PartitionCount, Ranges and Scan read what Kafka holds (dedup.Reader):
 //     the effectively-once start-up reconciliation reads the relay's
 //     records back through them, with the partitions Produce maps keys to.
+//     A producer that also has sink.Kafka's Claim and Fence is fenced with
+//     the stream's transactional id before the partitions are read, so a
+//     killed run's last requests cannot land after the read; one without
+//     them is read unfenced.
 //   - Once done for m returned, the producer reads nothing of m.Event nor
 //     of bytes it kept of it: the relay recycles the event at once
 //     (inflight.release), and the next row decoded may fill the same
@@ -598,6 +602,9 @@ type Relay struct {
 	// joined are the outbox tables (schema.table) this start added to the
 	// publication, publishing their rows (join.go).
 	joined []string
+	// stopOnce starts the clock of a clean stop once (stopping).
+	stopOnce sync.Once
+	stop     stopBudget
 }
 
 // New returns a relay for cfg.
@@ -666,6 +673,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// A stop before the stream begins says so at once (the stream says
+	// what its own stop waits for).
+	streaming := make(chan struct{})
+	var startupDone sync.Once
+	endStartup := func() { startupDone.Do(func() { close(streaming) }) }
+	defer endStartup()
+	go func() {
+		select {
+		case <-ctx.Done():
+			b := r.stopping()
+			r.log.Info().Int64("shutdown_timeout_ms", b.total.Milliseconds()).
+				Msgf("stopping during start-up: the step under way is abandoned (a table join or initial snapshot cut short goes on or starts again at the next start); the relay exits within %s, its %s",
+					b.total, r.cfg.Names.Name("ShutdownTimeout"))
+		case <-streaming:
+		}
+	}()
 	dec, err := decoder.New(cfg.decoderConfig())
 	if err != nil {
 		return err
@@ -838,6 +861,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
+	endStartup()
 	return r.stream(ctx, h, k, ck)
 }
 

@@ -40,7 +40,11 @@
 // re-sent and may be duplicated, which the sink logs and counts
 // (cdc_relay_delivery_fallbacks_total{reason="producer_reset"}). A broker
 // that gives no producer id makes the sink produce without idempotence
-// ({reason="producer_id_unavailable"}); Idempotent says which. The sink writes
+// ({reason="producer_id_unavailable"}); Idempotent says which. Claim and
+// Fence (fence.go) put the producer on the newest session of the stream's
+// transactional id and fence earlier runs' sessions on a topic before its
+// partitions are read, so a killed run's last requests cannot land after
+// the read. The sink writes
 // the RecordBatch v2 format itself (batch.go), because kafka-go's encoder
 // cannot carry a producer id, and the produce requests and their answers too
 // (wire.go), on connections kafka-go's Transport keeps.
@@ -345,8 +349,9 @@ type Kafka struct {
 	resetting   bool // a new session is being asked for
 	resetWarned int  // the session whose reset was last warned about
 	idempotent  atomic.Bool
-	sessions    chan session
+	sessions    chan session // new sessions for the dispatcher, which numbers them
 	verified    chan verdict // batches of unknown fate looked up in their partition
+	fencing     fencing      // the transactional id earlier sessions are fenced with (fence.go)
 
 	// Produce requests on the wire (wire.go): the client id they carry and
 	// the counter of their correlation ids.

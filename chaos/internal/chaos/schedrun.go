@@ -311,6 +311,7 @@ func (r *schedRun) relayArgs() []string {
 		// A broker that stops reading is noticed at the request timeout:
 		// short here, so a seed with that step fits in CI's time.
 		"--request-timeout", scheduleRequestTimeout.String(),
+		"--shutdown-timeout", relayShutdownTimeout.String(),
 		"--relay-name", "chaos",
 		"--delivery", r.plan.Delivery,
 	}
