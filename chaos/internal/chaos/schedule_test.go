@@ -31,16 +31,15 @@ const (
 // within 30 s of it; the circuit stayed open 26 s), 4244 (listed: SIGTERM
 // right after the broker stopped reading, which must exit 0 within 10 s; on
 // PostgreSQL 16+, CDC_RELAY_PG_BINDIR, it draws the standby world: the
-// broker reading no more four times among SIGKILLs and a restart). Seed 60
+// broker reading no more four times among SIGKILLs and a restart), and 60
 // (listed, the combinations of issue 42: an initial snapshot of tables
 // holding bulk-written rows, two replays beside the stream, a 50k-row table
 // joining with the broker stopped mid-join, the broker reading no more and
-// restarted) is not among them: of the two defects it found, events sent
-// twice after the broker stopped reading are fixed (the restart fences the
-// killed run's producer), but the table reader still gets one bulk
-// statement's rows out of order (issue 42's note; order_violations=131 in a
-// run after the fix). Run it with CDC_RELAY_CHAOS_SCHEDULE_SEEDS=60.
-var scheduleSeeds = []uint64{13, 16, 4247, 4244}
+// restarted), which found two defects: events sent twice after the broker
+// stopped reading (the restart now fences the killed run's producer) and a
+// bulk statement's rows read from the table out of order (the reader now
+// orders them by the insertion-order column).
+var scheduleSeeds = []uint64{13, 16, 60, 4247, 4244}
 
 // TestSchedule runs a fixed set of seeded schedules: each draws a sequence
 // of operations (tables joining and leaving, a large one among them,
