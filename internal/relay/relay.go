@@ -597,6 +597,9 @@ type Relay struct {
 	// enableFailover: the slot lacks failover and was in use when the relay
 	// started; the stream switches it on before it first acquires the slot.
 	enableFailover bool
+	// slotFailover: the slot is a failover slot on a primary, or will be
+	// once enableFailover switched it on (checkFailover).
+	slotFailover bool
 	// join is what a join this start makes stores with it (join.go).
 	join joinBase
 	// joined are the outbox tables (schema.table) this start added to the
@@ -811,6 +814,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.source.InRecovery {
 		ckCfg.Replica = cfg.StandbyCheckpoints
+	} else if _, table := cfg.Checkpoints.(*checkpoint.TableStore); table && r.slotFailover {
+		ckCfg.Standbys = r.standbyFlush()
 	}
 	ck := op.Committer(start, ckCfg)
 	h.ck, h.tracker = ck, ck.Tracker()
@@ -821,6 +826,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err := r.awaitReplay(ctx, "the checkpoint", pool, r.writer); err != nil {
 			return err
 		}
+		_ = ck.Refresh(ctx) // a failure is logged; the slot is confirmed once a read succeeds
+	}
+	if ckCfg.Standbys != nil {
 		_ = ck.Refresh(ctx) // a failure is logged; the slot is confirmed once a read succeeds
 	}
 	if h.ledger != nil {
@@ -863,6 +871,22 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	endStartup()
 	return r.stream(ctx, h, k, ck)
+}
+
+// standbyFlush reads, for the Committer, how far the standbys of
+// synchronized_standby_slots have flushed the WAL of the server the
+// checkpoint table is written to: PrimaryPool when set (the caller built
+// the store over it; it reaches this same primary, checkSource warns
+// otherwise), else Pool.
+func (r *Relay) standbyFlush() func(context.Context) (checkpoint.StandbyFlush, error) {
+	pool := r.cfg.Pool
+	if r.cfg.PrimaryPool != nil {
+		pool = r.cfg.PrimaryPool
+	}
+	return func(ctx context.Context) (checkpoint.StandbyFlush, error) {
+		sf, err := replication.ReadStandbyFlush(ctx, pool)
+		return checkpoint.StandbyFlush{WALEnd: sf.WALEnd, Slots: sf.Slots, Flushed: sf.Flushed}, err
+	}
 }
 
 // heartbeat is the heartbeat period: Config.Heartbeat, or

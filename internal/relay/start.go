@@ -271,7 +271,7 @@ func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
 		if s.SlotExists && !s.SlotFailover && !s.InRecovery {
 			err := r.switchFailoverOn(ctx)
 			if errors.Is(err, replication.ErrSlotBusy) {
-				r.enableFailover = true
+				r.enableFailover, r.slotFailover = true, true
 				r.log.Info().Msg("replication slot is not a failover slot and is in use by another process: " +
 					"failover is switched on when the relay acquires it " + r.cfg.Names.Name("SlotFailover"))
 				return nil
@@ -281,7 +281,11 @@ func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
 			}
 		}
 	}
-	_, err := r.gaps.Failover(ctx, conn, mode)
+	s, err := r.gaps.Failover(ctx, conn, mode)
+	// A failover slot's copies follow confirmations the standbys may not
+	// hold the checkpoint of yet: the Committer waits for them
+	// (CommitterConfig.Standbys).
+	r.slotFailover = err == nil && !s.InRecovery && s.SlotFailover
 	return err
 }
 
