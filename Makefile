@@ -31,6 +31,7 @@ build:
 # at once (their tests mostly wait on Postgres, Kafka and the relay's processes); each
 # module's results print as one block when its tests end (make test-relay streams).
 test:
+	@echo "make test: compiling every package and test of the relay, bench/ and chaos/ with -race, which prints nothing for a while on a cold build cache, then running them; each module's results print as a block when its tests end"
 	@$(MAKE) --no-print-directory -j3 --output-sync=line test-relay $(TOOL_MODULES:%=test-%)
 
 test-relay:
@@ -51,8 +52,10 @@ test-pg-versions:
 # make demo DEMOFLAGS='-events 0' (insert your own rows; it prints the psql command).
 # Built, then run, not `go run`: go run exits 1 when interrupted, whatever the program
 # does, so Ctrl-C ended in "make: *** Error 1"; the demo itself exits 0 on Ctrl-C.
+# bin/cdc-relay is built too, for the `cdc-relay status` line the demo prints.
 demo:
 	$(GO) build -o bin/cdc-relay-demo ./cmd/cdc-relay-demo
+	$(GO) build -o bin/cdc-relay ./cmd/cdc-relay
 	bin/cdc-relay-demo $(DEMOFLAGS)
 
 # Regenerate the flag reference in docs/configuration.md from the command line's own

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -101,7 +102,12 @@ func run(ctx context.Context, args []string) error {
 		say("the postgres URL is in %s while the demo runs: psql \"$(cat %s)\"", *urlFile, *urlFile)
 	}
 
-	// The relay, exactly as `cdc-relay run` runs it.
+	// The relay, exactly as `cdc-relay run` runs it, its endpoints on a port
+	// picked here so the demo can say where they are.
+	metricsAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
 	relayCtx, stopRelay := context.WithCancel(context.Background())
 	defer stopRelay()
 	relayDone := make(chan error, 1)
@@ -114,7 +120,7 @@ func run(ctx context.Context, args []string) error {
 		}
 		relayDone <- cli.Run(relayCtx, []string{"run",
 			"--pg-url", url, "--kafka-brokers", brokers,
-			"--topic", "outbox.{aggregate_type}", "--metrics-addr", "127.0.0.1:0",
+			"--topic", "outbox.{aggregate_type}", "--metrics-addr", metricsAddr,
 			"--log-format", "console",
 		}, env)
 	}()
@@ -146,6 +152,9 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	say("relay is streaming (slot cdc_relay, publication cdc_relay_outbox)")
+	for _, line := range lookLines(pg, url, metricsAddr) {
+		say("%s", line)
+	}
 
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -214,6 +223,43 @@ done:
 	}
 	say("done. Next: `make test` runs the whole suite; README.md shows production setup, docs/ the rest.")
 	return nil
+}
+
+// freeAddr returns a loopback address with a port free a moment ago, for
+// the relay's --metrics-addr.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("pick a port for the metrics endpoint: %w", err)
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+// lookLines are the lines that say how to look at the running demo: its
+// metrics and readiness URLs, a cdc-relay status line to paste (bin/cdc-relay,
+// which make demo builds, else go run), and how to stop its Postgres to see
+// both change (as root the server runs as the postgres OS user).
+func lookLines(pg *sandbox.Postgres, url, metricsAddr string) []string {
+	status := "go run ./cmd/cdc-relay"
+	if _, err := os.Stat(filepath.Join("bin", "cdc-relay")); err == nil {
+		status = "bin/cdc-relay"
+	}
+	lines := []string{
+		"look at it (in another terminal):",
+		"  metrics  curl -s http://" + metricsAddr + "/metrics | grep ^cdc_relay_state",
+		"  ready    curl -s http://" + metricsAddr + "/readyz   (503 naming what is down: Postgres, Kafka, or not streaming yet)",
+		"  status   " + status + ` status --pg-url "` + url + `"`,
+		`  psql     psql "` + url + `"`,
+	}
+	if pg.External() {
+		return lines
+	}
+	stop := filepath.Join(pg.Bin().Dir, "pg_ctl") + " -D " + pg.DataDir() + " stop -m fast"
+	if os.Geteuid() == 0 {
+		stop = "runuser -u postgres -- " + stop // as root, the server runs as postgres
+	}
+	return append(lines, "  stop Postgres to see them change: "+stop)
 }
 
 // psqlInsert returns a shell command that inserts one outbox row into the

@@ -138,3 +138,105 @@ func TestReadmeWalkthrough(t *testing.T) {
 		t.Errorf("the demo left its URL file %s behind (stat: %v)", urlFile, err)
 	}
 }
+
+// TestDemoShowsItself: make demo prints, beside the psql line, its metrics
+// URL and a cdc-relay status line that work as pasted; stopping the demo's
+// Postgres with the line it prints turns /readyz into a 503 naming
+// Postgres, and status into a failure naming the connection (what README.md
+// says of it).
+func TestDemoShowsItself(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("skip: no make on PATH")
+	}
+	dir := t.TempDir()
+	urlFile := filepath.Join(dir, "bin", "demo-pg-url")
+	demo := exec.Command("make", "--no-print-directory", "demo", "DEMOFLAGS=-events 0 -url-file "+urlFile)
+	demo.Dir = filepath.Join("..", "..")
+	demo.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out syncBuffer
+	demo.Stdout, demo.Stderr = &out, &out
+	if err := demo.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pgid := demo.Process.Pid
+	done := make(chan struct{})
+	go func() { _ = demo.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-pgid, syscall.SIGINT) // the demo removes its cluster on the way out
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			<-done
+		}
+	})
+	line := func(prefix string) string {
+		for _, l := range strings.Split(out.String(), "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(l), prefix); ok {
+				return strings.TrimSpace(rest)
+			}
+		}
+		return ""
+	}
+	testenv.Eventually(t, 4*time.Minute, func() error {
+		select {
+		case <-done:
+			t.Fatalf("make demo exited:\n%s", out.String())
+		default:
+		}
+		if line("status ") == "" || line("psql ") == "" || line("stop Postgres to see them change:") == "" {
+			return fmt.Errorf("no look lines yet:\n%s", out.String())
+		}
+		return nil
+	})
+	metrics, ready := line("metrics "), line("ready ")
+	readyURL := strings.Fields(strings.TrimPrefix(ready, "curl -s "))[0]
+	sh := func(cmd string) (string, error) {
+		c := exec.Command("sh", "-c", cmd)
+		c.Dir = filepath.Join("..", "..")
+		b, err := c.CombinedOutput()
+		return string(b), err
+	}
+	if got, err := sh(metrics); err != nil || !strings.Contains(got, `cdc_relay_state{state="streaming"} 1`) {
+		t.Errorf("the metrics line %q: %v\n%s", metrics, err, got)
+	}
+	if got, err := sh("curl -s " + readyURL); err != nil || strings.TrimSpace(got) != "ready" {
+		t.Errorf("/readyz while streaming: %v %q", err, got)
+	}
+	status := line("status ")
+	if got, err := sh(status); err != nil || !strings.Contains(got, "cdc_relay") {
+		t.Errorf("the status line %q: %v\n%s", status, err, got)
+	}
+
+	if got, err := sh(line("stop Postgres to see them change:")); err != nil {
+		t.Fatalf("the stop line: %v\n%s", err, got)
+	}
+	stopped := time.Now()
+	var body string
+	testenv.Eventually(t, 30*time.Second, func() error {
+		body, _ = sh("curl -s " + readyURL)
+		if !strings.HasPrefix(body, "not ready: Postgres") {
+			return fmt.Errorf("/readyz says %q", body)
+		}
+		return nil
+	})
+	t.Logf("/readyz %s after Postgres stopped: %s", time.Since(stopped).Round(100*time.Millisecond), body)
+	if got, _ := sh(metrics); !strings.Contains(got, `cdc_relay_state{state="retrying"} 1`) {
+		t.Errorf("cdc_relay_state with Postgres stopped:\n%s", got)
+	}
+	got, err := sh(status)
+	if err == nil || !strings.Contains(got, "connect to Postgres") {
+		t.Errorf("status with Postgres stopped: %v, want a failure naming the connection:\n%s", err, got)
+	}
+	t.Logf("status with Postgres stopped: %v\n%s", err, got)
+
+	// Ctrl-C still stops the demo.
+	if err := syscall.Kill(-pgid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Errorf("the demo still runs 60s after Ctrl-C with its Postgres stopped:\n%s", out.String())
+	}
+}

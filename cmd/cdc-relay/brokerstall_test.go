@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,4 +105,96 @@ func TestBrokerStopsReading(t *testing.T) {
 	}
 	requireRunning(t, r, "after delivering everything")
 	r.Stop(10 * time.Second)
+}
+
+// TestStopWhileBrokerHangs stops the relay with SIGTERM while the broker
+// answers nothing: it hung the connections the relay had open, with produce
+// requests of 64 KiB events stuck on them, and reads no new one either. The
+// relay must say at once what its stop waits for, and exit 0 within
+// --shutdown-timeout. Chaos seed 4244 found a relay that had logged nothing
+// 10 s after SIGTERM (its --shutdown-timeout) and was killed.
+func TestStopWhileBrokerHangs(t *testing.T) {
+	const (
+		requestTimeout  = 3 * time.Second
+		shutdownTimeout = 4 * time.Second
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	f := newFixture(t, sharedPG, "stop_while_broker_hangs", false)
+	f.kafka = testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 4, SocketBuffer: 16 << 10})
+	testenv.RequireLocalKafka(t, f.kafka)
+	f.brokers = f.kafka.Brokers()
+	r := newRelay(t, f.relayArgs("--request-timeout", requestTimeout.String(), "--shutdown-timeout", shutdownTimeout.String()))
+	r.Start()
+	r.WaitReady(30 * time.Second)
+	w := verify.NewWriter(f.url, "agg-", 16, 15)
+	conn := f.connect(ctx, t)
+	aggs := make([]string, 16)
+	for i := range aggs {
+		aggs[i] = fmt.Sprintf("agg-%d", i)
+	}
+	if err := w.CommitTxn(ctx, conn, aggs); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	f.waitRecords(ctx, t, 16, 30*time.Second)
+
+	n, err := f.kafka.StallConnections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.kafka.StopReading(); err != nil {
+		t.Fatal(err)
+	}
+	defer f.kafka.ResumeReading()
+	w.Pad = 64 << 10
+	for range 8 {
+		if err := w.CommitTxn(ctx, conn, aggs); err != nil {
+			t.Fatalf("commit: %v", err)
+		}
+	}
+	// Until a request failed on a stuck connection: the relay retries.
+	testenv.Eventually(t, 4*requestTimeout, func() error {
+		requireRunning(t, r, "while the broker hangs")
+		if !strings.Contains(r.Logs(), "Kafka produce failing") {
+			return errors.New(`no "Kafka produce failing" line yet`)
+		}
+		return nil
+	})
+	t.Logf("%d connections stuck, no new one read; the relay retries", n)
+	lines := len(r.LogRecords())
+	said := func() []string {
+		var msgs []string
+		for _, rec := range r.LogRecords()[lines:] {
+			msg, _ := rec["message"].(string)
+			msgs = append(msgs, msg)
+		}
+		return msgs
+	}
+	stopped := time.Now()
+	r.Signal(syscall.SIGTERM)
+	// Within a second, the first line says what the stop waits for.
+	var first []string
+	for deadline := time.Now().Add(time.Second); len(first) == 0 && time.Now().Before(deadline); {
+		if first = said(); len(first) == 0 {
+			if _, done := r.Wait(50 * time.Millisecond); done {
+				break
+			}
+		}
+	}
+	if len(first) == 0 || !strings.HasPrefix(first[0], "stopping: ") {
+		t.Errorf("the lines within 1s of SIGTERM are %q; want a first one saying what the stop waits for", first)
+	}
+	code, exited := r.Wait(shutdownTimeout + 5*time.Second)
+	took := time.Since(stopped)
+	t.Logf("after SIGTERM (%v): exited %v, code %d; logged %q", took.Round(time.Millisecond), exited, code, said())
+	if !exited {
+		r.Kill()
+		t.Fatalf("no exit within %v of SIGTERM (--shutdown-timeout %v)", shutdownTimeout+5*time.Second, shutdownTimeout)
+	}
+	if code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+	if took > shutdownTimeout {
+		t.Errorf("exited %v after SIGTERM, want within --shutdown-timeout %v", took.Round(time.Millisecond), shutdownTimeout)
+	}
 }

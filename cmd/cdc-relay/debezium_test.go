@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -145,6 +146,84 @@ func runDebeziumConfig(t *testing.T, table, insert string, router map[string]str
 	var payload map[string]any
 	if err := json.Unmarshal(rec.Value, &payload); err != nil || payload["total"] != float64(7) {
 		t.Errorf("value %q, want the payload column's JSON (%v)", rec.Value, err)
+	}
+	r.Stop(10 * time.Second)
+}
+
+// TestDebeziumSeveralTables converts, with the built binary, a connector
+// whose table.include.list names two outbox tables (Debezium's own shape,
+// in two schemas) into a --config file, runs the relay with that file
+// alone (and the brokers), and sees a row of each table arrive on the
+// topic Debezium's router would pick (issue 45 point 5).
+func TestDebeziumSeveralTables(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := newFixture(t, sharedPG, t.Name(), true)
+	conn := f.connect(ctx, t)
+	for _, schema := range []string{"public", "shipping"} {
+		if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema+`; CREATE TABLE `+schema+`.outboxevent (
+			id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL, payload jsonb)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	props := map[string]string{
+		"connector.class":   "io.debezium.connector.postgresql.PostgresConnector",
+		"database.hostname": u.Hostname(), "database.port": u.Port(), "database.user": u.User.Username(),
+		"database.dbname": strings.TrimPrefix(u.Path, "/"), "database.sslmode": u.Query().Get("sslmode"),
+		"plugin.name": "pgoutput", "slot.name": f.slot, "snapshot.mode": "no_data",
+		"table.include.list": "public.outboxevent,shipping.outboxevent",
+		"key.converter":      "org.apache.kafka.connect.storage.StringConverter",
+		"value.converter":    "org.apache.kafka.connect.storage.StringConverter",
+		"transforms":         "outbox", "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+	}
+	if p, ok := u.User.Password(); ok {
+		props["database.password"] = p
+	}
+	data, err := json.Marshal(map[string]any{"name": "outbox-connector", "config": props})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	connector := filepath.Join(dir, "connector.json")
+	if err := os.WriteFile(connector, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	yaml, err := exec.CommandContext(ctx, relayBin, "config", "from-debezium", connector).Output()
+	if err != nil {
+		t.Fatalf("config from-debezium: %v", err)
+	}
+	if !strings.Contains(string(yaml), "tables: [public.outboxevent, shipping.outboxevent] # from table.include.list") {
+		t.Fatalf("config from-debezium wrote no tables list:\n%s", yaml)
+	}
+	native := filepath.Join(dir, "relay.yaml")
+	if err := os.WriteFile(native, yaml, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	r := newRelay(t, []string{"run", "--config", native, "--kafka-brokers", strings.Join(f.brokers, ","),
+		"--log-format", "json", "--status-interval", "200ms", "--retry-cap", "1s"})
+	r.Start()
+	r.WaitReady(30 * time.Second)
+	for schema, typ := range map[string]string{"public": "order", "shipping": "parcel"} {
+		if _, err := conn.Exec(ctx, `INSERT INTO `+schema+`.outboxevent (id, aggregatetype, aggregateid, payload)
+			VALUES (gen_random_uuid(), $1, $2, '{"n": 1}')`, typ, typ+"-1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, topic := range []string{"outbox.event.order", "outbox.event.parcel"} {
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		recs, err := sandbox.WaitForRecords(wctx, f.brokers, 1, topic)
+		wcancel()
+		if err != nil {
+			t.Fatalf("wait for the event on %s: %v\nrelay log:\n%s", topic, err, r.Logs())
+		}
+		if len(recs) != 1 || !strings.HasSuffix(string(recs[0].Key), "-1") {
+			t.Errorf("%s: %d records (%v), want the one row keyed by its aggregateid", topic, len(recs), recs)
+		}
 	}
 	r.Stop(10 * time.Second)
 }

@@ -34,6 +34,9 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Ready answers /readyz: 200 while it returns true, 503 otherwise.
 	Ready func() bool
+	// NotReady, when set, says in the 503's body what is down (Postgres,
+	// Kafka) or that the relay is not streaming yet.
+	NotReady func() string
 	// Token, when not empty, is the bearer token every request must carry;
 	// a request without it gets 401 and a WWW-Authenticate: Bearer header.
 	Token string
@@ -82,7 +85,13 @@ func Handler(cfg Config) http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !cfg.Ready() {
-			http.Error(w, "not ready: not streaming, or Kafka is not accepting events", http.StatusServiceUnavailable)
+			why := "not streaming, or Kafka is not accepting events"
+			if cfg.NotReady != nil {
+				if w := cfg.NotReady(); w != "" {
+					why = w
+				}
+			}
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

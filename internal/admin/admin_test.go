@@ -284,3 +284,29 @@ func TestShutdownEndsAProfile(t *testing.T) {
 		t.Fatal("the profile's request did not end after Shutdown")
 	}
 }
+
+// TestReadyzSaysWhatIsDown: a 503 from /readyz names what NotReady says is
+// down, and without NotReady says what may be.
+func TestReadyzSaysWhatIsDown(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		notReady func() string
+		want     string
+	}{
+		{"postgres", func() string { return "Postgres: the replication connection failed, reconnecting: EOF" },
+			"not ready: Postgres: the replication connection failed, reconnecting: EOF\n"},
+		{"kafka", func() string { return "Kafka: not accepting events (produce requests failing, retrying)" },
+			"not ready: Kafka: not accepting events (produce requests failing, retrying)\n"},
+		{"no reason", func() string { return "" }, "not ready: not streaming, or Kafka is not accepting events\n"},
+		{"no NotReady", nil, "not ready: not streaming, or Kafka is not accepting events\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := admin.Handler(admin.Config{Registry: prometheus.NewRegistry(), Ready: func() bool { return false }, NotReady: tt.notReady})
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			if rec.Code != http.StatusServiceUnavailable || rec.Body.String() != tt.want {
+				t.Errorf("/readyz: %d %q, want 503 %q", rec.Code, rec.Body.String(), tt.want)
+			}
+		})
+	}
+}

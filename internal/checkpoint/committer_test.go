@@ -134,7 +134,7 @@ func TestCommitterFinish(t *testing.T) {
 			store.fail = errors.New("read-only")
 		}
 		var confirmed []pglogrepl.LSN
-		lsn := c.Finish(ctx, true, func(_ context.Context, l pglogrepl.LSN) error {
+		lsn := c.Finish(ctx, time.Now().Add(time.Second), func(_ context.Context, l pglogrepl.LSN) error {
 			confirmed = append(confirmed, l)
 			return nil
 		})
@@ -427,7 +427,7 @@ func TestCommitterConfirmsWhatReplicaHolds(t *testing.T) {
 	// Finish confirms what the replica holds, not the persisted watermark.
 	ack(400)
 	var confirmed pglogrepl.LSN
-	c.Finish(ctx, true, func(_ context.Context, lsn pglogrepl.LSN) error { confirmed = lsn; return nil })
+	c.Finish(ctx, time.Now().Add(time.Second), func(_ context.Context, lsn pglogrepl.LSN) error { confirmed = lsn; return nil })
 	if confirmed != 300 {
 		t.Errorf("Finish confirmed %s, want 0/12C (what the replica holds)", confirmed)
 	}
@@ -441,4 +441,143 @@ func (r replicaLoader) Load(ctx context.Context, slot string) (Checkpoint, bool,
 		return Checkpoint{}, false, r.s.fail
 	}
 	return r.s.Load(ctx, slot)
+}
+
+// standbys stands for a primary and the standbys of its
+// synchronized_standby_slots as CommitterConfig.Standbys reads them: the
+// test moves the WAL end and what they flushed, or has them follow the WAL
+// end (streaming, caught up at every read).
+type standbys struct {
+	mu              sync.Mutex
+	slots           string
+	walEnd, flushed pglogrepl.LSN
+	follow          bool
+	fail            error
+}
+
+func (s *standbys) set(f func(s *standbys)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(s)
+}
+
+func (s *standbys) read(context.Context) (StandbyFlush, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return StandbyFlush{}, s.fail
+	}
+	if s.follow {
+		s.flushed = s.walEnd
+	}
+	return StandbyFlush{WALEnd: s.walEnd, Slots: s.slots, Flushed: s.flushed}, nil
+}
+
+// TestCommitterConfirmsWhatStandbysFlushed: with Standbys (a failover slot
+// whose checkpoint is a table on the same server), Flushed is a persisted
+// watermark only once the standbys have flushed the WAL past its write,
+// while the standbys lag it goes in steps, never backwards; a failed read
+// keeps it where it was; without standbys named a save is confirmable at
+// once; Finish waits for the standbys, briefly, and says when they did not
+// flush the last checkpoint.
+func TestCommitterConfirmsWhatStandbysFlushed(t *testing.T) {
+	ctx := context.Background()
+	sb := &standbys{slots: "sb1"}
+	logs := &sandbox.Buffer{}
+	c := NewCommitter(CommitterConfig{
+		Store: NewFileStore(filepath.Join(t.TempDir(), "ck.json")), Standbys: sb.read, Start: 100,
+		Base: Checkpoint{Slot: "s", SystemID: "1", RelayName: "r"}, Every: 10 * time.Millisecond, Idle: time.Hour, Logger: zerolog.New(logs),
+	})
+	// ack saves a watermark at end, whose write ends before walEnd.
+	ack := func(end, walEnd pglogrepl.LSN) {
+		t.Helper()
+		tr := c.Tracker()
+		seq := tr.Begin()
+		tr.Add(seq, 1)
+		tr.Commit(seq, end, time.Now())
+		tr.Ack(seq, 1)
+		if _, err := c.Save(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sb.set(func(s *standbys) { s.walEnd = walEnd })
+	}
+	flushed := func(lsn pglogrepl.LSN) func() {
+		return func() { sb.set(func(s *standbys) { s.flushed = lsn }); _ = c.Refresh(ctx) }
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want pglogrepl.LSN
+	}{
+		{"nothing read yet", func() {}, 0},
+		{"the start's write not flushed", func() { sb.set(func(s *standbys) { s.walEnd = 150 }); flushed(120)() }, 0},
+		{"the start's write flushed", flushed(150), 100},
+		{"a save not flushed", func() { ack(200, 250); flushed(150)() }, 100},
+		{"another save, none flushed", func() { ack(300, 350); flushed(150)() }, 100},
+		// The newest save replaces 300 among those waiting: 200 is
+		// confirmed when its write is flushed, then 400.
+		{"the oldest waiting flushed", func() { ack(400, 450); flushed(260)() }, 200},
+		{"the newest flushed", flushed(450), 400},
+		{"the standbys cannot be read", func() {
+			ack(500, 550)
+			sb.set(func(s *standbys) { s.fail = errors.New("primary down") })
+			_ = c.Refresh(ctx)
+		}, 400},
+		{"none named: confirmable at once", func() {
+			sb.set(func(s *standbys) { s.fail, s.slots = nil, "" })
+			_ = c.Refresh(ctx)
+		}, 500},
+		{"none named: a save too, before any read", func() { ack(600, 650) }, 600},
+		{"named again: not back", func() { sb.set(func(s *standbys) { s.slots = "sb1" }); flushed(10)() }, 600},
+		{"named again: a save waits", func() { ack(700, 750); flushed(10)() }, 600},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := c.Flushed(); got != s.want {
+			t.Fatalf("%s: Flushed %s, want %s", s.name, got, s.want)
+		}
+	}
+	if n := strings.Count(logs.String(), "cannot read how far the standbys"); n != 1 {
+		t.Errorf("%d warnings about the unreadable standbys, want 1:\n%s", n, logs)
+	}
+	// 700 waits: once it has waited standbyHoldWarning, that is said once,
+	// and again when the standbys have flushed it.
+	const holds, again = "have not flushed the relay's checkpoint", "have flushed the checkpoint: the slot is confirmed again"
+	c.rmu.Lock()
+	c.heldSince = time.Now().Add(-standbyHoldWarning)
+	c.rmu.Unlock()
+	flushed(10)()
+	flushed(20)()
+	if n := strings.Count(logs.String(), holds); n != 1 {
+		t.Errorf("%d warnings that the standbys hold the checkpoint back, want 1:\n%s", n, logs)
+	}
+	if flushed(750)(); c.Flushed() != 700 || !strings.Contains(logs.String(), again) {
+		t.Errorf("Flushed %s once the standbys flushed 0/2EE, want 0/2BC and a line saying so:\n%s", c.Flushed(), logs)
+	}
+	finish := func() pglogrepl.LSN {
+		t.Helper()
+		var confirmed pglogrepl.LSN
+		c.Finish(ctx, time.Now().Add(time.Minute), func(_ context.Context, lsn pglogrepl.LSN) error { confirmed = lsn; return nil })
+		return confirmed
+	}
+	// Standbys that stream: Finish confirms the last checkpoint.
+	ack(800, 850)
+	sb.set(func(s *standbys) { s.follow = true })
+	if got := finish(); got != 800 {
+		t.Errorf("Finish with streaming standbys confirmed %s, want 0/320", got)
+	}
+	// Standbys cut off: Finish gives up on them, confirms what they
+	// flushed, and says so.
+	sb.set(func(s *standbys) { s.follow = false })
+	ack(900, 950)
+	began := time.Now()
+	if got := finish(); got != 800 {
+		t.Errorf("Finish with standbys cut off confirmed %s, want 0/320 (what they flushed)", got)
+	}
+	if took := time.Since(began); took < standbyFinishWait || took > standbyFinishWait+5*time.Second {
+		t.Errorf("Finish waited %s for the standbys, want about %s", took, standbyFinishWait)
+	}
+	if !strings.Contains(logs.String(), "stopping with the slot confirmed behind the checkpoint") {
+		t.Errorf("no warning that the slot stays behind the checkpoint:\n%s", logs)
+	}
 }

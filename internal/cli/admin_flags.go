@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -15,7 +16,7 @@ import (
 // /healthz, /readyz). It listens on loopback unless told otherwise, and takes
 // an optional bearer token.
 type AdminFlags struct {
-	MetricsAddr       string `key:"operations.metrics_addr" field:"Admin.Addr" default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables). Loopback by default: set e.g. 0.0.0.0:9187 for Prometheus on another host, preferably with --metrics-token-file."`
+	MetricsAddr       string `key:"operations.metrics_addr" field:"Admin.Addr" default:"127.0.0.1:9187" help:"Address of the /metrics, /healthz and /readyz HTTP endpoints (empty disables); loopback unless set, e.g. to 0.0.0.0:9187 with --metrics-token-file."`
 	MetricsToken      string `key:"operations.metrics_token" help:"Bearer token every request to the HTTP endpoints must send (Authorization: Bearer TOKEN); prefer --metrics-token-file." placeholder:"TOKEN"`
 	MetricsTokenFile  string `key:"operations.metrics_token_file" field:"Admin.Token" type:"path" help:"Read --metrics-token from this file instead (e.g. a mounted secret)." placeholder:"FILE"`
 	MetricsOpenProbes bool   `key:"operations.metrics_open_probes" help:"With a token, serve /healthz and /readyz without it (for probes that cannot send a secret header); /metrics still needs it."`
@@ -26,6 +27,9 @@ type AdminFlags struct {
 // calls it last; it is no kong Validate hook, so config print, which embeds
 // run's flags, reads no token file). Errors never show the token.
 func (a *AdminFlags) validate() error {
+	if err := checkListenAddr(a.MetricsAddr); err != nil {
+		return flagError("metrics-addr", err.Error())
+	}
 	if a.MetricsTokenFile != "" {
 		if a.MetricsToken != "" {
 			return flagError("metrics-token-file", "and --metrics-token (CDC_RELAY_METRICS_TOKEN) are both set: use one")
@@ -49,9 +53,26 @@ func (a *AdminFlags) validate() error {
 	return nil
 }
 
+// checkListenAddr checks addr as net.Listen("tcp", addr) will read it,
+// without listening: host:port with a port from 0 to 65535 (or a service
+// name); "" (no server) is fine. A port in use is found only at start.
+func checkListenAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("is %q, not host:port (127.0.0.1:9187, :9187): %v", addr, strings.TrimPrefix(err.Error(), "address "+addr+": "))
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("is %q, whose port %q is not a port number from 0 to 65535", addr, port)
+	}
+	return nil
+}
+
 // startAdmin starts the HTTP server, or returns nil when --metrics-addr is
 // empty.
-func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log zerolog.Logger) (*admin.Server, error) {
+func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, notReady func() string, log zerolog.Logger) (*admin.Server, error) {
 	if a.MetricsAddr == "" {
 		return nil, nil
 	}
@@ -59,7 +80,7 @@ func (a *AdminFlags) startAdmin(reg *prometheus.Registry, ready func() bool, log
 		return nil, err
 	}
 	srv, err := admin.Start(admin.Config{
-		Addr: a.MetricsAddr, Registry: reg, Ready: ready,
+		Addr: a.MetricsAddr, Registry: reg, Ready: ready, NotReady: notReady,
 		Token: a.MetricsToken, OpenProbes: a.MetricsOpenProbes, Pprof: a.Pprof, Logger: log, Names: runNames.Within("Admin"),
 	})
 	if err != nil {

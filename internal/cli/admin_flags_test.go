@@ -113,7 +113,7 @@ func TestStartAdmin(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var logs bytes.Buffer
-			srv, err := tt.flags.startAdmin(prometheus.NewRegistry(), func() bool { return true }, zerolog.New(&logs))
+			srv, err := tt.flags.startAdmin(prometheus.NewRegistry(), func() bool { return true }, nil, zerolog.New(&logs))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -162,7 +162,7 @@ func TestStartAdmin(t *testing.T) {
 			}
 		})
 	}
-	srv, err := (&AdminFlags{}).startAdmin(prometheus.NewRegistry(), func() bool { return true }, zerolog.Nop())
+	srv, err := (&AdminFlags{}).startAdmin(prometheus.NewRegistry(), func() bool { return true }, nil, zerolog.Nop())
 	if srv != nil || err != nil {
 		t.Errorf("startAdmin with no address = %v, %v; want nil, nil (disabled)", srv, err)
 	}

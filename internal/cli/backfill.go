@@ -76,7 +76,7 @@ func (r *RunCmd) setJoin(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logg
 func (r *RunCmd) republisher(cfg *relay.Config, pool *pgxpool.Pool, log zerolog.Logger, component, actor string) outboxtable.Republisher {
 	rp := outboxtable.Republisher{DeadLetterStore: deadletter.NewStore(pool, r.DLQTable), Sink: cfg.Sink, Wait: r.KafkaStartTimeout,
 		Component: component, Actor: actor, Log: log, Metrics: cfg.Metrics, Names: cfg.Names}
-	rp.Sink.Names = cfg.Names.Within("Sink")
+	rp.Sink.Names, rp.Sink.DecoderNames = cfg.Names.Within("Sink"), cfg.Names.Within("Decoder")
 	for _, d := range append([]decoder.Config{cfg.Decoder}, cfg.Decoder.Also...) {
 		if d.Table == "" {
 			continue

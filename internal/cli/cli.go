@@ -33,8 +33,8 @@ const EnvPrefix = "CDC_RELAY"
 type CLI struct {
 	HelpAll helpAllFlag `name:"help-all" env:"-" help:"Show every flag, not only the common ones."`
 
-	ConfigFile     string   `name:"config" help:"YAML file of settings by key, in sections (source: {slot: …}, kafka: {brokers: [a:9092]}), or by flag name without the dashes (pg-url: …); the environment, --set and flags override it. See cdc-relay config print." placeholder:"FILE"`
-	Set            []string `name:"set" sep:"none" env:"-" placeholder:"KEY=VALUE" help:"Set one setting by its key (--set source.slot=orders, --set kafka.brokers=k1:9092,k2:9092), over the environment and the files; repeat it for several. docs/configuration.md lists every key."`
+	ConfigFile     string   `name:"config" help:"YAML file of settings by key (source: {slot: …}); the environment, --set and flags override it." placeholder:"FILE"`
+	Set            []string `name:"set" sep:"none" env:"-" placeholder:"KEY=VALUE" help:"Set one setting by key (source.slot=orders), over the environment and the file; repeat it."`
 	DebeziumConfig string   `name:"debezium-config" help:"Debezium PostgresConnector configuration with the Outbox Event Router (Connect JSON or .properties), translated to these settings; flags, --set, environment variables and --config override it. See cdc-relay config from-debezium." placeholder:"FILE"`
 
 	Run     RunCmd     `cmd:"" help:"Relay committed outbox INSERTs from Postgres to Kafka, each once in the Kafka log (at least once with --delivery at-least-once)."`
@@ -43,7 +43,7 @@ type CLI struct {
 	Replay  ReplayCmd  `cmd:"" help:"Publish rows still in the outbox table again, as extra copies (e.g. for consumers rebuilding state)."`
 	Prune   PruneCmd   `cmd:"" help:"Delete old rows from the outbox table, in batches."`
 	Status  StatusCmd  `cmd:"" help:"Show the slot, lag, retained WAL, stored checkpoint and dead letters, read from the database (works while the relay is down; exits 3 on a problem)."`
-	Config  ConfigCmd  `cmd:"" name:"config" help:"Show the effective configuration."`
+	Config  ConfigCmd  `cmd:"" name:"config" help:"Show (print), check (check) or translate (from-debezium) the configuration."`
 }
 
 // Env holds what the process gives a command.
@@ -105,6 +105,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 		kong.Description(description),
 		kong.ExplicitGroups(helpGroups),
 		kong.Help(printHelp),
+		kong.ValueFormatter(helpValue),
 		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),
@@ -117,7 +118,7 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		return nil, parseError(err, config.file)
+		return nil, parseError(err, &config)
 	}
 	return kctx, nil
 }
@@ -125,18 +126,28 @@ func parse(c *CLI, args []string, stdout, stderr io.Writer, exit func(int)) (*ko
 var leadingFlag = regexp.MustCompile(`^--([a-z0-9-]+)`)
 
 // parseError adds the environment variable to kong's errors about a flag, since
-// the bad value may have come from there, and the config file's key and line
-// when the value came from the file (cf, nil without one). Errors about the
-// file itself name it and pass unchanged.
-func parseError(err error, cf *config.File) error {
+// the bad value may have come from there, and the --set or the config file's
+// key and line when the value came from one of those (l holds them). Errors
+// about the file itself name it and pass unchanged.
+func parseError(err error, l *configLoader) error {
 	var ce *config.Error
 	if errors.As(err, &ce) {
 		return ce
 	}
-	if flag, where := cf.FromFile(err.Error()); flag != "" {
+	var se *config.SetError
+	if errors.As(err, &se) {
+		return se
+	}
+	if flag, given := l.sets.FromSet(err.Error()); flag != "" {
+		return fmt.Errorf("%w (set by %s; --%s overrides it)", err, given, flag)
+	}
+	if flag, where := l.file.FromFile(err.Error()); flag != "" {
 		return fmt.Errorf("%w (set by %s; --%s or %s override it)", err, where, flag, envName(flag))
 	}
 	if m := leadingFlag.FindStringSubmatch(err.Error()); m != nil {
+		if m[1] == setFlag { // the message names the --set; it has no variable
+			return err
+		}
 		return fmt.Errorf("%w (set by --%s or %s)", err, m[1], envName(m[1]))
 	}
 	return fmt.Errorf("%w (every flag can also be set as a %s_* environment variable or in the --config file; see --help)", err, EnvPrefix)
@@ -149,10 +160,21 @@ func envName(flag string) string {
 // flagError names a setting by its key, flag and environment variable (a
 // command argument, which has no key, by its flag and variable).
 func flagError(flag, problem string) error {
-	if key := keyOfFlag(flag); key != "" {
-		return fmt.Errorf("%s: --%s (%s) %s", key, flag, envName(flag), problem)
+	return &settingError{key: keyOfFlag(flag), flag: flag, problem: problem}
+}
+
+// settingError is a bad value of one setting (flagError): what is wrong
+// with it, and the setting's key ("" for a command argument) and flag, so
+// that an error about a table entry's override can name the key as the
+// entry wrote it (tables.go).
+type settingError struct{ key, flag, problem string }
+
+// Error names the key, the flag and its variable, then the problem.
+func (e *settingError) Error() string {
+	if e.key != "" {
+		return fmt.Sprintf("%s: --%s (%s) %s", e.key, e.flag, envName(e.flag), e.problem)
 	}
-	return fmt.Errorf("--%s (%s) %s", flag, envName(flag), problem)
+	return fmt.Sprintf("--%s (%s) %s", e.flag, envName(e.flag), e.problem)
 }
 
 // NewLogger builds the process logger: JSON, or console output on a terminal.

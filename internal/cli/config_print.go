@@ -3,7 +3,10 @@ package cli
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,8 +20,9 @@ import (
 
 // ConfigCmd is "cdc-relay config".
 type ConfigCmd struct {
-	Print        ConfigPrintCmd        `cmd:"" help:"Show the effective configuration of run: every run flag's value and where it came from (flag, env, file, debezium or default), with secrets redacted. Takes the same flags as run, and checks nothing but their syntax."`
-	FromDebezium ConfigFromDebeziumCmd `cmd:"" name:"from-debezium" help:"Print the --config YAML equivalent to a Debezium connector configuration (see --debezium-config)."`
+	Print        ConfigPrintCmd        `cmd:"" help:"Show the configuration run would use: each setting's value and where it came from, secrets redacted (checks only the syntax)."`
+	Check        ConfigCheckCmd        `cmd:"" help:"Check run's configuration without connecting: exit 0 if run would start."`
+	FromDebezium ConfigFromDebeziumCmd `cmd:"" name:"from-debezium" help:"Print the --config YAML of a Debezium connector configuration."`
 }
 
 // runFlagSet is RunCmd's flags without RunCmd's methods, so config print
@@ -30,10 +34,34 @@ type runFlagSet RunCmd
 type ConfigPrintCmd struct {
 	runFlagSet `embed:""` // run's flags, in run's help groups
 
-	JSON bool `name:"json" group:"output" help:"Print JSON instead of a table."`
+	JSON    bool `name:"json" group:"output" help:"Print JSON instead of a table."`
+	Changed bool `name:"changed" group:"output" help:"Show only the settings whose value differs from the default (and every table entry's overrides)."`
 
-	file     string        `kong:"-"` // the --config file, "" for none
-	settings []flagSetting `kong:"-"` // taken by BeforeApply
+	file     string         `kong:"-"` // the --config file, "" for none
+	settings []flagSetting  `kong:"-"` // taken by BeforeApply, in section order
+	tables   []tableSetting `kong:"-"` // the file's table entries that override settings
+}
+
+// tableSetting is one entry of the file's tables list that overrides
+// settings for its table, as config print shows it.
+type tableSetting struct {
+	Name     string        `json:"name"`
+	Line     int           `json:"line"`
+	Settings []flagSetting `json:"settings"` // Key without "outbox.", as an entry writes it
+}
+
+// sectionOrder is the order of the document's sections in config print:
+// where events come from, what they are, where they go, how, and the
+// process. A key of no section listed here comes after them.
+var sectionOrder = []string{"source", "tables", "messages", "outbox", "format", "kafka", "delivery", "dead_letters", "operations"}
+
+// sectionRank is key's place in sectionOrder.
+func sectionRank(key string) int {
+	sec, _, _ := strings.Cut(key, ".")
+	if i := slices.Index(sectionOrder, sec); i >= 0 {
+		return i
+	}
+	return len(sectionOrder)
 }
 
 // Sources of a setting, in the order of precedence.
@@ -80,9 +108,15 @@ func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context, loader *configLoader) er
 			p.file, _ = ctx.FlagValue(f).(string)
 		}
 	}
+	changed := false
+	for _, f := range node.Flags {
+		if f.Name == "changed" {
+			changed, _ = ctx.FlagValue(f).(bool) // applied after this hook
+		}
+	}
 	p.settings = p.settings[:0]
 	for _, f := range node.Flags {
-		if f.Name == "help" || f.Name == "json" {
+		if f.Name == "help" || f.Tag.Get("key") == "" { // print's own flags
 			continue
 		}
 		src, ok := from[f]
@@ -94,9 +128,74 @@ func (p *ConfigPrintCmd) BeforeApply(ctx *kong.Context, loader *configLoader) er
 		}
 		s := flagSetting{Key: f.Tag.Get("key"), Flag: f.Name, Source: src, Env: envName(f.Name)}
 		s.Value, s.text = shownValue(f.Name, ctx.FlagValue(f))
+		if changed && s.text == defaultText(f) {
+			continue
+		}
 		p.settings = append(p.settings, s)
 	}
+	slices.SortStableFunc(p.settings, func(a, b flagSetting) int { return sectionRank(a.Key) - sectionRank(b.Key) })
+	return p.tableSettings(node, loader)
+}
+
+// tableSettings records the overrides of the file's table entries, each
+// as the setting of the outbox section it overrides.
+func (p *ConfigPrintCmd) tableSettings(node *kong.Node, loader *configLoader) error {
+	entries, err := loader.tables()
+	if err != nil {
+		return err
+	}
+	byName := map[string]*kong.Flag{}
+	for _, f := range node.Flags {
+		byName[f.Name] = f
+	}
+	p.tables = p.tables[:0]
+	for _, e := range entries {
+		if len(e.Overrides) == 0 {
+			continue
+		}
+		ts := tableSetting{Name: e.Name, Line: e.Line}
+		for _, flag := range slices.Sorted(maps.Keys(e.Overrides)) {
+			f, v := byName[flag], e.Overrides[flag]
+			s := flagSetting{Key: e.Written[flag], Flag: flag, Source: sourceFile, Env: "—"}
+			if f != nil {
+				s.Key, s.Env = strings.TrimPrefix(f.Tag.Get("key"), config.TableSection), envName(flag)
+				if x, err := config.Convert(v, f.Target.Type(), nil); err == nil {
+					s.Value, s.text = shownValue(flag, x)
+				}
+			}
+			if s.text == "" { // a value run refuses (config check says why): as written
+				s.Value, s.text = v.Value, v.Value
+			}
+			ts.Settings = append(ts.Settings, s)
+		}
+		slices.SortStableFunc(ts.Settings, func(a, b flagSetting) int { return strings.Compare(a.Key, b.Key) })
+		p.tables = append(p.tables, ts)
+	}
 	return nil
+}
+
+// defaultText is flag f's default as config print shows a value.
+func defaultText(f *kong.Flag) string {
+	def := f.Default
+	switch t := f.Target.Type(); {
+	case t.Kind() == reflect.Slice:
+		if def == "" {
+			return "[]"
+		}
+		return def
+	case t == reflect.TypeOf(time.Duration(0)):
+		d, _ := time.ParseDuration(def)
+		return config.ShortDuration(d)
+	case t.Kind() == reflect.Bool:
+		return strconv.FormatBool(def == "true")
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Float64:
+		if def == "" {
+			return "0"
+		}
+	case def == "":
+		return `""`
+	}
+	return def
 }
 
 // envSet reports whether one of envs is set (kong's test: set, even empty).
@@ -118,6 +217,8 @@ func shownValue(flag string, v any) (any, string) {
 			return x, `""`
 		}
 		return x, x
+	case []int64:
+		return x, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(x)), ","), "[]")
 	case []string:
 		out := make([]string, len(x))
 		for i, s := range x {
@@ -155,15 +256,17 @@ func redactSetting(flag, v string) string {
 func (p *ConfigPrintCmd) Run(env Env) error {
 	if p.JSON {
 		return writeJSON(env.Stdout, "configuration", struct {
-			ConfigFile string        `json:"config_file"`
-			Settings   []flagSetting `json:"settings"`
-		}{p.file, p.settings})
+			ConfigFile string         `json:"config_file"`
+			Settings   []flagSetting  `json:"settings"`
+			Tables     []tableSetting `json:"tables,omitempty"`
+		}{p.file, p.settings, p.tables})
 	}
-	return printSettings(env.Stdout, p.file, p.settings)
+	return printSettings(env.Stdout, p.file, p.settings, p.tables)
 }
 
-// printSettings prints settings as an aligned table.
-func printSettings(w io.Writer, file string, settings []flagSetting) error {
+// printSettings prints settings as an aligned table, each table entry's
+// overrides after the tables row (tables[1].topic: the second entry's).
+func printSettings(w io.Writer, file string, settings []flagSetting, tables []tableSetting) error {
 	if file == "" {
 		file = "(none)"
 	}
@@ -172,8 +275,23 @@ func printSettings(w io.Writer, file string, settings []flagSetting) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tFLAG\tVALUE\tSOURCE")
+	printed := false
+	printTables := func() {
+		for _, t := range tables {
+			for _, s := range t.Settings {
+				fmt.Fprintf(tw, "tables[%s].%s\t%s\t%s\t%s\n", t.Name, s.Key, s.Flag, s.text, s.Source)
+			}
+		}
+		printed = true
+	}
 	for _, s := range settings {
+		if !printed && sectionRank(s.Key) > sectionRank("tables") {
+			printTables()
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Key, s.Flag, s.text, s.Source)
+	}
+	if !printed {
+		printTables()
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write configuration: %w", err)

@@ -260,13 +260,13 @@ func TestConfigErrors(t *testing.T) {
 		{"unknown key with suggestion", base + "pg-ulr: x\n", nil,
 			[]string{"relay.yaml, line 3", `unknown key "pg-ulr"`, `did you mean "pg-url"?`}},
 		{"unknown key, suffix of a flag", base + "brokers: a:9092\n", nil,
-			[]string{"line 3", `unknown key "brokers"`, `did you mean "kafka-brokers"?`}},
+			[]string{"line 3", `unknown key "brokers"`, `did you mean "kafka.brokers"?`}},
 		{"unknown key, underscores", "pg_url: x\n", nil,
-			[]string{"line 1", `unknown key "pg_url"`, `did you mean "pg-url"?`}},
+			[]string{"line 1", `unknown key "pg_url"`, `did you mean "source.pg_url"?`}},
 		{"unknown key, nothing near", base + "colour: blue\n", nil,
 			[]string{"line 3", `unknown key "colour"`, "flag names"}},
 		{"unknown key is an error for every command", base + "topci: x\n", []string{"status"},
-			[]string{"line 3", `unknown key "topci"`, `did you mean "topic"?`}},
+			[]string{"line 3", `unknown key "topci"`, `did you mean "outbox.topic"?`}},
 		{"key with dashes", "--topic: x\n", nil,
 			[]string{"line 1", "without the dashes", `"topic"`}},
 		{"config key", base + "config: other.yaml\n", nil,
@@ -389,7 +389,7 @@ metrics-token-file: `+tokenFile+`
 		}
 	}
 
-	// JSON: every run flag, in run's order, each with its variable.
+	// JSON: every run flag, by section (sectionOrder), each with its variable.
 	var p printed
 	if err := json.Unmarshal([]byte(js), &p); err != nil {
 		t.Fatal(err)
@@ -422,7 +422,8 @@ metrics-token-file: `+tokenFile+`
 	}
 }
 
-// runFlagNames are the run command's flags, in --help order.
+// runFlagNames are the run command's flags, in config print's order: by
+// section, in --help order within one.
 func runFlagNames(t *testing.T) []string {
 	t.Helper()
 	var c CLI
@@ -435,7 +436,9 @@ func runFlagNames(t *testing.T) []string {
 		if n.Name != "run" {
 			continue
 		}
-		for _, f := range n.Flags {
+		flags := slices.Clone(n.Flags)
+		slices.SortStableFunc(flags, func(a, b *kong.Flag) int { return sectionRank(a.Tag.Get("key")) - sectionRank(b.Tag.Get("key")) })
+		for _, f := range flags {
 			if f.Name != "help" {
 				names = append(names, f.Name)
 			}
@@ -538,7 +541,7 @@ table:
 	for _, tc := range []struct{ name, entry, want string }{
 		{"not per table", "    kafka-brokers: other:9092\n", "line 6: table shipping.parcels_outbox: kafka-brokers: cannot be set per table"},
 		{"bad policy", "    on-error: retry\n", `line 6: table shipping.parcels_outbox: on-error: "retry": want one of dlq, halt`},
-		{"bad topic", "    topic: \"bad topic\"\n", "table shipping.parcels_outbox: outbox.topic: --topic"},
+		{"bad topic", "    topic: \"bad topic\"\n", `line 6: table shipping.parcels_outbox: topic: topic template "bad topic": topic name "bad topic" has the character ' '`},
 		{"no name", "", "needs name: schema.table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

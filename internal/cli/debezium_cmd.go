@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -29,6 +31,7 @@ type debeziumFile struct {
 	tr    *debezium.Translation
 	keys  map[string]string // flag → key, in the command line's model
 	flags map[string]string // key → flag
+	lists map[string]bool   // the keys of list settings
 	used  map[string]bool   // flags Resolve supplied a value for
 }
 
@@ -51,7 +54,14 @@ func loadDebeziumFile(app *kong.Application, path string, getenv func(string) (s
 			return nil, fmt.Errorf("debezium config %s: %s translates to %s, which is not a setting of this command line", path, s.Property, s.Key)
 		}
 	}
-	return &debeziumFile{path: path, tr: tr, keys: byFlag, flags: byKey, used: map[string]bool{}}, nil
+	lists := map[string]bool{}
+	_ = kong.Visit(app.Node, func(n kong.Visitable, next kong.Next) error {
+		if f, ok := n.(*kong.Flag); ok && f.Tag.Get("key") != "" && f.Target.Kind() == reflect.Slice {
+			lists[f.Tag.Get("key")] = true
+		}
+		return next(nil)
+	})
+	return &debeziumFile{path: path, tr: tr, keys: byFlag, flags: byKey, lists: lists, used: map[string]bool{}}, nil
 }
 
 // Validate is part of kong.Resolver; the file was checked when loaded.
@@ -121,33 +131,52 @@ type ConfigFromDebeziumCmd struct {
 }
 
 // Run prints the native YAML equivalent of the file, loadable by --config.
+// A connector configuration it cannot translate is a usage error (exit 2),
+// printed one property per line.
 func (c *ConfigFromDebeziumCmd) Run(kctx *kong.Context, env Env) error {
 	getenv := os.LookupEnv
 	if env.Getenv != nil {
 		getenv = func(k string) (string, bool) { v := env.Getenv(k); return v, v != "" }
 	}
 	d, err := loadDebeziumFile(kctx.Model, c.File, getenv)
+	var refused *debezium.Refusal
+	if errors.As(err, &refused) {
+		for _, p := range refused.Problems() {
+			fmt.Fprintln(env.Stderr, "cdc-relay: "+p)
+		}
+		fmt.Fprintln(env.Stderr, "cdc-relay: remove or change these properties (docs/debezium.md says what each maps to)")
+		return &reportedError{&usageError{err}}
+	}
 	if err != nil {
-		return err
+		return &usageError{err}
 	}
 	d.warn(env.Stderr, c.File)
 	return writeDebeziumYAML(env.Stdout, d)
 }
 
 // writeDebeziumYAML writes d's settings as a --config file by keys, in
-// sections (source: {slot: …}), each key commented with the Debezium property
-// it came from. The sections come in the order of their settings' flags.
+// sections in config print's order (source, tables, outbox, format, kafka,
+// delivery, dead_letters, operations), by key within one; a key the
+// connector's property set is commented with it, one it left to Debezium's
+// default is not. A list setting is a YAML list.
 func writeDebeziumYAML(w io.Writer, d *debeziumFile) error {
 	settings := slices.SortedFunc(slices.Values(d.tr.Settings), func(a, b debezium.Setting) int {
-		return strings.Compare(d.flags[a.Key], d.flags[b.Key])
+		if ra, rb := sectionRank(a.Key), sectionRank(b.Key); ra != rb {
+			return ra - rb
+		}
+		return strings.Compare(a.Key, b.Key)
 	})
 	entries := make([]config.Entry, len(settings))
 	for i, s := range settings {
-		entries[i] = config.Entry{Key: s.Key, Value: s.Value, Comment: "from " + s.Property}
-		if v, ok := s.Value.(string); ok && s.Key == "outbox.header_columns" {
+		entries[i] = config.Entry{Key: s.Key, Value: s.Value}
+		if s.Given {
+			entries[i].Comment = "from " + s.Property
+		}
+		if v, ok := s.Value.(string); ok && d.lists[s.Key] && v != "" {
 			entries[i].Value = strings.Split(v, ",")
 		}
 	}
 	return config.WriteDocument(w, "cdc-relay configuration translated from the Debezium connector config "+d.path+
-		"\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)", entries)
+		"\n(load it with cdc-relay run --config FILE; it holds the database password if the connector did)"+
+		"\nA key without a comment is Debezium's default for a property the connector leaves out.", entries)
 }

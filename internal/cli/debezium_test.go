@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"fmt"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -146,53 +148,31 @@ func TestDebeziumEveryKeyResolves(t *testing.T) {
 }
 
 // TestFromDebeziumDocument: config from-debezium prints the settings by key,
-// in sections, each commented with its property; warnings go to stderr.
+// in sections in config print's order, a key commented with its property
+// only when the connector has that property, several tables as a tables
+// list; warnings go to stderr; a connector it cannot translate is refused
+// one property per line, with exit 2, every property checked even after
+// an indirection it cannot resolve (testdata/from-debezium.golden).
 func TestFromDebeziumDocument(t *testing.T) {
 	clearEnv(t)
-	path := writeFile(t, t.TempDir(), "c.properties", minimalDbz+"name=orders\nheartbeat.interval.ms=1000\n"+
+	dir := t.TempDir()
+	path := writeFile(t, dir, "c.properties", minimalDbz+"name=orders\nheartbeat.interval.ms=1000\n"+
 		"value.converter=org.apache.kafka.connect.json.JsonConverter\n"+
 		"transforms.outbox.table.fields.additional.placement=type:header:eventType,aggregatetype:header,type:envelope:t\n"+
 		"transforms.outbox.route.topic.regex=(.*)\ntransforms.outbox.route.topic.replacement=x.$1\n")
-	err, out, errOut := run(t, canceled(), "config", "from-debezium", path)
-	if err != nil {
-		t.Fatal(err)
+	tables := writeFile(t, dir, "tables.properties", strings.Replace(minimalDbz, "table.include.list=public.outbox", "table.include.list=public.outbox_events,shipping.parcels_outbox", 1))
+	refused := writeFile(t, dir, "refused.properties", minimalDbz+"database.password=${file:/nonexistent/secrets.properties:pw}\nsnapshot.mode=sometimes\ncolumn.include.list=public.outbox.id\n")
+	var b strings.Builder
+	for _, p := range []string{path, tables, refused} {
+		err, out, errOut := run(t, canceled(), "config", "from-debezium", p)
+		if err != nil && !Reported(err) {
+			errOut += ErrorLine(err) + "\n"
+		}
+		fmt.Fprintf(&b, "$ cdc-relay config from-debezium %s\n%s--- stderr\n%s--- exit %d\n\n", filepath.Base(p), out, errOut, ExitCode(err))
 	}
-	want := `# cdc-relay configuration translated from the Debezium connector config ` + path + `
-# (load it with cdc-relay run --config FILE; it holds the database password if the connector did)
-
-outbox:
-  columns:
-    aggregate_id: aggregateid # from transforms.outbox.table.field.event.key
-    aggregate_type: aggregatetype # from transforms.outbox.route.by.field
-    event_type: "" # from transforms.outbox.table.field.event.type
-    id: id # from transforms.outbox.table.field.event.id
-    payload: payload # from transforms.outbox.table.field.event.payload
-    tracing: tracingspancontext # from transforms.outbox.tracing.span.context.field
-  envelope_columns: type=t # from transforms.outbox.table.fields.additional.placement
-  header_columns: [type=eventType, aggregatetype=aggregatetype] # from transforms.outbox.table.fields.additional.placement
-  topic: x.$1 # from transforms.outbox.route.topic.replacement
-  topic_regex: (.*) # from transforms.outbox.route.topic.regex
-  topic_regex_field: aggregate_type # from transforms.outbox.route.by.field
-  value_encoding: json-with-schema # from value.converter
-source:
-  create_publication: true # from publication.autocreate.mode
-  heartbeat_interval: 1s # from heartbeat.interval.ms
-  pg_url: postgres://relay@db:5432/app # from database.*
-  publication: dbz_publication # from publication.name
-  slot: debezium # from slot.name
-delivery:
-  on_outbox_update: warn # from transforms.outbox.table.op.invalid.behavior
-  snapshot: initial # from snapshot.mode
-operations:
-  relay_name: orders # from name
-tables: public.outbox # from table.include.list
-format:
-  tombstone_on_empty_payload: false # from transforms.outbox.route.tombstone.on.empty.payload
-`
-	if out != want {
-		t.Errorf("config from-debezium printed:\n%s\nwant:\n%s", out, want)
-	}
-	if w := "cdc-relay: warning: debezium config " + path + ": snapshot.mode initial (Debezium's default when absent) → delivery.snapshot: initial"; !strings.Contains(errOut, w) {
-		t.Errorf("stderr %q does not hold %q", errOut, w)
+	got := strings.ReplaceAll(b.String(), dir+"/", "")
+	golden(t, "from-debezium.golden", got)
+	if w := "cdc-relay: warning: debezium config c.properties: snapshot.mode initial (Debezium's default when absent) → delivery.snapshot: initial"; !strings.Contains(got, w) {
+		t.Errorf("stderr does not hold %q", w)
 	}
 }

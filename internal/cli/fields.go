@@ -1,12 +1,16 @@
 package cli
 
 import (
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
 	"strings"
 
+	"github.com/cdc-relay/cdc-relay/internal/admin"
 	"github.com/cdc-relay/cdc-relay/internal/config"
+	"github.com/cdc-relay/cdc-relay/internal/kafkaconn"
+	"github.com/cdc-relay/cdc-relay/internal/relay"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
@@ -20,6 +24,34 @@ import (
 // a hook the relay runs only then. A field several settings set
 // (Decoder.JSON) names them all, separated by commas.
 var runFlags = libraryFields(reflect.TypeOf(RunCmd{}))
+
+// namedConfig is the configuration whose fields runNames names: relay.Config
+// at its root, and beside it the two configurations the command line builds
+// and names under a field of its own (runNames.Within("Admin"),
+// Within("Kafka")). Every field tag and every Within of the command line is
+// a path in it (TestFieldTagsResolve), so a renamed library field fails a
+// test instead of leaving an operator with "(setting Old)".
+type namedConfig struct {
+	relay.Config
+	Admin admin.Config
+	Kafka kafkaconn.Config
+}
+
+// fieldPath returns the type of the field at path ("Sink.Brokers") in t, a
+// struct type, or an error naming the first part t lacks.
+func fieldPath(t reflect.Type, path string) (reflect.Type, error) {
+	for _, name := range strings.Split(path, ".") {
+		if t.Kind() != reflect.Struct {
+			return nil, fmt.Errorf("%s: %s is a %s, which has no field %s", path, t, t.Kind(), name)
+		}
+		f, ok := t.FieldByName(name)
+		if !ok {
+			return nil, fmt.Errorf("%s: %s has no field %s", path, t, name)
+		}
+		t = f.Type
+	}
+	return t, nil
+}
 
 // libraryFields reads the field tags of the settings of command type t.
 func libraryFields(t reflect.Type) map[string]runSetting {

@@ -11,12 +11,16 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/alecthomas/kong"
 
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -397,4 +401,73 @@ func isParam(f *ast.File, n ast.Node, arg ast.Expr) bool {
 		}
 	}
 	return false
+}
+
+// TestFieldTagsResolve: every field tag of every command's settings, every
+// field runFlags maps, and every Within("X") of the command line's sources
+// names a field of the library configurations (namedConfig), so none can
+// drift from the struct it names, as OpenDeadLetters (relay.Config has
+// DeadLetter), Sink.ContentType (sink.Config has none) and Admin.* (not in
+// relay.Config) once did.
+func TestFieldTagsResolve(t *testing.T) {
+	root := reflect.TypeOf(namedConfig{})
+	for _, bad := range []string{"OpenDeadLetters", "Sink.ContentType", "Admin.Nope", "Slot.X"} {
+		if _, err := fieldPath(root, bad); err == nil {
+			t.Errorf("fieldPath resolves %q, which names no field", bad)
+		}
+	}
+	tags := 0
+	var walk func(n *kong.Node)
+	walk = func(n *kong.Node) {
+		for _, f := range n.Flags {
+			for _, field := range strings.Split(f.Tag.Get("field"), ",") {
+				if field == "" {
+					continue
+				}
+				tags++
+				path, _, _ := strings.Cut(field, "=")
+				if _, err := fieldPath(root, path); err != nil {
+					t.Errorf("%s --%s: field tag %q: %v", n.FullPath(), f.Name, field, err)
+				}
+			}
+		}
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(helpModel(t).Node)
+	if tags < 40 {
+		t.Fatalf("found %d field tags; the walk must reach every command's flags", tags)
+	}
+	for field := range runFlags {
+		if _, err := fieldPath(root, field); err != nil {
+			t.Errorf("runFlags: %v", err)
+		}
+	}
+	within := regexp.MustCompile(`Within\("([A-Za-z.]+)"\)`)
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range within.FindAllStringSubmatch(string(src), -1) {
+			found++
+			if ft, err := fieldPath(root, m[1]); err != nil {
+				t.Errorf("%s: Within(%q): %v", name, m[1], err)
+			} else if ft.Kind() != reflect.Struct {
+				t.Errorf("%s: Within(%q) names a %s, not a configuration", name, m[1], ft)
+			}
+		}
+	}
+	if found < 5 {
+		t.Fatalf("found %d Within calls in the command line's sources", found)
+	}
 }

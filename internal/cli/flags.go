@@ -36,7 +36,7 @@ import (
 // PGFlags are the Postgres connection and outbox flags shared by subcommands.
 type PGFlags struct {
 	PGURL       string   `key:"source.pg_url" field:"PGURL,Pool" name:"pg-url" help:"Required (or --pg-url-file). Postgres URL of the database holding the outbox table (the relay adds replication=database itself)." placeholder:"URL"`
-	PGURLFile   string   `key:"source.pg_url_file" name:"pg-url-file" type:"path" help:"Read --pg-url from this file instead (e.g. a mounted secret), so the password is in neither the command line nor the environment." placeholder:"FILE"`
+	PGURLFile   string   `key:"source.pg_url_file" name:"pg-url-file" type:"path" help:"Read --pg-url from this file (a mounted secret), keeping the password off the command line and out of the environment." placeholder:"FILE"`
 	Slot        string   `key:"source.slot" field:"Slot" default:"cdc_relay" help:"Logical replication slot the relay streams (one relay per slot)."`
 	Publication string   `key:"source.publication" field:"Publication" default:"cdc_relay_outbox" help:"Publication covering the outbox table."`
 	Table       []string `key:"tables" field:"Decoder.Schema,Decoder.Table" default:"${table_default=public.outbox_events}" help:"Outbox table, schema-qualified${table_note=}." placeholder:"SCHEMA.TABLE"`
@@ -229,7 +229,7 @@ func (f *headerColumnFlags) headerColumns() (map[string]string, error) {
 // payloadFormatFlags say what the relay derives from the payload column's type
 // and the tracing column (run, replay; see docs/kafka.md#formats).
 type payloadFormatFlags struct {
-	ContentType   string `key:"outbox.content_type" field:"Sink.ContentType,Decoder.ContentType" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
+	ContentType   string `key:"outbox.content_type" field:"Decoder.ContentType" default:"auto" help:"Header content-type of every message: auto (application/json for a json or jsonb payload column, none for bytea and text), none, or a MIME type such as application/vnd.apache.avro+binary." placeholder:"auto|none|MIME"`
 	ColumnTracing string `key:"outbox.columns.tracing" field:"Decoder.TracingColumn" default:"tracingspancontext" help:"Outbox column holding a trace context (a W3C traceparent, or Debezium's traceparent=/tracestate= properties text), sent as headers traceparent and tracestate; a table without it is fine (empty: never)." placeholder:"COLUMN"`
 	// ColumnTimestamp is Debezium's table.field.event.timestamp.
 	// EnvelopeColumns is Debezium's table.fields.additional.placement col:envelope:alias.
@@ -557,7 +557,7 @@ func (f *publishFlags) publisher(ctx context.Context, brokers []string, sec *Kaf
 	conn.Log(log)
 	octx, cancel := context.WithTimeout(ctx, f.KafkaStartTimeout)
 	defer cancel()
-	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport, Names: runNames.Within("Sink")}
+	cfg := sink.Config{Brokers: brokers, Logger: log, Transport: transport, Names: runNames.Within("Sink"), DecoderNames: runNames.Within("Decoder")}
 	rf.apply(&cfg)
 	p, err := sink.NewPublisher(octx, cfg)
 	if err != nil {

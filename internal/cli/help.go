@@ -22,7 +22,7 @@ const description = "Relays committed outbox INSERTs from Postgres logical repli
 // --debezium-config) come first, under "Flags:". A group tag naming no
 // group here is a mistake TestRunHelpGroups catches for run.
 var helpGroups = []kong.Group{
-	{Key: "postgres", Title: "Postgres:", Description: "The source: the database, its replication slot and publication, and the outbox table's columns."},
+	{Key: "postgres", Title: "Postgres:", Description: "The database, its replication slot and publication, the outbox table's columns."},
 	{Key: "kafka", Title: "Kafka:", Description: "The brokers, TLS and SASL, and how records are batched."},
 	{Key: "routing", Title: "Routing and format:", Description: "Each event's topic, partition, headers, key and value encoding."},
 	{Key: "delivery", Title: "Delivery and failures:", Description: "The guarantee, checkpoints, retries, and what becomes of an event or a slot that fails."},
@@ -41,14 +41,15 @@ var helpGroups = []kong.Group{
 var shortHelp = map[string][]string{
 	"": {}, // cdc-relay --help: the commands; each lists the flags every command takes
 	"run": {
-		"config",
+		"config", "set",
 		"pg-url", "pg-url-file", "table", "slot", "publication",
 		"kafka-brokers", "kafka-tls", "kafka-sasl-mechanism", "kafka-sasl-username", "kafka-sasl-password-file",
 		"topic",
 		"delivery",
 		"metrics-addr", "metrics-token-file",
 	},
-	"config print": {"config", "json"},
+	"config print": {"config", "set", "json", "changed"},
+	"config check": {"config", "set", "pg-url", "kafka-brokers"},
 	"replay": {
 		"config", "pg-url", "kafka-brokers",
 		"since", "until", "aggregate-id", "id", "dry-run", "rate",
@@ -65,6 +66,21 @@ var shortHelp = map[string][]string{
 	"dlq show":    {"config", "pg-url", "pg-url-file", "dlq-table", "event-id", "json"},
 	"dlq purge":   {"config", "pg-url", "pg-url-file", "dlq-table", "older-than", "status"},
 	"status":      {"config", "pg-url", "pg-url-file", "slot", "publication", "table", "max-lag-bytes", "json"},
+}
+
+// helpValue is the kong.HelpValueFormatter of --help: a flag's help,
+// then its environment variable and, for a setting, its key, the three
+// names of one setting: "(CDC_RELAY_SLOT, key source.slot)".
+func helpValue(value *kong.Value) string {
+	key := value.Tag.Get("key")
+	if key == "" || len(value.Tag.Envs) == 0 {
+		return kong.DefaultHelpValueFormatter(value)
+	}
+	suffix := "($" + strings.Join(value.Tag.Envs, ", $") + ", key " + key + ")"
+	if h, ok := strings.CutSuffix(value.Help, "."); ok {
+		return h + " " + suffix + "."
+	}
+	return strings.TrimSpace(value.Help + " " + suffix)
 }
 
 // helpAllFlag is --help-all: --help listing every flag of the command.
@@ -145,12 +161,11 @@ func (*RunCmd) Help() string {
     cdc-relay run \
       --pg-url 'postgres://relay@db.internal:5432/app?sslmode=verify-full' \
       --kafka-brokers kafka-1:9092,kafka-2:9092,kafka-3:9092 \
-      --table public.outbox_events --slot cdc_relay \
-      --publication cdc_relay_outbox --topic 'outbox.{aggregate_type}' \
+      --table public.outbox_events --topic 'outbox.{aggregate_type}' \
       --metrics-addr 0.0.0.0:9187 \
       --metrics-token-file /run/secrets/metrics-token
 
-Required: --pg-url (or --pg-url-file) and --kafka-brokers. The Postgres password comes from the URL, PGPASSWORD or ~/.pgpass. Every flag is also an environment variable (--pg-url: CDC_RELAY_PG_URL) and a key of the --config file (pg-url: ...); cdc-relay config print shows what a run would use. By default (--delivery effectively-once) each committed outbox row appears once in the Kafka log; a crash never loses one.`
+Required: --pg-url (or --pg-url-file) and --kafka-brokers; the Postgres password comes from the URL, PGPASSWORD or ~/.pgpass. Each setting is a flag, the variable and the key shown beside it (in a --config file or --set); cdc-relay config check checks a configuration without running it.`
 }
 
 // Help shows an example above replay's flags.

@@ -148,6 +148,7 @@ func TestRequiredMarkers(t *testing.T) {
 	want := map[string][]string{
 		"run":          {"pg-url", "kafka-brokers"},
 		"config print": {"pg-url", "kafka-brokers"}, // run's, as config print shows them
+		"config check": {"pg-url", "kafka-brokers"}, // run's, which config check requires as run does
 		"replay":       {"pg-url", "kafka-brokers", "since"},
 		"dlq replay":   {"pg-url", "kafka-brokers"},
 		"dlq list":     {"pg-url"},
@@ -170,7 +171,7 @@ func TestRequiredMarkers(t *testing.T) {
 	}
 	for _, n := range cmds {
 		for _, f := range ownFlags(n) {
-			if f.Name == "kafka-brokers" && !slices.Contains([]string{"run", "config print"}, commandPath(n)) && !strings.HasPrefix(f.Help, "Required unless --dry-run.") {
+			if f.Name == "kafka-brokers" && !slices.Contains([]string{"run", "config print", "config check"}, commandPath(n)) && !strings.HasPrefix(f.Help, "Required unless --dry-run.") {
 				t.Errorf("%s --kafka-brokers: help %q, want it to start \"Required unless --dry-run.\"", commandPath(n), f.Help)
 			}
 		}
@@ -454,6 +455,7 @@ func TestHelpFitsScreen(t *testing.T) {
 		{"status", 60},
 		{"config", 60},
 		{"config print", 60},
+		{"config check", 60},
 		{"config from-debezium", 60},
 	}
 	cmds := everyCommand(helpModel(t))
@@ -549,7 +551,7 @@ func TestHelpAllListsEveryFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := kong.DefaultHelpPrinter(kong.HelpOptions{ValueFormatter: kong.DefaultHelpValueFormatter}, trace); err != nil {
+			if err := kong.DefaultHelpPrinter(kong.HelpOptions{ValueFormatter: helpValue}, trace); err != nil {
 				t.Fatal(err)
 			}
 			if out != kongs.String() {
@@ -571,5 +573,37 @@ func TestHelpAllIsNoSetting(t *testing.T) {
 	file := writeFile(t, t.TempDir(), "relay.yaml", "help-all: true\n")
 	if _, err := parseArgs(t, "version", "--config", file); err == nil || !strings.Contains(err.Error(), `unknown key "help-all"`) {
 		t.Errorf("a config file with help-all: err %v, want unknown key", err)
+	}
+}
+
+// TestHelpShowsKeys: every setting --help lists shows its key beside its
+// variable, and run's --help lists --config and --set and says that a
+// tables: entry overrides a table's settings.
+func TestHelpShowsKeys(t *testing.T) {
+	t.Setenv("COLUMNS", "80")
+	app := helpModel(t)
+	checked := 0
+	for path, n := range everyCommand(app) {
+		out := helpOf(t, path, "--help")
+		flat, listed := strings.Join(strings.Fields(out), " "), listedFlags(t, out)
+		for _, f := range n.Flags {
+			key := f.Tag.Get("key")
+			if key == "" || !slices.Contains(listed, f.Name) {
+				continue
+			}
+			checked++
+			if want := "($" + envName(f.Name) + ", key " + key + ")"; !strings.Contains(flat, want) {
+				t.Errorf("cdc-relay %s --help: --%s without %q", path, f.Name, want)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("checked %d flags: the test finds no listed flags", checked)
+	}
+	flat := strings.Join(strings.Fields(helpOf(t, "run", "--help")), " ")
+	for _, want := range []string{"--config=FILE", "--set=KEY=VALUE", "an entry of the tables: list of the --config file may override the outbox settings of one table"} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("run --help lacks %q", want)
+		}
 	}
 }

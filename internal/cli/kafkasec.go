@@ -7,7 +7,7 @@ import "github.com/cdc-relay/cdc-relay/internal/kafkaconn"
 // The file flags are strings, not kong paths, which would turn an empty
 // value (a variable set to "") into the working directory.
 type KafkaSecurityFlags struct {
-	KafkaTLS                   bool   `key:"kafka.tls.enabled" field:"Kafka.TLS.Enabled" name:"kafka-tls" help:"Connect to Kafka over TLS (1.2 or later), verifying the brokers' certificates against the system's CAs or --kafka-tls-ca-file. Implied by every other --kafka-tls-* flag."`
+	KafkaTLS                   bool   `key:"kafka.tls.enabled" field:"Kafka.TLS.Enabled" name:"kafka-tls" help:"Connect to Kafka over TLS 1.2+, verifying the brokers' certificates against the system's CAs or --kafka-tls-ca-file (implied by every other --kafka-tls-* flag)."`
 	KafkaTLSCAFile             string `key:"kafka.tls.ca_file" field:"Kafka.TLS.CAFile" name:"kafka-tls-ca-file" help:"PEM file of the CA certificates that signed the brokers' certificates (default: the system's CAs)." placeholder:"FILE"`
 	KafkaTLSCertFile           string `key:"kafka.tls.cert_file" field:"Kafka.TLS.CertFile" name:"kafka-tls-cert-file" help:"PEM client certificate, for brokers that require one (with --kafka-tls-key-file)." placeholder:"FILE"`
 	KafkaTLSKeyFile            string `key:"kafka.tls.key_file" field:"Kafka.TLS.KeyFile" name:"kafka-tls-key-file" help:"PEM private key of --kafka-tls-cert-file." placeholder:"FILE"`

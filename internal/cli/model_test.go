@@ -160,8 +160,8 @@ func TestSetErrors(t *testing.T) {
 	for _, tc := range []struct{ set, want string }{
 		{"source.slott=x", `--set source.slott=x: unknown key "source.slott" (did you mean "source.slot"?)`},
 		{"source.slot", "want KEY=VALUE"},
-		{"source.status_interval=5", "--set source.status_interval: want a Go duration"},
-		{"source.create_slot=maybe", "--set source.create_slot: want true or false"},
+		{"source.status_interval=5", `--set source.status_interval=5: want a Go duration such as 250ms, 10s or 5m, got "5"`},
+		{"source.create_slot=maybe", `--set source.create_slot=maybe: want true or false, got "maybe"`},
 	} {
 		t.Run(tc.set, func(t *testing.T) {
 			_, err := parseArgs(t, "run", "--pg-url", "postgres://db/app", "--kafka-brokers", "k:9092", "--set", tc.set)

@@ -36,11 +36,11 @@ type RunCmd struct {
 	// Each flag is in one help group (help.go), and the groups appear in the
 	// order of their first flag here: Postgres, Kafka, routing and format,
 	// delivery and failures, operations.
-	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone). Repeat it, or separate with commas, for several outbox tables of one column layout behind one relay and one slot: the publication covers them all (extended on restart when a table joins the list), events keep their order within each table, and the {schema} and {table} placeholders of --topic name the table of each event'"`
+	PGFlags      `embed:"" group:"postgres" set:"table_default=" kong:"set='table_note= (default public.outbox_events; none with --messages-prefix alone). Repeat it, or separate with commas, for several behind one slot; an entry of the tables: list of the --config file may override the outbox settings of one table ({name: s.t, topic: …})'"`
 	messagesFlag `embed:"" group:"postgres"`
 	KafkaFlags   `embed:""` // its --topic flags are in group routing
 
-	PrimaryPGURL      string `key:"source.primary_pg_url" field:"PrimaryPGURL,PrimaryPool" group:"postgres" name:"primary-pg-url" placeholder:"URL" help:"When --pg-url names a hot standby (PostgreSQL 16+, which decodes there): the primary's URL. The slot, the stream and the decoding stay on the standby; the checkpoint table, dead letters, heartbeats and the publication are written on the primary, which is also asked for the running-transactions record that creating a slot on a standby waits for. Required with a standby --pg-url; unused with a primary."`
+	PrimaryPGURL      string `key:"source.primary_pg_url" field:"PrimaryPool" group:"postgres" name:"primary-pg-url" placeholder:"URL" help:"When --pg-url names a hot standby (PostgreSQL 16+, which decodes there): the primary's URL. The slot, the stream and the decoding stay on the standby; the checkpoint table, dead letters, heartbeats and the publication are written on the primary, which is also asked for the running-transactions record that creating a slot on a standby waits for. Required with a standby --pg-url; unused with a primary."`
 	CreateSlot        bool   `key:"source.create_slot" field:"CreateSlot" default:"true" negatable:"" group:"postgres" help:"Create the slot when it is missing (--no-create-slot or --create-slot=false for locked-down databases)."`
 	CreatePublication bool   `key:"source.create_publication" field:"CreatePublication" default:"true" negatable:"" group:"postgres" help:"Create the publication when it is missing."`
 	SlotFailover      string `key:"source.slot_failover" field:"SlotFailover" default:"auto" enum:"auto,on,off" group:"postgres" help:"Make the slot a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots = on keep a copy of, so the relay follows a promotion (with a multi-host --pg-url and target_session_attrs=read-write): auto where the server supports it, on (refuse to start below 17), off. An existing slot without it is switched on; docs/postgres.md#failover says what else a failover needs."`
@@ -53,7 +53,7 @@ type RunCmd struct {
 
 	Delivery       string `key:"delivery.mode" field:"Delivery" group:"delivery" default:"${default_delivery}" enum:"effectively-once,at-least-once" help:"effectively-once: produce idempotently, stamp each message with its source position, store Kafka offsets with each checkpoint and, after a crash or restart, skip replayed events already in Kafka (docs/guarantee.md says when it degrades to at-least-once); at-least-once: send everything the slot replays again."`
 	OnOutboxUpdate string `key:"delivery.on_outbox_update" field:"OnOutboxUpdate" group:"delivery" default:"ignore" enum:"ignore,warn,error,fatal" help:"What an UPDATE of an outbox row does (nothing is published for it; DELETEs are always ignored): ignore; warn or error log it (at most 10 lines a minute) at that level and count it in cdc_relay_outbox_updates_total; fatal stops the relay before confirming its transaction."`
-	OnError        string `key:"outbox.on_error" field:"OpenDeadLetters=dlq" group:"delivery" default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
+	OnError        string `key:"outbox.on_error" field:"DeadLetter=dlq" group:"delivery" default:"dlq" enum:"dlq,halt" help:"What to do with an event that fails permanently (too large, invalid topic, no key): dlq stores it in the dead-letter table and goes on; halt stops without confirming past it."`
 	dlqStoreFlags  `embed:"" group:"delivery" set:"dlq_table_note= (on-error=dlq)"`
 	DLQRetention   time.Duration `key:"dead_letters.retention" check:"zero=keep" example:"168h" group:"delivery" name:"dlq-retention" default:"0s" help:"Delete dead letters whose last failure (and last replay) is older than this, checked every 10 minutes (0 keeps them; see also cdc-relay dlq purge)."`
 
@@ -87,7 +87,7 @@ type RunCmd struct {
 	ReadBufferKiB       int           `key:"source.read_buffer_kib" check:"zero=the kernel's" example:"a size in KiB such as 32" group:"postgres" name:"read-buffer-kib" default:"${default_read_buffer_kib}" help:"Over TCP, the replication connection's receive buffer (SO_RCVBUF) in KiB. A small one (32), measured beside Postgres: one-event transactions cost the walsender less CPU per event and drain faster, but 10-event ones drain slower; it also bounds the stream to this much per network round trip (32 KiB per 1 ms is 32 MB/s). 0, the default, leaves it to the kernel."`
 	CatchUpThresholdMiB int           `key:"source.catch_up_threshold_mib" field:"CatchUpThreshold" check:"zero=off" example:"64" group:"postgres" name:"catch-up-threshold-mib" default:"${default_catch_up_threshold_mib}" help:"When the slot is this many MiB of WAL behind (after a restart, an outage, a burst), read the backlog in batches through pg_logical_slot_peek_binary_changes, at Postgres' decode speed rather than the replication protocol's send speed, and stream once caught up. Each batch is acknowledged by Kafka and checkpointed before the slot is advanced past it. 0 always streams."`
 	CatchUpBatch        int           `key:"source.catch_up_batch" field:"CatchUpBatch" check:"min=1" group:"postgres" name:"catch-up-batch" default:"${default_catch_up_batch}" help:"pgoutput messages one catch-up batch asks Postgres for (three per one-event transaction); Postgres returns whole transactions, decoded into its memory and spilled to disk past work_mem."`
-	ShutdownTimeout     time.Duration `key:"operations.shutdown_timeout" check:"positive" example:"500ms or 10s" group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
+	ShutdownTimeout     time.Duration `key:"operations.shutdown_timeout" field:"ShutdownTimeout" check:"positive" example:"500ms or 10s" group:"operations" default:"${default_shutdown_timeout}" help:"Bound on a clean stop (finish transaction, flush, confirm)."`
 	kafkaStartFlag      `embed:""`
 	RequestTimeout      time.Duration `key:"kafka.request_timeout" check:"positive" example:"500ms or 10s" group:"kafka" name:"request-timeout" default:"${default_request_timeout}" help:"How long a produce request may take, being written and answered, before it fails and is retried (as Kafka's request.timeout.ms): a broker that stops reading or answering is noticed after this."`
 	RetryBase           time.Duration `key:"delivery.retry.base" check:"positive" example:"500ms or 10s" group:"delivery" default:"${default_retry_base}" help:"Backoff base: retry n waits rand(0, min(cap, base*2^n))."`
@@ -400,7 +400,7 @@ func (r *RunCmd) autoRetry(store *deadletter.Store, cfg relay.Config, log zerolo
 	m := cfg.Metrics
 	pubCfg := cfg.Sink
 	pubCfg.Logger = log
-	pubCfg.Names = cfg.Names.Within("Sink")
+	pubCfg.Names, pubCfg.DecoderNames = cfg.Names.Within("Sink"), cfg.Names.Within("Decoder")
 	topicWait := r.KafkaStartTimeout
 	return func(ctx context.Context, ready func() bool) error {
 		a := &deadletter.AutoRetry{
@@ -490,7 +490,7 @@ func (r *RunCmd) run(ctx context.Context, env Env, log zerolog.Logger) error {
 	if env.OnRelay != nil {
 		env.OnRelay(rl)
 	}
-	srv, err := r.startAdmin(reg, rl.Ready, log)
+	srv, err := r.startAdmin(reg, rl.Ready, rl.NotReady, log)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ package cli
 //	    on-error: halt
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"reflect"
@@ -21,6 +22,7 @@ import (
 	"github.com/cdc-relay/cdc-relay/internal/config"
 	"github.com/cdc-relay/cdc-relay/internal/decoder"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
+	"github.com/cdc-relay/cdc-relay/internal/setting"
 )
 
 // BeforeApply keeps the configuration file's table entries, whose
@@ -69,7 +71,8 @@ func (r *RunCmd) forTable(name string) (*RunCmd, error) {
 }
 
 // checkTableOverrides checks each table's settings as Validate checks the
-// run's, naming the table.
+// run's, naming the table, and the entry's key and line where an override
+// is at fault.
 func (r *RunCmd) checkTableOverrides() error {
 	for _, name := range r.Table {
 		rr, err := r.forTable(name)
@@ -80,19 +83,44 @@ func (r *RunCmd) checkTableOverrides() error {
 			continue
 		}
 		if err := rr.validateTopic(); err != nil {
-			return fmt.Errorf("table %s: %w", name, err)
+			return r.tableError(name, err)
 		}
 		if _, err := rr.headerColumns(); err != nil {
-			return fmt.Errorf("table %s: %w", name, err)
+			return r.tableError(name, err)
 		}
-		if _, err := rr.envelope(); err != nil {
-			return fmt.Errorf("table %s: %w", name, err)
+		if err := rr.payloadFormatFlags.validate(); err != nil {
+			return r.tableError(name, err)
 		}
 		if _, err := rr.jsonOptions(name, rr.Topic, rr.TombstoneOnEmptyPayload); err != nil {
-			return fmt.Errorf("table %s: %w", name, err)
+			return r.tableError(name, err)
 		}
 	}
 	return nil
+}
+
+// tableError is err, a check of table name's settings, as an error about
+// its entry in the configuration file when the setting at fault is one the
+// entry overrides: at the override's line, by the key as the entry wrote
+// it (topic: …). Otherwise it names the table.
+func (r *RunCmd) tableError(name string, err error) error {
+	var flag, problem string
+	var se *settingError
+	var fe *setting.FieldError
+	switch {
+	case errors.As(err, &se):
+		flag, problem = se.flag, se.problem
+	case errors.As(err, &fe):
+		if s, ok := runFlags[fe.Field]; ok && !strings.Contains(s.flag, ",") {
+			flag, problem = s.flag, fe.Err.Error()
+		}
+	}
+	if i := slices.IndexFunc(r.tableEntries, func(e config.TableEntry) bool { return e.Name == name }); i >= 0 && flag != "" {
+		e := r.tableEntries[i]
+		if v, ok := e.Overrides[flag]; ok {
+			return &config.Error{Path: r.configPath, Line: v.Line, Msg: fmt.Sprintf("table %s: %s: %s", name, e.Written[flag], problem)}
+		}
+	}
+	return fmt.Errorf("table %s: %w", name, err)
 }
 
 // decoderConfig is how the run reads outbox table name (schema.table;

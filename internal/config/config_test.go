@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -63,8 +64,11 @@ func TestDeclSet(t *testing.T) {
 		{"outbox.wait", "1m30s", func(c command) any { return c.Wait }, 90 * time.Second, ""},
 		{"outbox.wait", "5", nil, nil, "want a Go duration"},
 		{"outbox.on", "true", func(c command) any { return c.On }, true, ""},
-		{"outbox.topic", "[a]", nil, nil, "want one value"},
-		{"outbox.n", "3", nil, nil, "cannot be set per table"},
+		{"outbox.topic", "[a]", nil, nil, "want a single value, not a list"},
+		{"outbox.n", "3", func(c command) any { return c.N }, 3, ""},
+		{"outbox.n", "three", nil, nil, `want a whole number, got "three"`},
+		{"outbox.on", "yes", nil, nil, `want true or false, got "yes"`},
+		{"outbox.on", "1", nil, nil, `want true or false, got "1"`},
 	} {
 		t.Run(tt.key+"="+tt.yaml, func(t *testing.T) {
 			var doc yaml.Node
@@ -86,6 +90,57 @@ func TestDeclSet(t *testing.T) {
 				t.Errorf("got %#v, want %#v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestOneConverter: a table entry (Decl.Set) and the file or --set (Value,
+// what kong is given) read a YAML value alike: both take it or both refuse
+// it with the same reason.
+func TestOneConverter(t *testing.T) {
+	type settings struct {
+		S  string        `key:"a.s"`
+		B  bool          `key:"a.b"`
+		N  int           `key:"a.n"`
+		F  float64       `key:"a.f"`
+		D  time.Duration `key:"a.d"`
+		L  []string      `key:"a.l"`
+		NL []int         `key:"a.nl"`
+	}
+	decls := Declarations(reflect.TypeOf(settings{}))
+	for _, key := range []string{"a.s", "a.b", "a.n", "a.f", "a.d", "a.l", "a.nl"} {
+		for _, text := range []string{"x", "true", "yes", "1", "010", "-3", "2.5", "10s", "5", "[a, b]", "[1, 2]", "a,b", "{k: v}", `"true"`} {
+			t.Run(key+"="+text, func(t *testing.T) {
+				var doc yaml.Node
+				if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
+					t.Fatal(err)
+				}
+				d := decls[key]
+				_, verr := Value(doc.Content[0], d.Type)
+				var s settings
+				serr := d.Set(reflect.ValueOf(&s), doc.Content[0])
+				if fmt.Sprint(verr) != fmt.Sprint(serr) {
+					t.Errorf("Value: %v; Decl.Set: %v", verr, serr)
+				}
+			})
+		}
+	}
+}
+
+// TestSuggest: an unknown word gets the nearest key, dashes and underscores
+// alike, a key winning a tie with a flag name; nothing when none is near.
+func TestSuggest(t *testing.T) {
+	cands := map[string]string{"pg-url": "pg-url", "source.pg_url": "source.pg_url", "pg_url": "source.pg_url",
+		"metrics-addr": "metrics-addr", "metrics_addr": "operations.metrics_addr", "source": "source", "topic": "topic", "outbox.topic": "outbox.topic"}
+	for _, tt := range []struct{ word, want string }{
+		{"pg_url", "source.pg_url"},
+		{"pg-ulr", "pg-url"},
+		{"metrics_port", "operations.metrics_addr"},
+		{"sources", "source"},
+		{"colour", ""},
+	} {
+		if got := suggest(tt.word, cands); got != tt.want {
+			t.Errorf("suggest(%q) = %q, want %q", tt.word, got, tt.want)
+		}
 	}
 }
 

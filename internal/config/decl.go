@@ -1,12 +1,9 @@
 package config
 
 import (
-	"errors"
-	"fmt"
 	"reflect"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/alecthomas/kong"
 	yaml "go.yaml.in/yaml/v3"
@@ -115,50 +112,13 @@ func Keys(app *kong.Application) (byKey, byFlag map[string]string) {
 	return byKey, byFlag
 }
 
-// Set sets the setting d of the struct v points to from node, a YAML value:
-// a list from a sequence or a comma-separated string, a string checked
-// against the enum, a duration, a boolean. Only the kinds of settings a
-// table entry may override are taken.
+// Set sets the setting d of the struct v points to from node, a YAML value,
+// read as every overlay reads one (Convert), its enum checked.
 func (d Decl) Set(v reflect.Value, node *yaml.Node) error {
-	f := v.Elem().FieldByIndex(d.Index)
-	if d.Type.Kind() == reflect.Slice && d.Type.Elem().Kind() == reflect.String {
-		var items []string
-		switch node.Kind {
-		case yaml.ScalarNode:
-			items = strings.Split(node.Value, ",")
-		case yaml.SequenceNode:
-			for _, item := range node.Content {
-				if item.Kind != yaml.ScalarNode {
-					return errors.New("want a list of values")
-				}
-				items = append(items, item.Value)
-			}
-		default:
-			return errors.New("want a list: a YAML sequence or a comma-separated string")
-		}
-		f.Set(reflect.ValueOf(items))
-		return nil
+	x, err := Convert(node, d.Type, d.Enum)
+	if err != nil {
+		return err
 	}
-	if node.Kind != yaml.ScalarNode {
-		return errors.New("want one value")
-	}
-	text := node.Value
-	switch {
-	case d.Type.Kind() == reflect.String:
-		if len(d.Enum) > 0 && !slices.Contains(d.Enum, text) {
-			return fmt.Errorf("%q: want one of %s", text, strings.Join(d.Enum, ", "))
-		}
-		f.SetString(text)
-	case d.Type == reflect.TypeOf(time.Duration(0)):
-		dur, err := time.ParseDuration(text)
-		if err != nil {
-			return fmt.Errorf("want a Go duration such as 10s, got %q", text)
-		}
-		f.SetInt(int64(dur))
-	case d.Type.Kind() == reflect.Bool:
-		f.SetBool(text == "true")
-	default:
-		return errors.New("cannot be set per table")
-	}
+	setField(v.Elem().FieldByIndex(d.Index), x)
 	return nil
 }

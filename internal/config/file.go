@@ -12,13 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
-	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/alecthomas/kong"
 	yaml "go.yaml.in/yaml/v3"
@@ -48,7 +45,8 @@ type File struct {
 	// written is the key as the file wrote it, by flag: the flag name, or
 	// the setting's key (source.slot) in the sectioned form.
 	written map[string]string
-	byKey   map[string]string // setting key → flag (modelKeys)
+	byKey   map[string]string // setting key → flag (Keys)
+	known   map[string]bool   // the flag names a file may use as keys
 }
 
 var _ kong.Resolver = (*File)(nil)
@@ -78,7 +76,7 @@ func LoadFile(path string, known map[string]bool, byKey map[string]string, check
 	if err != nil {
 		return nil, &Error{Path: path, Msg: fmt.Sprintf("cannot be read (check %s): %v", check, err)}
 	}
-	cf := &File{path: path, values: map[string]*yaml.Node{}, lines: map[string]int{}, used: map[string]bool{}, written: map[string]string{}, byKey: byKey}
+	cf := &File{path: path, values: map[string]*yaml.Node{}, lines: map[string]int{}, used: map[string]bool{}, written: map[string]string{}, byKey: byKey, known: known}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
@@ -86,7 +84,7 @@ func LoadFile(path string, known map[string]bool, byKey map[string]string, check
 			return cf, nil // an empty file sets nothing
 		}
 		line, msg := syntaxErrorLine(data, err)
-		return nil, &Error{Path: path, Line: line, Msg: "not valid YAML: " + msg}
+		return nil, &Error{Path: path, Line: line, Msg: "not valid YAML: " + msg + quoteHint(data, line)}
 	}
 	if len(doc.Content) == 0 {
 		return cf, nil // comments only
@@ -104,14 +102,17 @@ func LoadFile(path string, known map[string]bool, byKey map[string]string, check
 			return nil, &Error{Path: path, Line: k.Line, Msg: "a key must be a section such as source, or a flag name such as pg-url"}
 		}
 		key := k.Value
+		if flag, ok := byKey[key]; ok { // a key by its whole name: source.slot, tables
+			if err := cf.set(flag, key, v, k.Line); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if v.Kind == yaml.MappingNode && cf.isSection(key) { // a section; a flag of the same name (delivery, format) takes a scalar
 			if err := cf.section(key, v); err != nil {
 				return nil, err
 			}
 			continue
-		}
-		if key == "tables" {
-			key = "table" // the list's key in the sectioned form
 		}
 		switch {
 		case key == "config":
@@ -120,7 +121,7 @@ func LoadFile(path string, known map[string]bool, byKey map[string]string, check
 			return nil, &Error{Path: path, Line: k.Line, Msg: fmt.Sprintf("key %q: write flag names without the dashes, e.g. %q", key, strings.TrimLeft(key, "-"))}
 		case !known[key]:
 			msg := fmt.Sprintf("unknown key %q", key)
-			if s := Closest(key, cf.keyNames(known)); s != "" {
+			if s := cf.suggestKey(key, ""); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
 			}
 			return nil, &Error{Path: path, Line: k.Line, Msg: msg + "; keys are the settings' keys by section (source: {slot: …}, see docs/configuration.md) or the flag names of cdc-relay's commands without the dashes (see cdc-relay <command> --help)"}
@@ -142,6 +143,29 @@ func (cf *File) set(flag, key string, v *yaml.Node, line int) error {
 	}
 	cf.values[flag], cf.lines[flag], cf.written[flag] = v, line, key
 	return nil
+}
+
+// isKeyOrSection reports whether path is a setting's key or a section.
+func (cf *File) isKeyOrSection(path string) bool {
+	_, ok := cf.byKey[path]
+	return ok || cf.isSection(path)
+}
+
+// suggestEntryKey returns the key of a table entry nearest to word, an
+// unknown key an entry wrote (colums: columns), or "".
+func (cf *File) suggestEntryKey(word string) string {
+	cands := map[string]string{"name": "name"}
+	for k, flag := range cf.byKey {
+		rest, ok := strings.CutPrefix(k, TableSection)
+		if !ok {
+			continue
+		}
+		cands[rest], cands[flag] = rest, rest
+		if sec, _, nested := strings.Cut(rest, "."); nested {
+			cands[sec] = sec
+		}
+	}
+	return suggest(word, cands)
 }
 
 // isSection reports whether prefix is a section of the model: some key
@@ -173,7 +197,7 @@ func (cf *File) section(prefix string, v *yaml.Node) error {
 			continue
 		}
 		msg := fmt.Sprintf("unknown key %q", key)
-		if s := Closest(key, cf.keyNames(nil)); s != "" {
+		if s := cf.suggestKey(key, prefix); s != "" {
 			msg += fmt.Sprintf(" (did you mean %q?)", s)
 		}
 		return &Error{Path: cf.path, Line: k.Line, Msg: msg + "; docs/configuration.md lists every key"}
@@ -181,17 +205,58 @@ func (cf *File) section(prefix string, v *yaml.Node) error {
 	return nil
 }
 
-// keyNames returns the model's keys and the names in flags, the names a
-// file may use.
-func (cf *File) keyNames(flags map[string]bool) map[string]bool {
-	out := maps.Clone(flags)
-	if out == nil {
-		out = map[string]bool{}
-	}
+// suggestKey returns the key or flag name nearest to word, an unknown key
+// the file wrote at the top level (prefix "") or in section prefix (word is
+// then its whole key: source.slott), or "" when none is near. At the top
+// level a section (sources: source), a key's last part (metrics_port:
+// operations.metrics_addr) and a flag name count too.
+func (cf *File) suggestKey(word, prefix string) string {
+	cands := map[string]string{}
 	for k := range cf.byKey {
-		out[k] = true
+		cands[k] = k
+		for i := strings.IndexByte(k, '.'); i >= 0; i = next(k, i) {
+			cands[k[:i]] = k[:i] // a section
+		}
+		if prefix == "" {
+			cands[k[strings.LastIndexByte(k, '.')+1:]] = k
+		}
 	}
-	return out
+	if prefix == "" {
+		for f := range cf.known {
+			if _, isKey := cands[f]; !isKey {
+				cands[f] = f
+			}
+		}
+	}
+	return suggest(word, cands)
+}
+
+// next returns the index of the dot after the one at i in k, or -1.
+func next(k string, i int) int {
+	j := strings.IndexByte(k[i+1:], '.')
+	if j < 0 {
+		return -1
+	}
+	return i + 1 + j
+}
+
+// flowValue is a line whose value begins as a YAML flow mapping or list
+// ({…} or […]) and goes on after it closes: a topic template written bare.
+var flowValue = regexp.MustCompile(`^(\s*(?:- )?[\w.-]+:\s*)([{\[][^#]*?)\s*(?:#.*)?$`)
+
+// quoteHint is what to add to a syntax error on line (1-based) of data
+// when that line's value starts with { or [ but is no mapping or list, as
+// '{aggregate_type}.events' is not: quote it.
+func quoteHint(data []byte, line int) string {
+	lines := strings.Split(string(data), "\n")
+	if line < 1 || line > len(lines) {
+		return ""
+	}
+	m := flowValue.FindStringSubmatch(lines[line-1])
+	if m == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (a value that begins with { or [ is a YAML mapping or list: quote it, %s'%s')", strings.TrimSpace(m[1])+" ", m[2])
 }
 
 var yamlErrorLine = regexp.MustCompile(`^(?:yaml: )?(?:line (\d+): )?`)
@@ -223,48 +288,6 @@ func syntaxErrorLine(data []byte, err error) (int, string) {
 		}
 	}
 	return 0, msg
-}
-
-// closest returns the known key nearest to key by edit distance, or "" when
-// none is near enough to be a likely typo. A known key that ends with key
-// ("brokers" for "kafka-brokers") counts as near.
-func Closest(key string, known map[string]bool) string {
-	best, bestD := "", -1
-	for k := range known {
-		d := levenshtein(key, k)
-		if strings.HasSuffix(k, "-"+key) {
-			d = min(d, 2)
-		}
-		if bestD < 0 || d < bestD || (d == bestD && k < best) {
-			best, bestD = k, d
-		}
-	}
-	if bestD < 0 || bestD > max(2, len(key)/3) {
-		return ""
-	}
-	return best
-}
-
-// levenshtein is the edit distance between a and b (insertions, deletions
-// and substitutions of bytes; flag names are ASCII).
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // Path returns the file's path.
@@ -305,7 +328,7 @@ func (cf *File) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, er
 	}
 	val, err := Value(v, flag.Target.Type())
 	if err != nil {
-		return nil, &Error{Path: cf.path, Line: v.Line, Msg: flag.Name + ": " + err.Error()}
+		return nil, &Error{Path: cf.path, Line: v.Line, Msg: cf.written[flag.Name] + ": " + err.Error()}
 	}
 	cf.used[flag.Name] = true
 	return val, nil
@@ -313,7 +336,7 @@ func (cf *File) Resolve(_ *kong.Context, _ *kong.Path, flag *kong.Flag) (any, er
 
 // TableEntry is one entry of the file's table list: a table's name, and
 // for an entry written as a mapping ({name: schema.table, topic: …}) the
-// settings it overrides for that table (see RunCmd.applyTable).
+// settings it overrides for that table (see cli.RunCmd.forTable).
 type TableEntry struct {
 	Name      string
 	Line      int
@@ -321,7 +344,7 @@ type TableEntry struct {
 	Written   map[string]string     // flag → the key as the entry wrote it
 }
 
-// tableEntries reads the table key: a name, a list of names, or a list
+// TableEntries reads the table key: a name, a list of names, or a list
 // whose entries may be mappings naming a table and what it overrides.
 func (cf *File) TableEntries() ([]TableEntry, error) {
 	v, ok := cf.values["table"]
@@ -372,8 +395,17 @@ func (cf *File) entryKeys(e *TableEntry, prefix string, v *yaml.Node) error {
 				return err
 			}
 			continue
+		case cf.known[path] || cf.isKeyOrSection(path):
+			flag = path // a flag name, or another section's key: forTable refuses it by name
 		default:
-			flag = path // a flag name, or a key forTable refuses by name
+			msg := fmt.Sprintf("table %s: unknown key %q", e.Name, path)
+			if e.Name == "" {
+				msg = fmt.Sprintf("table: unknown key %q", path)
+			}
+			if s := cf.suggestEntryKey(path); s != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", s)
+			}
+			return &Error{Path: cf.path, Line: v.Content[i].Line, Msg: msg + "; an entry of the tables list takes name and the keys of section outbox (topic, columns: {aggregate_id: …}, on_error …)"}
 		}
 		if _, dup := e.Written[flag]; dup {
 			return &Error{Path: cf.path, Line: val.Line, Msg: fmt.Sprintf("table: key %q sets what %q already sets: keep one", path, e.Written[flag])}
@@ -381,66 +413,6 @@ func (cf *File) entryKeys(e *TableEntry, prefix string, v *yaml.Node) error {
 		e.Overrides[flag], e.Written[flag] = val, path
 	}
 	return nil
-}
-
-var durationType = reflect.TypeOf(time.Duration(0))
-
-// yamlValue converts a YAML value to what kong parses for a flag of type t:
-// a Go duration string, a YAML boolean, a number, a string, or for a list a
-// YAML sequence or a comma-separated string.
-func Value(v *yaml.Node, t reflect.Type) (any, error) {
-	if t.Kind() == reflect.Slice {
-		if v.Kind == yaml.SequenceNode {
-			items := make([]any, 0, len(v.Content))
-			for _, item := range v.Content {
-				if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
-					return nil, fmt.Errorf("line %d: want a list of values such as [kafka-1:9092, kafka-2:9092]", item.Line)
-				}
-				if k := t.Elem().Kind(); k >= reflect.Int && k <= reflect.Int64 {
-					n, err := strconv.ParseInt(item.Value, 10, 64)
-					if err != nil {
-						return nil, fmt.Errorf("line %d: want a list of whole numbers such as [3, 4], got %q", item.Line, item.Value)
-					}
-					items = append(items, n) // kong reads a list item by its JSON form: a number, not a string
-					continue
-				}
-				items = append(items, item.Value)
-			}
-			return items, nil
-		}
-		if v.Kind != yaml.ScalarNode {
-			return nil, errors.New("want a list: a YAML sequence such as [a, b] or a comma-separated string")
-		}
-		return v.Value, nil
-	}
-	if v.Kind != yaml.ScalarNode {
-		return nil, fmt.Errorf("want a single value, not a %s", kindName(v.Kind))
-	}
-	switch {
-	case t == durationType:
-		if _, err := time.ParseDuration(v.Value); err != nil {
-			return nil, fmt.Errorf("want a Go duration such as 250ms, 10s or 5m, got %q", v.Value)
-		}
-		return v.Value, nil
-	case t.Kind() == reflect.Bool:
-		if v.Tag != "!!bool" {
-			return nil, fmt.Errorf("want true or false, got %q", v.Value)
-		}
-		b, err := strconv.ParseBool(v.Value)
-		if err != nil { // YAML 1.1 spellings yaml.v3 also tags !!bool
-			return nil, fmt.Errorf("want true or false, got %q", v.Value)
-		}
-		return b, nil
-	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
-		if _, err := strconv.ParseInt(v.Value, 10, 64); err != nil {
-			return nil, fmt.Errorf("want a whole number, got %q", v.Value)
-		}
-	case t.Kind() == reflect.Float64 || t.Kind() == reflect.Float32:
-		if _, err := strconv.ParseFloat(v.Value, 64); err != nil {
-			return nil, fmt.Errorf("want a number, got %q", v.Value)
-		}
-	}
-	return v.Value, nil
 }
 
 func kindName(k yaml.Kind) string {
@@ -455,16 +427,17 @@ func kindName(k yaml.Kind) string {
 	return "value"
 }
 
-// fromFile returns the first flag named in msg whose value came from the
-// file, and where: "key delivery in config file relay.yaml, line 4". It
-// returns "", "" when none did (cf may be nil: no file).
+// FromFile returns the first flag named in msg whose value came from the
+// file, and where, by the key as the file wrote it: "key delivery.mode in
+// config file relay.yaml, line 4". It returns "", "" when none did (cf may be
+// nil: no file).
 func (cf *File) FromFile(msg string) (flag, where string) {
 	if cf == nil {
 		return "", ""
 	}
 	for _, m := range anyFlag.FindAllStringSubmatch(msg, -1) {
 		if cf.used[m[1]] {
-			return m[1], fmt.Sprintf("key %s in config file %s, line %d", m[1], cf.path, cf.lines[m[1]])
+			return m[1], fmt.Sprintf("key %s in config file %s, line %d", cf.written[m[1]], cf.path, cf.lines[m[1]])
 		}
 	}
 	return "", ""

@@ -14,6 +14,8 @@ package debezium
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -29,6 +31,9 @@ type Setting struct {
 	// Property names the Debezium property (slot.name), or properties
 	// (database.*), the value came from.
 	Property string
+	// Given reports whether the connector configuration has Property: when
+	// it does not, Value is Debezium's default for it.
+	Given bool
 }
 
 // Translation is a connector configuration translated into settings.
@@ -55,28 +60,41 @@ func (t *Translation) Value(key string) (any, bool) {
 // file. name names the configuration, its file, in every error and in
 // nothing else.
 //
-// An error is either a configuration that cannot be read (naming the line or
-// the property) or one refusal naming every property cdc-relay does not
-// implement, each with its reason; the error then holds no partial
-// translation.
+// An error is either a configuration that cannot be read (naming the line)
+// or a *Refusal naming every property cdc-relay cannot take (an indirection
+// it cannot resolve, a property it does not implement), each with its
+// reason; the error then holds no partial translation.
 func Translate(name string, data []byte, getenv func(string) (string, bool)) (*Translation, error) {
 	props, err := parseConnectorConfig(data)
 	if err != nil {
 		return nil, fmt.Errorf("debezium config %s: %w", name, err)
 	}
-	if err := resolveIndirections(props, getenv); err != nil {
-		return nil, fmt.Errorf("debezium config %s: %w", name, err)
-	}
-	return translate(name, props)
+	// An indirection that cannot be resolved is one refusal among the
+	// others: the rest of the configuration is still checked.
+	unresolved := resolveIndirections(props, getenv)
+	return translate(name, props, unresolved)
 }
 
-// refusal is a connector configuration cdc-relay cannot run as it is.
-type refusal struct {
+// Refusal is a connector configuration cdc-relay cannot run as it is: every
+// property at fault, each with its reason.
+type Refusal struct {
 	name     string
 	problems []string // "property: reason", sorted
 }
 
-func (e *refusal) Error() string {
+// Problems returns one line per property at fault, "property: reason",
+// each naming the file.
+func (e *Refusal) Problems() []string {
+	out := make([]string, len(e.problems))
+	for i, p := range e.problems {
+		out[i] = fmt.Sprintf("debezium config %s: %s", e.name, p)
+	}
+	return out
+}
+
+// Error returns the refusal as one message: the one problem, or how many
+// there are and each on a line of its own.
+func (e *Refusal) Error() string {
 	if len(e.problems) == 1 {
 		return fmt.Sprintf("debezium config %s: %s (see docs/debezium.md)", e.name, e.problems[0])
 	}
@@ -85,9 +103,14 @@ func (e *refusal) Error() string {
 }
 
 // translate maps a connector's properties, indirections resolved, to
-// settings. name names the file in errors.
-func translate(name string, props map[string]string) (*Translation, error) {
-	t := &translator{props: props, consumed: map[string]bool{}, set: map[string]Setting{}}
+// settings. name names the file in errors; unresolved are the properties
+// whose indirections could not be resolved, each with why (refused as
+// such, and not again for the value they keep).
+func translate(name string, props map[string]string, unresolved map[string]string) (*Translation, error) {
+	t := &translator{props: props, consumed: map[string]bool{}, set: map[string]Setting{}, unresolved: unresolved}
+	for _, prop := range slices.Sorted(maps.Keys(unresolved)) {
+		t.refused = append(t.refused, prop+": "+unresolved[prop])
+	}
 	t.connector()
 	t.database()
 	t.replication()
@@ -97,10 +120,11 @@ func translate(name string, props map[string]string) (*Translation, error) {
 	t.rest()
 	if len(t.refused) > 0 {
 		sort.Strings(t.refused)
-		return nil, &refusal{name: name, problems: t.refused}
+		return nil, &Refusal{name: name, problems: t.refused}
 	}
 	tr := &Translation{}
 	for _, s := range t.set {
+		s.Given = t.given(s.Property)
 		tr.Settings = append(tr.Settings, s)
 	}
 	sort.Slice(tr.Settings, func(i, j int) bool { return tr.Settings[i].Key < tr.Settings[j].Key })

@@ -192,26 +192,28 @@ var indirection = regexp.MustCompile(`\$\{([A-Za-z][A-Za-z0-9_]*):([^}]*)\}`)
 
 // resolveIndirections replaces ${env:NAME} with the environment variable and
 // ${file:/path:key} with key's value in the properties file /path, as
-// Connect's EnvVarConfigProvider and FileConfigProvider do. One that cannot
-// be resolved is an error naming the property.
-func resolveIndirections(props map[string]string, getenv func(string) (string, bool)) error {
+// Connect's EnvVarConfigProvider and FileConfigProvider do. It returns the
+// properties it could not resolve, each with why; those keep their value.
+func resolveIndirections(props map[string]string, getenv func(string) (string, bool)) map[string]string {
 	files := map[string]map[string]string{}
+	unresolved := map[string]string{}
 	for k, v := range props {
 		var firstErr error
 		out := indirection.ReplaceAllStringFunc(v, func(ref string) string {
 			m := indirection.FindStringSubmatch(ref)
 			val, err := resolveOne(m[1], m[2], getenv, files)
 			if err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("property %s: cannot resolve %s: %w", k, ref, err)
+				firstErr = fmt.Errorf("cannot resolve %s: %w", ref, err)
 			}
 			return val
 		})
 		if firstErr != nil {
-			return firstErr
+			unresolved[k] = firstErr.Error()
+			continue
 		}
 		props[k] = out
 	}
-	return nil
+	return unresolved
 }
 
 func resolveOne(provider, args string, getenv func(string) (string, bool), files map[string]map[string]string) (string, error) {

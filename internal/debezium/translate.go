@@ -31,6 +31,24 @@ type translator struct {
 	refused  []string           // "property: reason"
 	ignored  []string           // properties that cannot change the output
 	notes    []string           // other warnings
+	// unresolved are the properties whose ${…} could not be resolved:
+	// refused once for that, never again for the value they keep.
+	unresolved map[string]string
+}
+
+// given reports whether the configuration has property, or for a family
+// (database.*) one of its members.
+func (t *translator) given(property string) bool {
+	if prefix, ok := strings.CutSuffix(property, "*"); ok {
+		for k := range t.props {
+			if strings.HasPrefix(k, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	_, ok := t.props[property]
+	return ok
 }
 
 // get returns a property's value and marks it handled.
@@ -63,6 +81,9 @@ func (t *translator) str(key string) string {
 
 func (t *translator) refuse(property, reason string) {
 	t.consumed[property] = true
+	if _, ok := t.unresolved[property]; ok {
+		return // refused already: its value is the unresolved reference
+	}
 	t.refused = append(t.refused, property+": "+reason)
 }
 
@@ -137,32 +158,46 @@ func (t *translator) replication() {
 	case "filtered", "all_tables":
 		t.put("source.create_publication", true, "publication.autocreate.mode")
 		if m == "all_tables" {
-			t.notes = append(t.notes, "publication.autocreate.mode all_tables: cdc-relay creates its publication for the outbox table only (as filtered does)")
+			t.notes = append(t.notes, "publication.autocreate.mode all_tables: cdc-relay creates its publication for the outbox tables only (as filtered does)")
 		}
 	default:
 		t.refuse("publication.autocreate.mode", fmt.Sprintf("%q: want disabled, filtered or all_tables", m))
 	}
 	switch list, ok := t.get("table.include.list"); {
 	case !ok || strings.TrimSpace(list) == "":
-		t.refuse("table.include.list", "missing: name the one outbox table, schema-qualified (public.outbox)")
+		t.refuse("table.include.list", "missing: name the outbox tables, schema-qualified (public.outbox)")
 	default:
-		entries := strings.Split(list, ",")
-		if len(entries) != 1 {
-			t.refuse("table.include.list", fmt.Sprintf("%q lists %d tables; cdc-relay relays one outbox table (run one relay per table)", list, len(entries)))
+		var tables, schemas []string
+		for _, entry := range strings.Split(list, ",") {
+			table := strings.ReplaceAll(strings.TrimSpace(entry), `\.`, ".")
+			switch {
+			case strings.ContainsAny(table, `\^$*+?()[]{}|`):
+				t.refuse("table.include.list", fmt.Sprintf("%q is a pattern; cdc-relay needs each table's name, schema-qualified (public.outbox)", entry))
+				continue
+			case !strings.Contains(table, "."):
+				t.refuse("table.include.list", fmt.Sprintf("%q: Debezium matches schema.table, so write the schema too (public.%s)", entry, table))
+				continue
+			}
+			tables = append(tables, table)
+			if schema, _, _ := strings.Cut(table, "."); !slices.Contains(schemas, schema) {
+				schemas = append(schemas, schema)
+			}
+		}
+		if len(tables) == 0 {
 			break
 		}
-		table := strings.ReplaceAll(strings.TrimSpace(entries[0]), `\.`, ".")
-		if strings.ContainsAny(table, `\^$*+?()[]{}|`) {
-			t.refuse("table.include.list", fmt.Sprintf("%q is a pattern; cdc-relay needs the table's name, schema-qualified (public.outbox)", list))
-			break
-		}
-		if !strings.Contains(table, ".") {
-			t.refuse("table.include.list", fmt.Sprintf("%q: Debezium matches schema.table, so write the schema too (public.%s)", list, table))
-			break
-		}
-		t.put("tables", table, "table.include.list")
-		if s, ok := t.get("schema.include.list"); ok && strings.TrimSpace(s) != strings.SplitN(table, ".", 2)[0] {
-			t.refuse("schema.include.list", fmt.Sprintf("%q: cdc-relay reads the one table of table.include.list; drop schema.include.list or make it that table's schema", s))
+		t.put("tables", strings.Join(tables, ","), "table.include.list")
+		if s, ok := t.get("schema.include.list"); ok {
+			included := strings.Split(s, ",")
+			for i := range included {
+				included[i] = strings.TrimSpace(included[i])
+			}
+			for _, schema := range schemas {
+				if !slices.Contains(included, schema) {
+					t.refuse("schema.include.list", fmt.Sprintf("%q lacks schema %s of table.include.list: cdc-relay reads the tables of table.include.list; drop schema.include.list or name their schemas in it", s, schema))
+					break
+				}
+			}
 		}
 	}
 	switch p, ok := t.get("plugin.name"); {
@@ -323,17 +358,22 @@ func (t *translator) eventRouterJSON() {
 		}
 	}
 	if valueEnc == "json-with-schema" && envelope {
-		if prefix, table := t.getOr("topic.prefix", ""), t.str("tables"); prefix != "" && table != "" {
-			t.put("format.json_schema_name", prefix+"."+table, "topic.prefix")
+		switch prefix, tables := t.getOr("topic.prefix", ""), t.str("tables"); {
+		case prefix == "" || tables == "":
+		case !strings.Contains(tables, ","):
+			t.put("format.json_schema_name", prefix+"."+tables, "topic.prefix")
+		default:
+			// One name serves every table; Debezium names each table's.
+			t.notes = append(t.notes, "topic.prefix is ignored for the envelope schema's name: with several tables cdc-relay names each table's <schema>.<table>, without Debezium's prefix (format.json_schema_name would name them all alike)")
 		}
 	}
 	switch v := strings.ToLower(t.getOr(p+"table.fields.additional.error.on.missing", "true")); v {
 	case "true":
 	case "false":
 		// Debezium skips a placed field an event lacks, which matters when
-		// one router serves tables of different columns; cdc-relay relays
-		// one table, whose columns it checks at start.
-		t.notes = append(t.notes, p+"table.fields.additional.error.on.missing=false: cdc-relay relays one table and checks at start that it has every placed column; one it lacks stops the relay with the column named (remove that placement)")
+		// one router serves tables of different columns; cdc-relay checks
+		// each table's columns at start.
+		t.notes = append(t.notes, p+"table.fields.additional.error.on.missing=false: cdc-relay checks at start that each outbox table has every placed column; one a table lacks stops the relay with the column named (remove that placement, or give that table its own in a tables: entry)")
 	default:
 		t.refuse(p+"table.fields.additional.error.on.missing", fmt.Sprintf("%q: want true or false", v))
 	}

@@ -36,7 +36,7 @@ func translateMinimal(t *testing.T, extra string) (*Translation, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return translate("c.properties", props)
+	return translate("c.properties", props, nil)
 }
 
 func TestTranslate(t *testing.T) {
@@ -194,7 +194,6 @@ func TestTranslateRefuses(t *testing.T) {
 		{"no connector", strings.Replace(minimal, "connector.class", "#", 1), "connector.class: missing"},
 		{"event type column beside routing by type", minimal + "transforms.outbox.route.by.field=type\ntransforms.outbox.table.field.event.type=kind\n", `table.field.event.type: "kind" with route.by.field=type`},
 		{"decoderbufs", minimal + "plugin.name=decoderbufs\n", `plugin.name: "decoderbufs": cdc-relay reads pgoutput only`},
-		{"two tables", minimal + "table.include.list=public.a,public.b\n", "lists 2 tables"},
 		{"pattern", minimal + "table.include.list=public.outbox.*\n", "is a pattern"},
 		{"no schema", minimal + "table.include.list=outbox\n", "write the schema too"},
 		{"snapshot mode", minimal + "snapshot.mode=when_needed\n", `snapshot.mode: "when_needed" is not supported`},
@@ -205,7 +204,7 @@ func TestTranslateRefuses(t *testing.T) {
 		{"error on missing bad", minimal + "transforms.outbox.table.fields.additional.error.on.missing=maybe\n", `error.on.missing: "maybe": want true or false`},
 		{"bad null behavior", minimal + "transforms.outbox.table.json.payload.null.behavior=drop\n", `null.behavior: "drop": want ignore or optional_bytes`},
 		{"no router", strings.Replace(minimal, "transforms=outbox", "transforms=", 1), "transforms: no io.debezium.transforms.outbox.EventRouter"},
-		{"other schema list", minimal + "schema.include.list=app\n", `schema.include.list: "app"`},
+		{"other schema list", minimal + "schema.include.list=app\n", `schema.include.list: "app" lacks schema public`},
 		{"bad port", minimal + "database.port=x\n", `database.port: "x"`},
 		{"no host", strings.Replace(minimal, "database.hostname=db", "", 1), "database.hostname: missing"},
 	}
@@ -215,7 +214,7 @@ func TestTranslateRefuses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = translate("c.properties", props)
+			_, err = translate("c.properties", props, nil)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want one containing %q", err, tt.want)
 			}
@@ -236,7 +235,7 @@ transforms.outbox.table.fields.additional.placement=type:value:eventType
 column.exclude.list=public.outbox.secret
 slot.drop.on.stop=true
 `)
-	var de *refusal
+	var de *Refusal
 	if !errors.As(err, &de) {
 		t.Fatalf("error %v, want a refusal", err)
 	}
@@ -261,7 +260,7 @@ func TestTranslateWarnings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(m.Warnings, "\n"), "error.on.missing=false: cdc-relay relays one table") {
+	if !strings.Contains(strings.Join(m.Warnings, "\n"), "error.on.missing=false: cdc-relay checks at start that each outbox table has every placed column") {
 		t.Errorf("no error.on.missing warning in %q", m.Warnings)
 	}
 	var ignored string
@@ -289,7 +288,7 @@ func TestTextsNameKeys(t *testing.T) {
 		"table.include.list": "public.outbox", "transforms": "outbox", "transforms.outbox.type": eventRouter,
 		"transforms.outbox.table.field.event.schema.version": "v", "transforms.outbox.table.fields.additional.error.on.missing": "false",
 		"tasks.max": "1",
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +327,7 @@ func TestTranslateReads(t *testing.T) {
 		{name: "json name", data: asJSON, key: "operations.relay_name", want: "orders"},
 		{name: "properties", data: minimal + "database.password=${env:PW}\n", key: "source.pg_url", want: "postgres://relay:s3cret@db:5432/app"},
 		{name: "unreadable", data: "{", wantErr: "debezium config c.conf: not valid JSON"},
-		{name: "unresolved", data: minimal + "database.password=${env:NOPE}\n", wantErr: "debezium config c.conf: property database.password: cannot resolve ${env:NOPE}"},
+		{name: "unresolved", data: minimal + "database.password=${env:NOPE}\n", wantErr: "debezium config c.conf: database.password: cannot resolve ${env:NOPE}"},
 		{name: "refused", data: minimal + "plugin.name=decoderbufs\n", wantErr: `debezium config c.conf: plugin.name: "decoderbufs"`},
 	}
 	for _, tt := range tests {
@@ -437,5 +436,61 @@ func TestTranslateTopicRegexRefuses(t *testing.T) {
 				t.Fatalf("error %v, want one containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestTranslateSeveralTables: table.include.list with several tables is
+// the tables setting, a schema list must name each table's schema, and a
+// pattern among them is refused by itself.
+func TestTranslateSeveralTables(t *testing.T) {
+	for _, tt := range []struct {
+		name, extra, tables, refused string
+	}{
+		{"two tables", "table.include.list=public.outbox_events,shipping.parcels_outbox\n", "public.outbox_events,shipping.parcels_outbox", ""},
+		{"spaces and escaped dots", "table.include.list=public\\\\.a, shipping\\\\.b\n", "public.a,shipping.b", ""},
+		{"their schemas listed", "table.include.list=public.a,shipping.b\nschema.include.list=public,shipping\n", "public.a,shipping.b", ""},
+		{"a schema missing", "table.include.list=public.a,shipping.b\nschema.include.list=public\n", "", `schema.include.list: "public" lacks schema shipping`},
+		{"one a pattern", "table.include.list=public.a,shipping.*\n", "", `table.include.list: "shipping.*" is a pattern`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			base := strings.Replace(minimal, "table.include.list=public.outbox\n", "", 1)
+			props, err := parseProperties(base + tt.extra)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := translate("c.properties", props, nil)
+			if tt.refused != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.refused) {
+					t.Fatalf("error %v, want %q", err, tt.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := tr.Value("tables"); v != tt.tables {
+				t.Errorf("tables = %v, want %s", v, tt.tables)
+			}
+		})
+	}
+}
+
+// TestUnresolvedKeepsChecking: an indirection that cannot be resolved is
+// one refusal, and the other properties are still checked, each refusal
+// on a line of its own.
+func TestUnresolvedKeepsChecking(t *testing.T) {
+	_, err := Translate("c.properties", []byte(minimal+"database.password=${file:/nonexistent/secrets.properties:pw}\ndatabase.port=${env:NOPE}\nsnapshot.mode=sometimes\n"),
+		func(string) (string, bool) { return "", false })
+	var r *Refusal
+	if !errors.As(err, &r) {
+		t.Fatalf("error %v, want a *Refusal", err)
+	}
+	want := []string{
+		"debezium config c.properties: database.password: cannot resolve ${file:/nonexistent/secrets.properties:pw}: read /nonexistent/secrets.properties: open /nonexistent/secrets.properties: no such file or directory",
+		"debezium config c.properties: database.port: cannot resolve ${env:NOPE}: environment variable NOPE is not set",
+		`debezium config c.properties: snapshot.mode: "sometimes" is not supported: use initial (the rows in the table once, when the slot is created) or never/no_data`,
+	}
+	if got := r.Problems(); !slices.Equal(got, want) {
+		t.Errorf("problems\n%q\nwant\n%q", got, want)
 	}
 }

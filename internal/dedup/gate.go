@@ -27,6 +27,18 @@ type Reader interface {
 	Scan(ctx context.Context, topic string, partition int, from, to int64, fn func(offset int64, id, source []byte) error) error
 }
 
+// fencer fences the producer sessions of earlier runs (the sink's producer
+// does, sink.Kafka.Fence): once Fence(ctx, id, topic, n) returned, no
+// session of an earlier run writing as the transactional id id can append to
+// topic's n partitions any more, so a read of them sees all those runs ever
+// appended. A Reader without it is read unfenced.
+type fencer interface {
+	// Claim moves the producer to the newest session of id, so that the
+	// next run's Fence covers what this one writes.
+	Claim(ctx context.Context, id string) error
+	Fence(ctx context.Context, id, topic string, partitions int) error
+}
+
 // GateConfig configures a Gate.
 type GateConfig struct {
 	Reader Reader
@@ -91,6 +103,13 @@ func NewGate(cfg GateConfig) *Gate {
 // nothing committed after it was ever read). topics are reconciled at once;
 // any other topic when its first replayed event comes.
 func (g *Gate) Arm(ctx context.Context, start, cutoff pglogrepl.LSN, topics []string) (Summary, error) {
+	if f, ok := g.cfg.Reader.(fencer); ok {
+		// Before anything is produced: the next run must be able to fence
+		// what this one writes.
+		if err := f.Claim(ctx, g.fenceID()); err != nil {
+			return Summary{}, fmt.Errorf("reconcile with Kafka: %w", err)
+		}
+	}
 	g.armed = start < cutoff
 	g.start, g.cutoff = start, cutoff
 	g.stored = g.cfg.Ledger.At(start)
@@ -195,6 +214,13 @@ func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, err
 		g.topics[topic] = true
 		return 0, nil
 	}
+	if f, can := g.cfg.Reader.(fencer); can && ok && stored.Partitions == n {
+		// The partitions are read next: an earlier run's produce requests
+		// still in flight (a killed run's last ones) must not land after.
+		if err := f.Fence(ctx, g.fenceID(), topic, n); err != nil {
+			return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
+		}
+	}
 	ranges, err := g.cfg.Reader.Ranges(ctx, topic, n)
 	if err != nil {
 		return 0, fmt.Errorf("reconcile topic %q: %w", topic, err)
@@ -262,6 +288,14 @@ func (g *Gate) reconcile(ctx context.Context, topic string, scan bool) (int, err
 	g.found[topic] = x
 	g.topics[topic] = true
 	return n, nil
+}
+
+// fenceID is the transactional id the runs of this stream fence each other
+// with: one per database system, timeline and slot, as the source positions
+// the records carry.
+func (g *Gate) fenceID() string {
+	o := g.cfg.Origin
+	return fmt.Sprintf("cdc-relay:%s:%d:%s", o.SystemID, o.Timeline, o.Slot)
 }
 
 // held returns how many records of replayed events the Gate found and no

@@ -280,11 +280,28 @@ func judgeSlotLost(f *Facts) Finding {
 }
 
 // judgeSlotAhead: the slot confirmed past the stored checkpoint. The marker
-// of an initial snapshot (SnapshotPending, LSN 0/0) is no position.
+// of an initial snapshot (SnapshotPending, LSN 0/0) is no position. On a
+// promoted standby whose copy of a failover slot it is (synced), it says
+// why that happens and what tells the cases apart; it stops the relay all
+// the same, as the relay cannot tell them apart itself.
 func judgeSlotAhead(f *Facts) Finding {
 	stored, s, slot := f.Stored, f.Slot, f.Setup.Slot
 	if !f.HaveStored || f.SnapshotPending || !s.Exists || s.ConfirmedFlush <= stored.LSN {
 		return Finding{}
+	}
+	if s.Synced && !s.InRecovery {
+		return fatal(gap(SlotAhead, slot, stored, s,
+			"replication slot %q has confirmed up to %s, past the stored checkpoint %s (saved %s). "+
+				"This server was promoted, and the slot is the copy it synchronized from its primary (synced): its position was confirmed on that primary, "+
+				"while the checkpoint is the one this server had replayed when it was promoted. The relay confirms a failover slot only once the standbys "+
+				"named in synchronized_standby_slots have flushed the checkpoint that covers the position, so this server was not among them, "+
+				"or a relay older than that rule, or another consumer of the slot, confirmed it. "+
+				"If the relay was the slot's only consumer, the events up to %s reached Kafka before the promotion (it confirms nothing Kafka has not acknowledged): "+
+				"accept the slot's position with %s and restart the relay. "+
+				"Otherwise events committed between %s and %s may never have reached Kafka: to recover them, %s; then accept the slot's position and restart the relay. "+
+				"Name every standby that may be promoted in synchronized_standby_slots on the primary (docs/postgres.md, Failover)",
+			slot, s.ConfirmedFlush, stored.LSN, savedAt(stored), s.ConfirmedFlush, updateSQL(slot, s.ConfirmedFlush),
+			stored.LSN, s.ConfirmedFlush, replayHint(stored, f.Setup.Names)))
 	}
 	return fatal(gap(SlotAhead, slot, stored, s,
 		"replication slot %q has confirmed up to %s, past the stored checkpoint %s (saved %s). "+

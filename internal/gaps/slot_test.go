@@ -135,6 +135,31 @@ func TestReconcile(t *testing.T) {
 			},
 		},
 		{
+			// A promoted standby's copy of a failover slot, ahead of the
+			// checkpoint it replayed: still a refusal (the relay cannot
+			// tell its own confirmation from another consumer's), in the
+			// words of a promotion.
+			name:       "stored, synced slot ahead on a promoted server",
+			stored:     stored,
+			haveStored: true,
+			slot:       with(healthy(ahead), func(s *replication.SlotState) { s.Synced = true }),
+			wantKind:   SlotAhead,
+			want: []string{
+				"past the stored checkpoint 3/16B3748", "This server was promoted", "synchronized_standby_slots",
+				"the events up to 3/2000000 reached Kafka", "another consumer", "may never have reached Kafka",
+				"UPDATE public.cdc_relay_checkpoints SET lsn = '3/2000000'", "(command replay since=" + storedAt,
+			},
+		},
+		{
+			// The same on a standby: no promotion to speak of.
+			name:       "stored, synced slot ahead on a standby",
+			stored:     stored,
+			haveStored: true,
+			slot:       with(healthy(ahead), func(s *replication.SlotState) { s.Synced, s.InRecovery = true, true }),
+			wantKind:   SlotAhead,
+			want:       []string{"another consumer advanced the slot", "may never have reached Kafka"},
+		},
+		{
 			name:       "stored, slot equal",
 			stored:     stored,
 			haveStored: true,

@@ -123,3 +123,74 @@ func TestSlotFailoverSwitchedOn(t *testing.T) {
 		e.waitLog("is not a failover slot (slot failover is off")
 	})
 }
+
+// TestWalsenderWaitsForAStandby (17+): a walsender of a failover slot holds
+// back WAL its synchronized_standby_slots standbys have not received and
+// warns, while one of them is down, on every wait. The relay logs that once
+// and streams on, rather than reconnecting again and again while the standby
+// is down, and it publishes what the walsender sends once the standby is
+// back (here: once the setting no longer names it).
+func TestWalsenderWaitsForAStandby(t *testing.T) {
+	requirePG17(t)
+	own := testenv.NewPostgres(t, sandbox.PGOptions{})
+	testenv.RequireLocal(t, own)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	admin := func(q string) {
+		t.Helper()
+		if err := own.Exec(ctx, "postgres", q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// A physical slot whose standby never connects: it reserves WAL from
+	// its creation on, so the walsender waits for it.
+	admin("SELECT pg_create_physical_replication_slot('sb_down', true)")
+	e := newEnvOn(t, own)
+	e.start()
+	add := func(n int) {
+		t.Helper()
+		e.tx(func(tx pgx.Tx) error {
+			_, err := insert(tx, "order", "o1", "created", fmt.Sprintf(`{"n":%d}`, n))
+			return err
+		})
+	}
+	add(0)
+	e.waitRecords(1)
+
+	admin("ALTER SYSTEM SET synchronized_standby_slots = 'sb_down'")
+	admin("SELECT pg_reload_conf()")
+	// The walsender reads the setting at its next wake-up: rows until it
+	// has warned the relay that it waits for the standby.
+	inserted := 1
+	const warning = "does not have active_pid"
+	testenv.Eventually(t, 30*time.Second, func() error {
+		add(inserted)
+		inserted++
+		if !strings.Contains(e.logs.String(), warning) {
+			return fmt.Errorf("the relay logged no warning of the walsender (%q) after %d rows", warning, inserted)
+		}
+		return nil
+	})
+	admin("ALTER SYSTEM RESET synchronized_standby_slots")
+	admin("SELECT pg_reload_conf()")
+	e.waitRecords(inserted)
+	logs := e.logs.String()
+	if n := strings.Count(logs, "replication failed; reconnecting"); n > 0 {
+		t.Errorf("the relay left the stream %d times while the walsender waited for the standby (%d reconnects), first:\n%s",
+			n, strings.Count(logs, "replication connection re-established"), firstLine(logs, "replication failed; reconnecting"))
+	}
+	const waits = "the walsender waits for a standby of synchronized_standby_slots"
+	if n := strings.Count(logs, waits); n != 1 {
+		t.Errorf("%d log lines say %q, want 1", n, waits)
+	}
+}
+
+// firstLine returns the first line of s that contains substr.
+func firstLine(s, substr string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			return l
+		}
+	}
+	return ""
+}

@@ -169,7 +169,7 @@ func TestPoisonEventHalts(t *testing.T) {
 	select {
 	case err := <-e.done:
 		e.cancel = nil
-		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), setting.Namer{}.Name("OpenDeadLetters")) ||
+		if err == nil || !strings.Contains(err.Error(), bigID) || !strings.Contains(err.Error(), setting.Namer{}.Name("DeadLetter")) ||
 			!strings.Contains(err.Error(), "message_too_large") {
 			t.Fatalf("Run = %v; want an error naming event %s, the code and the dead-letter setting", err, bigID)
 		}
@@ -269,6 +269,9 @@ func TestCircuitBreakerPausesReading(t *testing.T) {
 	}
 	if e.relay.Ready() {
 		t.Error("relay ready while Kafka fails every request")
+	}
+	if why := e.relay.NotReady(); !strings.HasPrefix(why, "Kafka: ") {
+		t.Errorf("NotReady = %q while Kafka fails every request, want it to name Kafka", why)
 	}
 	failing.Lock()
 	broken = false

@@ -303,9 +303,9 @@ func (h *handler) permanent(ctx context.Context, m sink.Message, cause error) er
 	log := r.eventLog.With().Str("event_id", string(ev.ID)).Str("aggregate_id", string(ev.AggregateID)).
 		Str("lsn", ev.CommitLSN.String()).Str("code", code).Logger()
 	if h.deadLetter == nil || h.halts[decoder.TableName{Schema: ev.Schema, Table: ev.Table}] {
-		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + r.cfg.Names.Name("OpenDeadLetters"))
+		log.Error().Err(cause).Msg("event failed permanently; halting without confirming past it, as dead letters are off " + r.cfg.Names.Name("DeadLetter"))
 		return fmt.Errorf("event %s (aggregate %s, commit lsn %s) failed permanently: %w: fix the event or the broker limit and restart, or run with dead letters on %s; the slot was not confirmed past it",
-			ev.ID, ev.AggregateID, ev.CommitLSN, cause, r.cfg.Names.Name("OpenDeadLetters"))
+			ev.ID, ev.AggregateID, ev.CommitLSN, cause, r.cfg.Names.Name("DeadLetter"))
 	}
 	topic := m.Topic
 	if topic == "" {

@@ -56,7 +56,7 @@ func (r *Relay) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
 	if r.source.InRecovery {
 		wc, err := r.writer.Acquire(ctx)
 		if err != nil {
-			return replication.ConnectError(r.cfg.PGURL, fmt.Errorf("connect to the primary %s: %w", r.cfg.Names.Name("PrimaryPGURL"), err), r.cfg.Names)
+			return replication.ConnectError(r.cfg.PGURL, fmt.Errorf("connect to the primary %s: %w", r.cfg.Names.Name("PrimaryPool"), err), r.cfg.Names)
 		}
 		defer wc.Release()
 		check = wc.Conn()
@@ -121,12 +121,12 @@ func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
 	if source.InRecovery && r.cfg.PrimaryPool != nil {
 		pc, err := r.cfg.PrimaryPool.Acquire(ctx)
 		if err != nil {
-			return replication.ConnectError(r.cfg.PrimaryPool.Config().ConnString(), fmt.Errorf("connect to the primary %s: %w", r.cfg.Names.Name("PrimaryPGURL"), err), r.cfg.Names)
+			return replication.ConnectError(r.cfg.PrimaryPool.Config().ConnString(), fmt.Errorf("connect to the primary %s: %w", r.cfg.Names.Name("PrimaryPool"), err), r.cfg.Names)
 		}
 		p, err := replication.ReadSource(ctx, pc.Conn())
 		pc.Release()
 		if err != nil {
-			return fmt.Errorf("primary %s: %w", r.cfg.Names.Name("PrimaryPGURL"), err)
+			return fmt.Errorf("primary %s: %w", r.cfg.Names.Name("PrimaryPool"), err)
 		}
 		primary = &p
 		r.writer = r.cfg.PrimaryPool
@@ -140,7 +140,7 @@ func (r *Relay) checkSource(ctx context.Context, conn *pgx.Conn) error {
 		// points, which should be this same server now (e.g. a promoted standby).
 		r.log.Warn().Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
 			Msg("the Postgres URL names a primary, yet a primary URL is set: the checkpoint and dead letters are written through the primary URL " +
-				r.cfg.Names.Name("PrimaryPGURL") + "; drop it, or make sure it reaches this server")
+				r.cfg.Names.Name("PrimaryPool") + "; drop it, or make sure it reaches this server")
 	}
 	if source.InRecovery {
 		r.log.Info().Str("source", source.Role()).Str("primary", pgAddress(r.cfg.PrimaryPool.Config().ConnConfig)).
@@ -271,7 +271,7 @@ func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
 		if s.SlotExists && !s.SlotFailover && !s.InRecovery {
 			err := r.switchFailoverOn(ctx)
 			if errors.Is(err, replication.ErrSlotBusy) {
-				r.enableFailover = true
+				r.enableFailover, r.slotFailover = true, true
 				r.log.Info().Msg("replication slot is not a failover slot and is in use by another process: " +
 					"failover is switched on when the relay acquires it " + r.cfg.Names.Name("SlotFailover"))
 				return nil
@@ -281,7 +281,11 @@ func (r *Relay) checkFailover(ctx context.Context, conn *pgx.Conn) error {
 			}
 		}
 	}
-	_, err := r.gaps.Failover(ctx, conn, mode)
+	s, err := r.gaps.Failover(ctx, conn, mode)
+	// A failover slot's copies follow confirmations the standbys may not
+	// hold the checkpoint of yet: the Committer waits for them
+	// (CommitterConfig.Standbys).
+	r.slotFailover = err == nil && !s.InRecovery && s.SlotFailover
 	return err
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,10 +29,14 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 	go func() {
 		select {
 		case <-ctx.Done():
+			b := r.stopping()
+			r.logStop(b, h, k)
 			close(stop)
 			r.m.SetState(metrics.StateStopping)
+			cut := time.NewTimer(time.Until(b.readBy()))
+			defer cut.Stop()
 			select {
-			case <-time.After(r.cfg.ShutdownTimeout / 2):
+			case <-cut.C:
 				cancelRun()
 				h.cutPolicy() // a dead letter still being retried must not hold the stop up
 			case <-runCtx.Done():
@@ -124,8 +129,12 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 		if ctx.Err() != nil {
 			return r.finish(nil, ck, nil)
 		}
-		r.ready.Store(false)
 		busy := errors.Is(err, replication.ErrSlotBusy)
+		if busy {
+			r.setReady(false, "not streaming: the slot is held by another process (this relay waits as a standby)")
+		} else {
+			r.setReady(false, "Postgres: the replication connection failed, reconnecting: "+oneLine(err))
+		}
 		if !failing {
 			failing = true
 			if busy {
@@ -219,13 +228,17 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			r.ready.Store(k.Healthy())
+			if k.Healthy() {
+				r.setReady(true, "")
+			} else {
+				r.setReady(false, "Kafka: not accepting events (produce requests failing, retrying)")
+			}
 			if k.Retrying() {
 				r.m.SetState(metrics.StateRetrying)
 			}
 			select {
 			case <-done:
-				r.ready.Store(false)
+				r.setReady(false, "not streaming: the replication connection ended")
 				return
 			case <-t.C:
 			}
@@ -266,21 +279,75 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 	}
 }
 
+// stopBudget splits Config.ShutdownTimeout from the moment a stop began, so
+// that the relay exits within it whatever Kafka and Postgres do: reading
+// ends by half of it (the stream finishes the transaction it is reading, or
+// is cut), the wait for Kafka's acknowledgements by four fifths, saving and
+// confirming the checkpoint by nine tenths; closing the producer, the
+// connections and the metrics server takes the last tenth. Before, the
+// wait for acknowledgements got a fresh half once reading had ended, and
+// with Kafka not answering the relay exited just after the whole budget,
+// saying nothing until then: a supervisor allowing that budget killed it
+// (chaos seed 4244, --shutdown-timeout 10s against the schedule's 10 s).
+type stopBudget struct {
+	began time.Time
+	total time.Duration
+}
+
+func (b stopBudget) readBy() time.Time  { return b.began.Add(b.total / 2) }
+func (b stopBudget) drainBy() time.Time { return b.began.Add(b.total * 8 / 10) }
+func (b stopBudget) saveBy() time.Time  { return b.began.Add(b.total * 9 / 10) }
+
+// stopping returns the budget of the relay's stop, started at the first call.
+func (r *Relay) stopping() stopBudget {
+	r.stopOnce.Do(func() { r.stop = stopBudget{began: time.Now(), total: r.cfg.ShutdownTimeout} })
+	return r.stop
+}
+
+// logStop says, as the stop begins, what it waits for and until when.
+func (r *Relay) logStop(b stopBudget, h *handler, k health) {
+	_, events := h.tracker.InFlight()
+	kafka := ""
+	switch {
+	case h.pause.CircuitClosed() != nil:
+		kafka = " (Kafka is not accepting events: the circuit is open)"
+	case k.Retrying():
+		kafka = " (Kafka is retrying failed requests)"
+	}
+	wait := "nothing is in flight"
+	if events > 0 {
+		wait = fmt.Sprintf("Kafka has until %s to acknowledge the %d events in flight%s, which are otherwise sent again after a restart",
+			b.drainBy().Sub(b.began).Round(time.Millisecond), events, kafka)
+	}
+	r.log.Info().Int("events_in_flight", events).Int64("shutdown_timeout_ms", b.total.Milliseconds()).
+		Msgf("stopping: reading ends with the transaction being read (within %s); %s; then the checkpoint is saved and confirmed; the relay exits within %s, its %s",
+			b.readBy().Sub(b.began).Round(time.Millisecond), wait, b.total, r.cfg.Names.Name("ShutdownTimeout"))
+}
+
 // finish drains in-flight events (bounded) unless the relay halted, persists
-// the final checkpoint and confirms it on s when there is a stream.
+// the final checkpoint and confirms it on s when there is a stream, all
+// within the stop's budget.
 func (r *Relay) finish(s *replication.Stream, ck *checkpoint.Committer, cause error) error {
-	r.ready.Store(false)
+	r.setReady(false, "stopping")
 	r.m.SetState(metrics.StateStopping)
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout/2)
+	b := r.stopping()
+	ctx, cancel := context.WithDeadline(context.Background(), b.saveBy())
 	defer cancel()
 	var confirm func(context.Context, pglogrepl.LSN) error
 	if s != nil && cause == nil {
 		confirm = s.SendStatus
 	}
-	lsn := ck.Finish(ctx, cause == nil, confirm)
+	var drainBy time.Time
+	if cause == nil {
+		drainBy = b.drainBy()
+	}
+	lsn := ck.Finish(ctx, drainBy, confirm)
 	if s != nil {
 		s.Close(ctx)
 	}
 	r.log.Info().Str("lsn", lsn.String()).Msg("stopped")
 	return cause
 }
+
+// oneLine is err's message on one line, for the /readyz body.
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }

@@ -119,6 +119,57 @@ func ReadFailover(ctx context.Context, db QueryRower, slot string) (FailoverStat
 	return s, nil
 }
 
+// StandbyFlush is how far the standbys that a failover slot waits for have
+// the primary's WAL, read in one query (ReadStandbyFlush).
+type StandbyFlush struct {
+	// WALEnd is the server's WAL insert position when read: past the end of
+	// every transaction committed before the read began.
+	WALEnd pglogrepl.LSN
+	// Slots is synchronized_standby_slots, "" when unset.
+	Slots string
+	// Flushed is the least position the standbys of Slots have flushed:
+	// their physical slots' restart_lsn, which the walsender of a failover
+	// slot waits for too. A named slot that is missing, not physical,
+	// invalidated or never used (restart_lsn NULL) counts as 0, as the
+	// walsender waits for it then. 0 when Slots is "".
+	Flushed pglogrepl.LSN
+}
+
+// standbyFlushSQL splits synchronized_standby_slots as Postgres does for
+// the names a slot may have (lower case, digits, underscores: no quotes
+// needed, though a quoted name is allowed).
+const standbyFlushSQL = `WITH named AS (
+	SELECT btrim(n, ' "') AS name
+	FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), ',')) AS n
+	WHERE btrim(n, ' "') <> ''
+)
+SELECT pg_current_wal_insert_lsn()::text, current_setting('synchronized_standby_slots'),
+	(SELECT min(CASE WHEN s.slot_type = 'physical' AND s.invalidation_reason IS NULL AND s.restart_lsn IS NOT NULL
+		THEN s.restart_lsn ELSE '0/0'::pg_lsn END)::text
+	FROM named LEFT JOIN pg_replication_slots s ON s.slot_name = named.name)`
+
+// ReadStandbyFlush reads, on a primary of PostgreSQL 17 or later, where its
+// WAL ends and how far the standbys of synchronized_standby_slots have
+// flushed it.
+func ReadStandbyFlush(ctx context.Context, db QueryRower) (StandbyFlush, error) {
+	var s StandbyFlush
+	var end string
+	var flushed *string
+	if err := db.QueryRow(ctx, standbyFlushSQL).Scan(&end, &s.Slots, &flushed); err != nil {
+		return s, fmt.Errorf("read how far the standbys of synchronized_standby_slots have flushed the WAL: %w", err)
+	}
+	var err error
+	if s.WALEnd, err = pglogrepl.ParseLSN(end); err != nil {
+		return s, fmt.Errorf("parse the WAL insert position %q: %w", end, err)
+	}
+	if flushed != nil {
+		if s.Flushed, err = pglogrepl.ParseLSN(*flushed); err != nil {
+			return s, fmt.Errorf("parse the standbys' flush position %q: %w", *flushed, err)
+		}
+	}
+	return s, nil
+}
+
 // createSlotCommand is the CREATE_REPLICATION_SLOT command of a pgoutput
 // slot. snapshot is "nothing" or "export". With failover it uses the
 // option-list syntax of PostgreSQL 15 and later (FAILOVER exists from 17);

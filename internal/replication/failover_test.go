@@ -3,6 +3,7 @@ package replication_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -229,5 +230,94 @@ func TestEnableFailoverRefusesBadName(t *testing.T) {
 	err := replication.EnableFailover(t.Context(), "postgres://127.0.0.1:1/x", "x (FAILOVER false); --", setting.Namer{})
 	if err == nil || !strings.Contains(err.Error(), "invalid slot name") {
 		t.Fatalf("EnableFailover with an invalid name: %v, want an invalid-name error", err)
+	}
+}
+
+// TestReadStandbyFlush (17+): the standbys' flush position is the least
+// restart_lsn of the physical slots synchronized_standby_slots names, 0
+// while one of them is missing or never used, and nothing without the
+// setting; the WAL end is past a transaction committed before the read.
+func TestReadStandbyFlush(t *testing.T) {
+	p := testenv.NewPostgres(t, sandbox.PGOptions{})
+	if p.Major() < 17 {
+		t.Skipf("skip: needs PostgreSQL 17 or later (synchronized_standby_slots), the sandbox started %s: set %s to the bin directory of a 17+ server", p.Describe(), sandbox.EnvPGBinDir)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	exec := func(q string) {
+		t.Helper()
+		if err := p.Exec(ctx, "postgres", q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// sb1 and sb2 reserve WAL at creation (restart_lsn: the last
+	// checkpoint's redo position); sb3 does not.
+	exec("SELECT pg_create_physical_replication_slot('sb1', true)")
+	exec("CREATE TABLE t (n int)")
+	exec("CHECKPOINT")
+	exec("SELECT pg_create_physical_replication_slot('sb2', true)")
+	exec("SELECT pg_create_physical_replication_slot('sb3')")
+	restart := func(conn *pgx.Conn, slot string) pglogrepl.LSN {
+		t.Helper()
+		var s string
+		if err := conn.QueryRow(ctx, "SELECT restart_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		lsn, err := pglogrepl.ParseLSN(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lsn
+	}
+	conn, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	sb1, sb2 := restart(conn, "sb1"), restart(conn, "sb2")
+	if sb1 >= sb2 {
+		t.Fatalf("sb1 reserved at %s, sb2 at %s: want sb1 first", sb1, sb2)
+	}
+	tests := []struct {
+		setting string
+		want    pglogrepl.LSN
+	}{
+		{"", 0},
+		{"sb2", sb2},
+		{"sb2, sb1", sb1},
+		{`"sb1"`, sb1},
+		{"sb1,sb3", 0}, // never used: no restart_lsn
+		{"sb1,gone", 0},
+	}
+	for _, tt := range tests {
+		exec("ALTER SYSTEM SET synchronized_standby_slots = '" + strings.ReplaceAll(tt.setting, "'", "''") + "'")
+		exec("SELECT pg_reload_conf()")
+		// pg_reload_conf only signals: new backends see the setting.
+		testenv.Eventually(t, 10*time.Second, func() error {
+			c, err := pgx.Connect(ctx, p.URL("postgres"))
+			if err != nil {
+				return err
+			}
+			defer c.Close(context.Background())
+			var committed string
+			if err := c.QueryRow(ctx, "INSERT INTO t VALUES (2) RETURNING pg_current_wal_insert_lsn()::text").Scan(&committed); err != nil {
+				return err
+			}
+			before, err := pglogrepl.ParseLSN(committed)
+			if err != nil {
+				return err
+			}
+			s, err := replication.ReadStandbyFlush(ctx, c)
+			if err != nil {
+				return err
+			}
+			if s.Slots != tt.setting || s.Flushed != tt.want {
+				return fmt.Errorf("synchronized_standby_slots %q: read slots %q flushed %s, want %q and %s", tt.setting, s.Slots, s.Flushed, tt.setting, tt.want)
+			}
+			if s.WALEnd <= before {
+				return fmt.Errorf("WAL end %s, not past the insert committed at %s", s.WALEnd, before)
+			}
+			return nil
+		})
 	}
 }

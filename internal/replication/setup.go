@@ -433,6 +433,9 @@ type SlotState struct {
 	// InactiveSince is inactive_since (17+): when the slot was last released
 	// by its consumer; zero while in use or below 17.
 	InactiveSince time.Time
+	// Synced is synced (17+): the slot is a copy synchronized from a
+	// primary, on a standby or on a standby promoted since.
+	Synced bool
 }
 
 // Invalidated reports whether Postgres invalidated the slot, so that it can
@@ -465,7 +468,7 @@ func (s SlotState) Invalidated() (bool, string) {
 // reads.
 const (
 	versionConflicting  = 160000 // pg_replication_slots.conflicting
-	versionInvalidation = 170000 // invalidation_reason, inactive_since
+	versionInvalidation = 170000 // invalidation_reason, inactive_since, synced
 )
 
 // ReadSlot reads the slot's state from pg_replication_slots, with the columns
@@ -486,6 +489,7 @@ func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error
 	var conflicting *bool
 	var reason *string
 	var inactiveSince *time.Time
+	var synced *bool
 	cols := `plugin, database, active, active_pid, confirmed_flush_lsn::text, wal_status,
 			(` + walEndSQL + ` - confirmed_flush_lsn)::bigint, (` + walEndSQL + ` - restart_lsn)::bigint, safe_wal_size`
 	dest := []any{&plugin, &database, &s.Active, &pid, &confirmed, &walStatus, &lag, &retained, &s.SafeWALSize}
@@ -494,8 +498,8 @@ func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error
 		dest = append(dest, &conflicting)
 	}
 	if version >= versionInvalidation {
-		cols += ", invalidation_reason, inactive_since"
-		dest = append(dest, &reason, &inactiveSince)
+		cols += ", invalidation_reason, inactive_since, synced"
+		dest = append(dest, &reason, &inactiveSince, &synced)
 	}
 	err := db.QueryRow(ctx, "SELECT "+cols+" FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -510,6 +514,7 @@ func ReadSlot(ctx context.Context, db QueryRower, slot string) (SlotState, error
 	if inactiveSince != nil {
 		s.InactiveSince = *inactiveSince
 	}
+	s.Synced = synced != nil && *synced
 	if pid != nil {
 		s.ActivePID = int(*pid)
 	}

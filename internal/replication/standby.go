@@ -57,11 +57,11 @@ func CheckStandbySource(source Source, primary *Source, names setting.Namer) err
 	}
 	if primary == nil {
 		return configErr("the Postgres URL %s names a hot standby (pg_is_in_recovery() is true): the relay decodes there but writes its checkpoint and dead letters and emits heartbeats on the primary: give the primary's URL %s",
-			names.Name("PGURL"), names.Name("PrimaryPGURL"))
+			names.Name("PGURL"), names.Name("PrimaryPool"))
 	}
 	if primary.InRecovery {
 		return configErr("the primary URL %s names a server in recovery (a standby): name the primary, the server the standby %s replicates from",
-			names.Name("PrimaryPGURL"), names.Name("PGURL"))
+			names.Name("PrimaryPool"), names.Name("PGURL"))
 	}
 	return nil
 }

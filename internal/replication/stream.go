@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -86,6 +87,9 @@ type Stream struct {
 	received   pglogrepl.LSN
 	serverEnd  pglogrepl.LSN
 	lastStatus pglogrepl.LSN
+	// standbyWait is the last warning of the walsender that it waits for
+	// a standby of synchronized_standby_slots (logged when it changes).
+	standbyWait string
 }
 
 // ConnectReplication opens a replication=database connection with url. A
@@ -301,6 +305,10 @@ func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline tim
 				s.log.Info().Str("severity", severity).Str("notice", notice.Message).Msg("server notice on the replication stream")
 				break
 			}
+			if standbyWait(notice) {
+				s.logStandbyWait(notice)
+				break
+			}
 			return fmt.Errorf("replication stream: server warning: %w", notice)
 		default:
 			return fmt.Errorf("replication stream: unexpected message %T", msg)
@@ -313,6 +321,27 @@ func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline tim
 		default:
 		}
 	}
+}
+
+// standbyWait reports whether a walsender's warning says it waits for a
+// standby of synchronized_standby_slots (17+: one that is not connected,
+// missing, invalidated or not physical) before it sends the failover slot's
+// WAL. Decoding is then what the relay asked for, only held back: the stream
+// goes on, and reconnecting would change nothing. The setting's name is
+// never translated, the message around it may be.
+func standbyWait(notice *pgconn.PgError) bool {
+	return strings.Contains(notice.Message, "synchronized_standby_slots")
+}
+
+// logStandbyWait logs a warning of standbyWait when it differs from the
+// last one: the walsender repeats it each time it waits.
+func (s *Stream) logStandbyWait(notice *pgconn.PgError) {
+	if notice.Message == s.standbyWait {
+		return
+	}
+	s.standbyWait = notice.Message
+	s.log.Warn().Str("notice", notice.Message).Str("detail", notice.Detail).Str("hint", notice.Hint).
+		Msg("the walsender waits for a standby of synchronized_standby_slots before it sends the relay more WAL: nothing new is published until that standby streams again")
 }
 
 // SendStatus reports flushed as the write, flush and apply position. Postgres

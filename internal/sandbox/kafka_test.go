@@ -696,3 +696,52 @@ func TestKafkaStopReading(t *testing.T) {
 		t.Fatalf("write the rest once the broker reads again: %d of %d bytes: %v", m, len(frame)-n, err)
 	}
 }
+
+// TestKafkaStallConnections: a connection open when the broker stalls its
+// connections gets no answer any more, while one opened later does.
+func TestKafkaStallConnections(t *testing.T) {
+	t.Parallel()
+	k := testenv.NewKafka(t, sandbox.KafkaOptions{})
+	testenv.RequireLocalKafka(t, k)
+	apiVersions := func(c net.Conn, corr int32, timeout time.Duration) error {
+		req := kmsg.NewPtrApiVersionsRequest()
+		req.Version = 0
+		head := []byte{0, 0, 0, 0, 0, byte(kmsg.ApiVersions), 0, 0, 0, 0, 0, byte(corr), 0xff, 0xff} // size, key, version 0, correlation id, null client id
+		frame := append(head, req.AppendTo(nil)...)
+		binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+		if _, err := c.Write(frame); err != nil {
+			return err
+		}
+		var size [4]byte
+		if _, err := io.ReadFull(c, size[:]); err != nil {
+			return err
+		}
+		_, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(size[:])))
+		return err
+	}
+	dial := func() net.Conn {
+		c, err := net.DialTimeout("tcp", k.Brokers()[0], 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	old := dial()
+	if err := apiVersions(old, 1, 10*time.Second); err != nil {
+		t.Fatalf("before the stall: %v", err)
+	}
+	n, err := k.StallConnections()
+	if err != nil || n != 1 {
+		t.Fatalf("StallConnections() = %d, %v; want the one connection open", n, err)
+	}
+	if err := apiVersions(old, 2, 500*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a stalled connection's request: %v, want no answer (a timeout)", err)
+	}
+	if err := apiVersions(dial(), 1, 10*time.Second); err != nil {
+		t.Errorf("a connection opened after the stall: %v, want an answer", err)
+	}
+}

@@ -7,19 +7,38 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 )
 
-// readGate lets a broker stop reading from its connections (Kafka.StopReading):
-// a read waits while the gate is shut.
+// readGate lets a broker stop reading from its connections: a read waits
+// while the gate is shut (Kafka.StopReading), and a connection stalled
+// (Kafka.StallConnections) reads nothing more until it is closed.
 type readGate struct {
-	mu   sync.Mutex
-	open chan struct{} // closed while reads go through
+	mu    sync.Mutex
+	open  chan struct{} // closed while reads go through
+	conns map[*gateConn]struct{}
 }
 
 func newReadGate() *readGate {
-	g := &readGate{open: make(chan struct{})}
+	g := &readGate{open: make(chan struct{}), conns: map[*gateConn]struct{}{}}
 	close(g.open)
 	return g
+}
+
+// stallAll stalls every connection open now and returns how many it stalled.
+func (g *readGate) stallAll() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for c := range g.conns {
+		c.stuckOnce.Do(func() {
+			close(c.stuck)
+			// Wakes a read blocked now, before it takes what comes next.
+			_ = c.Conn.SetReadDeadline(time.Now())
+			n++
+		})
+	}
+	return n
 }
 
 func (g *readGate) shut() {
@@ -67,29 +86,61 @@ func (l gateListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &gateConn{Conn: c, g: l.g, closed: make(chan struct{})}, nil
+	gc := &gateConn{Conn: c, g: l.g, closed: make(chan struct{}), stuck: make(chan struct{})}
+	l.g.mu.Lock()
+	l.g.conns[gc] = struct{}{}
+	l.g.mu.Unlock()
+	return gc, nil
 }
 
-// gateConn is a connection that reads nothing while its gate is shut.
+// gateConn is a connection that reads nothing while its gate is shut, nor
+// ever again once stalled.
 type gateConn struct {
 	net.Conn
-	g      *readGate
-	once   sync.Once
-	closed chan struct{}
+	g         *readGate
+	once      sync.Once
+	closed    chan struct{}
+	stuckOnce sync.Once
+	stuck     chan struct{} // closed when stalled
 }
 
 // Read waits while the gate is shut, then reads. A read already waiting for
-// data when the gate shuts still returns what arrives.
+// data when the gate shuts still returns what arrives. A stalled
+// connection's read waits until it is closed.
 func (c *gateConn) Read(b []byte) (int, error) {
 	if err := c.g.wait(c.closed); err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(b)
+	if c.stalled() {
+		return 0, net.ErrClosed
+	}
+	n, err := c.Conn.Read(b)
+	if c.stalled() {
+		// Woken by the stall, or read after it: the broker never sees it.
+		return 0, net.ErrClosed
+	}
+	return n, err
 }
 
-// Close ends a read waiting at the gate, and the connection.
+// stalled reports whether c is stalled, then waiting until it is closed.
+func (c *gateConn) stalled() bool {
+	select {
+	case <-c.stuck:
+		<-c.closed
+		return true
+	default:
+		return false
+	}
+}
+
+// Close ends a read waiting at the gate or stalled, and the connection.
 func (c *gateConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
+	c.once.Do(func() {
+		close(c.closed)
+		c.g.mu.Lock()
+		delete(c.g.conns, c)
+		c.g.mu.Unlock()
+	})
 	return c.Conn.Close()
 }
 
@@ -137,4 +188,18 @@ func (k *Kafka) ResumeReading() {
 	if !k.external {
 		k.gate.reopen()
 	}
+}
+
+// StallConnections makes the local broker stop reading every connection
+// open now, for good (until the client closes it or the broker stops),
+// while it serves connections opened later, as a broker whose network
+// thread hung on those connections does: requests written to them are never
+// answered, and once the socket buffers are full the client's writes block.
+// It returns how many connections it stalled. External brokers cannot be
+// stalled: ErrExternal.
+func (k *Kafka) StallConnections() (int, error) {
+	if k.external {
+		return 0, fmt.Errorf("stall kafka connections: %w", ErrExternal)
+	}
+	return k.gate.stallAll(), nil
 }

@@ -11,6 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // StandbyOptions configures StartStandby.
@@ -119,4 +122,54 @@ func (p *Postgres) Promote(ctx context.Context) error {
 		return fmt.Errorf("promote: %w\n%s\nserver log (%s):\n%s", err, out, p.logFile, p.logTail())
 	}
 	return nil
+}
+
+// RefuseReplication makes p refuse physical replication connections from
+// now on and ends those open, and waits until none is left: a standby of p
+// then keeps the WAL it has flushed and gets no more. Ordinary connections go
+// on, and so do logical replication connections (replication=database) and
+// slot synchronization's (PostgreSQL 17+), which are ordinary ones too: in
+// pg_hba.conf the "replication" keyword matches physical replication alone.
+// The reject lines go first in pg_hba.conf; nothing takes them out again.
+func (p *Postgres) RefuseReplication(ctx context.Context) error {
+	if p.external != nil {
+		return fmt.Errorf("refuse replication: %w", ErrExternal)
+	}
+	path := filepath.Join(p.dataDir, "pg_hba.conf")
+	hba, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("refuse replication: %w", err)
+	}
+	lines := "# cdc-relay sandbox: RefuseReplication\nlocal replication all reject\nhost replication all all reject\n\n"
+	// The file exists: WriteFile keeps its owner and mode.
+	if err := os.WriteFile(path, append([]byte(lines), hba...), 0o600); err != nil {
+		return fmt.Errorf("refuse replication: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("refuse replication: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("refuse replication: reload: %w", err)
+	}
+	// A physical walsender is the one without a database. One whose
+	// standby reconnected before the postmaster read the new file is ended
+	// on the next round.
+	for {
+		var left int
+		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE backend_type = 'walsender' AND datname IS NULL`).Scan(&left)
+		if err != nil {
+			return fmt.Errorf("refuse replication: end the physical walsenders: %w", err)
+		}
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("refuse replication: %d physical walsenders left: %w", left, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

@@ -169,6 +169,7 @@ func (k *Kafka) dispatch() {
 			}
 		case s := <-k.sessions:
 			// Partitions join the new session as they build their next batch.
+			s.gen = k.sess.gen + 1
 			k.sess, k.resetting = s, false
 		case leaders := <-refreshed:
 			refreshing = false
@@ -547,7 +548,7 @@ func (k *Kafka) settle(p *partition, f *flight, r *request, answers *responseInd
 		k.log.Warn().Err(err).Int64("producer_id", b.pf.id).
 			Msg("broker rejects the producer session; getting a new producer id, partitions restart their sequences")
 		k.resetting = true
-		k.renewSession(k.sess.gen+1, k.sessions)
+		k.renewSession()
 	}
 	f.state = failed
 	p.resending = false

@@ -109,16 +109,17 @@ func (k *Kafka) fallBack(err error) {
 	k.log.Warn().Err(err).Msg("idempotence unavailable: producing without it; a re-sent batch may be duplicated in Kafka")
 }
 
-// renewSession gets a new producer session (generation gen) in the
-// background, retrying until it succeeds or the producer closes, and hands it
-// to the dispatcher on out.
-func (k *Kafka) renewSession(gen int, out chan<- session) {
+// renewSession gets a new producer session in the background, retrying
+// until it succeeds or the producer closes, and hands it to the dispatcher.
+// A producer that fenced with a transactional id (Fence) takes the id's next
+// session, which the next run fences in turn.
+func (k *Kafka) renewSession() {
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		s := session{gen: gen, id: -1, epoch: -1}
+		s := session{id: -1, epoch: -1}
 		for attempt := 0; ; attempt++ {
-			id, epoch, err := k.producerID(k.ctx)
+			id, epoch, err := k.renewedID(k.ctx)
 			if err == nil {
 				s.id, s.epoch = id, epoch
 				k.log.Info().Int64("producer_id", id).Int16("epoch", epoch).Msg("new idempotent producer session")
@@ -134,10 +135,36 @@ func (k *Kafka) renewSession(gen int, out chan<- session) {
 			}
 		}
 		select {
-		case out <- s:
+		case k.sessions <- s:
 		case <-k.ctx.Done():
 		}
 	}()
+}
+
+// renewedID returns a producer id and epoch for a renewed session: the next
+// session of the transactional id Fence used, or a new producer id.
+func (k *Kafka) renewedID(ctx context.Context) (int64, int16, error) {
+	f := &k.fencing
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.id == "" || f.off != nil {
+		return k.producerID(ctx)
+	}
+	tctx, cancel := context.WithTimeout(ctx, k.cfg.RequestTimeout)
+	defer cancel()
+	s, err := k.txnSession(tctx, f.id)
+	var refused *txnRefused
+	if errors.As(err, &refused) {
+		// Refused now (an ACL withdrawn): produce unfenced from here on.
+		f.off = err
+		k.log.Warn().Err(err).Msg("cannot take the next session of the transactional id: a new producer id, which the next run cannot fence")
+		return k.producerID(ctx)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	f.sess = s
+	return s.id, s.epoch, nil
 }
 
 // Idempotent reports whether the producer produces idempotently: Config asked

@@ -40,7 +40,11 @@
 // re-sent and may be duplicated, which the sink logs and counts
 // (cdc_relay_delivery_fallbacks_total{reason="producer_reset"}). A broker
 // that gives no producer id makes the sink produce without idempotence
-// ({reason="producer_id_unavailable"}); Idempotent says which. The sink writes
+// ({reason="producer_id_unavailable"}); Idempotent says which. Claim and
+// Fence (fence.go) put the producer on the newest session of the stream's
+// transactional id and fence earlier runs' sessions on a topic before its
+// partitions are read, so a killed run's last requests cannot land after
+// the read. The sink writes
 // the RecordBatch v2 format itself (batch.go), because kafka-go's encoder
 // cannot carry a producer id, and the produce requests and their answers too
 // (wire.go), on connections kafka-go's Transport keeps.
@@ -167,11 +171,13 @@ type Config struct {
 	// the circuit opens (default 5). While it is open the caller should stop
 	// reading (see CircuitOpen); retries go on as probes and one success closes it.
 	BreakerThreshold int
-	// Names names settings in errors and log lines (see package setting):
-	// the fields of this Config, and ContentType, the content type of the
-	// events it is given (decoder.Config.ContentType), which a structured
-	// CloudEvent's data must match.
+	// Names names the fields of this Config in errors and log lines (see
+	// package setting).
 	Names setting.Namer
+	// DecoderNames names the fields of the decoder configuration that made
+	// the events (decoder.Config): its ContentType, which a structured
+	// CloudEvent's data must match.
+	DecoderNames setting.Namer
 }
 
 // Defaults of Config that the command line offers as flags, stated once.
@@ -343,8 +349,9 @@ type Kafka struct {
 	resetting   bool // a new session is being asked for
 	resetWarned int  // the session whose reset was last warned about
 	idempotent  atomic.Bool
-	sessions    chan session
+	sessions    chan session // new sessions for the dispatcher, which numbers them
 	verified    chan verdict // batches of unknown fate looked up in their partition
+	fencing     fencing      // the transactional id earlier sessions are fenced with (fence.go)
 
 	// Produce requests on the wire (wire.go): the client id they carry and
 	// the counter of their correlation ids.
@@ -461,7 +468,7 @@ func (k *Kafka) Produce(m Message, done Done) error {
 	if k.structured {
 		if ct := eventHeader(ev, outbox.HeaderContentType); needsJSONCheck(ev, ct) && !json.Valid(ev.Payload) {
 			return k.fail(it, &outbox.EventError{Code: "invalid_json",
-				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, k.cfg.Names.Name("ContentType"))})
+				Err: fmt.Errorf("the payload is not JSON, but its content-type %q says it is, so it cannot be a structured CloudEvent's data (set the content type %s to what the payload is)", ct, k.cfg.DecoderNames.Name("ContentType"))})
 		}
 	}
 	ts := k.topic(m.Topic)

@@ -1,10 +1,12 @@
 package sink
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -169,4 +171,78 @@ func TestBrokerDownEveryRequestComesBack(t *testing.T) {
 		return nil
 	})
 	t.Logf("%v failed attempts while the broker was down", testutil.ToFloat64(retries))
+}
+
+// TestBrokerHangsOnOpenConnections: the broker stops reading every
+// connection the producer has open, its idle pooled ones too (left by
+// reads of the partitions), while it serves new ones, as a broker whose
+// network thread hung on them. The producer must deliver within about the
+// request timeout plus the first steps of its backoff, not a request
+// timeout per connection opened before the hang: kafka-go hands out idle
+// connections first, and 11 hung ones took 9.7 s with a 1 s request timeout
+// before the producer closed them at the first timeout (now 1.1 s).
+func TestBrokerHangsOnOpenConnections(t *testing.T) {
+	t.Parallel()
+	const (
+		topic   = "outbox.events"
+		timeout = time.Second
+	)
+	retry := backoff.Policy{Base: 100 * time.Millisecond, Cap: time.Second}
+	kafka := testenv.NewKafka(t, sandbox.KafkaOptions{Partitions: 8, Topics: []string{topic}})
+	testenv.RequireLocalKafka(t, kafka)
+	logs := &sandbox.Buffer{}
+	k := openSink(t, Config{
+		Brokers: kafka.Brokers(), Topics: []string{topic}, Idempotent: true, Verifier: TestVerifier, Retry: retry,
+		RequestTimeout: timeout, Logger: zerolog.New(logs), Metrics: metrics.New(prometheus.NewRegistry()),
+	})
+	evs := stream(8, 400)
+	acks := newAckLog(len(evs))
+	sendAll(t, k, topic, evs[:8], acks.ack)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if n := acks.count(); n < 8 {
+			return fmt.Errorf("%d of 8 events acknowledged before the hang", n)
+		}
+		return nil
+	})
+	// Reads of each partition at its end wait on the broker (MaxWait) at
+	// once, each on a connection of its own, which kafka-go then keeps idle.
+	ranges, err := k.Ranges(context.Background(), topic, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for p, r := range ranges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := k.Scan(context.Background(), topic, p, r.End, r.End+1, func(int64, []byte, []byte) error { return nil }); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	n, err := kafka.StallConnections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 5 {
+		t.Fatalf("%d connections open at the hang, want the pipe's, metadata's and reads' (5 or more)", n)
+	}
+	hung := time.Now()
+	sendAll(t, k, topic, evs[8:], acks.ack)
+	acks.wait(t, 60*time.Second)
+	took := time.Since(hung)
+	// The request timeout, the backoff's first three steps at their longest
+	// (100, 200, 400 ms), and slack for a busy machine.
+	bound := timeout + 700*time.Millisecond + 1500*time.Millisecond
+	t.Logf("%d connections hung; every event acknowledged %v later (request timeout %v)", n, took.Round(time.Millisecond), timeout)
+	if took > bound {
+		t.Errorf("delivered %v after the broker hung %d connections, want within %v: about the request timeout plus the backoff's first steps", took, n, bound)
+	}
+	acks.checkExactlyOnce(t, evs)
+	recs := readAll(t, kafka, topic)
+	if len(recs) != len(evs) {
+		t.Errorf("%d records for %d events", len(recs), len(evs))
+	}
+	checkOrder(t, recs)
 }

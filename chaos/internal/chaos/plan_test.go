@@ -257,8 +257,12 @@ func TestWaitStats(t *testing.T) {
 		t.Errorf("a seed whose writers waited at most 200ms failed")
 	}
 	res.Waits.Max = maxWriterWait + time.Millisecond
-	if !res.Failed() || !strings.Contains(res.Report(), "a writer waited more than 1s") {
-		t.Errorf("a seed whose writer waited %v: Failed() = %v, report:\n%s", res.Waits.Max, res.Failed(), res.Report())
+	if res.Failed() || !strings.Contains(res.Report(), "on no lock of the relay's") {
+		t.Errorf("a seed whose writer waited %v on no lock of the relay's: Failed() = %v, report:\n%s", res.Waits.Max, res.Failed(), res.Report())
+	}
+	res.Waits.BlockedByRelay, res.Waits.BlockedBy = maxWriterWait, "LOCK TABLE public.outbox_b IN SHARE MODE"
+	if !res.Failed() || !strings.Contains(res.Report(), "a writer waited 1s or more on a lock the relay held (LOCK TABLE") {
+		t.Errorf("a seed whose writer waited %v on the relay's lock: Failed() = %v, report:\n%s", res.Waits.BlockedByRelay, res.Failed(), res.Report())
 	}
 }
 

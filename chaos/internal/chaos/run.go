@@ -27,6 +27,11 @@ const (
 	tailAfterFault = 500 * time.Millisecond
 	stopTimeout    = 10 * time.Second // SIGTERM to exit 0
 	setupTimeout   = 30 * time.Second
+	// relayShutdownTimeout is the relay's --shutdown-timeout: it exits within
+	// it whatever Kafka does, so stopTimeout leaves 2 s for a loaded machine
+	// to run and reap the process (with the relay's default, 10 s, a stop
+	// while the broker answered nothing ended just past stopTimeout).
+	relayShutdownTimeout = stopTimeout - 2*time.Second
 )
 
 // run is one scenario's world: its database, slot, topic, Kafka, proxies,
@@ -213,6 +218,7 @@ func (r *run) relayArgs() []string {
 		{"--log-format", "json"},
 		{"--status-interval", "200ms"},
 		{"--retry-cap", "1s"},
+		{"--shutdown-timeout", relayShutdownTimeout.String()},
 		{"--relay-name", "chaos"},
 		{"--delivery", "effectively-once"}, // the default, named so the log says it
 	}

@@ -50,11 +50,14 @@ func (r ScheduleResult) Failed() bool {
 	if r.Skipped != "" {
 		return false
 	}
-	return r.Err != nil || !r.Verdict.ok(r.DuplicatesReason != "") || r.Waits.Max > maxWriterWait
+	return r.Err != nil || !r.Verdict.ok(r.DuplicatesReason != "") || r.Waits.BlockedByRelay >= maxWriterWait
 }
 
-// maxWriterWait is the longest a writer's transaction may take: the
-// application's INSERT and COMMIT must not wait on the relay (issue 42).
+// maxWriterWait is the longest a writer's transaction may wait on a lock
+// the relay holds: the application's INSERT and COMMIT must not wait on the
+// relay (issue 42). Its whole transaction time is a figure, not a bound: on
+// a shared 2-core machine under load, Postgres alone took over a second
+// (insert_wait_max=1.085s at a broker restart, load average 16, no lock).
 const maxWriterWait = time.Second
 
 // WaitStats sums up the writers' transaction times.
@@ -64,11 +67,16 @@ type WaitStats struct {
 	// MaxStep is the step during which the longest ran (0: before the
 	// first).
 	MaxStep int
+	// BlockedByRelay is the longest a writer's transaction was seen
+	// waiting on a lock a relay connection held, within a poll (lockWatch);
+	// BlockedBy what the relay ran then.
+	BlockedByRelay time.Duration
+	BlockedBy      string
 }
 
 // String prints the figures as the seed's line shows them.
 func (w WaitStats) String() string {
-	return fmt.Sprintf("insert_wait_max=%v (step %d) insert_wait_p99=%v", w.Max.Round(time.Millisecond), w.MaxStep, w.P99.Round(time.Millisecond))
+	return fmt.Sprintf("insert_wait_max=%v (step %d) insert_wait_p99=%v blocked_by_relay_max=%v", w.Max.Round(time.Millisecond), w.MaxStep, w.P99.Round(time.Millisecond), w.BlockedByRelay.Round(time.Millisecond))
 }
 
 // waitStats sums up waits.
@@ -101,8 +109,11 @@ func (r ScheduleResult) Report() string {
 	}
 	if r.Waits.N > 0 {
 		over := ""
-		if r.Waits.Max > maxWriterWait {
-			over = fmt.Sprintf(": a writer waited more than %v", maxWriterWait)
+		switch {
+		case r.Waits.BlockedByRelay >= maxWriterWait:
+			over = fmt.Sprintf(": a writer waited %v or more on a lock the relay held (%s)", maxWriterWait, r.Waits.BlockedBy)
+		case r.Waits.Max > maxWriterWait:
+			over = fmt.Sprintf(" (over %v, on no lock of the relay's: Postgres was slow)", maxWriterWait)
 		}
 		fmt.Fprintf(&b, "  writers' INSERT/COMMIT over %d transactions: %s%s\n", r.Waits.N, r.Waits, over)
 	}
@@ -141,6 +152,7 @@ type schedRun struct {
 	// replays are the cdc-relay replay runs of replay steps.
 	replays []replayRun
 	waits   WaitStats
+	locks   *lockWatch // while the writers run
 
 	// fallbacks are the relay's delivery fallbacks, by reason, summed over
 	// its runs; runFallbacks are the current run's as last scraped.
@@ -300,7 +312,7 @@ func (r *schedRun) relayArgs() []string {
 		tables = append(tables, "public."+tableB)
 	}
 	args := []string{"run",
-		"--pg-url", r.slotURL,
+		"--pg-url", relayURL(r.slotURL),
 		"--kafka-brokers", strings.Join(r.kafka.brokers(), ","),
 		"--topic", r.topic,
 		"--slot", r.slot,
@@ -311,6 +323,7 @@ func (r *schedRun) relayArgs() []string {
 		// A broker that stops reading is noticed at the request timeout:
 		// short here, so a seed with that step fits in CI's time.
 		"--request-timeout", scheduleRequestTimeout.String(),
+		"--shutdown-timeout", relayShutdownTimeout.String(),
 		"--relay-name", "chaos",
 		"--delivery", r.plan.Delivery,
 	}
@@ -323,7 +336,7 @@ func (r *schedRun) relayArgs() []string {
 		args = append(args, "--snapshot", "initial")
 	}
 	if r.standby != nil {
-		args = append(args, "--primary-pg-url", r.url)
+		args = append(args, "--primary-pg-url", relayURL(r.url))
 	}
 	if r.plan.CatchUp {
 		args = append(args, "--catch-up-threshold-mib", "1", "--catch-up-batch", "1500")
@@ -422,11 +435,17 @@ func (r *schedRun) duplicatesReason() string {
 func (r *schedRun) startWriters(ctx context.Context) {
 	r.stopWriters = make(chan struct{})
 	r.writersDone = make(chan error, 1)
+	wurl, err := withAppName(r.url, writerAppName)
+	if err != nil {
+		r.writersDone <- err
+		return
+	}
+	r.locks = watchLocks(ctx, r.url)
 	aggs := max(r.opts.Aggregates/schedWriters, 1)
 	var wg sync.WaitGroup
 	errs := make([]error, schedWriters)
 	for i := range schedWriters {
-		w := &schedWriter{id: i + 1, url: r.url, aggs: aggs, st: r.st, led: r.led, next: map[string]int{},
+		w := &schedWriter{id: i + 1, url: wurl, aggs: aggs, st: r.st, led: r.led, next: map[string]int{},
 			rng: rand.New(rand.NewPCG(r.plan.Seed, uint64(i+1)))}
 		r.writers = append(r.writers, w)
 		wg.Add(1)
@@ -460,6 +479,12 @@ func (r *schedRun) stopWritersWait() error {
 	}
 	r.note("writers: %d transactions committed, %d rolled back, %d with no answer looked up, %d reconnects", txns, rollbacks, uncertain, reconnects)
 	r.waits = waitStats(waits)
+	if r.locks != nil {
+		var lerr error
+		r.waits.BlockedByRelay, r.waits.BlockedBy, lerr = r.locks.end()
+		r.locks = nil
+		err = errors.Join(err, lerr)
+	}
 	return err
 }
 
@@ -658,4 +683,13 @@ func (r *schedRun) teardown() {
 // RelayLogTail returns the last n lines of the run's relay log, or "".
 func (r ScheduleResult) RelayLogTail(n int) string {
 	return Result{LogFile: r.LogFile}.RelayLog(n)
+}
+
+// relayURL is u as the relay connects with it: under relayAppName, which the
+// lock watch looks for.
+func relayURL(u string) string {
+	if v, err := withAppName(u, relayAppName); err == nil {
+		return v
+	}
+	return u
 }

@@ -26,15 +26,21 @@ const (
 // restarted, a table leaving), 16 (listed: SIGKILL and SIGTERM, a partition
 // attached, a table joining after a SIGKILL, the broker reading no more
 // twice, a partition detached; the catch-up world, both restarts reading a
-// backlog in batches). Seed 60 (listed, the combinations of
-// issue 42: an initial snapshot of tables holding bulk-written rows, two
-// replays beside the stream, a 50k-row table joining with the broker
-// stopped mid-join, the broker reading no more and restarted) is not among
-// them: it passed four runs in five on the final commit, and the fifth
-// found two open defects (issue 42's note: one statement's rows of the
-// large join out of order, and stream events sent twice after the broker
-// stopped reading). Run it with CDC_RELAY_CHAOS_SCHEDULE_SEEDS=60.
-var scheduleSeeds = []uint64{13, 16}
+// backlog in batches), and issue 43 point 4's two, which a broker
+// that stopped reading made fail: 4247 (root, an initial snapshot: a table
+// leaves right after the broker stopped reading, so the slot must confirm
+// within 30 s of it; the circuit stayed open 26 s), 4244 (listed: SIGTERM
+// right after the broker stopped reading, which must exit 0 within 10 s; on
+// PostgreSQL 16+, CDC_RELAY_PG_BINDIR, it draws the standby world: the
+// broker reading no more four times among SIGKILLs and a restart), and 60
+// (listed, the combinations of issue 42: an initial snapshot of tables
+// holding bulk-written rows, two replays beside the stream, a 50k-row table
+// joining with the broker stopped mid-join, the broker reading no more and
+// restarted), which found two defects: events sent twice after the broker
+// stopped reading (the restart now fences the killed run's producer) and a
+// bulk statement's rows read from the table out of order (the reader now
+// orders them by the insertion-order column).
+var scheduleSeeds = []uint64{13, 16, 60, 4247, 4244}
 
 // TestSchedule runs a fixed set of seeded schedules: each draws a sequence
 // of operations (tables joining and leaving, a large one among them,
