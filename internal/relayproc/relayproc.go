@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
 )
 
 // Options describe the child process.
@@ -144,7 +145,7 @@ func (p *Process) Start() error {
 	}
 	args := append([]string(nil), p.args...)
 	if p.opts.AddMetricsAddr {
-		port, err := FreePort()
+		port, err := sandbox.FreePort() // below the ephemeral range: see there
 		if err != nil {
 			return fmt.Errorf("start %s: %w", p.opts.Name, err)
 		}
@@ -490,16 +491,6 @@ func Tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // PeakRSS returns a running process's peak resident set size (VmHWM) in

@@ -190,7 +190,7 @@ func aggSeq(v []byte) (agg string, seq int, ok bool) {
 	return string(a[1 : 1+end]), seq, true
 }
 
-// readTimeout bounds one read of a topic in Await.
+// readTimeout is the least time one read of a topic in Await gets.
 const readTimeout = 30 * time.Second
 
 // Await reads topic until every event committed returns is in it, or timeout
@@ -203,7 +203,9 @@ func Await(ctx context.Context, brokers []string, topic string, committed func()
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		rctx, cancel := context.WithTimeout(ctx, readTimeout)
+		// One read may take the whole time left: a large topic read under
+		// load took over readTimeout (150 MB, 100k records, under -race).
+		rctx, cancel := context.WithTimeout(ctx, max(readTimeout, time.Until(deadline)))
 		recs, err := sandbox.ReadAll(rctx, brokers, topic)
 		cancel()
 		if err != nil {
