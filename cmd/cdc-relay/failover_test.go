@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -515,7 +516,12 @@ func testPromotionWithoutCheckpoint(t *testing.T, file bool) {
 	// slot sync worker naps up to 30 s while nothing changes).
 	testenv.Eventually(t, 60*time.Second, func() error {
 		if got := slotLSN(sconn, "standby"); got != confirmed {
-			return fmt.Errorf("the standby's copy of the slot is at %s, the primary's slot at %s", got, confirmed)
+			now := lsn(sconn, "the standby's flush position", "SELECT pg_last_wal_receive_lsn()::text")
+			replayed := lsn(sconn, "the standby's replay position", "SELECT pg_last_wal_replay_lsn()::text")
+			var waits string
+			_ = sconn.QueryRow(ctx, "SELECT string_agg(backend_type || ': ' || coalesce(wait_event_type, '') || '/' || coalesce(wait_event, '') || ' ' || coalesce(left(query, 60), ''), '; ') FROM pg_stat_activity").Scan(&waits)
+			return fmt.Errorf("the standby's copy of the slot is at %s, the primary's slot at %s (the standby flushed up to %s, %s at the cut, replayed %s; its processes: %s); the standby's log on slot synchronization:\n%s",
+				got, confirmed, now, flushed, replayed, waits, grepLog(t, standby.LogFile(), "slot"))
 		}
 		return nil
 	})
@@ -563,4 +569,21 @@ func testPromotionWithoutCheckpoint(t *testing.T, file bool) {
 		rowsOn, recs, dups, w.committed.Load(), w.committed.Load()-before)
 	requireRunning(t, r, "after the promotion")
 	r.Stop(15 * time.Second)
+}
+
+// grepLog returns the last 20 lines of the server log at path that contain
+// sub, for a failure message.
+func grepLog(t *testing.T, path, sub string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(read %s: %v)", path, err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, sub) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	"github.com/segmentio/kafka-go"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -1289,6 +1290,29 @@ func TestCompression(t *testing.T) {
 				if at, _ := acks.stored(ev); at.Partition != r.Partition || at.Offset != r.Offset {
 					t.Fatalf("event %s acknowledged at %d@%d, stored at %d@%d", ev.ID, at.Partition, at.Offset, r.Partition, r.Offset)
 				}
+			}
+		})
+	}
+}
+
+func TestAwaitFailure(t *testing.T) {
+	tls := errors.New("tls: certificate is valid for kafka.local, not kafka.example.com")
+	refused := errors.New("connect: connection refused")
+	deadline := fmt.Errorf("fetch metadata of topic %q: %w", "t", context.DeadlineExceeded)
+	answer := fmt.Errorf("fetch metadata of topic %q: %w", "t", kafka.UnknownTopicOrPartition)
+	tests := []struct {
+		name                      string
+		last, cause, answer, want error
+	}{
+		{"the last attempt's own cause", refused, tls, nil, refused},
+		{"the deadline cut the last attempt short", deadline, tls, nil, tls},
+		{"only deadlines", deadline, nil, nil, deadline},
+		{"a broker's answer first", deadline, tls, answer, answer},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := awaitFailure(tt.last, tt.cause, tt.answer); !errors.Is(got, tt.want) {
+				t.Errorf("awaitFailure(%v, %v, %v) = %v, want %v", tt.last, tt.cause, tt.answer, got, tt.want)
 			}
 		})
 	}

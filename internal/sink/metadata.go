@@ -104,6 +104,10 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 	wait := waitlog.Start(k.log, what, brokers, hint)
 	defer wait.Done(false) // after a success, Done(true) has logged the answer
 	var brokerAnswer error // the last answer from a broker, preferred over timeouts
+	// lastCause is the last failure that was not the deadline: the attempt
+	// the deadline cuts short ends with the deadline, not with why the
+	// attempts before it failed (a TLS name mismatch, a refused login).
+	var lastCause error
 	for attempt := 0; ; attempt++ {
 		var err error
 		if topic != "" {
@@ -117,6 +121,9 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 			return nil, nil
 		}
 		wait.Failed(err)
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			lastCause = err
+		}
 		var ke kafka.Error
 		if errors.As(err, &ke) {
 			brokerAnswer = err
@@ -128,12 +135,24 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 			if errors.As(brokerAnswer, &ke) && ke == kafka.UnknownTopicOrPartition {
 				return nil, fmt.Errorf("topic %q does not exist and the broker does not create it automatically: create it, or fix the topic %s (%s): %w", topic, k.cfg.Names.Name("Topics"), wait.Summary(), brokerAnswer)
 			}
-			if brokerAnswer != nil {
-				err = brokerAnswer
-			}
-			return nil, fmt.Errorf("reach Kafka brokers %s (check the brokers %s; %s): %w", brokers, k.cfg.Names.Name("Brokers"), wait.Summary(), err)
+			return nil, fmt.Errorf("reach Kafka brokers %s (check the brokers %s; %s): %w", brokers, k.cfg.Names.Name("Brokers"), wait.Summary(), awaitFailure(err, lastCause, brokerAnswer))
 		}
 	}
+}
+
+// awaitFailure is what await reports when it gives up after last: a
+// broker's answer before anything else, and the last cause that was not the
+// deadline before the deadline (with the last attempt's). The attempt that began as the deadline
+// passed fails with the deadline (kafka-go's transport picks at random
+// between its cached failure and the context's end).
+func awaitFailure(last, lastCause, brokerAnswer error) error {
+	switch {
+	case brokerAnswer != nil:
+		return brokerAnswer
+	case lastCause != nil && (errors.Is(last, context.DeadlineExceeded) || errors.Is(last, context.Canceled)):
+		return fmt.Errorf("%w (the last attempt: %v)", lastCause, last)
+	}
+	return last
 }
 
 // metadata asks for metadata of topics, allowing their auto-creation. kafka-go's

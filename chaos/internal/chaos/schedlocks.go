@@ -47,6 +47,7 @@ type lockWatch struct {
 	longest time.Duration
 	by      string
 	err     error
+	polls   int // samples taken, for a test to know the watch looked
 }
 
 // blockedByRelay lists the writers' transactions waiting on a lock that a
@@ -112,9 +113,19 @@ func watchLocks(ctx context.Context, pgURL string) *lockWatch {
 				lw.saw(now.Sub(first[k])+lockPoll, query)
 			}
 			rows.Close()
+			lw.mu.Lock()
+			lw.polls++
+			lw.mu.Unlock()
 		}
 	}()
 	return lw
+}
+
+// seen returns the longest wait seen so far and how many samples were taken.
+func (lw *lockWatch) seen() (time.Duration, int) {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.longest, lw.polls
 }
 
 func (lw *lockWatch) saw(d time.Duration, query string) {

@@ -38,9 +38,11 @@ func TestLockWatch(t *testing.T) {
 	if _, err := setup.Exec(ctx, "CREATE TABLE t (x int)"); err != nil {
 		t.Fatal(err)
 	}
-	// holds takes the table's lock under app, blocks a writer on it for
-	// hold, and returns what the watch saw.
-	holds := func(app string, hold time.Duration) (time.Duration, string) {
+	// holds takes the table's lock under app, blocks a writer on it until
+	// the watch saw it blocked for want (0: until the watch looked polls
+	// times), and returns what the watch saw.
+	const polls = 6
+	holds := func(app string, want time.Duration) (time.Duration, string) {
 		lw := watchLocks(ctx, u)
 		holder, writer := conn(app), conn(writerAppName)
 		tx, err := holder.Begin(ctx)
@@ -65,7 +67,19 @@ func TestLockWatch(t *testing.T) {
 			}
 			return nil
 		})
-		time.Sleep(hold) // the lock held this long is what the watch must see
+		// Hold the lock until the watch has seen the writer blocked for
+		// want, or, when it must see nothing, has looked polls more times.
+		_, from := lw.seen()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			d, n := lw.seen()
+			if want > 0 && d < want {
+				return fmt.Errorf("the watch saw the writer blocked %v, holding until %v", d, want)
+			}
+			if want == 0 && n < from+polls {
+				return fmt.Errorf("the watch looked %d times while the writer waited, holding until %d", n-from, polls)
+			}
+			return nil
+		})
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -78,10 +92,10 @@ func TestLockWatch(t *testing.T) {
 		}
 		return d, by
 	}
-	if d, by := holds(relayAppName, 2*time.Second); d < time.Second || !strings.Contains(by, "LOCK TABLE t") {
-		t.Errorf("a writer held 2s by the relay's lock: the watch saw %v (%q), want at least 1s and the relay's statement", d, by)
+	if d, by := holds(relayAppName, time.Second); d < time.Second || !strings.Contains(by, "LOCK TABLE t") {
+		t.Errorf("a writer held by the relay's lock until the watch saw 1s: the watch saw %v (%q), want at least 1s and the relay's statement", d, by)
 	}
-	if d, by := holds("someone-else", 300*time.Millisecond); d != 0 {
+	if d, by := holds("someone-else", 0); d != 0 {
 		t.Errorf("a writer held by another session's lock counted as the relay's: %v (%q)", d, by)
 	}
 }
