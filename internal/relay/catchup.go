@@ -167,12 +167,12 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 			*reason = "behind by less than the threshold"
 			return nil
 		}
-		if redo := lag.Redecode(); redo > threshold && redo > lag.Behind() {
-			// The next batch would decode more again, from the slot's
+		if redo := lag.Redecode(); redo > threshold && redo > (streamCost-1)*lag.Behind() {
+			// The next batch would decode so much again, from the slot's
 			// restart point (held back by the last running-transactions
-			// record or by a long-running transaction), than is left: the
-			// stream decodes the rest once.
-			*reason = fmt.Sprintf("a batch would decode %d KiB again from the slot's restart point %s, more than the %d KiB left", redo>>10, lag.Restart, lag.Behind()>>10)
+			// record or by a long-running transaction), that the stream,
+			// which decodes the rest once, costs Postgres less.
+			*reason = fmt.Sprintf("a batch would decode %d KiB again from the slot's restart point %s, more than %d times the %d KiB left", redo>>10, lag.Restart, streamCost-1, lag.Behind()>>10)
 			return nil
 		}
 		select {
@@ -208,6 +208,7 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 		}
 		if res.Complete {
 			*reason = "caught up with the WAL"
+			r.catchUpHold = 0
 			return nil
 		}
 		// A batch that decoded more again than it moved the slot is mostly
@@ -229,6 +230,11 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 		if lag.Behind() >= upto.Behind() {
 			if growing++; growing >= notShrinking {
 				*reason = fmt.Sprintf("the backlog did not shrink over %d batches (%d KiB)", notShrinking, lag.Behind()>>10)
+				// Batches do no better than the stream here (writers, or
+				// Kafka, as fast as either): a stream that falls behind
+				// again is left alone for a while, growing each time.
+				r.catchUpHold = min(max(2*r.catchUpHold, catchUpHoldFirst), catchUpHoldMax)
+				r.catchUpHoldUntil = time.Now().Add(r.catchUpHold)
 				return nil
 			}
 		} else {
@@ -238,8 +244,16 @@ func (c catchUpRun) run(ctx context.Context, stop <-chan struct{}, lag *replicat
 }
 
 // maxBatchGrowth bounds how far a catch-up grows its batches past
-// Config.CatchUpBatch when re-decoding dominates them.
-const maxBatchGrowth = 16
+// Config.CatchUpBatch when re-decoding dominates them (each batch is a
+// temporary file on the server).
+const maxBatchGrowth = 4
+
+// streamCost is what streaming a byte of the backlog costs Postgres, in
+// bytes a batch decodes: the walsender spends about three times what
+// decoding alone does on a one-event transaction (bench, issue 44: 23-25
+// µs/ev against 7.2), so a batch that decodes up to twice what is left
+// again still costs less than streaming it.
+const streamCost = 3
 
 // notShrinking is how many batches in a row may end with the slot as far
 // behind as before, or further, before the relay streams instead.
@@ -307,4 +321,91 @@ func fallback(err error) bool {
 		return true
 	}
 	return false
+}
+
+// errFellBehind ends a stream that fell behind by the catch-up threshold, at
+// a transaction boundary (watchLag); the stream loop then catches up.
+var errFellBehind = errors.New("the stream fell behind: catching up in batches")
+
+// lagPoll is how often a stream checks how far behind the WAL it is.
+const lagPoll = 5 * time.Second
+
+// catchUpHoldFirst and catchUpHoldMax bound how long a stream that falls
+// behind is left alone after a catch-up whose batches did not gain on the
+// backlog (the hold doubles each time, and ends with a catch-up that does).
+const (
+	catchUpHoldFirst = time.Minute
+	catchUpHoldMax   = 16 * time.Minute
+)
+
+// watchLag closes behind when the stream has been further behind the WAL
+// than Config.CatchUpThreshold at two checks in a row, lagPoll apart, and
+// no less so at the second (a burst the stream absorbs does not end it),
+// once holdUntil has passed.
+// Behind is what Kafka has not acknowledged: the server's readable WAL less
+// the watermark. It returns when done is closed or ctx ends.
+func (r *Relay) watchLag(ctx context.Context, h *handler, holdUntil time.Time, done <-chan struct{}, behind chan<- struct{}) {
+	threshold := uint64(r.cfg.CatchUpThreshold)
+	if threshold == 0 {
+		return
+	}
+	t := time.NewTicker(lagPoll)
+	defer t.Stop()
+	var last uint64
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lag, err := replication.ReadSlotLag(ctx, r.pool, r.cfg.Slot)
+		if err != nil {
+			continue // the monitor reports a server that does not answer
+		}
+		var now uint64
+		if w := h.tracker.Watermark(); lag.End > w {
+			now = uint64(lag.End - w)
+		}
+		if now >= threshold && last >= threshold && now >= last && time.Now().After(holdUntil) {
+			r.log.Info().Uint64("lag_bytes", now).Int64("threshold_bytes", r.cfg.CatchUpThreshold).
+				Msgf("the stream fell %d MiB behind the WAL and did not gain on it over %s: ending it at the next transaction boundary to catch up in batches", now>>20, lagPoll)
+			close(behind)
+			return
+		}
+		last = now
+	}
+}
+
+// waitReleased waits, up to catchUpReleaseWait, until the walsender of the
+// stream that just ended has let the slot go, so that the catch-up may move
+// it (a slot in use is left to the stream).
+func (r *Relay) waitReleased(ctx context.Context) {
+	deadline := time.Now().Add(catchUpReleaseWait)
+	for time.Now().Before(deadline) {
+		lag, err := replication.ReadSlotLag(ctx, r.pool, r.cfg.Slot)
+		if err != nil || !lag.Active {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// catchUpReleaseWait bounds waitReleased: a walsender exits within
+// milliseconds of its connection's end.
+const catchUpReleaseWait = 5 * time.Second
+
+// closed reports whether c is closed.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }

@@ -326,3 +326,79 @@ func TestCatchUpPublicationDropped(t *testing.T) {
 		t.Errorf("slot confirmed %s, past the drop at %s (it was at %s)", got, dropped, before)
 	}
 }
+
+// TestCatchUpWhenTheStreamFallsBehind: a stream that falls behind the WAL by
+// more than CatchUpThreshold, and does not gain on it (the broker holds
+// every produce request while a backlog is written), ends at a transaction
+// boundary and hands over to the catch-up, which reads the rest in batches
+// and streams again: every event once, in order, with no gap at either
+// switch.
+func TestCatchUpWhenTheStreamFallsBehind(t *testing.T) {
+	e := newEnv(t)
+	e.cfgHook = func(c *relay.Config) {
+		c.CatchUpThreshold = 64 << 10
+		c.CatchUpBatch = 900 // about 300 one-event transactions
+		c.MaxInFlightBytes = 32 << 10
+	}
+	e.start()
+	seq := map[string]int{}
+	n := e.backlog(0, 20, 1, 40, seq)
+	checkExactlyOnceInOrder(t, e.waitRecords(n), n)
+	catchUps, streams := switches(e.m, metrics.CatchUpTo), switches(e.m, metrics.StreamTo)
+
+	release, held := holdProduce(t, e.kafka)
+	n += e.backlog(20, 500, 1, 40, seq)
+	// Two checks lagPoll (5 s) apart see it behind.
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if !strings.Contains(e.logs.String(), "the stream fell") {
+			return fmt.Errorf("the relay does not say the stream fell behind; %d produce requests held", held())
+		}
+		return nil
+	})
+	// Commits while the stream waits for Kafka: once Kafka answers, the
+	// stream ends at the first transaction boundary (not when its read
+	// times out: before, it read on through what its socket held), and
+	// the catch-up reads the rest.
+	n += e.backlog(520, 1500, 1, 40, seq)
+	if got := switches(e.m, metrics.CatchUpTo); got != catchUps {
+		t.Errorf("switches to catch-up = %v before Kafka acknowledged what the stream sent, want %v", got, catchUps)
+	}
+	release()
+	recs := e.waitRecords(n)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := switches(e.m, metrics.StreamTo); got != streams+1 {
+			return fmt.Errorf("switches to the stream = %v, want %v", got, streams+1)
+		}
+		return nil
+	})
+	if got := switches(e.m, metrics.CatchUpTo); got != catchUps+1 {
+		t.Errorf("switches to catch-up = %v, want %v", got, catchUps+1)
+	}
+	if got := testutil.ToFloat64(e.m.CatchUpBatches); got < 2 {
+		t.Errorf("catch-up batches = %v, want 2 or more (about 1,500 one-event transactions left, in batches of about 300)", got)
+	}
+	logs := e.logs.String()
+	fell := strings.Index(logs, "the stream fell")
+	for _, want := range []string{"catching up in batches", "caught up: switching to streaming"} {
+		if i := strings.Index(logs, want); i < fell {
+			t.Errorf("%q is not logged after the stream fell behind", want)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		logs := e.logs.String()
+		if caught := strings.LastIndex(logs, "caught up: switching to streaming"); strings.LastIndex(logs, "streaming started") < caught {
+			return errors.New("the stream did not start again after the catch-up")
+		}
+		return nil
+	})
+	checkExactlyOnceInOrder(t, recs, n)
+
+	// Streaming again: what commits now arrives after the backlog.
+	n += e.backlog(2020, 30, 2, 40, seq)
+	checkExactlyOnceInOrder(t, e.waitRecords(n), n)
+	e.waitSlotConfirmed(e.currentLSN())
+	t.Logf("%d events; %d produce requests held while the stream fell behind; catch-up batches %v", n, held(), testutil.ToFloat64(e.m.CatchUpBatches))
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -421,16 +421,19 @@ const (
 	DefaultReadBuffer      = 0
 	DefaultPersistInterval = 100 * time.Millisecond
 	// DefaultCatchUpThreshold is the command line's source.catch_up_threshold_mib:
-	// off until the catch-up path's drain figures are measured against the
-	// stream's on a quiet machine (issue 44); 64 MiB (a backlog that takes
-	// the streaming protocol seconds at one event per transaction) is the
-	// value its tests and the chaos schedule run with.
-	DefaultCatchUpThreshold = 0
-	// DefaultCatchUpBatch is a batch of about 33,000 one-event transactions
-	// (three messages each): large enough that its fixed costs (decoding again
-	// from the slot's restart point, the checkpoint, the advance) are small
-	// per event, small enough that Postgres holds it in a few tens of MB.
-	DefaultCatchUpBatch    = 100_000
+	// 64 MiB, a backlog that takes the streaming protocol seconds at one
+	// event per transaction (about 100,000 of them).
+	DefaultCatchUpThreshold = 64 << 20
+	// DefaultCatchUpBatch is a batch of about 330,000 one-event transactions
+	// (three messages each). Each peek decodes again from the slot's restart
+	// point, which moves only at running-transactions records (every 15 s
+	// of writing): batches much smaller than what the writers wrote in 15 s
+	// spend most of their time decoding again (bench, issue 44: 100,000
+	// messages drained a 500,000-transaction backlog at 45k ev/s, one batch
+	// of all of it at 97k). Postgres holds a batch in a tuplestore spilled
+	// to a temporary file past work_mem: some 150 MB of disk at 300 B
+	// payloads.
+	DefaultCatchUpBatch    = 1_000_000
 	DefaultIdleCheckpoint  = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultKafkaStartWait  = 30 * time.Second
@@ -624,6 +627,11 @@ type Relay struct {
 	// noCatchUp: the catch-up path failed for a reason the stream does not
 	// share (catchup.go); this run streams only.
 	noCatchUp bool
+	// catchUpHold is how long a stream that falls behind is left alone after
+	// a catch-up that did not gain on the backlog, until catchUpHoldUntil
+	// (catchup.go). Both are used on the stream's goroutine only.
+	catchUpHold      time.Duration
+	catchUpHoldUntil time.Time
 	// slotFailover: the slot is a failover slot on a primary, or will be
 	// once enableFailover switched it on (checkFailover).
 	slotFailover bool

@@ -107,6 +107,17 @@ func (r *Relay) stream(ctx context.Context, h *handler, k health, ck *checkpoint
 			if herr := h.err(); herr != nil {
 				return r.finish(s, ck, herr)
 			}
+			if errors.Is(err, errFellBehind) {
+				// Ended at a transaction boundary: once Kafka has what was
+				// sent and the walsender let the slot go, the loop's
+				// catch-up reads the backlog in batches.
+				s.Close(context.Background())
+				if err := h.tracker.WaitDrained(runCtx); err != nil {
+					return r.finish(nil, ck, nil)
+				}
+				r.waitReleased(runCtx)
+				continue
+			}
 			if errors.Is(err, decoder.ErrMissingColumn) {
 				// Reconnecting cannot help: the table no longer has a configured column.
 				s.Close(context.Background())
@@ -252,10 +263,35 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 	// only after it returned (pgconn is not safe for concurrent use).
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The stream also ends at a transaction boundary when it falls behind
+	// by the catch-up threshold (watchLag): batches drain the backlog.
+	end, behind := make(chan struct{}), make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-stop:
+		case <-behind:
+		case <-done:
+			return
+		}
+		close(end)
+	}()
+	if r.cfg.CatchUpThreshold > 0 && !r.noCatchUp {
+		holdUntil := r.catchUpHoldUntil // set by the catch-up, on this goroutine
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.watchLag(sctx, h, holdUntil, done, behind)
+		}()
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- s.Run(sctx, stop, h) }()
+	go func() { errc <- s.Run(sctx, end, h) }()
 	select {
 	case err := <-errc:
+		if errors.Is(err, replication.ErrStopped) && !closed(stop) && closed(behind) {
+			return errFellBehind
+		}
 		return err
 	case <-h.halted:
 		// Halted on a permanent failure: stop reading at once.

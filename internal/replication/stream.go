@@ -202,7 +202,7 @@ func (s *Stream) Run(ctx context.Context, stop <-chan struct{}, h Handler) error
 			continue
 		}
 		m.SetState(metrics.StateStreaming)
-		if err := s.receive(ctx, stopIf(!stopping, stop), nextStatus, h); err != nil {
+		if err := s.receive(ctx, stopIf(!stopping, stop), stop, nextStatus, h); err != nil {
 			return err
 		}
 	}
@@ -216,13 +216,18 @@ func stopIf(cond bool, stop <-chan struct{}) <-chan struct{} {
 	return nil
 }
 
-// receive reads messages until the deadline, stop, or until h needs a break; a
-// deadline or stop returns nil with the connection still usable.
+// receive reads messages until the deadline, until h needs a break, until
+// wake is closed, or until stop is closed and a message leaves h at a
+// transaction boundary; any of them returns nil with the connection still
+// usable. wake interrupts a read that waits (Run passes nil once it is
+// stopping: a read must then go on until the transaction is complete),
+// stop is checked after each message (always: once stopping, the read
+// returns at the first boundary, not at the deadline).
 //
 // The deadline is set on the socket once per call and ReceiveMessage gets a
 // context that is never done: with a cancelable context pgconn would arm a
 // watcher goroutine for every message, which costs more than decoding it.
-func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline time.Time, h Handler) error {
+func (s *Stream) receive(ctx context.Context, wake, stop <-chan struct{}, deadline time.Time, h Handler) error {
 	nc := s.conn.Conn()
 	if err := nc.SetReadDeadline(deadline); err != nil {
 		return fmt.Errorf("set read deadline: %w", err)
@@ -234,7 +239,7 @@ func (s *Stream) receive(ctx context.Context, stop <-chan struct{}, deadline tim
 		// Wake the read when the relay stops or its context ends.
 		select {
 		case <-ctx.Done():
-		case <-stop:
+		case <-wake:
 		case <-done:
 			return
 		}

@@ -97,6 +97,8 @@ func runBench(ctx context.Context, args []string) error {
 	tableTimeout := fs.Duration("table-timeout", 0, "table cells: give up a replay or join after this long and say how many rows Kafka held by then (0: two minutes plus 2 ms a row)")
 	reconcile := fs.String("reconcile-partitions", "8,256", "start-up cells: partition counts of the topics the relay drains the headline backlog into, is killed -9 mid-drain and restarted; \"\" skips them")
 	relayBin := fs.String("relay-bin", "", "use this cdc-relay binary instead of building ./cmd/cdc-relay")
+	pgSocket := fs.Bool("pg-socket", false, "the relay and the limit reader connect through Postgres' Unix socket instead of loopback TCP (a relay deployed beside Postgres); the poller and the load generators keep TCP")
+	relayLog := fs.String("relay-log", "", "write each relay process's log, at --log-level info, to DIR/<slot>.log (what a run did: a catch-up's batches, its switch to streaming)")
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "before each measurement, wait up to this long for processes outside the benchmark to use <10% of the CPUs (-quick: 1s; 0: never wait)")
 	brokerLatency := fs.Duration("broker-latency", 0, "delay every answer of the in-process broker by this much, as a network to a remote broker would (one way), e.g. 2ms to see what requests in flight (--max-in-flight-requests) buy")
 	relayFlags := fs.String("relay-flags", "", "flags added to every relay and limit reader run, space-separated (e.g. \"--read-coalesce 0\" to compare a setting)")
@@ -150,6 +152,11 @@ func runBench(ctx context.Context, args []string) error {
 			}
 		}
 	}
+	if *relayLog != "" {
+		if err := os.MkdirAll(*relayLog, 0o755); err != nil {
+			return fmt.Errorf("-relay-log: %w", err)
+		}
+	}
 	if *profileDir != "" {
 		if err := os.MkdirAll(*profileDir, 0o755); err != nil {
 			return fmt.Errorf("-profile: %w", err)
@@ -157,7 +164,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	cfg := runner.Config{Events: *events, Aggregates: *aggregates, Duration: *duration, Quick: *quick,
 		DeliveryRounds: *rounds, PollerBatch: *pollerBatch, PollerIdle: *pollerIdle, QuietWait: *quietWait,
-		RelayBin: *relayBin, TableTimeout: *tableTimeout, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
+		RelayBin: *relayBin, RelayLogDir: *relayLog, PGSocket: *pgSocket, TableTimeout: *tableTimeout, ProfileDir: *profileDir, RelayFlags: strings.Fields(*relayFlags), BrokerLatency: *brokerLatency, Out: os.Stdout}
 	var err error
 	for _, l := range []struct {
 		flag  string

@@ -86,10 +86,12 @@ type Config struct {
 	WarmupSeconds  float64 `json:"warmup_seconds"`
 	Quick          bool    `json:"quick"`
 	// RelayFlags were added to every relay and limit reader run.
-	RelayFlags   []string `json:"relay_flags,omitempty"`
-	PollerBatch  int      `json:"poller_batch"`
-	PollerIdleMs float64  `json:"poller_idle_ms"`
-	Partitions   int      `json:"partitions"`
+	RelayFlags []string `json:"relay_flags,omitempty"`
+	// PGSocket: the relay and the limit reader connected through the Unix socket.
+	PGSocket     bool    `json:"pg_socket,omitempty"`
+	PollerBatch  int     `json:"poller_batch"`
+	PollerIdleMs float64 `json:"poller_idle_ms"`
+	Partitions   int     `json:"partitions"`
 	// QuietWaitSeconds bounds the wait for a quiet machine before each
 	// measurement.
 	QuietWaitSeconds float64           `json:"quiet_wait_seconds"`
@@ -808,6 +810,10 @@ func (r *Results) Print(w io.Writer) {
 		r.printCells(w)
 		fmt.Fprintln(w)
 	}
+	if len(r.Cells) > 0 {
+		r.printAgainstPoller(w)
+		fmt.Fprintln(w)
+	}
 	if len(r.TableCells) > 0 {
 		r.printTableCells(w)
 		fmt.Fprintln(w)
@@ -815,6 +821,32 @@ func (r *Results) Print(w io.Writer) {
 	r.printHeadline(w)
 	r.printDelivery(w)
 	r.printDetails(w)
+}
+
+// printAgainstPoller prints, for each drain cell, the relay (its faster
+// effectively-once drain) against the batch poller and against decoding
+// alone (SQL in one backend: the most any reader of the slot can get from
+// Postgres' decoding on one core): rate, Postgres' CPU per event and WAL per
+// event (the poller's DELETEs write WAL, the relay's checkpoints a little).
+func (r *Results) printAgainstPoller(w io.Writer) {
+	fmt.Fprintln(w, "the relay against the poller and decoding alone (rate ev/s; PG CPU µs/ev: every server process, walsender, backends and autovacuum; decoding alone: its CPU per event as a rate on one core):")
+	rows := [][]string{{"cell", "relay", "poller", "relay/poller", "decoding alone", "relay/alone",
+		"PG CPU relay", "PG CPU poller", "PG CPU relay/poller", "decoding alone µs/ev", "WAL B/ev relay", "WAL B/ev poller"}}
+	for _, c := range r.Cells {
+		alone, overAlone := "-", "-"
+		if c.DecodeAloneUSPerEvent > 0 {
+			rate := 1e6 / c.DecodeAloneUSPerEvent
+			alone, overAlone = fmt.Sprintf("%.0f", rate), fmt.Sprintf("%.2f", ratio(c.Relay.Rate, rate))
+		}
+		rows = append(rows, []string{c.Name,
+			fmt.Sprintf("%.0f", c.Relay.Rate), fmt.Sprintf("%.0f", c.Poller.Rate), fmt.Sprintf("%.2f", ratio(c.Relay.Rate, c.Poller.Rate)),
+			alone, overAlone,
+			fmt.Sprintf("%.2f", c.Relay.PGCPUPerEventUS), fmt.Sprintf("%.2f", c.Poller.PGCPUPerEventUS),
+			fmt.Sprintf("%.2f", ratio(c.Relay.PGCPUPerEventUS, c.Poller.PGCPUPerEventUS)),
+			fmt.Sprintf("%.2f", c.DecodeAloneUSPerEvent),
+			fmt.Sprintf("%.1f", c.Relay.WALPerEvent), fmt.Sprintf("%.1f", c.Poller.WALPerEvent)})
+	}
+	writeTable(w, rows)
 }
 
 // printHeadline prints the headline cell's systems side by side with their

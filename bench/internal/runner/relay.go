@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,7 +50,7 @@ func (b *bench) relayArgs(o relayOptions, addr string) []string {
 		topic = o.topic
 	}
 	args := []string{
-		"--pg-url", b.relayURL,
+		"--pg-url", b.relayPGURL(),
 		"--kafka-brokers", strings.Join(b.brokers, ","),
 		"--slot", o.slot,
 		"--publication", publication,
@@ -68,6 +69,21 @@ func (b *bench) relayArgs(o relayOptions, addr string) []string {
 	return append(args, b.cfg.RelayFlags...)
 }
 
+// relayPGURL is the URL the relay and the limit reader connect with: the
+// relay database's, through the server's Unix socket with Config.PGSocket
+// (a relay deployed beside Postgres), else over loopback TCP.
+func (b *bench) relayPGURL() string {
+	if !b.cfg.PGSocket {
+		return b.relayURL
+	}
+	u, err := url.Parse(b.relayURL)
+	if err != nil {
+		return b.relayURL // the sandbox's own URL: never fails
+	}
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable",
+		strings.TrimPrefix(u.Path, "/"), url.QueryEscape(b.pg.DataDir()), b.pg.Port())
+}
+
 // startRelay starts the built relay on the relay database.
 func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
 	port, err := sandbox.FreePort()
@@ -75,6 +91,18 @@ func (b *bench) startRelay(o relayOptions) (*relayProc, error) {
 		return nil, fmt.Errorf("pick metrics port: %w", err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if b.cfg.RelayLogDir != "" && o.stderr == nil {
+		f, err := os.OpenFile(filepath.Join(b.cfg.RelayLogDir, o.slot+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("-relay-log: %w", err)
+		}
+		// The child's stderr copy ends when it exits; the file is closed
+		// with the benchmark's process.
+		o.stderr = f
+		if o.logLevel == "" {
+			o.logLevel = "info"
+		}
+	}
 	p, err := child.Start(child.Options{
 		Name:   "relay",
 		Path:   b.relayBin,

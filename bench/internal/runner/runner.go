@@ -88,6 +88,15 @@ type Config struct {
 	// part is printed and recorded.
 	ProfileDir string
 
+	// RelayLogDir, when set, receives each relay process's log as
+	// <slot>.log (at --log-level info), to see what a run did (a catch-up's
+	// batches, a switch to streaming).
+	RelayLogDir string
+
+	// PGSocket makes the relay and the limit reader connect through the
+	// server's Unix socket instead of loopback TCP.
+	PGSocket bool
+
 	// RelayBin is a cdc-relay binary to measure; "" builds ./cmd/cdc-relay.
 	RelayBin string
 	// RelayFlags are added to the flags of every relay and limit reader run
@@ -152,7 +161,7 @@ func Run(ctx context.Context, cfg Config) (*results.Results, error) {
 		Config: results.Config{
 			Events: cfg.Events, Aggregates: cfg.Aggregates, TxnSize: head.TxnSize, Payload: head.Payload,
 			Rates: cfg.Rates, LatencySeconds: cfg.Duration.Seconds(), WarmupSeconds: b.warmup().Seconds(),
-			Quick: cfg.Quick, RelayFlags: cfg.RelayFlags, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
+			Quick: cfg.Quick, RelayFlags: cfg.RelayFlags, PGSocket: cfg.PGSocket, PollerBatch: cfg.PollerBatch, PollerIdleMs: float64(cfg.PollerIdle) / float64(time.Millisecond),
 			Partitions: head.Partitions, PGSettings: PGSettings, QuietWaitSeconds: cfg.QuietWait.Seconds(),
 			DeliveryRounds: cfg.DeliveryRounds, ReconcilePartitions: cfg.ReconcilePartitions,
 			TxnSizes: cfg.TxnSizes, PartitionSet: cfg.PartitionCounts, TopicCounts: cfg.TopicCounts, Payloads: cfg.Payloads,
