@@ -20,8 +20,8 @@ import (
 // (Backpressure) after the first row until resume is closed, with stop
 // closed meanwhile: a relay told to stop while Kafka holds it mid-transaction.
 type pausingHandler struct {
-	stop, resume chan struct{}
-	open         bool // a transaction is partly received
+	stop, resume  chan struct{}
+	open          bool // a transaction is partly received
 	rows, commits int
 }
 
