@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdc-relay/cdc-relay/internal/checkpoint"
@@ -342,9 +343,11 @@ const (
 // than Config.CatchUpThreshold at two checks in a row, lagPoll apart, and
 // no less so at the second (a burst the stream absorbs does not end it),
 // once holdUntil has passed.
-// Behind is what Kafka has not acknowledged: the server's readable WAL less
-// the watermark. It returns when done is closed or ctx ends.
-func (r *Relay) watchLag(ctx context.Context, h *handler, holdUntil time.Time, done <-chan struct{}, behind chan<- struct{}) {
+// Behind is what the stream has not read yet: the server's readable WAL
+// less where the stream is (the later of what it received and the
+// watermark), so a large transaction being read gains on it. It returns
+// when done is closed or ctx ends.
+func (r *Relay) watchLag(ctx context.Context, h *handler, received func() pglogrepl.LSN, holdUntil time.Time, done <-chan struct{}, behind chan<- struct{}) {
 	threshold := uint64(r.cfg.CatchUpThreshold)
 	if threshold == 0 {
 		return
@@ -365,8 +368,8 @@ func (r *Relay) watchLag(ctx context.Context, h *handler, holdUntil time.Time, d
 			continue // the monitor reports a server that does not answer
 		}
 		var now uint64
-		if w := h.tracker.Watermark(); lag.End > w {
-			now = uint64(lag.End - w)
+		if at := max(received(), h.tracker.Watermark()); lag.End > at {
+			now = uint64(lag.End - at)
 		}
 		if now >= threshold && last >= threshold && now >= last && time.Now().After(holdUntil) {
 			r.log.Info().Uint64("lag_bytes", now).Int64("threshold_bytes", r.cfg.CatchUpThreshold).

@@ -282,7 +282,7 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.watchLag(sctx, h, holdUntil, done, behind)
+			r.watchLag(sctx, h, s.Received, holdUntil, done, behind)
 		}()
 	}
 	errc := make(chan error, 1)

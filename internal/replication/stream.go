@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -84,7 +85,7 @@ type Stream struct {
 	cfg        StreamConfig
 	conn       *pgconn.PgConn
 	log        zerolog.Logger
-	received   pglogrepl.LSN
+	received   atomic.Uint64 // a pglogrepl.LSN; read by Received from other goroutines
 	serverEnd  pglogrepl.LSN
 	lastStatus pglogrepl.LSN
 	// standbyWait is the last warning of the walsender that it waits for
@@ -156,7 +157,7 @@ func Open(ctx context.Context, cfg StreamConfig, start pglogrepl.LSN) (*Stream, 
 		}
 		return nil, fmt.Errorf("start replication of slot %q from %s: %w", cfg.Slot, start, err)
 	}
-	s.received = start
+	s.received.Store(uint64(start))
 	s.log.Info().Str("lsn", start.String()).Msg("streaming started")
 	return s, nil
 }
@@ -283,8 +284,8 @@ func (s *Stream) receive(ctx context.Context, wake, stop <-chan struct{}, deadli
 				if err := h.HandleData(ctx, xld.WALStart, xld.WALData); err != nil {
 					return err
 				}
-				if xld.WALStart > s.received {
-					s.received = xld.WALStart
+				if uint64(xld.WALStart) > s.received.Load() {
+					s.received.Store(uint64(xld.WALStart))
 				}
 				if xld.ServerWALEnd > s.serverEnd {
 					s.serverEnd = xld.ServerWALEnd
@@ -349,6 +350,10 @@ func (s *Stream) logStandbyWait(notice *pgconn.PgError) {
 		Msg("the walsender waits for a standby of synchronized_standby_slots before it sends the relay more WAL: nothing new is published until that standby streams again")
 }
 
+// Received is the WAL position of the last change the stream received.
+// Safe for concurrent use.
+func (s *Stream) Received() pglogrepl.LSN { return pglogrepl.LSN(s.received.Load()) }
+
 // SendStatus reports flushed as the write, flush and apply position. Postgres
 // moves the slot's confirmed_flush_lsn to it (never backwards).
 func (s *Stream) SendStatus(ctx context.Context, flushed pglogrepl.LSN) error {
@@ -367,7 +372,7 @@ func (s *Stream) SendStatus(ctx context.Context, flushed pglogrepl.LSN) error {
 	}
 	m := s.cfg.Metrics
 	m.ConfirmedLSN.Set(float64(flushed))
-	m.ReceivedLSN.Set(float64(s.received))
+	m.ReceivedLSN.Set(float64(s.received.Load()))
 	if s.serverEnd >= flushed {
 		m.LagBytes.Set(float64(s.serverEnd - flushed))
 	}
