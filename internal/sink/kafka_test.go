@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
-	"github.com/segmentio/kafka-go"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -1299,7 +1298,7 @@ func TestAwaitFailure(t *testing.T) {
 	tls := errors.New("tls: certificate is valid for kafka.local, not kafka.example.com")
 	refused := errors.New("connect: connection refused")
 	deadline := fmt.Errorf("fetch metadata of topic %q: %w", "t", context.DeadlineExceeded)
-	answer := fmt.Errorf("fetch metadata of topic %q: %w", "t", kafka.UnknownTopicOrPartition)
+	answer := fmt.Errorf("fetch metadata of topic %q: %w", "t", kafkago.UnknownTopicOrPartition)
 	tests := []struct {
 		name                      string
 		last, cause, answer, want error
