@@ -79,8 +79,7 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			// Catching up is producing: the relay is ready while Kafka is.
-			r.ready.Store(k.Healthy())
+			r.readyWhileProducing(k)
 			select {
 			case <-done:
 				return
@@ -100,7 +99,7 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	defer func() {
 		close(done)
 		wg.Wait()
-		r.ready.Store(false)
+		r.setReady(false, "not streaming: the catch-up ended")
 	}()
 
 	r.log.Info().Uint64("lag_bytes", lag.Behind()).Str("confirmed_lsn", lag.Confirmed.String()).Str("wal_lsn", lag.End.String()).

@@ -239,11 +239,7 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if k.Healthy() {
-				r.setReady(true, "")
-			} else {
-				r.setReady(false, "Kafka: not accepting events (produce requests failing, retrying)")
-			}
+			r.readyWhileProducing(k)
 			if k.Retrying() {
 				r.m.SetState(metrics.StateRetrying)
 			}
@@ -312,6 +308,16 @@ func (r *Relay) runStream(ctx context.Context, stop <-chan struct{}, s *replicat
 		<-errc
 		s.Close(context.Background())
 		return fmt.Errorf("postgres is shutting down: %w", err)
+	}
+}
+
+// readyWhileProducing marks the relay ready while Kafka accepts events:
+// streaming and catching up are producing.
+func (r *Relay) readyWhileProducing(k health) {
+	if k.Healthy() {
+		r.setReady(true, "")
+	} else {
+		r.setReady(false, "Kafka: not accepting events (produce requests failing, retrying)")
 	}
 }
 
