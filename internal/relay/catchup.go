@@ -46,7 +46,11 @@ func (r *Relay) catchUp(ctx context.Context, stop <-chan struct{}, h *handler, k
 	}
 	lag, err := replication.ReadSlotLag(ctx, r.pool, r.cfg.Slot)
 	if err != nil {
-		return false, fmt.Errorf("catch up: %w", err)
+		// The stream's start says what is wrong, and the gap checks judge
+		// it: a slot missing after a promotion stops the relay
+		// (slot_missing) instead of a catch-up retrying.
+		r.log.Debug().Err(err).Msg("catch-up skipped: cannot read the slot's lag")
+		return false, nil
 	}
 	if lag.Behind() < uint64(threshold) || lag.Active {
 		// Held by another relay (or by the walsender of this one's last

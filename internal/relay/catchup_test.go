@@ -117,14 +117,23 @@ func TestCatchUpDrainsBacklog(t *testing.T) {
 	if got := testutil.ToFloat64(e.m.CatchingUp); got != 0 {
 		t.Errorf("catching_up = %v after the switch, want 0", got)
 	}
-	logs := e.logs.String()
-	for _, want := range []string{"catching up in batches", "caught up: switching to streaming", "streaming started"} {
-		if !strings.Contains(logs, want) {
-			t.Errorf("the logs lack %q", want)
+	// The switch is counted before the stream it switches to has started.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		logs := e.logs.String()
+		for _, want := range []string{"catching up in batches", "caught up: switching to streaming", "streaming started"} {
+			if !strings.Contains(logs, want) {
+				return fmt.Errorf("the logs lack %q", want)
+			}
 		}
-	}
-	if strings.Index(logs, "caught up: switching to streaming") > strings.LastIndex(logs, "streaming started") {
-		t.Errorf("the stream started before the catch-up ended")
+		if strings.Index(logs, "caught up: switching to streaming") > strings.LastIndex(logs, "streaming started") {
+			return errors.New("no stream started after the catch-up ended")
+		}
+		return nil
+	})
+	logs := e.logs.String()
+	if from, to := strings.Index(logs, "catching up in batches"), strings.Index(logs, "caught up: switching to streaming"); from < to &&
+		strings.Contains(logs[from:to], "streaming started") {
+		t.Errorf("a stream started while the catch-up ran")
 	}
 	checkExactlyOnceInOrder(t, recs, n)
 

@@ -844,7 +844,7 @@ func (r *Results) printAgainstPoller(w io.Writer) {
 			fmt.Sprintf("%.2f", c.Relay.PGCPUPerEventUS), fmt.Sprintf("%.2f", c.Poller.PGCPUPerEventUS),
 			fmt.Sprintf("%.2f", ratio(c.Relay.PGCPUPerEventUS, c.Poller.PGCPUPerEventUS)),
 			fmt.Sprintf("%.2f", c.DecodeAloneUSPerEvent),
-			fmt.Sprintf("%.1f", c.Relay.WALPerEvent), fmt.Sprintf("%.1f", c.Poller.WALPerEvent)})
+			fmt.Sprintf("%.2f", c.Relay.WALPerEvent), fmt.Sprintf("%.1f", c.Poller.WALPerEvent)})
 	}
 	writeTable(w, rows)
 }
