@@ -431,8 +431,8 @@ const (
 	// spend most of their time decoding again (bench, issue 44: 100,000
 	// messages drained a 500,000-transaction backlog at 45k ev/s, one batch
 	// of all of it at 97k). Postgres holds a batch in a tuplestore spilled
-	// to a temporary file past work_mem: some 150 MB of disk at 300 B
-	// payloads.
+	// to a temporary file past work_mem: some 200 MB of disk at 300 B
+	// payloads (estimated from the rows' sizes).
 	DefaultCatchUpBatch    = 1_000_000
 	DefaultIdleCheckpoint  = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
