@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -480,18 +481,18 @@ func testPromotionWithoutCheckpoint(t *testing.T, file bool) {
 		// Under load the last WAL before the cut can be that save itself
 		// (seen once in the version matrix on 18): then the window this test
 		// needs never opens, and waiting longer cannot open it.
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			onPrimary, onStandby := tableLSN(pconn, "primary"), tableLSN(sconn, "standby")
+		var onStandby pglogrepl.LSN
+		if testenv.Within(60*time.Second, func() error {
+			var onPrimary pglogrepl.LSN
+			onPrimary, onStandby = tableLSN(pconn, "primary"), tableLSN(sconn, "standby")
 			if onPrimary > onStandby {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				w.stop()
-				r.Stop(15 * time.Second)
-				t.Skipf("the relay wrote no checkpoint past the standby's (%s) within 60s of the cut: it had received nothing after its last save, so the window between the slot's sync and the checkpoint's write did not open", onStandby)
-			}
-			time.Sleep(200 * time.Millisecond) // polling the condition
+			return errors.New("no checkpoint past the standby's yet")
+		}) != nil {
+			w.stop()
+			r.Stop(15 * time.Second)
+			t.Skipf("the relay wrote no checkpoint past the standby's (%s) within 60s of the cut: it had received nothing after its last save, so the window between the slot's sync and the checkpoint's write did not open", onStandby)
 		}
 	}
 	// Stop the relay: its last confirmation is on the primary's slot.
@@ -517,18 +518,19 @@ func testPromotionWithoutCheckpoint(t *testing.T, file bool) {
 	// about thirty runs on 17 its copy stayed where it was for over a
 	// minute, with the standby's WAL past the primary's slot; the promotion
 	// then goes on from the copy as it is, which is the relay's case too.
-	copied := slotLSN(sconn, "standby")
-	for deadline := time.Now().Add(60 * time.Second); copied != confirmed; copied = slotLSN(sconn, "standby") {
-		if time.Now().After(deadline) {
-			now := lsn(sconn, "the standby's flush position", "SELECT pg_last_wal_receive_lsn()::text")
-			replayed := lsn(sconn, "the standby's replay position", "SELECT pg_last_wal_replay_lsn()::text")
-			var waits string
-			_ = sconn.QueryRow(ctx, "SELECT string_agg(backend_type || ': ' || coalesce(wait_event_type, '') || '/' || coalesce(wait_event, '') || ' ' || coalesce(left(query, 60), ''), '; ') FROM pg_stat_activity").Scan(&waits)
-			t.Logf("the standby's copy of the slot stayed at %s for 60s, the primary's slot is at %s (the standby flushed up to %s, replayed %s; its processes: %s); the promotion goes on from the copy as it is; the standby's log on slot synchronization:\n%s",
-				copied, confirmed, now, replayed, waits, grepLog(t, standby.LogFile(), "slot"))
-			break
+	var copied pglogrepl.LSN
+	if testenv.Within(60*time.Second, func() error {
+		if copied = slotLSN(sconn, "standby"); copied != confirmed {
+			return errors.New("the standby's copy of the slot is behind")
 		}
-		time.Sleep(200 * time.Millisecond) // polling the condition
+		return nil
+	}) != nil {
+		now := lsn(sconn, "the standby's flush position", "SELECT pg_last_wal_receive_lsn()::text")
+		replayed := lsn(sconn, "the standby's replay position", "SELECT pg_last_wal_replay_lsn()::text")
+		var waits string
+		_ = sconn.QueryRow(ctx, "SELECT string_agg(backend_type || ': ' || coalesce(wait_event_type, '') || '/' || coalesce(wait_event, '') || ' ' || coalesce(left(query, 60), ''), '; ') FROM pg_stat_activity").Scan(&waits)
+		t.Logf("the standby's copy of the slot stayed at %s for 60s, the primary's slot is at %s (the standby flushed up to %s, replayed %s; its processes: %s); the promotion goes on from the copy as it is; the standby's log on slot synchronization:\n%s",
+			copied, confirmed, now, replayed, waits, grepLog(t, standby.LogFile(), "slot"))
 	}
 	if copied > confirmed {
 		t.Fatalf("the standby's copy of the slot is at %s, past the primary's slot (%s)", copied, confirmed)

@@ -23,17 +23,24 @@ const (
 // once, and once more after timeout passed if it was still failing.
 func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
-	start := time.Now()
-	deadline := start.Add(timeout)
+	if err := Within(timeout, cond); err != nil {
+		t.Fatalf("condition not met within %v: %v", timeout, err)
+	}
+}
+
+// Within is Eventually for a test that goes on, or skips, when the
+// condition is not met: it polls cond as Eventually does and returns nil
+// once cond does, or cond's last error when timeout passed.
+func Within(timeout time.Duration, cond func() error) error {
+	deadline := time.Now().Add(timeout)
 	for wait := pollFirst; ; wait = min(2*wait, pollMax) {
 		err := cond()
 		if err == nil {
-			return
+			return nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			t.Fatalf("condition not met within %v: %v", timeout, err)
-			return
+			return err
 		}
 		time.Sleep(min(wait, left))
 	}
