@@ -343,7 +343,7 @@ const (
 )
 
 // watchLag closes behind when the stream has been further behind the WAL
-// than Config.CatchUpThreshold at two checks in a row, lagPoll apart, and
+// than Config.CatchUpThreshold (positive) at two checks in a row, lagPoll apart, and
 // no less so at the second (a burst the stream absorbs does not end it),
 // once holdUntil has passed.
 // Behind is what the stream has not read yet: the server's readable WAL
@@ -352,9 +352,6 @@ const (
 // when done is closed or ctx ends.
 func (r *Relay) watchLag(ctx context.Context, h *handler, received func() pglogrepl.LSN, holdUntil time.Time, done <-chan struct{}, behind chan<- struct{}) {
 	threshold := uint64(r.cfg.CatchUpThreshold)
-	if threshold == 0 {
-		return
-	}
 	t := time.NewTicker(lagPoll)
 	defer t.Stop()
 	var last uint64
@@ -366,7 +363,9 @@ func (r *Relay) watchLag(ctx context.Context, h *handler, received func() pglogr
 			return
 		case <-t.C:
 		}
-		lag, err := replication.ReadSlotLag(ctx, r.pool, r.cfg.Slot)
+		qctx, cancel := context.WithTimeout(ctx, lagPoll)
+		lag, err := replication.ReadSlotLag(qctx, r.pool, r.cfg.Slot)
+		cancel()
 		if err != nil {
 			continue // the monitor reports a server that does not answer
 		}
@@ -388,8 +387,9 @@ func (r *Relay) watchLag(ctx context.Context, h *handler, received func() pglogr
 // stream that just ended has let the slot go, so that the catch-up may move
 // it (a slot in use is left to the stream).
 func (r *Relay) waitReleased(ctx context.Context) {
-	deadline := time.Now().Add(catchUpReleaseWait)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(ctx, catchUpReleaseWait)
+	defer cancel()
+	for {
 		lag, err := replication.ReadSlotLag(ctx, r.pool, r.cfg.Slot)
 		if err != nil || !lag.Active {
 			return

@@ -121,7 +121,7 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 			return nil, nil
 		}
 		wait.Failed(err)
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		if !cutShort(err) {
 			lastCause = err
 		}
 		var ke kafka.Error
@@ -142,17 +142,24 @@ func (k *Kafka) await(ctx context.Context, topic string) ([]int32, error) {
 
 // awaitFailure is what await reports when it gives up after last: a
 // broker's answer before anything else, and the last cause that was not the
-// deadline before the deadline (with the last attempt's). The attempt that began as the deadline
-// passed fails with the deadline (kafka-go's transport picks at random
-// between its cached failure and the context's end).
+// deadline before the deadline (with the last attempt's). The attempt that
+// began as the deadline passed fails with the deadline (kafka-go's
+// transport picks at random between its cached failure and the context's
+// end).
 func awaitFailure(last, lastCause, brokerAnswer error) error {
 	switch {
 	case brokerAnswer != nil:
 		return brokerAnswer
-	case lastCause != nil && (errors.Is(last, context.DeadlineExceeded) || errors.Is(last, context.Canceled)):
+	case lastCause != nil && cutShort(last):
 		return fmt.Errorf("%w (the last attempt: %v)", lastCause, last)
 	}
 	return last
+}
+
+// cutShort reports whether err is a context's end rather than a failure of
+// the attempt itself.
+func cutShort(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // metadata asks for metadata of topics, allowing their auto-creation. kafka-go's
