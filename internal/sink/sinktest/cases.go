@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -131,25 +132,54 @@ var errDropped = errors.New("sinktest: response dropped after the append")
 func testOrderDroppedResponses(t *testing.T, open Opener) {
 	b := newBroker(t, sandbox.KafkaOptions{Partitions: 4, Topics: []string{orderTopic}})
 	var n int // requests seen; controls run one at a time
-	dropped := b.dropResponses(func() bool {
+	d := b.dropResponses(func() bool {
 		n++
 		return n%4 == 2 && n < 50
 	})
 	evs := orderStream()
 	p := b.open(open, orderOptions, orderTopic)
 	l := deliver(t, b, p, &recorder{}, orderTopic, evs, true)
-	if dropped() == 0 {
-		t.Fatal("no response dropped: the case tested nothing")
+	dropped, appended, refused := d.counts()
+	if appended == 0 {
+		t.Fatalf("%d responses dropped, none after appending a batch: the case tested nothing", dropped)
 	}
-	t.Logf("%d responses dropped after the append; %d records for %d events", dropped(), l.records, len(evs))
+	t.Logf("%d responses dropped: %d batches appended before, %d refused by the broker itself (%v); %d records for %d events",
+		dropped, appended, refused, d.refusals(), l.records, len(evs))
 }
 
-// dropResponses makes the broker append each produce request for which drop
+// drops counts what dropResponses did.
+type drops struct {
+	dropped, appended, refused atomic.Int64
+	mu                         sync.Mutex
+	codes                      map[string]int // the refusals, by error
+}
+
+// counts returns the responses dropped, and the batches of their requests
+// the broker appended and refused.
+func (d *drops) counts() (dropped, appended, refused int) {
+	return int(d.dropped.Load()), int(d.appended.Load()), int(d.refused.Load())
+}
+
+// refusals returns how often the broker refused a batch of a dropped
+// response, by error.
+func (d *drops) refusals() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.codes)
+}
+
+// dropResponses makes the broker handle each produce request for which drop
 // returns true and then close the producer's connection without an answer.
-// It appends by re-sending the request through a kgo client of its own
-// before dropping the original. It returns how many responses it dropped.
-// drop runs on the broker's goroutine, one call at a time.
-func (b *broker) dropResponses(drop func() bool) (dropped func() int) {
+// It has the broker handle it by re-sending the request through a kgo client
+// of its own before dropping the original. drop runs on the broker's
+// goroutine, one call at a time.
+//
+// The broker's verdict on each batch stands, as it would for the original:
+// a producer that pipelines sends batches behind one lost with an earlier
+// dropped connection, which the broker refuses out of order. Only a verdict
+// no producer of a working broker can get (the request failing, or an error
+// other than the sequence's) is a failure of the fault injection.
+func (b *broker) dropResponses(drop func() bool) *drops {
 	// Produce v13 names topics by ID only; the proxy sends names.
 	proxy, err := kgo.NewClient(append(b.ClientOpts(), kgo.MaxVersions(kversion.V3_6_0()))...)
 	if err != nil {
@@ -158,7 +188,7 @@ func (b *broker) dropResponses(drop func() bool) (dropped func() int) {
 	b.t.Cleanup(proxy.Close)
 	var (
 		proxying atomic.Bool // the proxy's request is on its way: let everything pass
-		count    atomic.Int64
+		d        = &drops{codes: map[string]int{}}
 	)
 	c := b.Cluster()
 	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
@@ -167,25 +197,53 @@ func (b *broker) dropResponses(drop func() bool) (dropped func() int) {
 			return nil, nil, false
 		}
 		req := kreq.(*kmsg.ProduceRequest)
-		var perr error
+		var (
+			resp *kmsg.ProduceResponse
+			perr error
+		)
 		proxying.Store(true)
 		c.SleepControl(func() {
 			defer proxying.Store(false)
-			perr = appendVia(proxy, c, req)
+			resp, perr = appendVia(proxy, c, req)
 		})
+		if perr == nil {
+			perr = d.record(resp)
+		}
 		if perr != nil {
 			b.problem("%v", perr)
 			return nil, nil, false // the broker answers it itself
 		}
-		count.Add(1)
+		d.dropped.Add(1)
 		return nil, errDropped, true
 	})
-	return func() int { return int(count.Load()) }
+	return d
+}
+
+// record counts a proxied request's verdicts; it fails on one a producer of
+// a working broker cannot get.
+func (d *drops) record(resp *kmsg.ProduceResponse) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			err := kerr.ErrorForCode(rp.ErrorCode)
+			switch err {
+			case nil:
+				d.appended.Add(1)
+			case kerr.OutOfOrderSequenceNumber, kerr.DuplicateSequenceNumber:
+				d.refused.Add(1)
+				d.codes[err.(*kerr.Error).Message]++
+			default:
+				return fmt.Errorf("append a produce request through the proxy: %s/%d: %w", rt.Topic, rp.Partition, err)
+			}
+		}
+	}
+	return nil
 }
 
 // appendVia sends a copy of req through cl, which appends its records as
-// they are, and checks that every partition took them.
-func appendVia(cl *kgo.Client, c *kfake.Cluster, req *kmsg.ProduceRequest) error {
+// they are, and returns the broker's answer.
+func appendVia(cl *kgo.Client, c *kfake.Cluster, req *kmsg.ProduceRequest) (*kmsg.ProduceResponse, error) {
 	cp := *req
 	cp.Topics = append([]kmsg.ProduceRequestTopic(nil), req.Topics...)
 	for i, rt := range cp.Topics {
@@ -199,16 +257,9 @@ func appendVia(cl *kgo.Client, c *kfake.Cluster, req *kmsg.ProduceRequest) error
 	defer cancel()
 	kresp, err := cl.Request(ctx, &cp)
 	if err != nil {
-		return fmt.Errorf("append a produce request through the proxy: %w", err)
+		return nil, fmt.Errorf("append a produce request through the proxy: %w", err)
 	}
-	for _, rt := range kresp.(*kmsg.ProduceResponse).Topics {
-		for _, rp := range rt.Partitions {
-			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-				return fmt.Errorf("append a produce request through the proxy: %s/%d: %w", rt.Topic, rp.Partition, err)
-			}
-		}
-	}
-	return nil
+	return kresp.(*kmsg.ProduceResponse), nil
 }
 
 // testOrderBrokerRestart stops the broker while it holds a produce request
