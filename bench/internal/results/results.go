@@ -218,6 +218,10 @@ type Drain struct {
 	PGByProcess map[string]float64 `json:"pg_cpu_us_per_event_by_process,omitempty"`
 	// CheckpointSaves is the relay's checkpoint row writes (relay only).
 	CheckpointSaves int `json:"checkpoint_saves,omitempty"`
+	// CatchUpBatches are the relay's catch-up batches in the drain
+	// (cdc_relay_catch_up_batches_total): a drain with any read its backlog
+	// with SQL peeks, not through the walsender (relay only).
+	CatchUpBatches int `json:"catch_up_batches,omitempty"`
 	// CPUSplit is the share (percent) of the relay's CPU profile per part:
 	// read, decode, encode+produce, checkpoint+ack, gc, other (bench
 	// -profile; the first effectively-once drain of a cell only).
@@ -1067,9 +1071,10 @@ func (d Drain) CPUBoundRate(cores int) float64 {
 // WalsenderCeiling is the fastest the drain's slot could have been read, in
 // events/s, at the CPU per event its walsender took: logical decoding of a
 // slot runs in that one process, so it gets one core at most, whatever the
-// reader does. 0 when not measured (the poller).
+// reader does. 0 when not measured (the poller), or when the walsender did
+// not decode the backlog (the relay caught up in batches).
 func (d Drain) WalsenderCeiling() float64 {
-	if d.WalsenderUSPerEvent <= 0 {
+	if d.WalsenderUSPerEvent <= 0 || d.CatchUpBatches > 0 {
 		return 0
 	}
 	return 1e6 / d.WalsenderUSPerEvent

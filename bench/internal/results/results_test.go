@@ -223,6 +223,9 @@ func TestWalsenderCeiling(t *testing.T) {
 		{"the cheaper walsender counts", Cell{Limit: ws(20.2), Relay: ws(18.9)}, 52910.1},
 		{"limit only", Cell{Limit: ws(4.0)}, 250000},
 		{"not measured", Cell{Poller: ws(0)}, 0},
+		// 2026-12-07: a relay that caught up in batches left its walsender
+		// 0.04 µs/ev, and the cell printed a ceiling of 25,000,000 ev/s.
+		{"the relay caught up: the limit's walsender counts", Cell{Limit: ws(20.2), Relay: Drain{WalsenderUSPerEvent: 0.04, CatchUpBatches: 3}}, 49504.9},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

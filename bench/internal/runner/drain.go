@@ -478,6 +478,7 @@ func (b *bench) relayDrain(ctx context.Context, run relayRun) (results.Drain, er
 		// The clean stop saves once more.
 		d.CheckpointSaves = int(m.sum("cdc_relay_checkpoint_saves_total")) + 1
 		d.ProduceRequests = int(m.sum("cdc_relay_produce_batches_total"))
+		d.CatchUpBatches = int(m.sum("cdc_relay_catch_up_batches_total"))
 		if d.ProduceRequests > 0 {
 			d.MeanBatch = m.sum("cdc_relay_events_published_total") / float64(d.ProduceRequests)
 		}
