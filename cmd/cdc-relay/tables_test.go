@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdc-relay/cdc-relay/internal/deadletter"
@@ -179,6 +180,46 @@ func TestSeveralOutboxTables(t *testing.T) {
 		}
 	}
 	requireRunning(t, r, "after the parcels")
+	r.Stop(10 * time.Second)
+
+	// A backlog of over 2 MiB of WAL across the three tables, written while
+	// no relay runs, one-row transactions taking turns between them (issue
+	// 44): the restart catches it up in batches, each table's events reach
+	// their topic once and in per-key order, and the relay streams after.
+	var start pglogrepl.LSN
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()").Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	now := start
+	for i := 10; now-start < 2<<20; i++ {
+		w.write(ctx, t, conn, "billing", 1)
+		w.write(ctx, t, conn, "shipping", 1)
+		var id string
+		if err := conn.QueryRow(ctx, `INSERT INTO shipping.parcels_outbox (aggregate_type, parcel_id, event_type, payload, carrier)
+			VALUES ('parcel', $1, 'Counted', jsonb_build_object('seq', $2::int, 'fill', repeat('x', 300)), 'dhl') RETURNING id::text`, fmt.Sprint("p-", i%2), i/2+1).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		parcels = append(parcels, id)
+		if i%100 == 0 {
+			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()").Scan(&now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r = newRelay(t, append(append([]string{"--config", config}, common...), "--catch-up-threshold-mib", "1", "--catch-up-batch", "1500"))
+	r.Start()
+	r.WaitLog("caught up: switching to streaming", 120*time.Second)
+	r.WaitReady(60 * time.Second)
+	w.write(ctx, t, conn, "billing", 5) // streamed
+	for topic, ids := range map[string][]string{"outbox.billing": w.ids("billing"), "outbox.shipping": w.ids("shipping"), "parcels.parcel": parcels} {
+		recs := waitTopic(ctx, t, f.brokers, topic, len(ids))
+		checkOrderedOnce(t, recs, ids, map[string]string{poison: "dead-lettered: it has no key"})
+	}
+	if b := r.Metric("cdc_relay_catch_up_batches_total"); b < 2 {
+		t.Errorf("catch_up_batches_total = %v after a backlog of %d bytes of WAL in batches of 500 transactions, want 2 or more", b, now-start)
+	}
+	t.Logf("caught up %d bytes of WAL over three tables in %v batches", now-start, r.Metric("cdc_relay_catch_up_batches_total"))
+	requireRunning(t, r, "after the catch-up")
 	r.Stop(10 * time.Second)
 }
 
