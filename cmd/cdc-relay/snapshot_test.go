@@ -24,6 +24,9 @@ import (
 // exactly once after an uninterrupted start; at least once (nothing lost)
 // when the first relay is killed or stopped during the snapshot and a second
 // one takes it again. Rows of the snapshot carry cdc_relay_snapshot: initial.
+// A relay that ends its snapshot over the catch-up threshold behind catches
+// up in batches from the slot's start, with nothing lost or sent twice at
+// either seam.
 func TestInitialSnapshot(t *testing.T) {
 	tests := []struct {
 		name string
@@ -36,11 +39,16 @@ func TestInitialSnapshot(t *testing.T) {
 		// neverFirst starts a relay with --snapshot never after the
 		// interruption, which must refuse to start.
 		neverFirst bool
+		// catchUp holds produce requests from the slot's creation until
+		// over 2 MiB of WAL more has committed, so the relay finds itself
+		// behind when the snapshot ends and catches up in batches.
+		catchUp bool
 	}{
 		{name: "uninterrupted"},
 		{name: "env", env: true},
 		{name: "sigkill mid-snapshot", interrupt: syscall.SIGKILL, neverFirst: true},
 		{name: "sigterm mid-snapshot", interrupt: syscall.SIGTERM},
+		{name: "caught up after the snapshot", catchUp: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,7 +79,14 @@ func TestInitialSnapshot(t *testing.T) {
 			stop := make(chan struct{})
 			werr := goWriteSingles(ctx, w, f.url, stop)
 
+			var hold atomic.Bool
+			if tt.catchUp {
+				holdProduce(f.kafka, &hold)
+			}
 			args := f.relayArgs("--batch-max-events", "20")
+			if tt.catchUp {
+				args = append(args, "--catch-up-threshold-mib", "1", "--catch-up-batch", "1500")
+			}
 			if !tt.env {
 				args = append(args, "--snapshot", "initial")
 			}
@@ -80,6 +95,20 @@ func TestInitialSnapshot(t *testing.T) {
 				r.P.SetEnv(append(r.P.Env(), "CDC_RELAY_SNAPSHOT=initial"))
 			}
 			r.Start()
+			if tt.catchUp {
+				behind := writeBehindSlot(ctx, t, conn, w, f.slot, 2<<20)
+				if r.HasLog("initial snapshot done") {
+					t.Fatalf("the snapshot completed while Kafka held every produce request")
+				}
+				hold.Store(false)
+				r.WaitLog("caught up: switching to streaming", 120*time.Second)
+				if b := r.Metric("cdc_relay_catch_up_batches_total"); b < 2 {
+					t.Errorf("catch_up_batches_total = %v after the snapshot, %d bytes of WAL behind, want 2 or more", b, behind)
+				}
+				if !strings.Contains(r.Logs()[strings.Index(r.Logs(), "initial snapshot done"):], "catching up in batches") {
+					t.Errorf("the catch-up did not follow the snapshot")
+				}
+			}
 			if tt.interrupt != 0 {
 				f.waitRecords(ctx, t, 100, 30*time.Second)
 				if r.HasLog("initial snapshot done") {
@@ -225,6 +254,47 @@ func goWriteSingles(ctx context.Context, w *verify.Writer, url string, stop <-ch
 
 // slowProduce delays every produce request of k by 50ms while slow is set
 // (it is set here), so a snapshot takes seconds.
+// holdProduce holds every produce request k sees while hold is set, which
+// it sets.
+func holdProduce(k *sandbox.Kafka, hold *atomic.Bool) {
+	c := k.Cluster()
+	hold.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() {
+			for hold.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		return nil, nil, false
+	})
+}
+
+// writeBehindSlot waits for slot to exist, then commits one-row transactions
+// with w until the slot is over behind bytes of WAL behind, and returns how
+// far behind it is. Its keys are its own (backlog-0…19): w numbers an
+// event when it inserts it, so writers on one key would commit out of
+// their order.
+func writeBehindSlot(ctx context.Context, t *testing.T, conn *pgx.Conn, w *verify.Writer, slot string, behind int64) int64 {
+	t.Helper()
+	const lag = `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`
+	var got int64
+	testenv.Eventually(t, 60*time.Second, func() error {
+		return conn.QueryRow(ctx, lag, slot).Scan(&got)
+	})
+	for i := 0; got <= behind; i++ {
+		if err := w.CommitTxn(ctx, conn, []string{fmt.Sprintf("backlog-%d", i%20)}); err != nil {
+			t.Fatalf("commit a row of the backlog: %v", err)
+		}
+		if i%200 == 0 {
+			if err := conn.QueryRow(ctx, lag, slot).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return got
+}
+
 func slowProduce(k *sandbox.Kafka, slow *atomic.Bool) {
 	c := k.Cluster()
 	slow.Store(true)
