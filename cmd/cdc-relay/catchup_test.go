@@ -35,16 +35,28 @@ func TestCatchUpKilled(t *testing.T) {
 	r.Stop(10 * time.Second)
 
 	conn := f.connect(ctx, t)
+	behind := func() int64 {
+		var b int64
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// Each run is over the 1 MiB threshold behind when it starts, so that
+	// each catches up. A backlog of 4 MiB leaves room for how far the two
+	// killed runs get, which on a busy machine (the version matrix's) was
+	// a third of a 1.5 MiB backlog each.
+	mustCatchUp := func(run string) {
+		if b := behind(); b < 1<<20 {
+			t.Fatalf("the slot is %d bytes of WAL behind before %s, under the 1 MiB threshold: the runs before it read more of the backlog than the test allows for", b, run)
+		}
+	}
 	w := newMessageWriter()
-	if err := w.write(ctx, conn, 0, 5000); err != nil {
-		t.Fatal(err)
-	}
-	var behind int64
-	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&behind); err != nil {
-		t.Fatal(err)
-	}
-	if behind < 1<<20 {
-		t.Fatalf("the backlog is %d bytes of WAL, want over the 1 MiB threshold", behind)
+	written := 0
+	for ; behind() < 4<<20; written += 1000 {
+		if err := w.write(ctx, conn, written, 1000); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Slow produce answers, so that a catch-up takes long enough to be killed in.
 	c := f.kafka.Cluster()
@@ -55,6 +67,7 @@ func TestCatchUpKilled(t *testing.T) {
 	})
 
 	for kill := 1; kill <= 2; kill++ {
+		mustCatchUp(fmt.Sprintf("the run killed %d", kill))
 		r.Start()
 		var batch float64
 		testenv.Eventually(t, 60*time.Second, func() error {
@@ -78,10 +91,11 @@ func TestCatchUpKilled(t *testing.T) {
 		r.Kill()
 		t.Logf("SIGKILL %d in catch-up batch %v of this run, %d records in Kafka", kill, batch, len(f.read(ctx, t)))
 	}
+	mustCatchUp("the last run")
 	r.Start()
 	r.WaitLog("caught up: switching to streaming", 90*time.Second)
 	r.WaitReady(30 * time.Second)
-	if err := w.write(ctx, conn, 5000, 100); err != nil { // streamed
+	if err := w.write(ctx, conn, written, 100); err != nil { // streamed
 		t.Fatal(err)
 	}
 	w.mu.Lock()
