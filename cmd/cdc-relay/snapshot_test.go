@@ -79,9 +79,9 @@ func TestInitialSnapshot(t *testing.T) {
 			stop := make(chan struct{})
 			werr := goWriteSingles(ctx, w, f.url, stop)
 
-			var hold atomic.Bool
+			release := func() {}
 			if tt.catchUp {
-				holdProduce(f.kafka, &hold)
+				release, _ = testenv.HoldProduce(t, f.kafka)
 			}
 			args := f.relayArgs("--batch-max-events", "20")
 			if tt.catchUp {
@@ -100,7 +100,7 @@ func TestInitialSnapshot(t *testing.T) {
 				if r.HasLog("initial snapshot done") {
 					t.Fatalf("the snapshot completed while Kafka held every produce request")
 				}
-				hold.Store(false)
+				release()
 				r.WaitLog("caught up: switching to streaming", 120*time.Second)
 				if b := r.Metric("cdc_relay_catch_up_batches_total"); b < 2 {
 					t.Errorf("catch_up_batches_total = %v after the snapshot, %d bytes of WAL behind, want 2 or more", b, behind)
@@ -254,22 +254,6 @@ func goWriteSingles(ctx context.Context, w *verify.Writer, url string, stop <-ch
 
 // slowProduce delays every produce request of k by 50ms while slow is set
 // (it is set here), so a snapshot takes seconds.
-// holdProduce holds every produce request k sees while hold is set, which
-// it sets.
-func holdProduce(k *sandbox.Kafka, hold *atomic.Bool) {
-	c := k.Cluster()
-	hold.Store(true)
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		c.SleepControl(func() {
-			for hold.Load() {
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-		return nil, nil, false
-	})
-}
-
 // writeBehindSlot waits for slot to exist, then commits one-row transactions
 // with w until the slot is over behind bytes of WAL behind, and returns how
 // far behind it is. Its keys are its own (backlog-0…19): w numbers an

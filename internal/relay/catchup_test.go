@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -167,29 +164,6 @@ func TestCatchUpOffStreams(t *testing.T) {
 	}
 }
 
-// holdProduce makes the broker hold every produce request until release;
-// held reports how many it holds.
-func holdProduce(t *testing.T, k *sandbox.Kafka) (release func(), held func() int64) {
-	testenv.RequireLocalKafka(t, k)
-	c := k.Cluster()
-	ch := make(chan struct{})
-	var once sync.Once
-	var n atomic.Int64
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		select {
-		case <-ch:
-		default:
-			n.Add(1)
-			c.SleepControl(func() { <-ch })
-		}
-		return nil, nil, false
-	})
-	release = func() { once.Do(func() { close(ch) }) }
-	t.Cleanup(release)
-	return release, n.Load
-}
-
 // TestCatchUpBatchCutByPostgresRestart: Postgres restarts (fast shutdown)
 // while a batch is half read, with part of a multi-event transaction sent
 // to Kafka: the relay catches up again from its checkpoint, the gate skips
@@ -204,7 +178,7 @@ func TestCatchUpBatchCutByPostgresRestart(t *testing.T) {
 	}
 	seq := map[string]int{}
 	n := e.backlog(0, 400, 5, 20, seq)
-	release, held := holdProduce(t, e.kafka)
+	release, held := testenv.HoldProduce(t, e.kafka)
 	e.cfgHook = func(c *relay.Config) {
 		c.CatchUpThreshold = 1
 		c.CatchUpBatch = 100_000 // one batch
@@ -254,7 +228,7 @@ func TestCatchUpStopsCleanly(t *testing.T) {
 	}
 	seq := map[string]int{}
 	n := e.backlog(0, 300, 3, 10, seq)
-	release, held := holdProduce(t, e.kafka)
+	release, held := testenv.HoldProduce(t, e.kafka)
 	e.cfgHook = func(c *relay.Config) {
 		c.CatchUpThreshold = 1
 		c.CatchUpBatch = 100_000
@@ -267,11 +241,10 @@ func TestCatchUpStopsCleanly(t *testing.T) {
 		}
 		return nil
 	})
-	go func() {
-		// Kafka answers while the relay stops: the stop drains in-flight events.
-		time.Sleep(200 * time.Millisecond)
-		release()
-	}()
+	// The stop is asked for while Kafka holds the batch's requests; Kafka
+	// then answers while the relay stops, whose drain waits for them.
+	e.cancel()
+	release()
 	if err := e.stop(); err != nil {
 		t.Fatalf("stop during catch-up: %v", err)
 	}
@@ -355,7 +328,7 @@ func TestCatchUpWhenTheStreamFallsBehind(t *testing.T) {
 	checkExactlyOnceInOrder(t, e.waitRecords(n), n)
 	catchUps, streams := switches(e.m, metrics.CatchUpTo), switches(e.m, metrics.StreamTo)
 
-	release, held := holdProduce(t, e.kafka)
+	release, held := testenv.HoldProduce(t, e.kafka)
 	n += e.backlog(20, 500, 1, 40, seq)
 	// Two checks lagPoll (5 s) apart see it behind.
 	testenv.Eventually(t, 60*time.Second, func() error {

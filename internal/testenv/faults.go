@@ -1,6 +1,14 @@
 package testenv
 
-import "github.com/twmb/franz-go/pkg/kmsg"
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cdc-relay/cdc-relay/internal/sandbox"
+)
 
 // ProduceError answers req with code for every partition it carries, in place
 // of the broker handling it (from a kfake Control function): nothing is
@@ -21,4 +29,29 @@ func ProduceError(req *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 		resp.Topics = append(resp.Topics, st)
 	}
 	return resp
+}
+
+// HoldProduce makes k, a local kfake broker (t skips otherwise), hold every
+// produce request until release, which t's end calls at the latest; held
+// reports how many it holds. Requests that arrive after release pass.
+func HoldProduce(t testing.TB, k *sandbox.Kafka) (release func(), held func() int64) {
+	t.Helper()
+	RequireLocalKafka(t, k)
+	c := k.Cluster()
+	ch := make(chan struct{})
+	var once sync.Once
+	var n atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		select {
+		case <-ch:
+		default:
+			n.Add(1)
+			c.SleepControl(func() { <-ch })
+		}
+		return nil, nil, false
+	})
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return release, n.Load
 }
