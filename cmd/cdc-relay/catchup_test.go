@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
-
 	"github.com/cdc-relay/cdc-relay/internal/relayproc"
 	"github.com/cdc-relay/cdc-relay/internal/testenv"
 )
@@ -58,16 +56,13 @@ func TestCatchUpKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Slow produce answers, so that a catch-up takes long enough to be killed in.
-	c := f.kafka.Cluster()
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		c.SleepControl(func() { time.Sleep(30 * time.Millisecond) })
-		return nil, nil, false
-	})
-
 	for kill := 1; kill <= 2; kill++ {
 		mustCatchUp(fmt.Sprintf("the run killed %d", kill))
+		// Kafka takes this run's first two produce requests and holds the
+		// rest, so the run is killed in a batch it has sent part of, however
+		// fast the machine; what it held is appended once the run is dead, as
+		// requests on the wire at a kill may be.
+		release, held := testenv.HoldProduce(t, f.kafka, 2)
 		r.Start()
 		var batch float64
 		testenv.Eventually(t, 60*time.Second, func() error {
@@ -83,12 +78,13 @@ func TestCatchUpKilled(t *testing.T) {
 				}
 			}
 			// Killed in a batch this run has sent part of.
-			if batch = m["cdc_relay_catch_up_batches_total"]; m["cdc_relay_catching_up"] != 1 || batch < 1 || published == 0 {
-				return fmt.Errorf("catching_up %v, batches %v, published %v", m["cdc_relay_catching_up"], batch, published)
+			if batch = m["cdc_relay_catch_up_batches_total"]; m["cdc_relay_catching_up"] != 1 || batch < 1 || published == 0 || held() == 0 {
+				return fmt.Errorf("catching_up %v, batches %v, published %v, produce requests held %d", m["cdc_relay_catching_up"], batch, published, held())
 			}
 			return nil
 		})
 		r.Kill()
+		release()
 		t.Logf("SIGKILL %d in catch-up batch %v of this run, %d records in Kafka", kill, batch, len(f.read(ctx, t)))
 	}
 	mustCatchUp("the last run")

@@ -81,7 +81,7 @@ func TestInitialSnapshot(t *testing.T) {
 
 			release := func() {}
 			if tt.catchUp {
-				release, _ = testenv.HoldProduce(t, f.kafka)
+				release, _ = testenv.HoldProduce(t, f.kafka, 0)
 			}
 			args := f.relayArgs("--batch-max-events", "20")
 			if tt.catchUp {

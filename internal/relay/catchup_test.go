@@ -178,7 +178,7 @@ func TestCatchUpBatchCutByPostgresRestart(t *testing.T) {
 	}
 	seq := map[string]int{}
 	n := e.backlog(0, 400, 5, 20, seq)
-	release, held := testenv.HoldProduce(t, e.kafka)
+	release, held := testenv.HoldProduce(t, e.kafka, 0)
 	e.cfgHook = func(c *relay.Config) {
 		c.CatchUpThreshold = 1
 		c.CatchUpBatch = 100_000 // one batch
@@ -228,7 +228,7 @@ func TestCatchUpStopsCleanly(t *testing.T) {
 	}
 	seq := map[string]int{}
 	n := e.backlog(0, 300, 3, 10, seq)
-	release, held := testenv.HoldProduce(t, e.kafka)
+	release, held := testenv.HoldProduce(t, e.kafka, 0)
 	e.cfgHook = func(c *relay.Config) {
 		c.CatchUpThreshold = 1
 		c.CatchUpBatch = 100_000
@@ -328,7 +328,7 @@ func TestCatchUpWhenTheStreamFallsBehind(t *testing.T) {
 	checkExactlyOnceInOrder(t, e.waitRecords(n), n)
 	catchUps, streams := switches(e.m, metrics.CatchUpTo), switches(e.m, metrics.StreamTo)
 
-	release, held := testenv.HoldProduce(t, e.kafka)
+	release, held := testenv.HoldProduce(t, e.kafka, 0)
 	n += e.backlog(20, 500, 1, 40, seq)
 	// Two checks lagPoll (5 s) apart see it behind.
 	testenv.Eventually(t, 60*time.Second, func() error {

@@ -31,18 +31,22 @@ func ProduceError(req *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 	return resp
 }
 
-// HoldProduce makes k, a local kfake broker (t skips otherwise), hold every
-// produce request until release, which t's end calls at the latest; held
-// reports how many it holds. Requests that arrive after release pass.
-func HoldProduce(t testing.TB, k *sandbox.Kafka) (release func(), held func() int64) {
+// HoldProduce makes k, a local kfake broker (t skips otherwise), let the
+// next pass produce requests through and hold every one after them until
+// release, which t's end calls at the latest; held reports how many it
+// holds. Requests that arrive after release pass.
+func HoldProduce(t testing.TB, k *sandbox.Kafka, pass int) (release func(), held func() int64) {
 	t.Helper()
 	RequireLocalKafka(t, k)
 	c := k.Cluster()
 	ch := make(chan struct{})
 	var once sync.Once
-	var n atomic.Int64
+	var seen, n atomic.Int64
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
+		if seen.Add(1) <= int64(pass) {
+			return nil, nil, false
+		}
 		select {
 		case <-ch:
 		default:
