@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -120,20 +119,6 @@ func (r *idemRun) checkClean(t *testing.T, recs []sandbox.Record, dupes int) {
 	}
 }
 
-// cut closes the producer's connections, like a network failure, without
-// stopping new ones.
-func (t *connTracker) cut() {
-	t.mu.Lock()
-	conns := make([]net.Conn, 0, len(t.conns))
-	for c := range t.conns {
-		conns = append(conns, c.(*trackedConn).Conn)
-	}
-	t.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-	}
-}
-
 // onProduce makes fn see every produce request c gets, numbered from 1; fn
 // answers like a kfake control function.
 func onProduce(c *kfake.Cluster, fn func(n int, req *kmsg.ProduceRequest) (kmsg.Response, error, bool)) {
@@ -188,7 +173,7 @@ func every(n, count int) bool { return n >= 3 && (n-3)%5 == 0 && (n-3)/5 < count
 func loseAnswers(r *idemRun, count int) {
 	onProduce(r.kf.Cluster(), func(n int, _ *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
 		if every(n, count) {
-			r.k.conns.cut()
+			r.k.conns.CloseOpen()
 		}
 		return nil, nil, false // the broker handles (appends) it
 	})
@@ -241,7 +226,7 @@ func TestIdempotentConnectionCut(t *testing.T) {
 		case n%2 == 0:
 			return nil, errors.New("cut"), true // kfake closes the connection unhandled
 		default:
-			r.k.conns.cut()
+			r.k.conns.CloseOpen()
 		}
 		return nil, nil, false
 	})
@@ -300,7 +285,7 @@ func TestIdempotentBrokerRestart(t *testing.T) {
 		var once sync.Once
 		onProduce(r.kf.Cluster(), func(int, *kmsg.ProduceRequest) (kmsg.Response, error, bool) {
 			once.Do(func() {
-				r.k.conns.cut()
+				r.k.conns.CloseOpen()
 				close(took)
 			})
 			return nil, nil, false
@@ -424,7 +409,7 @@ func TestIdempotentResetAfterUnknownFate(t *testing.T) {
 						// The connection drops before the broker reads the request.
 						return nil, errors.New("connection lost"), true
 					}
-					r.k.conns.cut()
+					r.k.conns.CloseOpen()
 				}
 				return nil, nil, false
 			})
@@ -484,7 +469,7 @@ func TestIdempotentDuplicateSequenceIsAck(t *testing.T) {
 		resend := re.note(n, req) && re.seen == 1
 		switch {
 		case n == 3:
-			r.k.conns.cut()
+			r.k.conns.CloseOpen()
 		case resend:
 			var b kmsg.RecordBatch
 			if err := b.ReadFrom(req.Topics[0].Partitions[0].Records); err == nil {

@@ -69,6 +69,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/conntrack"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/setting"
@@ -316,7 +317,7 @@ type Kafka struct {
 	cfg       Config
 	log       zerolog.Logger
 	transport *kafka.Transport
-	conns     *connTracker
+	conns     *conntrack.Conns
 	addr      net.Addr
 	balancer  kafka.Murmur2Balancer
 	// structured: records are structured CloudEvents (Config.CloudEventsMode).
@@ -398,7 +399,7 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	if transport.ClientID == "" {
 		transport.ClientID = "cdc-relay"
 	}
-	conns := &connTracker{dial: transport.Dial, conns: make(map[net.Conn]struct{})}
+	conns := &conntrack.Conns{Next: transport.Dial}
 	transport.Dial = conns.Dial
 	runCtx, cancel := context.WithCancel(context.Background())
 	k := &Kafka{
@@ -426,7 +427,7 @@ func Open(ctx context.Context, cfg Config) (*Kafka, error) {
 	if err != nil {
 		cancel()
 		transport.CloseIdleConnections()
-		conns.closeAll()
+		conns.CloseAll()
 		return nil, err
 	}
 	k.reachable.Store(true)
@@ -578,7 +579,7 @@ func (k *Kafka) Retrying() bool { return k.failing.Load() > 0 }
 // caller waits for them first when it wants them delivered.
 func (k *Kafka) Close() error {
 	k.cancel()
-	k.conns.closeAll() // ends requests in flight, which kafka-go would wait out
+	k.conns.CloseAll() // ends requests in flight, which kafka-go would wait out
 	k.wg.Wait()
 	k.transport.CloseIdleConnections()
 	return nil

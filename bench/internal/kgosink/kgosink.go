@@ -63,6 +63,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/cdc-relay/cdc-relay/internal/backoff"
+	"github.com/cdc-relay/cdc-relay/internal/conntrack"
 	"github.com/cdc-relay/cdc-relay/internal/metrics"
 	"github.com/cdc-relay/cdc-relay/internal/outbox"
 	"github.com/cdc-relay/cdc-relay/internal/relay"
@@ -89,7 +90,7 @@ type Kafka struct {
 	mu     sync.Mutex
 	closed bool
 
-	conns     conns // the client's connections, which a halt cuts
+	conns     conntrack.Conns // the client's connections, which a halt cuts
 	haltOnce  sync.Once
 	halted    chan struct{}
 	err       error
@@ -179,8 +180,9 @@ func OpenWith(ctx context.Context, cfg sink.Config, extra ...kgo.Opt) (*Kafka, e
 		kgo.AllowAutoTopicCreation(),
 		kgo.WithHooks(hooks{k}),
 		kgo.WithLogger(logger{k.log}),
-		kgo.Dialer(k.conns.dial),
+		kgo.Dialer(k.conns.Dial),
 	}
+	k.conns.Next = (&net.Dialer{Timeout: 10 * time.Second}).DialContext // kgo's own dialer's timeout
 	if cfg.Idempotent {
 		// kgo's idempotent producer keeps 5 requests in flight per broker
 		// (once the broker's first answer shows it is Kafka 1.0 or later)
@@ -375,7 +377,7 @@ func (k *Kafka) halt(err error) {
 	k.haltOnce.Do(func() {
 		k.err = err
 		close(k.halted)
-		k.conns.cut()
+		k.conns.CloseAll()
 		k.wg.Add(1)
 		go func() {
 			defer k.wg.Done()
@@ -484,67 +486,4 @@ func (k *Kafka) breaker(ok bool) {
 		k.m.CircuitState.Set(1)
 		k.log.Warn().Int("failed_requests", k.failedRun).Msg("circuit open: Kafka keeps failing; replication reading paused, retrying with backoff")
 	}
-}
-
-// conns tracks the connections kgo dials, so that a halt can close them
-// without waiting for kgo, and refuses to dial after that.
-type conns struct {
-	mu     sync.Mutex
-	open   map[*trackedConn]struct{}
-	closed bool
-}
-
-// errCut is a dial's error after a halt.
-var errCut = errors.New("the producer halted: no more connections")
-
-// dial opens a connection for kgo (kgo.Dialer) and tracks it.
-func (c *conns) dial(ctx context.Context, network, host string) (net.Conn, error) {
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return nil, errCut
-	}
-	d := net.Dialer{Timeout: 10 * time.Second} // kgo's own dialer's
-	conn, err := d.DialContext(ctx, network, host)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		conn.Close()
-		return nil, errCut
-	}
-	if c.open == nil {
-		c.open = map[*trackedConn]struct{}{}
-	}
-	tc := &trackedConn{Conn: conn, c: c}
-	c.open[tc] = struct{}{}
-	return tc, nil
-}
-
-// cut closes every connection and refuses new ones. It does not block.
-func (c *conns) cut() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	for tc := range c.open {
-		tc.Conn.Close()
-	}
-	c.open = nil
-}
-
-// trackedConn is a connection conns tracks until it is closed.
-type trackedConn struct {
-	net.Conn
-	c *conns
-}
-
-// Close stops tracking the connection and closes it.
-func (t *trackedConn) Close() error {
-	t.c.mu.Lock()
-	delete(t.c.open, t)
-	t.c.mu.Unlock()
-	return t.Conn.Close()
 }
