@@ -34,8 +34,8 @@ func TestCatchUpKilled(t *testing.T) {
 
 	conn := f.connect(ctx, t)
 	behind := func() int64 {
-		var b int64
-		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&b); err != nil {
+		b, err := slotBehind(ctx, conn, f.slot)
+		if err != nil {
 			t.Fatal(err)
 		}
 		return b

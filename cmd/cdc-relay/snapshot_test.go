@@ -252,8 +252,6 @@ func goWriteSingles(ctx context.Context, w *verify.Writer, url string, stop <-ch
 	return errc
 }
 
-// slowProduce delays every produce request of k by 50ms while slow is set
-// (it is set here), so a snapshot takes seconds.
 // writeBehindSlot waits for slot to exist, then commits one-row transactions
 // with w until the slot is over behind bytes of WAL behind, and returns how
 // far behind it is. Its keys are its own (backlog-0…19): w numbers an
@@ -261,17 +259,18 @@ func goWriteSingles(ctx context.Context, w *verify.Writer, url string, stop <-ch
 // their order.
 func writeBehindSlot(ctx context.Context, t *testing.T, conn *pgx.Conn, w *verify.Writer, slot string, behind int64) int64 {
 	t.Helper()
-	const lag = `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`
 	var got int64
-	testenv.Eventually(t, 60*time.Second, func() error {
-		return conn.QueryRow(ctx, lag, slot).Scan(&got)
+	testenv.Eventually(t, 60*time.Second, func() (err error) {
+		got, err = slotBehind(ctx, conn, slot)
+		return err
 	})
 	for i := 0; got <= behind; i++ {
 		if err := w.CommitTxn(ctx, conn, []string{fmt.Sprintf("backlog-%d", i%20)}); err != nil {
 			t.Fatalf("commit a row of the backlog: %v", err)
 		}
 		if i%200 == 0 {
-			if err := conn.QueryRow(ctx, lag, slot).Scan(&got); err != nil {
+			var err error
+			if got, err = slotBehind(ctx, conn, slot); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -279,6 +278,19 @@ func writeBehindSlot(ctx context.Context, t *testing.T, conn *pgx.Conn, w *verif
 	return got
 }
 
+// slotBehind returns how many bytes of WAL slot's confirmed position is
+// behind the server's current one.
+func slotBehind(ctx context.Context, conn *pgx.Conn, slot string) (int64, error) {
+	var b int64
+	err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&b)
+	if err != nil {
+		return 0, fmt.Errorf("read how far slot %s is behind: %w", slot, err)
+	}
+	return b, nil
+}
+
+// slowProduce delays every produce request of k by 50ms while slow is set
+// (it is set here), so a snapshot takes seconds.
 func slowProduce(k *sandbox.Kafka, slow *atomic.Bool) {
 	c := k.Cluster()
 	slow.Store(true)
